@@ -1,0 +1,67 @@
+"""django-delayq: delayed and scheduled background jobs for Django on Redis.
+
+Public API::
+
+    from django_delayq import task, Job, Queue
+
+Names are loaded on first use, so importing the engine alone (``django_delayq.engine``,
+as Spark executors do) does not load Django.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "task": "django_delayq.task",
+    "Task": "django_delayq.task",
+    "registry": "django_delayq.task",
+    "Job": "django_delayq.engine",
+    "Queue": "django_delayq.engine",
+    "DelayQError": "django_delayq.engine",
+    "DelayQConnectionError": "django_delayq.engine",
+    "InvalidJobState": "django_delayq.engine",
+    "JobNotFound": "django_delayq.engine",
+    "PayloadTooLarge": "django_delayq.engine",
+    "UnknownTask": "django_delayq.engine",
+}
+
+__all__ = [
+    "DelayQConnectionError",
+    "DelayQError",
+    "InvalidJobState",
+    "Job",
+    "JobNotFound",
+    "PayloadTooLarge",
+    "Queue",
+    "Task",
+    "UnknownTask",
+    "__version__",
+    "registry",
+    "task",
+]
+
+if TYPE_CHECKING:
+    from .engine import (
+        DelayQConnectionError,
+        DelayQError,
+        InvalidJobState,
+        Job,
+        JobNotFound,
+        PayloadTooLarge,
+        Queue,
+        UnknownTask,
+    )
+    from .task import Task, registry, task
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_delayq' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,103 @@
+"""System checks for ``settings.DELAYQ``: each problem has a stable id."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, register
+
+from .conf import DEFAULTS, conf
+from .engine.keys import QUEUE_NAME_RE
+
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+
+
+def _number(name: str, *, minimum: float, integer: bool = False) -> list[CheckMessage]:
+    value = conf.raw(name)
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or value < minimum:
+        what = "an int" if integer else "a number"
+        return [Error(f"DELAYQ[{name!r}] must be {what} >= {minimum}, not {value!r}.",
+                      id=f"django_delayq.{_IDS[name]}")]
+    return []
+
+
+_IDS = {
+    "REDIS_URL": "E002",
+    "CACHE_ALIAS": "E003",
+    "SOCKET_TIMEOUT": "E004",
+    "SOCKET_CONNECT_TIMEOUT": "E005",
+    "PREFIX": "E006",
+    "DEFAULT_QUEUE": "E007",
+    "MAX_ATTEMPTS": "E008",
+    "RETRY_BACKOFF": "E009",
+    "RETRY_BACKOFF_MAX": "E010",
+    "LEASE": "E011",
+    "CONCURRENCY": "E012",
+    "GRACE_PERIOD": "E013",
+    "BLOCK_TIMEOUT": "E014",
+    "RESULT_TTL": "E015",
+    "FAILED_TTL": "E016",
+    "KEEP_COMPLETED": "E017",
+    "KEEP_FAILED": "E018",
+    "EVENTS_MAXLEN": "E019",
+    "MAX_PAYLOAD_BYTES": "E020",
+    "SHARDS": "E021",
+}
+
+
+@register(Tags.compatibility)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Validate every key of ``settings.DELAYQ``."""
+    user = getattr(settings, "DELAYQ", None)
+    if user is None:
+        return []
+    if not isinstance(user, dict):
+        return [Error(f"settings.DELAYQ must be a dict, not {type(user).__name__}.",
+                      id="django_delayq.E001")]
+    errors: list[CheckMessage] = []
+    unknown = sorted(set(user) - set(DEFAULTS) - _EXTENSION_KEYS)
+    if unknown:
+        errors.append(Error(f"Unknown DELAYQ settings: {', '.join(unknown)}.",
+                            hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.",
+                            id="django_delayq.E022"))
+    url = conf.raw("REDIS_URL")
+    if not isinstance(url, str) or urlsplit(url).scheme not in REDIS_SCHEMES:
+        errors.append(Error(f"DELAYQ['REDIS_URL'] must be a redis://, rediss:// or unix:// "
+                            f"URL, not {url!r}.", id="django_delayq.E002"))
+    alias = conf.raw("CACHE_ALIAS")
+    if alias is not None and alias not in getattr(settings, "CACHES", {}):
+        errors.append(Error(f"DELAYQ['CACHE_ALIAS'] {alias!r} is not in settings.CACHES.",
+                            id="django_delayq.E003"))
+    for name in ("SOCKET_TIMEOUT", "SOCKET_CONNECT_TIMEOUT", "LEASE", "BLOCK_TIMEOUT"):
+        errors += _number(name, minimum=0.1)
+    for name in ("RETRY_BACKOFF", "RETRY_BACKOFF_MAX", "GRACE_PERIOD", "RESULT_TTL",
+                 "FAILED_TTL"):
+        errors += _number(name, minimum=0)
+    for name in ("MAX_ATTEMPTS", "CONCURRENCY"):
+        errors += _number(name, minimum=1, integer=True)
+    for name in ("KEEP_COMPLETED", "KEEP_FAILED", "EVENTS_MAXLEN", "MAX_PAYLOAD_BYTES"):
+        errors += _number(name, minimum=0, integer=True)
+    prefix = conf.raw("PREFIX")
+    if not isinstance(prefix, str) or not QUEUE_NAME_RE.match(prefix):
+        errors.append(Error(f"DELAYQ['PREFIX'] must be 1-64 characters from A-Z a-z 0-9 _ . -, "
+                            f"not {prefix!r}.", id="django_delayq.E006"))
+    queue = conf.raw("DEFAULT_QUEUE")
+    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
+        errors.append(Error(f"DELAYQ['DEFAULT_QUEUE'] is not a valid queue name: {queue!r}.",
+                            id="django_delayq.E007"))
+    shards = conf.raw("SHARDS")
+    if not isinstance(shards, dict) or any(
+        not isinstance(k, str) or not QUEUE_NAME_RE.match(k) or isinstance(v, bool)
+        or not isinstance(v, int) or not 1 <= v <= 1024
+        for k, v in shards.items()
+    ):
+        errors.append(Error("DELAYQ['SHARDS'] must map queue names to shard counts (1-1024), "
+                            f"not {shards!r}.", id="django_delayq.E021"))
+    return errors
+
+
+#: Keys other modules of django-delayq read from DELAYQ (validated by their own checks).
+_EXTENSION_KEYS: set[str] = set()

@@ -1,0 +1,141 @@
+"""Settings of django-delayq, read from ``settings.DELAYQ`` on every access.
+
+Reading on access (not at import) keeps ``override_settings`` working in tests. Every
+setting has a documented default and a system check in :mod:`django_delayq.checks`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    # Connection: a Redis URL (redis://, rediss:// for TLS, unix://), or a django-redis
+    # cache alias whose connection settings are reused.
+    "REDIS_URL": "redis://127.0.0.1:6379/0",
+    "CACHE_ALIAS": None,
+    # Seconds a Redis command may take before enqueue raises DelayQConnectionError.
+    "SOCKET_TIMEOUT": 5.0,
+    "SOCKET_CONNECT_TIMEOUT": 2.0,
+    # Prefix of every Redis key (inside the hash tag: {prefix:queue}).
+    "PREFIX": "dq",
+    "DEFAULT_QUEUE": "default",
+    # Attempts per job (the first run included) and the retry backoff, in seconds:
+    # min(RETRY_BACKOFF_MAX, RETRY_BACKOFF * 2 ** (attempt - 1)), jittered down to half.
+    "MAX_ATTEMPTS": 3,
+    "RETRY_BACKOFF": 2.0,
+    "RETRY_BACKOFF_MAX": 600.0,
+    # Seconds a claimed job stays leased; running jobs are renewed by the heartbeat.
+    "LEASE": 30.0,
+    # Worker defaults.
+    "CONCURRENCY": 4,
+    "GRACE_PERIOD": 30.0,
+    "BLOCK_TIMEOUT": 2.0,
+    # Retention in Redis, in seconds and counts.
+    "RESULT_TTL": 86_400,
+    "FAILED_TTL": 7 * 86_400,
+    "KEEP_COMPLETED": 10_000,
+    "KEEP_FAILED": 100_000,
+    "EVENTS_MAXLEN": 100_000,
+    # Largest encoded arguments accepted at enqueue, in bytes (0: no limit).
+    "MAX_PAYLOAD_BYTES": 1_048_576,
+    # Shards per queue name, e.g. {"emails": 4}.
+    "SHARDS": {},
+}
+
+
+class DelayQSettings:
+    """``settings.DELAYQ`` with defaults, one property per setting."""
+
+    def _get(self, name: str) -> Any:
+        user = getattr(settings, "DELAYQ", None) or {}
+        return user.get(name, DEFAULTS[name])
+
+    @property
+    def REDIS_URL(self) -> str:
+        return str(self._get("REDIS_URL"))
+
+    @property
+    def CACHE_ALIAS(self) -> str | None:
+        value = self._get("CACHE_ALIAS")
+        return None if value is None else str(value)
+
+    @property
+    def SOCKET_TIMEOUT(self) -> float:
+        return float(self._get("SOCKET_TIMEOUT"))
+
+    @property
+    def SOCKET_CONNECT_TIMEOUT(self) -> float:
+        return float(self._get("SOCKET_CONNECT_TIMEOUT"))
+
+    @property
+    def PREFIX(self) -> str:
+        return str(self._get("PREFIX"))
+
+    @property
+    def DEFAULT_QUEUE(self) -> str:
+        return str(self._get("DEFAULT_QUEUE"))
+
+    @property
+    def MAX_ATTEMPTS(self) -> int:
+        return int(self._get("MAX_ATTEMPTS"))
+
+    @property
+    def RETRY_BACKOFF(self) -> float:
+        return float(self._get("RETRY_BACKOFF"))
+
+    @property
+    def RETRY_BACKOFF_MAX(self) -> float:
+        return float(self._get("RETRY_BACKOFF_MAX"))
+
+    @property
+    def LEASE(self) -> float:
+        return float(self._get("LEASE"))
+
+    @property
+    def CONCURRENCY(self) -> int:
+        return int(self._get("CONCURRENCY"))
+
+    @property
+    def GRACE_PERIOD(self) -> float:
+        return float(self._get("GRACE_PERIOD"))
+
+    @property
+    def BLOCK_TIMEOUT(self) -> float:
+        return float(self._get("BLOCK_TIMEOUT"))
+
+    @property
+    def RESULT_TTL(self) -> float:
+        return float(self._get("RESULT_TTL"))
+
+    @property
+    def FAILED_TTL(self) -> float:
+        return float(self._get("FAILED_TTL"))
+
+    @property
+    def KEEP_COMPLETED(self) -> int:
+        return int(self._get("KEEP_COMPLETED"))
+
+    @property
+    def KEEP_FAILED(self) -> int:
+        return int(self._get("KEEP_FAILED"))
+
+    @property
+    def EVENTS_MAXLEN(self) -> int:
+        return int(self._get("EVENTS_MAXLEN"))
+
+    @property
+    def MAX_PAYLOAD_BYTES(self) -> int:
+        return int(self._get("MAX_PAYLOAD_BYTES"))
+
+    @property
+    def SHARDS(self) -> dict[str, int]:
+        return dict(self._get("SHARDS"))
+
+    def raw(self, name: str) -> Any:
+        """The setting as given (unconverted), for the system checks."""
+        return self._get(name)
+
+
+conf = DelayQSettings()

@@ -1,0 +1,98 @@
+"""The Redis connection and the engine :class:`Broker` built from ``settings.DELAYQ``."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+import redis
+from django.core.exceptions import ImproperlyConfigured
+from django.core.serializers.json import DjangoJSONEncoder
+from django.core.signals import setting_changed
+
+from .conf import conf
+from .engine import Broker, EngineConfig
+
+_lock = threading.Lock()
+_brokers: dict[tuple[Any, ...], Broker] = {}
+
+
+def engine_config() -> EngineConfig:
+    """The :class:`EngineConfig` for the current settings."""
+    return EngineConfig(
+        prefix=conf.PREFIX,
+        lease_ms=int(conf.LEASE * 1000),
+        events_maxlen=conf.EVENTS_MAXLEN,
+        result_ttl_ms=int(conf.RESULT_TTL * 1000),
+        failed_ttl_ms=int(conf.FAILED_TTL * 1000),
+        keep_completed=conf.KEEP_COMPLETED,
+        keep_failed=conf.KEEP_FAILED,
+        max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
+        json_encoder=DjangoJSONEncoder,
+        shards=conf.SHARDS,
+    )
+
+
+def _client_kwargs(socket_timeout: float) -> dict[str, Any]:
+    return {
+        "decode_responses": True,
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": conf.SOCKET_CONNECT_TIMEOUT,
+        "health_check_interval": 30,
+    }
+
+
+def make_client(socket_timeout: float | None = None) -> Any:
+    """A new redis-py client for the configured Redis (``decode_responses=True``)."""
+    timeout = conf.SOCKET_TIMEOUT if socket_timeout is None else socket_timeout
+    alias = conf.CACHE_ALIAS
+    if alias:
+        try:
+            from django_redis import get_redis_connection
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImproperlyConfigured(
+                "DELAYQ['CACHE_ALIAS'] needs django-redis: "
+                "pip install 'django-delayq[django-redis]'"
+            ) from exc
+        cache_client = get_redis_connection(alias)
+        pool = cache_client.connection_pool
+        kwargs = {**pool.connection_kwargs, **_client_kwargs(timeout)}
+        return redis.Redis(
+            connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+        )
+    return redis.Redis.from_url(conf.REDIS_URL, **_client_kwargs(timeout))
+
+
+def _settings_key(socket_timeout: float | None) -> tuple[Any, ...]:
+    return (conf.REDIS_URL, conf.CACHE_ALIAS, socket_timeout, repr(engine_config()))
+
+
+def get_broker(*, socket_timeout: float | None = None) -> Broker:
+    """The shared :class:`Broker` for the current settings (one per settings value)."""
+    key = _settings_key(socket_timeout)
+    broker = _brokers.get(key)
+    if broker is None:
+        with _lock:
+            broker = _brokers.get(key)
+            if broker is None:
+                broker = Broker(make_client(socket_timeout), engine_config())
+                _brokers[key] = broker
+    return broker
+
+
+def reset() -> None:
+    """Forget every broker (their connections close); the next use connects again."""
+    with _lock:
+        for broker in _brokers.values():
+            with contextlib.suppress(Exception):
+                broker.client.close()
+        _brokers.clear()
+
+
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("DELAYQ", "CACHES"):
+        reset()
+
+
+setting_changed.connect(_on_setting_changed, dispatch_uid="django_delayq.connection")

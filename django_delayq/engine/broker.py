@@ -1,0 +1,382 @@
+"""The engine's entry point: every queue operation, each one Lua script call.
+
+A :class:`Broker` wraps a redis-py client (``decode_responses=True``) and an
+:class:`EngineConfig`. Producers call :meth:`Broker.enqueue` (one round trip) or
+:meth:`Broker.enqueue_many` (one round trip per chunk). Workers build a :class:`Batch`
+with the ``add_*`` methods so acks and the next claim share one round trip.
+"""
+
+from __future__ import annotations
+
+import uuid
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from . import validation as check
+from .codec import encode_arguments
+from .config import EngineConfig
+from .errors import DelayQConnectionError
+from .keys import GlobalKeys, QueueKeys
+from .scripts import Batch, call
+
+ENQUEUE_FIELDS = 8
+
+
+@dataclass(slots=True, kw_only=True)
+class EnqueueRequest:
+    """One job to enqueue with :meth:`Broker.enqueue_many`."""
+
+    task: str
+    args: Sequence[Any] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    run_at: Any = None
+    delay: Any = None
+    priority: int = 0
+    job_id: str | None = None
+    max_attempts: int = 1
+
+
+@dataclass(slots=True)
+class EnqueueResult:
+    """What Redis said about one enqueued job."""
+
+    job_id: str
+    added: bool
+    status: str
+    run_at_ms: int
+    enqueued_at_ms: int
+
+
+@dataclass(slots=True)
+class BulkResult:
+    """Totals of :meth:`Broker.enqueue_many`."""
+
+    enqueued: int = 0
+    duplicates: int = 0
+    job_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ClaimedJob:
+    """A job leased to a worker. ``attempt`` is the lease token for its ack."""
+
+    keys: QueueKeys
+    id: str
+    task: str
+    args_json: str
+    kwargs_json: str
+    attempt: int
+    max_attempts: int
+    priority: int
+    run_at_ms: int
+    enqueued_at_ms: int
+    started_at_ms: int
+
+    @property
+    def queue(self) -> str:
+        return self.keys.queue
+
+
+@dataclass(slots=True)
+class ClaimResult:
+    """The answer of one claim call on one queue shard."""
+
+    keys: QueueKeys
+    now_ms: int
+    next_due_ms: int | None
+    paused: bool
+    orphans: int
+    jobs: list[ClaimedJob]
+
+
+def _describe(client: Any) -> str:
+    """The Redis address of ``client`` for error messages, never with its password."""
+    try:
+        kw = client.connection_pool.connection_kwargs
+    except AttributeError:
+        return "the configured Redis"
+    if "path" in kw:
+        return f"unix://{kw['path']}?db={kw.get('db', 0)}"
+    scheme = "rediss" if kw.get("ssl") or "ssl_cert_reqs" in kw else "redis"
+    return f"{scheme}://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+
+
+class Broker:
+    """Queue operations over one Redis client. Thread-safe, like the client it wraps."""
+
+    def __init__(self, client: Any, config: EngineConfig | None = None) -> None:
+        self.client = client
+        self.config = config or EngineConfig()
+        self.global_keys = GlobalKeys(self.config.prefix)
+        self._known_queues: set[str] = set()
+
+    # -- keys ---------------------------------------------------------------------
+
+    def shard_count(self, queue: str) -> int:
+        return max(1, int(self.config.shards.get(queue, 1)))
+
+    def shards(self, queue: str) -> list[QueueKeys]:
+        """The keys of every shard of ``queue``."""
+        check.validate_queue_name(queue)
+        n = self.shard_count(queue)
+        if n == 1:
+            return [QueueKeys(self.config.prefix, queue)]
+        return [QueueKeys(self.config.prefix, queue, i) for i in range(n)]
+
+    def keys_for(self, queue: str, job_id: str) -> QueueKeys:
+        """The keys of the shard that holds ``job_id`` (chosen from the id)."""
+        check.validate_queue_name(queue)
+        n = self.shard_count(queue)
+        if n == 1:
+            return QueueKeys(self.config.prefix, queue)
+        return QueueKeys(self.config.prefix, queue, zlib.crc32(job_id.encode()) % n)
+
+    def batch(self) -> Batch:
+        return Batch(self.client)
+
+    @contextmanager
+    def connection_errors(self) -> Iterator[None]:
+        """Turn redis-py connection failures into :class:`DelayQConnectionError`."""
+        try:
+            yield
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise DelayQConnectionError(
+                f"Redis at {_describe(self.client)} is unreachable: {exc}"
+            ) from exc
+
+    # -- producing ----------------------------------------------------------------
+
+    def _job_argv(self, request: EnqueueRequest, arg_names: Sequence[str] = ()) -> list[Any]:
+        task = check.check_task_name(request.task)
+        priority = check.check_priority(request.priority)
+        max_attempts = check.check_max_attempts(request.max_attempts)
+        if request.run_at is not None and request.delay is not None:
+            raise ValueError("give run_at or delay, not both")
+        run_at = "" if request.run_at is None else check.run_at_ms(request.run_at)
+        delay = "" if request.delay is None else check.delay_ms(request.delay)
+        job_id = uuid.uuid4().hex if request.job_id is None else check.validate_job_id(
+            request.job_id
+        )
+        args_json, kwargs_json = encode_arguments(
+            task,
+            request.args,
+            request.kwargs,
+            encoder=self.config.json_encoder,
+            names=arg_names,
+            limit=self.config.max_payload_bytes,
+        )
+        return [job_id, task, args_json, kwargs_json, priority, run_at, delay, max_attempts]
+
+    def add_enqueue(self, batch: Batch, keys: QueueKeys, argvs: list[list[Any]]) -> int:
+        """Add one enqueue call for ``argvs`` (all on the shard ``keys``) to ``batch``."""
+        script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq]
+        script_keys += [keys.job(argv[0]) for argv in argvs]
+        args: list[Any] = [self.config.events_maxlen]
+        for argv in argvs:
+            args += argv
+        return batch.add("enqueue", script_keys, args)
+
+    def enqueue(
+        self,
+        queue: str,
+        task: str,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        run_at: Any = None,
+        delay: Any = None,
+        priority: int = 0,
+        job_id: str | None = None,
+        max_attempts: int = 1,
+        arg_names: Sequence[str] = (),
+    ) -> EnqueueResult:
+        """Enqueue one job in one round trip. A job whose id exists is not added twice."""
+        request = EnqueueRequest(task=task, args=args, kwargs=kwargs or {}, run_at=run_at,
+                                 delay=delay, priority=priority, job_id=job_id,
+                                 max_attempts=max_attempts)
+        argv = self._job_argv(request, arg_names)
+        keys = self.keys_for(queue, argv[0])
+        script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq,
+                       keys.job(argv[0])]
+        with self.connection_errors():
+            if queue not in self._known_queues:
+                self._remember_queue(queue)
+            added, status, run_at_ms, enqueued_at_ms = call(
+                self.client, "enqueue", script_keys, [self.config.events_maxlen, *argv]
+            )
+        return EnqueueResult(argv[0], bool(added), status, int(run_at_ms), int(enqueued_at_ms))
+
+    def _remember_queue(self, queue: str) -> None:
+        self.client.sadd(self.global_keys.queues, queue)
+        self._known_queues.add(queue)
+
+    def enqueue_many(
+        self,
+        queue: str,
+        requests: Iterable[EnqueueRequest],
+        *,
+        chunk_size: int = 1_000,
+        results: list[EnqueueResult] | None = None,
+    ) -> BulkResult:
+        """Enqueue many jobs: each chunk of ``chunk_size`` is one round trip.
+
+        Every request is validated and encoded before anything of its chunk is sent, so
+        a bad request raises without enqueuing its chunk. Duplicate ids are skipped and
+        counted. Pass a list as ``results`` to receive one :class:`EnqueueResult` each.
+        """
+        total = BulkResult()
+        chunk: list[list[Any]] = []
+        with self.connection_errors():
+            if queue not in self._known_queues:
+                self._remember_queue(queue)
+            for request in requests:
+                chunk.append(self._job_argv(request))
+                if len(chunk) >= chunk_size:
+                    self._send_chunk(queue, chunk, total, results)
+                    chunk = []
+            if chunk:
+                self._send_chunk(queue, chunk, total, results)
+        return total
+
+    def _send_chunk(
+        self,
+        queue: str,
+        chunk: list[list[Any]],
+        total: BulkResult,
+        results: list[EnqueueResult] | None,
+    ) -> None:
+        by_shard: dict[QueueKeys, list[list[Any]]] = {}
+        for argv in chunk:
+            by_shard.setdefault(self.keys_for(queue, argv[0]), []).append(argv)
+        batch = self.batch()
+        order = [(self.add_enqueue(batch, keys, argvs), argvs) for keys, argvs in by_shard.items()]
+        replies = batch.run()
+        for index, argvs in order:
+            reply = replies[index]
+            for i, argv in enumerate(argvs):
+                added, status, run_at_ms, enqueued_at_ms = reply[4 * i: 4 * i + 4]
+                if added:
+                    total.enqueued += 1
+                else:
+                    total.duplicates += 1
+                total.job_ids.append(argv[0])
+                if results is not None:
+                    results.append(EnqueueResult(argv[0], bool(added), status, int(run_at_ms),
+                                                 int(enqueued_at_ms)))
+
+    # -- the worker protocol ------------------------------------------------------
+
+    def add_claim(
+        self, batch: Batch, keys: QueueKeys, count: int, worker: str, lease_ms: int | None = None
+    ) -> int:
+        """Add a claim of up to ``count`` jobs on the shard ``keys`` to ``batch``."""
+        return batch.add(
+            "claim",
+            [keys.scheduled, keys.ready, keys.active, keys.marker, keys.events, keys.seq,
+             keys.paused, keys.job_prefix],
+            [count, lease_ms or self.config.lease_ms, worker, self.config.promote_batch,
+             self.config.events_maxlen],
+        )
+
+    @staticmethod
+    def parse_claim(keys: QueueKeys, reply: list[Any]) -> ClaimResult:
+        now, next_due, paused, orphans = (int(x) for x in reply[:4])
+        jobs = [
+            ClaimedJob(keys, reply[i], reply[i + 1], reply[i + 2], reply[i + 3],
+                       int(reply[i + 4]), int(reply[i + 5]), int(reply[i + 6]),
+                       int(reply[i + 7]), int(reply[i + 8]), now)
+            for i in range(4, len(reply), 9)
+        ]
+        return ClaimResult(keys, now, None if next_due < 0 else next_due, bool(paused), orphans,
+                           jobs)
+
+    def claim(
+        self, queue: str, count: int, worker: str, lease_ms: int | None = None
+    ) -> list[ClaimResult]:
+        """Claim up to ``count`` jobs from each shard of ``queue`` in one round trip."""
+        batch = self.batch()
+        shards = self.shards(queue)
+        for keys in shards:
+            self.add_claim(batch, keys, count, worker, lease_ms)
+        return [self.parse_claim(k, r) for k, r in zip(shards, batch.run(), strict=True)]
+
+    def add_complete(
+        self, batch: Batch, keys: QueueKeys, done: Sequence[tuple[str, int, str]]
+    ) -> int:
+        """Add acks of ``(job_id, attempt, result_json)`` on the shard ``keys`` to ``batch``."""
+        args: list[Any] = [self.config.result_ttl_ms, self.config.keep_completed,
+                           self.config.events_maxlen]
+        for job_id, attempt, result in done:
+            args += [job_id, attempt, result]
+        return batch.add(
+            "complete", [keys.active, keys.completed, keys.events, keys.stats, keys.job_prefix],
+            args,
+        )
+
+    def add_fail(
+        self,
+        batch: Batch,
+        keys: QueueKeys,
+        job_id: str,
+        attempt: int,
+        error: str,
+        traceback: str,
+        retry_delay_ms: int,
+    ) -> int:
+        """Add a failed attempt to ``batch``; ``retry_delay_ms`` -1 forbids a retry."""
+        return batch.add(
+            "fail",
+            [keys.job(job_id), keys.active, keys.scheduled, keys.failed, keys.marker,
+             keys.events, keys.stats],
+            [job_id, attempt, error, traceback, retry_delay_ms, self.config.failed_ttl_ms,
+             self.config.keep_failed, self.config.events_maxlen],
+        )
+
+    def add_extend(
+        self, batch: Batch, keys: QueueKeys, held: Sequence[tuple[str, int]], lease_ms: int
+    ) -> int:
+        """Add a lease extension of ``(job_id, attempt)`` pairs to ``batch``."""
+        args: list[Any] = [lease_ms]
+        for job_id, attempt in held:
+            args += [job_id, attempt]
+        return batch.add("extend", [keys.active, keys.job_prefix], args)
+
+    def add_reclaim(self, batch: Batch, keys: QueueKeys, limit: int = 1_000) -> int:
+        """Add a reclaim of expired leases on the shard ``keys`` to ``batch``."""
+        return batch.add(
+            "reclaim",
+            [keys.active, keys.ready, keys.failed, keys.marker, keys.events, keys.stats,
+             keys.job_prefix],
+            [limit, self.config.failed_ttl_ms, self.config.keep_failed,
+             self.config.events_maxlen],
+        )
+
+    def add_release(
+        self, batch: Batch, keys: QueueKeys, held: Sequence[tuple[str, int]], *, started: bool
+    ) -> int:
+        """Add a hand-back of leased jobs to ``batch`` (their attempt counts if ``started``)."""
+        args: list[Any] = [self.config.events_maxlen, 0 if started else 1]
+        for job_id, attempt in held:
+            args += [job_id, attempt]
+        return batch.add(
+            "release", [keys.active, keys.ready, keys.marker, keys.events, keys.job_prefix], args
+        )
+
+    def reclaim(self, queue: str, limit: int = 1_000) -> tuple[int, int]:
+        """Reclaim expired leases of ``queue``: (returned to ready, dead-lettered)."""
+        batch = self.batch()
+        for keys in self.shards(queue):
+            self.add_reclaim(batch, keys, limit)
+        with self.connection_errors():
+            replies = batch.run()
+        return sum(int(r[0]) for r in replies), sum(int(r[1]) for r in replies)
+
+    def server_time_ms(self) -> int:
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000

@@ -1,0 +1,39 @@
+"""Plain engine configuration: what the engine needs to know, with no Django in sight."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .codec import JSONEncoder
+
+DAY_MS = 86_400_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Engine settings; the Django layer builds one from ``settings.DELAYQ``."""
+
+    #: Prefix of every key (inside the hash tag: ``{prefix:queue}``).
+    prefix: str = "dq"
+    #: Default lease of a claimed job, in ms; the heartbeat extends it while it runs.
+    lease_ms: int = 30_000
+    #: Approximate cap of each queue's events stream (0 turns events off).
+    events_maxlen: int = 100_000
+    #: How long completed and cancelled jobs keep their hash (result), in ms.
+    result_ttl_ms: int = DAY_MS
+    #: How long dead-lettered jobs are kept, in ms.
+    failed_ttl_ms: int = 7 * DAY_MS
+    #: Most completed (and cancelled) ids kept per queue.
+    keep_completed: int = 10_000
+    #: Most failed ids kept per queue.
+    keep_failed: int = 100_000
+    #: Largest encoded arguments accepted, in bytes (0: no limit).
+    max_payload_bytes: int = 1_048_576
+    #: Most due scheduled jobs promoted per claim call.
+    promote_batch: int = 1_000
+    #: Encoder for arguments and results (Django passes DjangoJSONEncoder).
+    json_encoder: type[json.JSONEncoder] = JSONEncoder
+    #: Number of shards per queue name; queues not listed have one.
+    shards: Mapping[str, int] = field(default_factory=dict)

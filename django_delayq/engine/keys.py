@@ -1,0 +1,137 @@
+"""Every Redis key django-delayq uses, built in one place.
+
+All keys of one queue (or one shard of a queue) share the hash tag ``{prefix:queue}``
+(``{prefix:queue#shard}`` for shards), so a queue's Lua scripts touch a single Redis
+Cluster slot. Lua scripts receive these names through ``KEYS``; the only name a script
+derives is a job key, from the ``job_prefix`` it is given here plus the job id.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.:@+=/\-]{1,128}$")
+
+#: Job statuses, in lifecycle order.
+STATUSES = ("scheduled", "ready", "active", "completed", "failed", "cancelled")
+
+
+def validate_queue_name(name: str) -> str:
+    """Return ``name`` if it is a valid queue name, else raise ``ValueError``."""
+    if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
+        raise ValueError(
+            f"invalid queue name {name!r}: use 1-64 characters from A-Z a-z 0-9 _ . -"
+        )
+    return name
+
+
+def validate_job_id(job_id: str) -> str:
+    """Return ``job_id`` if it is a valid job id, else raise ``ValueError``."""
+    if not isinstance(job_id, str) or not JOB_ID_RE.match(job_id):
+        shown = job_id if not isinstance(job_id, str) else job_id[:80]
+        raise ValueError(
+            f"invalid job id {shown!r}: use 1-128 characters from A-Z a-z 0-9 _ . : @ + = / -"
+        )
+    return job_id
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """The keys of one queue shard. ``shard`` is ``None`` for an unsharded queue."""
+
+    prefix: str
+    queue: str
+    shard: int | None = None
+
+    @cached_property
+    def tag(self) -> str:
+        suffix = "" if self.shard is None else f"#{self.shard}"
+        return f"{{{self.prefix}:{self.queue}{suffix}}}"
+
+    def _key(self, name: str) -> str:
+        return f"{self.tag}:{name}"
+
+    @cached_property
+    def scheduled(self) -> str:
+        return self._key("scheduled")
+
+    @cached_property
+    def ready(self) -> str:
+        return self._key("ready")
+
+    @cached_property
+    def active(self) -> str:
+        return self._key("active")
+
+    @cached_property
+    def completed(self) -> str:
+        return self._key("completed")
+
+    @cached_property
+    def failed(self) -> str:
+        return self._key("failed")
+
+    @cached_property
+    def cancelled(self) -> str:
+        return self._key("cancelled")
+
+    @cached_property
+    def marker(self) -> str:
+        return self._key("marker")
+
+    @cached_property
+    def events(self) -> str:
+        return self._key("events")
+
+    @cached_property
+    def seq(self) -> str:
+        return self._key("seq")
+
+    @cached_property
+    def paused(self) -> str:
+        return self._key("paused")
+
+    @cached_property
+    def limit(self) -> str:
+        return self._key("limit")
+
+    @cached_property
+    def stats(self) -> str:
+        """Per-minute completed/failed counters (HASH ``c:<minute>`` / ``f:<minute>``)."""
+        return self._key("stats")
+
+    @cached_property
+    def job_prefix(self) -> str:
+        return self._key("j:")
+
+    def job(self, job_id: str) -> str:
+        return f"{self.job_prefix}{job_id}"
+
+    def status_set(self, status: str) -> str:
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}; expected one of {', '.join(STATUSES)}")
+        return self._key(status)
+
+
+@dataclass(frozen=True)
+class GlobalKeys:
+    """Keys shared by every queue: the registry of queues and of live workers."""
+
+    prefix: str
+
+    @property
+    def queues(self) -> str:
+        """SET of queue names seen by enqueuers and workers."""
+        return f"{self.prefix}:queues"
+
+    @property
+    def workers(self) -> str:
+        """ZSET of worker ids by last heartbeat (ms, Redis clock)."""
+        return f"{self.prefix}:workers"
+
+    def worker(self, worker_id: str) -> str:
+        """HASH describing one worker (host, pid, queues, started, jobs done)."""
+        return f"{self.prefix}:worker:{worker_id}"

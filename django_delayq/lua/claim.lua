@@ -1,0 +1,94 @@
+-- Claim a batch: promote due scheduled jobs, pop ready jobs by priority then FIFO, and
+-- lease them to a worker. Nothing is claimed while the queue is paused.
+--
+-- KEYS[1] scheduled  ZSET  job ids by run_at (ms)
+-- KEYS[2] ready      ZSET  job ids by ready score
+-- KEYS[3] active     ZSET  leased job ids by lease deadline (ms)
+-- KEYS[4] marker     ZSET  wake-up marks for idle workers
+-- KEYS[5] events     STREAM lifecycle events
+-- KEYS[6] seq        STRING FIFO counter
+-- KEYS[7] paused     STRING present while the queue is paused
+-- KEYS[8] job key prefix (job keys are KEYS[8] .. id; same hash tag)
+--
+-- ARGV[1] most jobs to claim
+-- ARGV[2] lease (ms)
+-- ARGV[3] worker id
+-- ARGV[4] most scheduled jobs to promote in this call
+-- ARGV[5] events stream max length (0: no events)
+--
+-- Returns {now ms, next due run_at ms (-1: none scheduled), paused (0/1),
+--          orphan ids dropped (ids with no job hash), then per claimed job 9 values:
+--          id, task, args, kwargs, attempt, max_attempts, priority, run_at, enqueued_at}
+
+local scheduled, ready, active, marker = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local events, seq_key, job_prefix = KEYS[5], KEYS[6], KEYS[8]
+local want, lease, worker = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local promote_max, maxlen = tonumber(ARGV[4]), tonumber(ARGV[5])
+local now = now_ms()
+local orphans = 0
+
+-- Promote due jobs in run_at order; each gets a fresh FIFO number as it becomes ready.
+local due = redis.call('ZRANGEBYSCORE', scheduled, '-inf', now, 'LIMIT', 0, promote_max)
+if #due > 0 then
+  local seq = redis.call('INCRBY', seq_key, #due) - #due
+  for i = 1, #due do
+    local job_id = due[i]
+    local job_key = job_prefix .. job_id
+    redis.call('ZREM', scheduled, job_id)
+    local priority = redis.call('HGET', job_key, 'priority')
+    if priority then
+      redis.call('ZADD', ready, ready_score(tonumber(priority), seq + i), job_id)
+      redis.call('HSET', job_key, 'status', 'ready', 'seq', seq + i)
+    else
+      orphans = orphans + 1
+      emit(events, maxlen, 'orphaned', job_id, now)
+    end
+  end
+end
+
+local head = redis.call('ZRANGE', scheduled, 0, 0, 'WITHSCORES')
+local next_due = -1
+if head[2] then
+  next_due = tonumber(head[2])
+end
+
+if redis.call('EXISTS', KEYS[7]) == 1 then
+  return {now, next_due, 1, orphans}
+end
+
+local out = {now, next_due, 0, orphans}
+if want > 0 then
+  local popped = redis.call('ZPOPMIN', ready, want)
+  local deadline = now + lease
+  for i = 1, #popped, 2 do
+    local job_id = popped[i]
+    local job_key = job_prefix .. job_id
+    local f = redis.call('HMGET', job_key, 'task', 'args', 'kwargs', 'max_attempts',
+      'priority', 'run_at', 'enqueued_at')
+    if f[1] then
+      local attempt = redis.call('HINCRBY', job_key, 'attempts', 1)
+      redis.call('HSET', job_key, 'status', 'active', 'started_at', now, 'worker', worker)
+      redis.call('ZADD', active, deadline, job_id)
+      emit(events, maxlen, 'started', job_id, now, 'attempt', attempt, 'worker', worker)
+      out[#out + 1] = job_id
+      out[#out + 1] = f[1]
+      out[#out + 1] = f[2]
+      out[#out + 1] = f[3]
+      out[#out + 1] = attempt
+      out[#out + 1] = f[4]
+      out[#out + 1] = f[5]
+      out[#out + 1] = f[6]
+      out[#out + 1] = f[7]
+    else
+      orphans = orphans + 1
+      emit(events, maxlen, 'orphaned', job_id, now)
+    end
+  end
+  out[4] = orphans
+end
+
+-- Work left behind: wake another idle worker for it.
+if redis.call('ZCARD', ready) > 0 then
+  redis.call('ZADD', marker, 0, '0')
+end
+return out

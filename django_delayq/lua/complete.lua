@@ -1,0 +1,43 @@
+-- Acknowledge finished jobs. A job is completed only by the attempt that holds its
+-- lease: a late ack from a worker whose lease lapsed (and whose job was reclaimed or
+-- re-run) changes nothing.
+--
+-- KEYS[1] active     ZSET  leased job ids by lease deadline (ms)
+-- KEYS[2] completed  ZSET  completed job ids by finish time (ms)
+-- KEYS[3] events     STREAM lifecycle events
+-- KEYS[4] stats      HASH  per-minute counters
+-- KEYS[5] job key prefix (job keys are KEYS[5] .. id; same hash tag)
+--
+-- ARGV[1] result time to live (ms; 0: delete the job at once)
+-- ARGV[2] most completed ids to keep
+-- ARGV[3] events stream max length (0: no events)
+-- ARGV[4..] per job, 3 values: id, attempt (the lease token), result JSON
+--
+-- Returns, per job: 1 completed, 0 stale (the attempt no longer holds the lease).
+
+local active, completed, events, stats, job_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local ttl, keep, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now = now_ms()
+local out = {}
+local done = 0
+for i = 4, #ARGV, 3 do
+  local job_id, attempt = ARGV[i], ARGV[i + 1]
+  local job_key = job_prefix .. job_id
+  local f = redis.call('HMGET', job_key, 'status', 'attempts')
+  if f[1] == 'active' and f[2] == attempt and redis.call('ZREM', active, job_id) == 1 then
+    redis.call('HSET', job_key, 'status', 'completed', 'finished_at', now,
+      'result', ARGV[i + 2])
+    redis.call('ZADD', completed, now, job_id)
+    expire_finished(job_key, ttl)
+    emit(events, maxlen, 'completed', job_id, now, 'attempt', attempt)
+    done = done + 1
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+if done > 0 then
+  count_minute(stats, 'c', now, done)
+  trim_finished(completed, now, ttl, keep)
+end
+return out

@@ -1,0 +1,23 @@
+-- Extend the leases of running jobs (the worker's heartbeat).
+--
+-- KEYS[1] active     ZSET  leased job ids by lease deadline (ms)
+-- KEYS[2] job key prefix (job keys are KEYS[2] .. id; same hash tag)
+--
+-- ARGV[1] lease (ms) from now
+-- ARGV[2..] per job, 2 values: id, attempt (the lease token)
+--
+-- Returns the ids whose lease this worker no longer holds.
+
+local active, job_prefix = KEYS[1], KEYS[2]
+local deadline = now_ms() + tonumber(ARGV[1])
+local lost = {}
+for i = 2, #ARGV, 2 do
+  local job_id = ARGV[i]
+  local f = redis.call('HMGET', job_prefix .. job_id, 'status', 'attempts')
+  if f[1] == 'active' and f[2] == ARGV[i + 1] and redis.call('ZSCORE', active, job_id) then
+    redis.call('ZADD', active, 'XX', deadline, job_id)
+  else
+    lost[#lost + 1] = job_id
+  end
+end
+return lost

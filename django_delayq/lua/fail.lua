@@ -1,0 +1,53 @@
+-- Record a failed attempt: retry later through the scheduled set while attempts remain,
+-- else dead-letter the job into the failed set, keeping its error and traceback. Only
+-- the attempt that holds the lease may fail the job.
+--
+-- KEYS[1] job        HASH  the job
+-- KEYS[2] active     ZSET  leased job ids by lease deadline (ms)
+-- KEYS[3] scheduled  ZSET  job ids by run_at (ms)
+-- KEYS[4] failed     ZSET  dead-lettered job ids by failure time (ms)
+-- KEYS[5] marker     ZSET  wake-up marks for idle workers
+-- KEYS[6] events     STREAM lifecycle events
+-- KEYS[7] stats      HASH  per-minute counters
+--
+-- ARGV[1] job id
+-- ARGV[2] attempt (the lease token)
+-- ARGV[3] error (one line: exception class and message)
+-- ARGV[4] traceback
+-- ARGV[5] retry delay (ms); -1: never retry this failure
+-- ARGV[6] failed job time to live (ms; 0: keep the id only until trimmed)
+-- ARGV[7] most failed ids to keep
+-- ARGV[8] events stream max length (0: no events)
+--
+-- Returns {outcome, run_at}: outcome 'retried' (run_at is the retry time), 'failed',
+-- or 'stale' (the attempt no longer holds the lease).
+
+local job_key, active, scheduled, failed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local job_id, attempt = ARGV[1], ARGV[2]
+local retry_delay, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
+local keep, maxlen = tonumber(ARGV[7]), tonumber(ARGV[8])
+local now = now_ms()
+
+local f = redis.call('HMGET', job_key, 'status', 'attempts', 'max_attempts')
+if f[1] ~= 'active' or f[2] ~= attempt or redis.call('ZREM', active, job_id) == 0 then
+  return {'stale', 0}
+end
+redis.call('HSET', job_key, 'error', ARGV[3], 'traceback', ARGV[4], 'finished_at', now)
+
+if retry_delay >= 0 and tonumber(f[2]) < tonumber(f[3]) then
+  local run_at = now + retry_delay
+  schedule_job(scheduled, KEYS[5], job_key, job_id, run_at)
+  emit(KEYS[6], maxlen, 'retried', job_id, now, 'attempt', attempt, 'run_at', run_at,
+    'error', ARGV[3])
+  return {'retried', run_at}
+end
+
+redis.call('HSET', job_key, 'status', 'failed')
+redis.call('ZADD', failed, now, job_id)
+if ttl > 0 then
+  redis.call('PEXPIRE', job_key, ttl)
+end
+count_minute(KEYS[7], 'f', now, 1)
+trim_finished(failed, now, ttl, keep)
+emit(KEYS[6], maxlen, 'failed', job_id, now, 'attempt', attempt, 'error', ARGV[3])
+return {'failed', 0}

@@ -1,0 +1,92 @@
+-- Shared helpers, prepended to every script by django_delayq.engine.scripts.
+
+-- The Redis server clock, in milliseconds: the only clock that decides what is due.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- 2^45: priorities are 2^45 apart in the ready score, so a ready score stays an exact
+-- integer in a double ((100 - priority) * 2^45 + seq < 2^53) for 2^45 jobs per queue.
+local PRIORITY_STEP = 35184372088832
+
+local function ready_score(priority, seq)
+  return (100 - priority) * PRIORITY_STEP + seq
+end
+
+-- Append a lifecycle event to the queue's stream (capped, approximate trim).
+local function emit(events_key, maxlen, event, job_id, now, ...)
+  if maxlen > 0 then
+    redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*',
+      'event', event, 'job', job_id, 'ts', now, ...)
+  end
+end
+
+-- Count a finished job in the per-minute stats hash and forget minutes over 2 h old.
+local function count_minute(stats_key, kind, now, n)
+  local minute = math.floor(now / 60000)
+  redis.call('HINCRBY', stats_key, kind .. ':' .. minute, n)
+  redis.call('HDEL', stats_key, 'c:' .. (minute - 120), 'f:' .. (minute - 120))
+end
+
+-- Keep a finished-jobs ZSET to ids younger than ttl_ms and at most keep entries.
+local function trim_finished(set_key, now, ttl_ms, keep)
+  if ttl_ms > 0 then
+    redis.call('ZREMRANGEBYSCORE', set_key, '-inf', '(' .. (now - ttl_ms))
+  end
+  if keep >= 0 then
+    local extra = redis.call('ZCARD', set_key) - keep
+    if extra > 0 then
+      redis.call('ZREMRANGEBYRANK', set_key, 0, extra - 1)
+    end
+  end
+end
+
+-- Give a finished job hash its time to live; 0 deletes it at once.
+local function expire_finished(job_key, ttl_ms)
+  if ttl_ms > 0 then
+    redis.call('PEXPIRE', job_key, ttl_ms)
+  else
+    redis.call('DEL', job_key)
+  end
+end
+
+-- Put a job in the scheduled set and wake an idle worker if it is the new head.
+local function schedule_job(scheduled_key, marker_key, job_key, job_id, run_at)
+  local head = redis.call('ZRANGE', scheduled_key, 0, 0, 'WITHSCORES')
+  redis.call('ZADD', scheduled_key, run_at, job_id)
+  redis.call('HSET', job_key, 'status', 'scheduled', 'run_at', run_at)
+  if head[2] == nil or run_at < tonumber(head[2]) then
+    redis.call('ZADD', marker_key, run_at, '1')
+  end
+end
+
+-- Make a job ready with a fresh FIFO sequence number and wake an idle worker.
+local function ready_job(ready_key, seq_key, marker_key, job_key, job_id, priority)
+  local seq = redis.call('INCR', seq_key)
+  redis.call('ZADD', ready_key, ready_score(priority, seq), job_id)
+  redis.call('HSET', job_key, 'status', 'ready', 'seq', seq)
+  redis.call('ZADD', marker_key, 0, '0')
+end
+
+-- Place a job by its run_at: ready when due, scheduled otherwise. Returns the status.
+local function place_job(k, job_key, job_id, priority, run_at, now)
+  if run_at <= now then
+    ready_job(k.ready, k.seq, k.marker, job_key, job_id, priority)
+    redis.call('HSET', job_key, 'run_at', run_at)
+    return 'ready'
+  end
+  schedule_job(k.scheduled, k.marker, job_key, job_id, run_at)
+  return 'scheduled'
+end
+
+-- The run_at asked for: an absolute time, a delay from now, or now.
+local function wanted_run_at(run_at_arg, delay_arg, now)
+  if run_at_arg ~= '' then
+    return tonumber(run_at_arg)
+  end
+  if delay_arg ~= '' then
+    return now + tonumber(delay_arg)
+  end
+  return now
+end

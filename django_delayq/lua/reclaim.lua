@@ -1,0 +1,56 @@
+-- Return jobs whose lease expired (their worker died or froze) to the ready set at
+-- their old place; a job that has used all its attempts is dead-lettered instead, so a
+-- job that kills its worker every time cannot loop forever.
+--
+-- KEYS[1] active     ZSET  leased job ids by lease deadline (ms)
+-- KEYS[2] ready      ZSET  job ids by ready score
+-- KEYS[3] failed     ZSET  dead-lettered job ids by failure time (ms)
+-- KEYS[4] marker     ZSET  wake-up marks for idle workers
+-- KEYS[5] events     STREAM lifecycle events
+-- KEYS[6] stats      HASH  per-minute counters
+-- KEYS[7] job key prefix (job keys are KEYS[7] .. id; same hash tag)
+--
+-- ARGV[1] most jobs to reclaim in this call
+-- ARGV[2] failed job time to live (ms)
+-- ARGV[3] most failed ids to keep
+-- ARGV[4] events stream max length (0: no events)
+--
+-- Returns {ids returned to ready, ids dead-lettered}.
+
+local active, ready, failed, marker = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local events, stats, job_prefix = KEYS[5], KEYS[6], KEYS[7]
+local ttl, keep, maxlen = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local now = now_ms()
+local expired = redis.call('ZRANGEBYSCORE', active, '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[1]))
+local returned, dead = 0, 0
+for i = 1, #expired do
+  local job_id = expired[i]
+  local job_key = job_prefix .. job_id
+  redis.call('ZREM', active, job_id)
+  local f = redis.call('HMGET', job_key, 'attempts', 'max_attempts', 'priority', 'seq', 'worker')
+  if not f[1] then
+    emit(events, maxlen, 'orphaned', job_id, now)
+  elseif tonumber(f[1]) >= tonumber(f[2]) then
+    local err = 'LeaseExpired: worker ' .. (f[5] or '?') .. ' stopped renewing the lease'
+    redis.call('HSET', job_key, 'status', 'failed', 'error', err, 'finished_at', now)
+    redis.call('ZADD', failed, now, job_id)
+    if ttl > 0 then
+      redis.call('PEXPIRE', job_key, ttl)
+    end
+    count_minute(stats, 'f', now, 1)
+    emit(events, maxlen, 'failed', job_id, now, 'attempt', f[1], 'error', err)
+    dead = dead + 1
+  else
+    redis.call('ZADD', ready, ready_score(tonumber(f[3]), tonumber(f[4]) or 0), job_id)
+    redis.call('HSET', job_key, 'status', 'ready')
+    emit(events, maxlen, 'reclaimed', job_id, now, 'attempt', f[1], 'worker', f[5] or '')
+    returned = returned + 1
+  end
+end
+if dead > 0 then
+  trim_finished(failed, now, ttl, keep)
+end
+if returned > 0 then
+  redis.call('ZADD', marker, 0, '0')
+end
+return {returned, dead}

@@ -1,0 +1,37 @@
+-- Hand leased jobs back to the ready set at their old place, without waiting for the
+-- lease to lapse: a stopping worker returns what it claimed but did not finish.
+--
+-- KEYS[1] active     ZSET  leased job ids by lease deadline (ms)
+-- KEYS[2] ready      ZSET  job ids by ready score
+-- KEYS[3] marker     ZSET  wake-up marks for idle workers
+-- KEYS[4] events     STREAM lifecycle events
+-- KEYS[5] job key prefix (job keys are KEYS[5] .. id; same hash tag)
+--
+-- ARGV[1] events stream max length (0: no events)
+-- ARGV[2] 1: the jobs never started, so their attempt is not counted; 0: it is
+-- ARGV[3..] per job, 2 values: id, attempt (the lease token)
+--
+-- Returns the number of jobs handed back.
+
+local active, ready, marker, events, job_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local maxlen, uncount = tonumber(ARGV[1]), ARGV[2] == '1'
+local now = now_ms()
+local released = 0
+for i = 3, #ARGV, 2 do
+  local job_id, attempt = ARGV[i], ARGV[i + 1]
+  local job_key = job_prefix .. job_id
+  local f = redis.call('HMGET', job_key, 'status', 'attempts', 'priority', 'seq')
+  if f[1] == 'active' and f[2] == attempt and redis.call('ZREM', active, job_id) == 1 then
+    if uncount then
+      redis.call('HINCRBY', job_key, 'attempts', -1)
+    end
+    redis.call('ZADD', ready, ready_score(tonumber(f[3]), tonumber(f[4]) or 0), job_id)
+    redis.call('HSET', job_key, 'status', 'ready')
+    emit(events, maxlen, 'released', job_id, now, 'attempt', attempt)
+    released = released + 1
+  end
+end
+if released > 0 then
+  redis.call('ZADD', marker, 0, '0')
+end
+return released

@@ -1,0 +1,40 @@
+-- Move a job that has not started to a new run_at (and optionally a new priority).
+--
+-- KEYS[1] job        HASH  the job
+-- KEYS[2] scheduled  ZSET  job ids by run_at (ms)
+-- KEYS[3] ready      ZSET  job ids by ready score
+-- KEYS[4] marker     ZSET  wake-up marks for idle workers
+-- KEYS[5] events     STREAM lifecycle events
+-- KEYS[6] seq        STRING FIFO counter
+--
+-- ARGV[1] job id
+-- ARGV[2] run_at ms ('' for none)
+-- ARGV[3] delay ms from the Redis clock ('' for none; both empty: now)
+-- ARGV[4] new priority ('' keeps the job's)
+-- ARGV[5] events stream max length (0: no events)
+--
+-- Returns {status before ('' when there is no such job), status after, run_at ms}; the
+-- job is moved only from 'scheduled' or 'ready'.
+
+local job_key, job_id = KEYS[1], ARGV[1]
+local f = redis.call('HMGET', job_key, 'status', 'priority', 'run_at')
+local status = f[1]
+if not status then
+  return {'', '', 0}
+end
+if status ~= 'scheduled' and status ~= 'ready' then
+  return {status, status, tonumber(f[3]) or 0}
+end
+local now = now_ms()
+local priority = tonumber(f[2])
+if ARGV[4] ~= '' then
+  priority = tonumber(ARGV[4])
+  redis.call('HSET', job_key, 'priority', priority)
+end
+local run_at = wanted_run_at(ARGV[2], ARGV[3], now)
+redis.call('ZREM', KEYS[2], job_id)
+redis.call('ZREM', KEYS[3], job_id)
+local k = {scheduled = KEYS[2], ready = KEYS[3], marker = KEYS[4], seq = KEYS[6]}
+local after = place_job(k, job_key, job_id, priority, run_at, now)
+emit(KEYS[5], tonumber(ARGV[5]), 'rescheduled', job_id, now, 'run_at', run_at)
+return {status, after, run_at}

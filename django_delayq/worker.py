@@ -1,0 +1,499 @@
+"""The worker: claims jobs in batches, runs them on threads, acks them in batches.
+
+Threads of one :class:`Worker`:
+
+- the *fetcher* claims up to the free capacity from every served queue shard in one
+  round trip, and when nothing is due blocks on the queues' marker ZSETs (BZPOPMIN)
+  until work arrives or the next scheduled job is due (Redis clock);
+- *executors* (``concurrency`` of them) run jobs, with Django's
+  ``close_old_connections()`` around each;
+- the *acker* sends every finished job's outcome in one round trip per batch;
+- the *heartbeat* extends the leases of held jobs, reclaims expired leases of dead
+  workers, and records this worker as alive.
+
+``run()`` blocks until :meth:`Worker.request_stop` (or, with ``burst``, until nothing is
+due), then stops claiming, hands back claimed jobs that have not started, lets running
+jobs finish within the grace period and returns an exit code. Signals are the
+management command's business, not the worker's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue as stdlib_queue
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import close_old_connections
+from redis.exceptions import RedisError
+
+from .conf import conf
+from .connection import get_broker
+from .engine import Broker, ClaimedJob, QueueKeys, UnknownTask, encode_result
+from .task import TaskRegistry, registry
+
+logger = logging.getLogger("django_delayq.worker")
+
+#: Exit codes of ``run()`` (and of ``manage.py runworker``).
+EXIT_OK = 0
+EXIT_FORCED = 1
+
+#: Seconds below which the fetcher waits for a due job on its own clock: Redis checks
+#: blocking timeouts only every 1/hz s (100 ms by default), too coarse for a due time.
+PRECISE_WAIT = 0.25
+#: Longest pause between retries while Redis is unreachable.
+MAX_BACKOFF = 5.0
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened to one job, waiting to be acked."""
+
+    job: ClaimedJob
+    ok: bool
+    result_json: str = ""
+    error: str = ""
+    traceback: str = ""
+    retry_delay_ms: int = -1
+
+
+class Worker:
+    """Runs jobs of the given queues (default: every queue with registered tasks)."""
+
+    def __init__(
+        self,
+        queues: Sequence[str] | None = None,
+        *,
+        concurrency: int | None = None,
+        burst: bool = False,
+        lease: float | None = None,
+        grace_period: float | None = None,
+        block_timeout: float | None = None,
+        prefetch: int | None = None,
+        broker: Broker | None = None,
+        blocking_broker: Broker | None = None,
+        tasks: TaskRegistry | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.tasks = tasks or registry
+        self.queues = list(queues or self.tasks.queues() or [conf.DEFAULT_QUEUE])
+        self.concurrency = concurrency or conf.CONCURRENCY
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.burst = burst
+        self.lease_ms = int((lease or conf.LEASE) * 1000)
+        self.grace_period = conf.GRACE_PERIOD if grace_period is None else grace_period
+        self.block_timeout = block_timeout or conf.BLOCK_TIMEOUT
+        self.prefetch = self.concurrency if prefetch is None else prefetch
+        self.broker = broker or get_broker()
+        self.blocking_broker = blocking_broker or (
+            get_broker(socket_timeout=self.block_timeout + conf.SOCKET_TIMEOUT)
+            if broker is None else broker
+        )
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.shards: list[QueueKeys] = [k for q in self.queues for k in self.broker.shards(q)]
+
+        self.processed = 0
+        self.failed = 0
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._capacity = threading.Condition(self._lock)
+        self._busy = 0  # claimed and not yet finished running
+        self._held: dict[tuple[QueueKeys, str], ClaimedJob] = {}  # leased until acked
+        self._running: set[tuple[QueueKeys, str]] = set()
+        self._inbox: stdlib_queue.SimpleQueue[ClaimedJob | None] = stdlib_queue.SimpleQueue()
+        self._outcomes: list[Outcome] = []
+        self._outcome_ready = threading.Event()
+        self._rotation = 0
+
+    # -- control ------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop claiming; ``run()`` then finishes running jobs and returns."""
+        if not self._stop.is_set():
+            logger.info("worker stopping worker=%s", self.name)
+        self._stop.set()
+        with self._capacity:
+            self._capacity.notify_all()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> int:
+        """Run until stopped; returns :data:`EXIT_OK` or :data:`EXIT_FORCED`."""
+        logger.info("worker started worker=%s queues=%s concurrency=%d", self.name,
+                    ",".join(self.queues), self.concurrency)
+        self._register_queues()
+        executors = [threading.Thread(target=self._execute_loop, name=f"delayq-exec-{i}",
+                                      daemon=True) for i in range(self.concurrency)]
+        acker = threading.Thread(target=self._ack_loop, name="delayq-acker", daemon=True)
+        heartbeat = threading.Thread(target=self._heartbeat_loop, name="delayq-heartbeat",
+                                     daemon=True)
+        fetcher = threading.Thread(target=self._fetch_loop, name="delayq-fetcher", daemon=True)
+        for thread in (*executors, acker, heartbeat, fetcher):
+            thread.start()
+        self._stop.wait()
+        fetcher.join()
+        code = self._shutdown(executors)
+        self._done.set()
+        acker.join(timeout=10)
+        heartbeat.join(timeout=10)
+        self._unregister()
+        logger.info("worker stopped worker=%s processed=%d failed=%d", self.name,
+                    self.processed, self.failed)
+        return code
+
+    def _shutdown(self, executors: list[threading.Thread]) -> int:
+        """Hand back unstarted jobs, give running ones the grace period, flush acks."""
+        unstarted: list[ClaimedJob] = []
+        while True:
+            try:
+                job = self._inbox.get_nowait()
+            except stdlib_queue.Empty:
+                break
+            if job is not None:
+                unstarted.append(job)
+        for _ in executors:
+            self._inbox.put(None)
+        if unstarted:
+            self._release(unstarted, started=False)
+        deadline = time.monotonic() + self.grace_period
+        for thread in executors:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._flush_acks_until_done(deadline + 5)
+        with self._lock:
+            leftover = [self._held[k] for k in self._running if k in self._held]
+        if leftover:
+            logger.warning("grace period over, handing back %d running jobs worker=%s",
+                           len(leftover), self.name)
+            self._release(leftover, started=True)
+            return EXIT_FORCED
+        return EXIT_OK
+
+    # -- fetching -----------------------------------------------------------------
+
+    def _free_slots(self) -> int:
+        return self.concurrency + self.prefetch - self._busy
+
+    def _fetch_loop(self) -> None:
+        backoff = 0.1
+        low_water = max(1, min(self.prefetch, (self.concurrency + self.prefetch) // 2))
+        while not self._stop.is_set():
+            with self._capacity:
+                while not self._stop.is_set() and self._busy and self._free_slots() < low_water:
+                    self._capacity.wait()
+                free = self._free_slots()
+            if self._stop.is_set():
+                break
+            try:
+                claimed, wait = self._claim(free)
+                backoff = 0.1
+            except RedisError as exc:
+                logger.warning("redis unavailable, retrying in %.1fs worker=%s error=%s",
+                               backoff, self.name, exc)
+                self._stop.wait(backoff)
+                backoff = min(MAX_BACKOFF, backoff * 2)
+                continue
+            if claimed:
+                continue
+            if self.burst:
+                with self._capacity:
+                    idle = self._busy == 0
+                if idle:
+                    logger.info("burst done worker=%s", self.name)
+                    self.request_stop()
+                    break
+                with self._capacity:
+                    if self._busy:
+                        self._capacity.wait(timeout=0.5)
+                continue
+            try:
+                self._wait_for_work(wait)
+            except RedisError as exc:
+                logger.warning("redis unavailable while idle worker=%s error=%s", self.name, exc)
+                self._stop.wait(backoff)
+                backoff = min(MAX_BACKOFF, backoff * 2)
+
+    def _claim(self, free: int) -> tuple[int, float]:
+        """Claim up to about ``free`` jobs over all shards in one round trip.
+
+        Returns (jobs claimed, seconds until the next scheduled job is due, capped).
+        """
+        n = len(self.shards)
+        start = self._rotation % n
+        self._rotation += 1
+        order = self.shards[start:] + self.shards[:start]
+        per_shard = max(1, -(-free // n))
+        batch = self.broker.batch()
+        for keys in order:
+            self.broker.add_claim(batch, keys, per_shard, self.name, self.lease_ms)
+        sent = time.monotonic()
+        replies = batch.run()
+        wait = self.block_timeout
+        total = 0
+        for keys, reply in zip(order, replies, strict=True):
+            result = self.broker.parse_claim(keys, reply)
+            if result.orphans:
+                logger.warning("dropped %d job ids with no job data queue=%s",
+                               result.orphans, keys.queue)
+            if result.next_due_ms is not None and not result.paused:
+                wait = min(wait, (result.next_due_ms - result.now_ms) / 1000)
+            if not result.jobs:
+                continue
+            total += len(result.jobs)
+            with self._capacity:
+                self._busy += len(result.jobs)
+                for job in result.jobs:
+                    self._held[(job.keys, job.id)] = job
+            for job in result.jobs:
+                self._inbox.put(job)
+            if self._stop.is_set():
+                break
+        return total, wait - (time.monotonic() - sent)
+
+    def _wait_for_work(self, wait: float) -> None:
+        """Sleep until work may be there: a marker, the next due time, or the cap."""
+        if wait <= 0:
+            return
+        if wait <= PRECISE_WAIT:
+            self._stop.wait(wait)
+            return
+        markers = [keys.marker for keys in self.shards]
+        self.blocking_broker.client.bzpopmin(markers, timeout=max(0.01, wait - PRECISE_WAIT / 2))
+
+    # -- executing ----------------------------------------------------------------
+
+    def _execute_loop(self) -> None:
+        while True:
+            job = self._inbox.get()
+            if job is None:
+                return
+            key = (job.keys, job.id)
+            with self._lock:
+                self._running.add(key)
+            try:
+                outcome = self._execute(job)
+            finally:
+                with self._capacity:
+                    self._running.discard(key)
+                    self._busy -= 1
+                    self._capacity.notify_all()
+            with self._lock:
+                self._outcomes.append(outcome)
+            self._outcome_ready.set()
+
+    def _execute(self, job: ClaimedJob) -> Outcome:
+        log = {"job": job.id, "queue": job.queue, "task": job.task, "attempt": job.attempt}
+        started = time.perf_counter()
+        close_old_connections()
+        try:
+            try:
+                task = self.tasks.get(job.task)
+            except UnknownTask as exc:
+                return self._failure(job, exc, log, retry=True)
+            try:
+                args = json.loads(job.args_json)
+                kwargs = json.loads(job.kwargs_json)
+                if not isinstance(args, list) or not isinstance(kwargs, dict):
+                    raise ValueError("args must be a JSON array and kwargs a JSON object")
+            except ValueError as exc:
+                return self._failure(job, CorruptPayload(f"undecodable arguments: {exc}"), log,
+                                     retry=False)
+            try:
+                value = task.func(*args, **kwargs)
+            except Exception as exc:
+                delay = task.retry_delay(job.attempt)
+                return self._failure(job, exc, log, retry=True, delay=delay)
+            try:
+                result_json = encode_result(value, self.broker.config.json_encoder)
+            except TypeError as exc:
+                return self._failure(job, exc, log, retry=False)
+        finally:
+            close_old_connections()
+        logger.info("job completed job=%s queue=%s task=%s attempt=%d duration_ms=%.1f",
+                    job.id, job.queue, job.task, job.attempt,
+                    (time.perf_counter() - started) * 1000)
+        return Outcome(job, True, result_json=result_json)
+
+    def _failure(self, job: ClaimedJob, exc: BaseException, log: dict[str, Any], *,
+                 retry: bool, delay: float = 1.0) -> Outcome:
+        error = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
+        tb = "".join(traceback.format_exception(exc))
+        will_retry = retry and job.attempt < job.max_attempts
+        logger.log(
+            logging.WARNING if will_retry else logging.ERROR,
+            "job %s job=%s queue=%s task=%s attempt=%d/%d error=%s",
+            "failed, will retry" if will_retry else "failed", log["job"], log["queue"],
+            log["task"], job.attempt, job.max_attempts, error,
+            exc_info=not will_retry and not isinstance(exc, UnknownTask | CorruptPayload),
+        )
+        return Outcome(job, False, error=error[:2000], traceback=tb[-20000:],
+                       retry_delay_ms=int(delay * 1000) if retry else -1)
+
+    # -- acking -------------------------------------------------------------------
+
+    def _ack_loop(self) -> None:
+        backoff = 0.1
+        while not self._done.is_set():
+            self._outcome_ready.wait(timeout=0.5)
+            try:
+                self._flush_acks()
+                backoff = 0.1
+            except RedisError as exc:
+                logger.warning("acks not sent, retrying in %.1fs worker=%s error=%s",
+                               backoff, self.name, exc)
+                self._done.wait(backoff)
+                backoff = min(MAX_BACKOFF, backoff * 2)
+        self._flush_acks_until_done(time.monotonic() + 5)
+
+    def _flush_acks(self) -> None:
+        """Send every pending outcome in one round trip (kept for a retry on failure)."""
+        with self._lock:
+            outcomes, self._outcomes = self._outcomes, []
+            self._outcome_ready.clear()
+        if not outcomes:
+            return
+        batch = self.broker.batch()
+        completes: dict[QueueKeys, list[tuple[str, int, str]]] = {}
+        fail_calls: list[int] = []
+        for o in outcomes:
+            if o.ok:
+                completes.setdefault(o.job.keys, []).append((o.job.id, o.job.attempt,
+                                                             o.result_json))
+            else:
+                fail_calls.append(self.broker.add_fail(
+                    batch, o.job.keys, o.job.id, o.job.attempt, o.error, o.traceback,
+                    o.retry_delay_ms,
+                ))
+        complete_calls = [self.broker.add_complete(batch, keys, done)
+                          for keys, done in completes.items()]
+        try:
+            replies = batch.run()
+        except RedisError:
+            with self._lock:
+                self._outcomes[:0] = outcomes
+            raise
+        stale = sum(1 for i in fail_calls if replies[i][0] == "stale")
+        stale += sum(list(replies[i]).count(0) for i in complete_calls)
+        if stale:
+            logger.warning("%d acks were stale: the lease had lapsed and another attempt "
+                           "owns the job worker=%s", stale, self.name)
+        with self._lock:
+            for o in outcomes:
+                self._held.pop((o.job.keys, o.job.id), None)
+                if o.ok:
+                    self.processed += 1
+                else:
+                    self.failed += 1
+
+    def _flush_acks_until_done(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            try:
+                self._flush_acks()
+                return
+            except RedisError as exc:
+                logger.warning("acks not sent at shutdown worker=%s error=%s", self.name, exc)
+                time.sleep(0.2)
+
+    # -- leases, reclaim, liveness -------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        interval = max(0.2, min(self.lease_ms / 3000, 10.0))
+        while not self._done.wait(interval):
+            try:
+                self._heartbeat()
+            except RedisError as exc:
+                logger.warning("heartbeat failed worker=%s error=%s", self.name, exc)
+
+    def _heartbeat(self) -> None:
+        with self._lock:
+            held = list(self._held.values())
+        batch = self.broker.batch()
+        by_shard: dict[QueueKeys, list[tuple[str, int]]] = {}
+        for job in held:
+            by_shard.setdefault(job.keys, []).append((job.id, job.attempt))
+        extend_calls = [(keys, self.broker.add_extend(batch, keys, pairs, self.lease_ms))
+                        for keys, pairs in by_shard.items()]
+        reclaim_calls = [(keys, self.broker.add_reclaim(batch, keys)) for keys in self.shards]
+        replies = batch.run()
+        for keys, index in extend_calls:
+            lost = replies[index]
+            if lost:
+                logger.warning("lease lost for %d jobs queue=%s jobs=%s worker=%s", len(lost),
+                               keys.queue, ",".join(lost[:10]), self.name)
+                with self._lock:
+                    for job_id in lost:
+                        self._held.pop((keys, job_id), None)
+        for keys, index in reclaim_calls:
+            returned, dead = replies[index]
+            if returned or dead:
+                logger.warning("reclaimed expired leases queue=%s returned=%s dead_lettered=%s",
+                               keys.queue, returned, dead)
+        self._record_alive()
+
+    def _register_queues(self) -> None:
+        try:
+            self.broker.client.sadd(self.broker.global_keys.queues, *self.queues)
+            self._record_alive()
+        except RedisError as exc:
+            logger.warning("could not register worker worker=%s error=%s", self.name, exc)
+
+    def _record_alive(self) -> None:
+        keys = self.broker.global_keys
+        now_ms = self.broker.server_time_ms()
+        ttl = max(60, int(self.lease_ms / 1000 * 3))
+        pipe = self.broker.client.pipeline(transaction=False)
+        pipe.zadd(keys.workers, {self.name: now_ms})
+        pipe.hset(keys.worker(self.name), mapping={
+            "name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
+            "queues": ",".join(self.queues), "concurrency": self.concurrency,
+            "processed": self.processed, "failed": self.failed, "busy": self._busy,
+            "heartbeat": now_ms,
+        })
+        pipe.hsetnx(keys.worker(self.name), "started", now_ms)
+        pipe.expire(keys.worker(self.name), ttl)
+        pipe.zremrangebyscore(keys.workers, "-inf", now_ms - ttl * 1000)
+        pipe.execute()
+
+    def _unregister(self) -> None:
+        keys = self.broker.global_keys
+        try:
+            pipe = self.broker.client.pipeline(transaction=False)
+            pipe.zrem(keys.workers, self.name)
+            pipe.delete(keys.worker(self.name))
+            pipe.execute()
+        except RedisError:
+            pass
+
+    def _release(self, jobs: list[ClaimedJob], *, started: bool) -> None:
+        batch = self.broker.batch()
+        by_shard: dict[QueueKeys, list[tuple[str, int]]] = {}
+        for job in jobs:
+            by_shard.setdefault(job.keys, []).append((job.id, job.attempt))
+        for keys, pairs in by_shard.items():
+            self.broker.add_release(batch, keys, pairs, started=started)
+        try:
+            batch.run()
+        except RedisError as exc:
+            logger.warning("could not hand back %d jobs (their leases will lapse) error=%s",
+                           len(jobs), exc)
+            return
+        with self._lock:
+            for job in jobs:
+                self._held.pop((job.keys, job.id), None)
+        logger.info("handed back %d jobs worker=%s", len(jobs), self.name)
+
+
+class CorruptPayload(ValueError):
+    """A job's stored arguments could not be decoded."""
+

@@ -1,0 +1,113 @@
+"""The example project's main job: enqueue real-looking jobs, run a worker, show results.
+
+Run it with ``make demo``. It uses ``REDIS_URL`` when set, otherwise starts a throwaway
+Redis; it migrates the example project's SQLite database, enqueues jobs (immediate,
+delayed a few seconds, one with a high priority, one that fails and is retried), runs
+``manage.py runworker`` until every job is finished, and prints what happened.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def main() -> int:
+    server = None
+    if not os.environ.get("REDIS_URL"):
+        from django_delayq.testing import RedisServer
+
+        server = RedisServer().start()
+        os.environ["REDIS_URL"] = server.url
+        print(f"Started a throwaway Redis at {server.url}")
+    try:
+        return run_demo()
+    finally:
+        if server is not None:
+            server.cleanup()
+
+
+def run_demo() -> int:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from shop import tasks
+
+    from django_delayq import Job, Queue, registry
+
+    call_command("migrate", verbosity=0)
+    for name in registry.queues():
+        Queue(name).purge()
+
+    now = dt.datetime.now(dt.UTC)
+    jobs: list[tuple[str, Job]] = [
+        ("receipt, default delay of 2 s", tasks.send_receipt.enqueue(1001)),
+        ("gift receipt, delayed 4 s", tasks.send_receipt.using(delay=4).enqueue(
+            1002, template="gift")),
+        ("card charge, now", tasks.charge_card.enqueue(1001, Decimal("49.90"))),
+        ("card charge, now", tasks.charge_card.enqueue(1002, Decimal("15.00"))),
+        ("big order, priority 50", tasks.charge_card.using(priority=50).enqueue(
+            1003, Decimal("1200.00"))),
+        ("warehouse sync, fails once", tasks.sync_inventory.enqueue("SKU-42")),
+        ("report at now + 3 s", tasks.nightly_report.using(
+            run_at=now + dt.timedelta(seconds=3)).enqueue("2026-11-20")),
+    ]
+    again = tasks.send_receipt.using(job_id=f"receipt-{jobs[0][1].id}").enqueue(1001)
+    duplicate = tasks.send_receipt.using(job_id=again.id).enqueue(1001)
+    print(f"Enqueued {len(jobs)} jobs; an enqueue with an existing job id was "
+          f"{'refused' if not duplicate.created else 'accepted (bug!)'} as a duplicate.")
+    jobs.append(("receipt with a job id", again))
+
+    print("Starting: manage.py runworker --concurrency 2\n")
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "runworker", "--concurrency", "2"], cwd=HERE,
+        env=dict(os.environ),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if all(job.refresh().is_finished for _, job in jobs):
+                break
+            time.sleep(0.1)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(timeout=30)
+    print(f"\nWorker stopped with exit code {code} after SIGTERM.\n")
+    return report(jobs)
+
+
+def report(jobs: list) -> int:
+    header = (f"{'job':<30} {'queue':<9} {'prio':>4} {'status':<10} {'tries':>5} "
+              f"{'due in':>7} {'late':>7} {'took':>7}  result")
+    print(header)
+    print("-" * len(header))
+    ok = True
+    for label, job in sorted(jobs, key=lambda item: item[1].started_at or item[1].enqueued_at):
+        due_in = (job.run_at - job.enqueued_at).total_seconds() if job.run_at else 0.0
+        late = ((job.started_at - job.run_at).total_seconds() * 1000
+                if job.started_at and job.run_at else float("nan"))
+        took = ((job.finished_at - job.started_at).total_seconds() * 1000
+                if job.finished_at and job.started_at else float("nan"))
+        outcome = job.result if job.status == "completed" else job.error
+        ok = ok and job.status == "completed"
+        print(f"{label:<30} {job.queue:<9} {job.priority:>4} {job.status:<10} "
+              f"{job.attempts:>5} {due_in:>6.1f}s {late:>5.0f}ms {took:>5.0f}ms  {outcome}")
+    print("\n'late' is the start time minus the time the job was due, both on the Redis "
+          "clock;\nthe retried job's 'late' counts from its retry time.")
+    print("All jobs completed." if ok else "Some jobs did not complete.")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

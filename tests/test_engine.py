@@ -1,0 +1,296 @@
+"""The engine over a real Redis: ordering, scheduling, dedupe, leases and state changes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+
+import pytest
+
+from django_delayq.engine import (
+    Broker,
+    EngineConfig,
+    EnqueueRequest,
+    InvalidJobState,
+    Job,
+    JobNotFound,
+    Queue,
+)
+from django_delayq.engine.keys import QueueKeys
+
+
+@pytest.fixture
+def bare(redis_client) -> Broker:
+    """An engine broker with no Django settings behind it."""
+    return Broker(redis_client, EngineConfig(prefix="t"))
+
+
+def claim_all(broker: Broker, queue: str, batch: int = 100) -> list:
+    jobs = []
+    while True:
+        (result,) = broker.claim(queue, batch, "w")
+        if not result.jobs:
+            return jobs
+        jobs += result.jobs
+
+
+def test_priority_order_then_fifo_over_thousands_of_jobs(bare):
+    rng = random.Random(7)
+    requests = [EnqueueRequest(task="t.x", args=[i], priority=rng.choice([-100, -5, 0, 7, 100]))
+                for i in range(5000)]
+    bare.enqueue_many("q", requests, chunk_size=700)
+    claimed = claim_all(bare, "q", batch=333)
+    assert len(claimed) == 5000
+    expected = sorted(range(5000), key=lambda i: (-requests[i].priority, i))
+    assert [int(j.args_json[1:-1]) for j in claimed] == expected
+
+
+def test_single_enqueues_keep_fifo_within_a_priority(bare):
+    ids = [bare.enqueue("q", "t.x", [i], priority=3).job_id for i in range(300)]
+    assert [j.id for j in claim_all(bare, "q", batch=50)] == ids
+
+
+def test_delayed_job_is_not_claimed_before_its_run_at(bare, redis_client):
+    res = bare.enqueue("q", "t.x", delay=0.3)
+    assert res.status == "scheduled"
+    assert res.run_at_ms - res.enqueued_at_ms == 300
+    (first,) = bare.claim("q", 10, "w")
+    assert first.jobs == []
+    assert first.next_due_ms == res.run_at_ms
+    while True:
+        (result,) = bare.claim("q", 10, "w")
+        if result.jobs:
+            break
+        assert result.now_ms < res.run_at_ms, "due job not claimed"
+    assert result.jobs[0].started_at_ms >= res.run_at_ms
+    assert result.now_ms >= res.run_at_ms
+
+
+def test_past_run_at_is_ready_at_once(bare):
+    res = bare.enqueue("q", "t.x", run_at=dt.datetime(2001, 1, 1, tzinfo=dt.UTC))
+    assert res.status == "ready"
+    assert len(claim_all(bare, "q")) == 1
+
+
+def test_job_id_dedupe(bare):
+    first = bare.enqueue("q", "t.x", [1], job_id="receipt-42", delay=60)
+    again = bare.enqueue("q", "t.x", [2], job_id="receipt-42")
+    assert first.added
+    assert not again.added
+    assert again.status == "scheduled"
+    assert again.run_at_ms == first.run_at_ms
+    assert Queue("q", broker=bare).counts()["scheduled"] == 1
+    bulk = bare.enqueue_many("q", [EnqueueRequest(task="t.x", job_id="receipt-42"),
+                                   EnqueueRequest(task="t.x", job_id="receipt-43")])
+    assert (bulk.enqueued, bulk.duplicates) == (1, 1)
+
+
+def test_cancel_only_before_start(bare):
+    scheduled = Job.fetch(bare.enqueue("q", "t.x", delay=60).job_id, "q", broker=bare)
+    assert scheduled.cancel() is True
+    assert scheduled.refresh().status == "cancelled"
+    running_id = bare.enqueue("q", "t.x").job_id
+    claim_all(bare, "q")
+    running = Job.fetch(running_id, "q", broker=bare)
+    assert running.cancel() is False
+    assert running.refresh().status == "active"
+    counts = Queue("q", broker=bare).counts()
+    assert (counts["cancelled"], counts["active"], counts["scheduled"]) == (1, 1, 0)
+    with pytest.raises(JobNotFound):
+        Job(id="nope", queue="q", broker=bare).cancel()
+
+
+def test_reschedule_moves_between_scheduled_and_ready(bare):
+    job = Job.fetch(bare.enqueue("q", "t.x", delay=3600).job_id, "q", broker=bare)
+    job.reschedule(delay=0)
+    assert job.refresh().status == "ready"
+    job.reschedule(run_at=dt.datetime.now(dt.UTC) + dt.timedelta(hours=2), priority=50)
+    job.refresh()
+    assert job.status == "scheduled"
+    assert job.priority == 50
+    assert job.run_at > dt.datetime.now(dt.UTC) + dt.timedelta(minutes=119)
+    claimed = claim_all(bare, "q")
+    assert claimed == []
+    job.reschedule(delay=0)
+    (claimed,) = claim_all(bare, "q")
+    assert claimed.priority == 50
+    with pytest.raises(InvalidJobState):
+        job.reschedule(delay=5)
+
+
+def test_fail_retries_then_dead_letters_and_retry_revives(bare):
+    job_id = bare.enqueue("q", "t.x", max_attempts=2).job_id
+    keys = QueueKeys("t", "q")
+    (c,) = claim_all(bare, "q")
+    batch = bare.batch()
+    bare.add_fail(batch, keys, job_id, c.attempt, "ValueError: one", "tb one", 0)
+    assert batch.run() == [["retried", pytest.approx(c.started_at_ms, abs=1000)]]
+    (c2,) = claim_all(bare, "q")
+    assert c2.attempt == 2
+    batch = bare.batch()
+    bare.add_fail(batch, keys, job_id, c2.attempt, "ValueError: two", "tb two", 0)
+    assert batch.run()[0][0] == "failed"
+    job = Job.fetch(job_id, "q", broker=bare)
+    assert (job.status, job.attempts, job.error, job.traceback) == (
+        "failed", 2, "ValueError: two", "tb two")
+    assert Queue("q", broker=bare).counts()["failed"] == 1
+    job.retry()
+    assert job.refresh().status == "ready"
+    assert job.attempts == 0
+    assert job.error is None
+    assert Queue("q", broker=bare).counts()["failed"] == 0
+
+
+def test_late_ack_of_a_reclaimed_job_changes_nothing(bare):
+    cfg = EngineConfig(prefix="t", lease_ms=1)
+    short = Broker(bare.client, cfg)
+    job_id = short.enqueue("q", "t.x", max_attempts=2).job_id
+    (first,) = claim_all(short, "q")
+    keys = QueueKeys("t", "q")
+    while short.reclaim("q") == (0, 0):
+        pass
+    (second,) = claim_all(bare, "q")
+    assert second.attempt == first.attempt + 1
+    batch = bare.batch()
+    bare.add_complete(batch, keys, [(job_id, first.attempt, '"late"')])
+    bare.add_fail(batch, keys, job_id, first.attempt, "E: late", "", -1)
+    assert batch.run() == [[0], ["stale", 0]]
+    assert Job.fetch(job_id, "q", broker=bare).status == "active"
+    batch = bare.batch()
+    bare.add_complete(batch, keys, [(job_id, second.attempt, '"fresh"')])
+    assert batch.run() == [[1]]
+    job = Job.fetch(job_id, "q", broker=bare)
+    assert (job.status, job.result) == ("completed", "fresh")
+
+
+def test_reclaim_dead_letters_a_job_out_of_attempts(bare):
+    short = Broker(bare.client, EngineConfig(prefix="t", lease_ms=1))
+    job_id = short.enqueue("q", "t.x", max_attempts=1).job_id
+    claim_all(short, "q")
+    while short.reclaim("q") == (0, 0):
+        pass
+    job = Job.fetch(job_id, "q", broker=bare)
+    assert job.status == "failed"
+    assert "LeaseExpired" in job.error
+
+
+def test_extend_keeps_the_lease_and_reports_lost_ones(bare, redis_client):
+    job_id = bare.enqueue("q", "t.x").job_id
+    (c,) = claim_all(bare, "q")
+    keys = QueueKeys("t", "q")
+    before = redis_client.zscore(keys.active, job_id)
+    batch = bare.batch()
+    bare.add_extend(batch, keys, [(job_id, c.attempt), ("ghost", 1)], 120_000)
+    assert batch.run() == [["ghost"]]
+    assert redis_client.zscore(keys.active, job_id) > before + 60_000
+
+
+def test_release_hands_back_without_counting_the_attempt(bare):
+    ids = [bare.enqueue("q", "t.x", [i]).job_id for i in range(3)]
+    claimed = claim_all(bare, "q")
+    batch = bare.batch()
+    bare.add_release(batch, QueueKeys("t", "q"), [(j.id, j.attempt) for j in claimed],
+                     started=False)
+    assert batch.run() == [3]
+    again = claim_all(bare, "q")
+    assert [j.id for j in again] == ids
+    assert [j.attempt for j in again] == [1, 1, 1]
+
+
+def test_paused_queue_accepts_but_does_not_hand_out(bare):
+    queue = Queue("q", broker=bare)
+    queue.pause()
+    assert queue.is_paused
+    bare.enqueue("q", "t.x")
+    (result,) = bare.claim("q", 10, "w")
+    assert result.paused
+    assert result.jobs == []
+    queue.resume()
+    assert len(claim_all(bare, "q")) == 1
+
+
+def test_orphan_ids_are_dropped_not_crashed_on(bare, redis_client):
+    keys = QueueKeys("t", "q")
+    redis_client.zadd(keys.ready, {"ghost": 1})
+    redis_client.zadd(keys.scheduled, {"ghost2": 1})
+    good = bare.enqueue("q", "t.x").job_id
+    (result,) = bare.claim("q", 10, "w")
+    assert [j.id for j in result.jobs] == [good]
+    assert result.orphans == 2
+
+
+def test_purge_and_listing(bare):
+    for i in range(5):
+        bare.enqueue("q", "t.x", [i], delay=60 + i)
+    queue = Queue("q", broker=bare)
+    listed = queue.jobs("scheduled", offset=1, limit=2)
+    assert [j.args for j in listed] == [[1], [2]]
+    assert queue.next_due() == queue.jobs("scheduled", limit=1)[0].run_at
+    assert queue.purge() == 5
+    assert sum(queue.counts().values()) == 0
+
+
+def test_position_counts_jobs_ahead(bare):
+    ids = [bare.enqueue("q", "t.x", [i]).job_id for i in range(4)]
+    later = bare.enqueue("q", "t.x", delay=30).job_id
+    assert Job(id=ids[2], queue="q", broker=bare).position() == 2
+    assert Job(id=later, queue="q", broker=bare).position() == 4
+
+
+def test_redis_time_decides_not_the_client_clock(bare, monkeypatch):
+    """Even with this process's clock a day ahead, a delayed job waits for Redis time."""
+    import time as time_module
+
+    real = time_module.time
+    monkeypatch.setattr(time_module, "time", lambda: real() + 86_400)
+    res = bare.enqueue("q", "t.x", delay=0.2)
+    (result,) = bare.claim("q", 10, "w")
+    assert result.jobs == []
+    assert res.run_at_ms - result.now_ms > 100
+
+
+class CountingConnection:
+    """Counts what a redis-py connection sends: one send is one round trip."""
+
+    sends = 0
+
+    @classmethod
+    def make(cls):
+        import redis
+
+        class Counting(redis.Connection):
+            def send_packed_command(self, command, check_health=True):
+                cls.sends += 1
+                return super().send_packed_command(command, check_health)
+
+        return Counting
+
+
+def test_round_trips_enqueue_claim_and_ack(redis_client):
+    import redis
+
+    kwargs = redis_client.connection_pool.connection_kwargs
+    counting = CountingConnection.make()
+    pool = redis.ConnectionPool(connection_class=counting, **kwargs)
+    broker = Broker(redis.Redis(connection_pool=pool), EngineConfig(prefix="rt"))
+    broker.enqueue("q", "t.x")  # first use: loads the script, registers the queue
+
+    def trips(action):
+        before = CountingConnection.sends
+        action()
+        return CountingConnection.sends - before
+
+    assert trips(lambda: broker.enqueue("q", "t.x", [1])) == 1
+    requests = [EnqueueRequest(task="t.x", args=[i]) for i in range(5000)]
+    assert trips(lambda: broker.enqueue_many("q", requests, chunk_size=1000)) == 5
+    claimed = []
+    assert trips(lambda: claimed.extend(broker.claim("q", 500, "w")[0].jobs)) == 1
+    assert len(claimed) == 500
+    keys = QueueKeys("rt", "q")
+
+    def ack():
+        batch = broker.batch()
+        broker.add_complete(batch, keys, [(j.id, j.attempt, "null") for j in claimed])
+        assert batch.run() == [[1] * 500]
+
+    assert trips(ack) == 1

@@ -1,0 +1,127 @@
+"""The worker, run in a thread: it runs jobs, retries, dead-letters, and keeps going."""
+
+from __future__ import annotations
+
+import json
+
+from django_delayq import Job, Queue
+from django_delayq.engine.keys import QueueKeys
+from tests.conftest import ran, wait_until, worker_thread
+from tests.testapp import tasks
+
+
+def test_runs_jobs_in_priority_order_and_keeps_results(redis_client):
+    low = tasks.record.using(priority=-10).enqueue("low")
+    high = tasks.record.using(priority=10).enqueue("high", extra={"n": 1})
+    with worker_thread(queues=["default"], concurrency=1, burst=True) as worker:
+        wait_until(lambda: worker.stopping, message="burst to finish")
+    assert [r["tag"] for r in ran(redis_client)] == ["high", "low"]
+    high.refresh()
+    assert (high.status, high.result, high.attempts) == ("completed", "high", 1)
+    assert high.started_at <= high.finished_at
+    assert low.refresh().status == "completed"
+
+
+def test_delayed_job_starts_at_its_run_at_never_before(redis_client):
+    jobs = [tasks.record.using(delay=0.2 + i * 0.05).enqueue(f"d{i}") for i in range(5)]
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: len(ran(redis_client)) == 5, message="delayed jobs")
+    for job in jobs:
+        job.refresh()
+        assert job.started_at >= job.run_at
+    notes = {r["tag"]: r["redis_ms"] for r in ran(redis_client)}
+    for i, job in enumerate(jobs):
+        assert notes[f"d{i}"] >= job.run_at.timestamp() * 1000
+
+
+def test_failing_job_retries_with_backoff_then_dead_letters_with_traceback(redis_client):
+    job = tasks.always_fails.enqueue("x")
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: job.refresh().status == "failed", message="dead letter")
+    assert job.attempts == 3
+    assert job.error == "builtins.RuntimeError: boom x"
+    assert "Traceback (most recent call last)" in job.traceback
+    assert 'raise RuntimeError(f"boom {tag}")' in job.traceback
+    times = [r["redis_ms"] for r in ran(redis_client)]
+    assert len(times) == 3
+    # backoff 0.2 s then 0.4 s, each jittered down to half at most
+    assert times[1] - times[0] >= 100
+    assert times[2] - times[1] >= 200
+    events = redis_client.xrange(QueueKeys("dq", "default").events)
+    kinds = [e[1]["event"] for e in events]
+    assert kinds.count("retried") == 2
+    assert kinds.count("failed") == 1
+    assert Queue("default").counts()["failed"] == 1
+
+
+def test_unknown_task_and_corrupt_payload_fail_cleanly_and_worker_goes_on(broker, redis_client):
+    unknown = broker.enqueue("default", "nowhere.to_be_found", [1], max_attempts=1).job_id
+    corrupt = broker.enqueue("default", tasks.record.name, ["c"], max_attempts=3).job_id
+    redis_client.hset(QueueKeys("dq", "default").job(corrupt), "args", "[not json")
+    good = tasks.record.enqueue("after")
+    with worker_thread(queues=["default"], concurrency=1):
+        wait_until(lambda: good.refresh().status == "completed", message="good job")
+        wait_until(lambda: Job.fetch(corrupt).status == "failed", message="corrupt job")
+    bad = Job.fetch(unknown)
+    assert bad.status == "failed"
+    assert "no task named 'nowhere.to_be_found' is registered" in bad.error
+    broken = Job.fetch(corrupt)
+    assert broken.attempts == 1, "a corrupt payload is not retried"
+    assert "undecodable arguments" in broken.error
+
+
+def test_result_that_is_not_json_fails_the_job(redis_client):
+    job = tasks.returns_unjsonable.enqueue()
+    with worker_thread(queues=["default"], burst=True) as worker:
+        wait_until(lambda: worker.stopping)
+    job.refresh()
+    assert job.status == "failed"
+    assert "not JSON serializable" in job.error
+
+
+def test_worker_serves_several_queues(redis_client):
+    tasks.record.enqueue("a")
+    tasks.record_other.enqueue("b")
+    with worker_thread(queues=["default", "other"]):
+        wait_until(lambda: len(ran(redis_client)) == 2)
+    assert sorted(r["tag"] for r in ran(redis_client)) == ["a", "b"]
+
+
+def test_default_queues_are_those_of_registered_tasks():
+    from django_delayq.worker import Worker
+
+    assert Worker().queues == ["default", "other"]
+
+
+def test_many_jobs_all_run_exactly_once_with_batched_claims(redis_client):
+    tasks.record.enqueue_many([[f"n{i}"] for i in range(500)])
+    with worker_thread(queues=["default"], concurrency=4, burst=True) as worker:
+        wait_until(lambda: worker.stopping, timeout=60)
+    tags = [r["tag"] for r in ran(redis_client)]
+    assert sorted(tags) == sorted(f"n{i}" for i in range(500))
+    assert Queue("default").counts()["completed"] == 500
+    assert worker.processed == 500
+
+
+def test_events_stream_records_the_lifecycle(redis_client):
+    job = tasks.record.enqueue("e")
+    with worker_thread(queues=["default"], burst=True) as worker:
+        wait_until(lambda: worker.stopping)
+    events = redis_client.xrange(QueueKeys("dq", "default").events)
+    assert [(e[1]["event"], e[1]["job"]) for e in events] == [
+        ("enqueued", job.id), ("started", job.id), ("completed", job.id)]
+    assert json.loads(redis_client.hget(QueueKeys("dq", "default").job(job.id), "result")) == "e"
+
+
+def test_worker_clock_running_ahead_does_not_start_jobs_early(redis_client, monkeypatch):
+    """Redis time decides: a worker whose clock is a day ahead still waits for run_at."""
+    import time as time_module
+
+    real = time_module.time
+    monkeypatch.setattr(time_module, "time", lambda: real() + 86_400)
+    job = tasks.record.using(delay=0.5).enqueue("skewed")
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: job.refresh().status == "completed", message="skewed job")
+    assert job.started_at >= job.run_at
+    (note,) = ran(redis_client)
+    assert note["redis_ms"] >= job.run_at.timestamp() * 1000
