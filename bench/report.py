@@ -68,8 +68,9 @@ def _reference(data: dict[str, Any], target: dict[str, Any]) -> tuple[float | No
     if ref.startswith("best_peer:"):
         metric = ref.split(":", 1)[1]
         better_low = target["op"] in ("<", "<=")
-        peers = {lib: get(res, metric) for lib, res in data["results"].items()
-                 if lib != "django_delayq"}
+        peers = {
+            lib: get(res, metric) for lib, res in data["results"].items() if lib != "django_delayq"
+        }
         peers = {k: v for k, v in peers.items() if v is not None}
         if not peers:
             return None, f"best peer {metric}"
@@ -79,7 +80,7 @@ def _reference(data: dict[str, Any], target: dict[str, Any]) -> tuple[float | No
 
 
 def _times(factor: float) -> str:
-    return "" if factor == 1 else f"{factor:g} × "
+    return "" if factor == 1 else f"{factor:g} x "
 
 
 def evaluate_targets(data: dict[str, Any], targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -92,11 +93,15 @@ def evaluate_targets(data: dict[str, Any], targets: list[dict[str, Any]]) -> lis
             holds = None
         else:
             holds = {
-                ">=": value >= ref, ">": value > ref, "<=": value <= ref, "<": value < ref,
+                ">=": value >= ref,
+                ">": value > ref,
+                "<=": value <= ref,
+                "<": value < ref,
                 "==": math.isclose(value, ref),
             }[t["op"]]
-        rows.append({**t, "value": value, "reference": ref, "reference_text": ref_text,
-                     "holds": holds})
+        rows.append(
+            {**t, "value": value, "reference": ref, "reference_text": ref_text, "holds": holds}
+        )
     return rows
 
 
@@ -134,8 +139,12 @@ def markdown(data: dict[str, Any]) -> str:
     ]
     rows = evaluate_targets(data, load_targets())
     if rows and "django_delayq" in results:
-        lines += ["## Targets", "", "| target | value | reference | holds |",
-                  "|---|---:|---:|:---:|"]
+        lines += [
+            "## Targets",
+            "",
+            "| target | value | reference | holds |",
+            "|---|---:|---:|:---:|",
+        ]
         for row in rows:
             verdict = {True: "yes", False: "**no**", None: "n/a"}[row["holds"]]
             lines.append(
@@ -153,9 +162,9 @@ def markdown(data: dict[str, Any]) -> str:
         "the first job to the last, on the Redis clock (every task INCRs one counter "
         "and stamps Redis `TIME`).",
         f"- **lateness**: {env['sizes']['lateness_n']:,} jobs due "
-        f"{env['lateness_window_s'][0]:g}–{env['lateness_window_s'][1]:g} s out, evenly "
+        f"{env['lateness_window_s'][0]:g}-{env['lateness_window_s'][1]:g} s out, evenly "
         "spread, one worker process; each job reads Redis `TIME` when it starts and "
-        "records start − due. **early** counts jobs that started before they were due.",
+        "records start - due. **early** counts jobs that started before they were due.",
         f"- **bytes/delayed job**: Redis `used_memory` growth with "
         f"{env['sizes']['memory_n']:,} delayed jobs waiting (no worker running), "
         "divided by their number.",
@@ -169,9 +178,10 @@ def markdown(data: dict[str, Any]) -> str:
     for lib, notes in env.get("notes", {}).items():
         versions = env.get("library_versions", {}).get(lib) or {}
         vtext = ", ".join(f"{k} {v}" for k, v in versions.items())
-        lines.append(f"- **{LABELS.get(lib, lib)}** ({vtext}): "
-                     + "; ".join(f"{k}: {v if v is not None else 'none'}"
-                                 for k, v in notes.items()))
+        lines.append(
+            f"- **{LABELS.get(lib, lib)}** ({vtext}): "
+            + "; ".join(f"{k}: {v if v is not None else 'none'}" for k, v in notes.items())
+        )
     errors = env.get("errors") or {}
     if errors:
         lines += ["", "## Errors", ""]
@@ -220,8 +230,15 @@ def chart(data: dict[str, Any], path: Path) -> None:
         for bar, v in zip(bars, values, strict=True):
             label = "n/a" if v is None else (f"{v:,.1f}" if v < 100 else f"{v:,.0f}")
             y = bar.get_height() if v else (ax.get_ylim()[0] if log_scale else 0)
-            ax.annotate(label, (bar.get_x() + bar.get_width() / 2, y), ha="center",
-                        va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+            ax.annotate(
+                label,
+                (bar.get_x() + bar.get_width() / 2, y),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
     env = data["environment"]
     fig.suptitle(
         f"django-delayq vs peers on one Redis {env['redis_version']} · {env['cores']} cores · "

@@ -76,18 +76,31 @@ class Runner:
         self.client.flushall()
         env = {**os.environ, "BENCH_REDIS_URL": self.url, "PYTHONUNBUFFERED": "1"}
         env.pop("DJANGO_SETTINGS_MODULE", None)
-        argv = [self.interpreters[lib], str(ADAPTER_FILES[lib]), op,
-                json.dumps({"url": self.url, **params})]
+        argv = [
+            self.interpreters[lib],
+            str(ADAPTER_FILES[lib]),
+            op,
+            json.dumps({"url": self.url, **params}),
+        ]
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                                  cwd=str(ADAPTERS), env=env, check=False)
+            proc = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                cwd=str(ADAPTERS),
+                env=env,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             return {"ok": False, "error": f"{op} took longer than {timeout:.0f}s"}
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if not lines:
             tail = proc.stderr.strip().splitlines()[-5:]
-            return {"ok": False, "error": f"{op}: no result (exit {proc.returncode}): "
-                                          + " | ".join(tail)}
+            return {
+                "ok": False,
+                "error": f"{op}: no result (exit {proc.returncode}): " + " | ".join(tail),
+            }
         out: dict[str, Any] = json.loads(lines[-1])
         if not out.get("ok"):
             log(f"{lib} {op} failed: {out.get('error')}")
@@ -102,11 +115,23 @@ def measure_library(runner: Runner, lib: str, sizes: dict[str, int]) -> dict[str
         ("bulk", "bulk", {"n": sizes["bulk_n"]}, 600),
         ("process_1", "process", {"n": sizes["process_n"], "procs": 1, "timeout": 300}, 420),
         ("process_2", "process", {"n": sizes["process_n"], "procs": 2, "timeout": 300}, 420),
-        ("lateness", "lateness",
-         {"n": sizes["lateness_n"], "start_s": start, "end_s": end, "timeout": 60}, 300),
-        ("storage", "storage",
-         {"memory_n": sizes["memory_n"], "small_n": sizes["growth_small_n"],
-          "large_n": sizes["growth_large_n"], "measure_n": sizes["growth_measure_n"]}, 1200),
+        (
+            "lateness",
+            "lateness",
+            {"n": sizes["lateness_n"], "start_s": start, "end_s": end, "timeout": 60},
+            300,
+        ),
+        (
+            "storage",
+            "storage",
+            {
+                "memory_n": sizes["memory_n"],
+                "small_n": sizes["growth_small_n"],
+                "large_n": sizes["growth_large_n"],
+                "measure_n": sizes["growth_measure_n"],
+            },
+            1200,
+        ),
     ]
     raw: dict[str, Any] = {}
     for key, op, params, timeout in calls:
@@ -133,8 +158,9 @@ def _median(values: list[Any]) -> float | None:
 
 def summarize(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
     """The median over runs of each figure, and the errors seen."""
-    errors = sorted({f"{k}: {v.get('error')}" for r in runs for k, v in r.items()
-                     if not v.get("ok")})
+    errors = sorted(
+        {f"{k}: {v.get('error')}" for r in runs for k, v in r.items() if not v.get("ok")}
+    )
 
     def pick(key: str, field: str) -> list[Any]:
         return [r[key].get(field) for r in runs if r[key].get("ok")]
@@ -194,24 +220,35 @@ def cpu_model() -> str:
 
 
 def interpreters(peers_python: str) -> dict[str, str]:
-    return {lib: (sys.executable if lib == "django_delayq" else peers_python)
-            for lib in LIBRARIES}
+    return {lib: (sys.executable if lib == "django_delayq" else peers_python) for lib in LIBRARIES}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scale", type=float, default=1.0,
-                        help="multiply every workload size (default 1)")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply every workload size (default 1)"
+    )
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (median)")
-    parser.add_argument("--libraries", default=",".join(LIBRARIES),
-                        help="comma-separated subset of " + ",".join(LIBRARIES))
-    parser.add_argument("--peers-python", default=str(BENCH_DIR / ".venv-peers/bin/python"),
-                        help="interpreter of the peers' virtualenv")
-    parser.add_argument("--out", default=str(BENCH_DIR / "results"),
-                        help="directory for latest.json, latest.md and latest.png")
-    parser.add_argument("--redis-url", default=None,
-                        help="use this (throwaway!) Redis instead of starting one; "
-                             "it is FLUSHALLed")
+    parser.add_argument(
+        "--libraries",
+        default=",".join(LIBRARIES),
+        help="comma-separated subset of " + ",".join(LIBRARIES),
+    )
+    parser.add_argument(
+        "--peers-python",
+        default=str(BENCH_DIR / ".venv-peers/bin/python"),
+        help="interpreter of the peers' virtualenv",
+    )
+    parser.add_argument(
+        "--out",
+        default=str(BENCH_DIR / "results"),
+        help="directory for latest.json, latest.md and latest.png",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=None,
+        help="use this (throwaway!) Redis instead of starting one; it is FLUSHALLed",
+    )
     parser.add_argument("--no-chart", action="store_true", help="skip latest.png")
     args = parser.parse_args(argv)
     args.libraries = [s.strip() for s in args.libraries.split(",") if s.strip()]
@@ -225,8 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = sizes_for(args.scale)
     interp = interpreters(args.peers_python)
-    missing = [lib for lib in args.libraries
-               if lib in PEERS and not Path(interp[lib]).exists()]
+    missing = [lib for lib in args.libraries if lib in PEERS and not Path(interp[lib]).exists()]
     if missing:
         log(f"no peers virtualenv at {args.peers_python}: run bench/run.sh to create it")
         return 2
@@ -263,8 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     environment = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
-        "peers_python": next((i.get("python") for lib, i in info.items() if lib in PEERS
-                              and i.get("ok")), None),
+        "peers_python": next(
+            (i.get("python") for lib, i in info.items() if lib in PEERS and i.get("ok")), None
+        ),
         "redis_version": redis_info.get("redis_version"),
         "cpu": cpu_model(),
         "cores": os.cpu_count(),

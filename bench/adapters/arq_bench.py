@@ -15,9 +15,8 @@ import sys
 from datetime import UTC, datetime
 from importlib.metadata import version
 
-from arq.connections import RedisSettings, create_pool
-
 import common
+from arq.connections import RedisSettings, create_pool
 
 _marks: common.AsyncMarks | None = None
 

@@ -16,9 +16,8 @@ import sys
 from datetime import UTC, datetime
 from importlib.metadata import version
 
-from celery import Celery, group
-
 import common
+from celery import Celery, group
 
 app = Celery("celery_bench", broker=os.environ.get(common.URL_ENV, "redis://127.0.0.1:1/0"))
 app.conf.update(
@@ -81,10 +80,23 @@ def make() -> common.Adapter:
         return [
             common.start_process(
                 [
-                    celery_bin, "-A", "celery_bench", "worker", "-Q", "bench",
-                    "--pool", "threads", "--concurrency", str(THREADS),
-                    "--without-gossip", "--without-mingle", "--without-heartbeat",
-                    "-n", f"bench{i}@%h", "--loglevel", "WARNING",
+                    celery_bin,
+                    "-A",
+                    "celery_bench",
+                    "worker",
+                    "-Q",
+                    "bench",
+                    "--pool",
+                    "threads",
+                    "--concurrency",
+                    str(THREADS),
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                    "-n",
+                    f"bench{i}@%h",
+                    "--loglevel",
+                    "WARNING",
                 ],
                 f"celery-{i}",
             )

@@ -20,6 +20,7 @@ This module imports only the standard library and redis-py, which both virtualen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -121,9 +122,7 @@ class AsyncMarks:
 def start_process(argv: Sequence[str], name: str, extra_env: dict[str, str] | None = None):
     """Start a peer worker in its own process group, logging to bench/results/tmp."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ADAPTERS_DIR), *filter(None, [env.get("PYTHONPATH")])]
-    )
+    env["PYTHONPATH"] = os.pathsep.join([str(ADAPTERS_DIR), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("PYTHONUNBUFFERED", "1")
     if extra_env:
         env.update(extra_env)
@@ -150,27 +149,21 @@ def stop_processes(procs: Iterable[subprocess.Popen], grace: float = 10.0) -> No
         _signal_group(p, signal.SIGTERM)
     deadline = time.monotonic() + grace
     for p in procs:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
     for p in procs:
         # Children of a prefork/process pool may outlive their parent: kill the group.
         _signal_group(p, signal.SIGKILL)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
         log = getattr(p, "_bench_log", None)
         if log is not None:
             log.close()
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(p.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # --- measurements ----------------------------------------------------------------------
@@ -267,7 +260,7 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile of an ascending list."""
     if not sorted_values:
         raise ValueError("no values")
-    k = max(0, min(len(sorted_values) - 1, int(round(q / 100 * len(sorted_values) + 0.5)) - 1))
+    k = max(0, min(len(sorted_values) - 1, round(q / 100 * len(sorted_values) + 0.5) - 1))
     return float(sorted_values[k])
 
 

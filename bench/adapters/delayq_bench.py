@@ -46,8 +46,15 @@ def make() -> common.Adapter:
 
     def start_workers(procs: int, scheduler: bool):
         argv = [
-            sys.executable, "-m", "django", "runworker", "bench",
-            "--concurrency", str(THREADS), "--settings", SETTINGS,
+            sys.executable,
+            "-m",
+            "django",
+            "runworker",
+            "bench",
+            "--concurrency",
+            str(THREADS),
+            "--settings",
+            SETTINGS,
         ]
         return [common.start_process(argv, f"delayq-{i}") for i in range(procs)]
 

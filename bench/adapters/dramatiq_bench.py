@@ -14,10 +14,9 @@ import sys
 import time
 from importlib.metadata import version
 
+import common
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
-
-import common
 
 broker = RedisBroker(url=os.environ.get(common.URL_ENV, "redis://127.0.0.1:1/0"))
 dramatiq.set_broker(broker)
@@ -53,8 +52,14 @@ def make() -> common.Adapter:
         return [
             common.start_process(
                 [
-                    dramatiq_bin, "dramatiq_bench", "--processes", str(procs),
-                    "--threads", str(THREADS), "--queues", "bench",
+                    dramatiq_bin,
+                    "dramatiq_bench",
+                    "--processes",
+                    str(procs),
+                    "--threads",
+                    str(THREADS),
+                    "--queues",
+                    "bench",
                 ],
                 "dramatiq",
             )

@@ -13,9 +13,8 @@ import sys
 from datetime import UTC, datetime
 from importlib.metadata import version
 
-from huey import RedisHuey
-
 import common
+from huey import RedisHuey
 
 huey = RedisHuey("bench", url=os.environ.get(common.URL_ENV, "redis://127.0.0.1:1/0"))
 THREADS = 8

@@ -60,9 +60,7 @@ def make() -> common.Adapter:
         argv = [rq_bin, "worker", "-w", "rq.worker.SimpleWorker", "-u", common.redis_url(), "-q"]
         if scheduler:
             argv.append("--with-scheduler")
-        return [
-            common.start_process([*argv, QUEUE], f"rq-{i}") for i in range(procs)
-        ]
+        return [common.start_process([*argv, QUEUE], f"rq-{i}") for i in range(procs)]
 
     return common.Adapter(
         name="rq",

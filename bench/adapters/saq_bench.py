@@ -14,9 +14,8 @@ import os
 import sys
 from importlib.metadata import version
 
-from saq import Queue
-
 import common
+from saq import Queue
 
 _marks: common.AsyncMarks | None = None
 
