@@ -39,7 +39,7 @@ ADAPTER_FILES = {lib: ADAPTERS / f"{lib.removeprefix('django_')}_bench.py" for l
 # Workload sizes at --scale 1, chosen so a full run takes about 20 minutes on 2 cores.
 BASE_SIZES = {
     "enqueue_n": 5_000,
-    "bulk_n": 20_000,
+    "bulk_n": 10_000,
     "process_n": 5_000,
     "lateness_n": 2_000,
     "memory_n": 100_000,
