@@ -50,6 +50,11 @@ def get(obj: Any, path: str) -> Any:
     return obj
 
 
+def _load(env: dict[str, Any], key: str) -> str:
+    values = env.get(key)
+    return "/".join(f"{v:.1f}" for v in values) if values else "n/a"
+
+
 def fmt(value: Any, spec: str) -> str:
     if value is None:
         return "n/a"
@@ -123,6 +128,10 @@ def markdown(data: dict[str, Any]) -> str:
         f"{env['date']} · Redis {env['redis_version']} · Python {env['python']} · "
         f"{env['cpu']} ({env['cores']} cores) · scale {env['scale']} · "
         f"median of {env['runs']} run(s)",
+        "",
+        f"Load average (1/5/15 min) at start {_load(env, 'load_average_start')}, at end "
+        f"{_load(env, 'load_average_end')}: anything above the core count means the "
+        "figures share the CPU with other work.",
         "",
         "| library | " + " | ".join(c[0] for c in COLUMNS) + " |",
         "|---|" + "---:|" * len(COLUMNS),

@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         server = RedisServer().start()  # --save "" --appendonly no, loopback
         url = server.url
     started = time.monotonic()
+    load_before = os.getloadavg()
     try:
         runner = Runner(url, interp)
         info = {lib: runner.call(lib, "info", {}, 120) for lib in args.libraries}
@@ -314,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         "notes": notes,
         "errors": errors,
         "duration_s": round(time.monotonic() - started, 1),
+        # Other work on the machine skews every figure: keep a trace of it.
+        "load_average_start": [round(x, 2) for x in load_before],
+        "load_average_end": [round(x, 2) for x in os.getloadavg()],
     }
     data = {"environment": environment, "results": results, "ceiling": ceiling}
     out = Path(args.out)
