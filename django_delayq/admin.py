@@ -8,6 +8,7 @@ shows the live Redis state next to the mirrored one. Acting needs the
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import re
@@ -120,7 +121,7 @@ class JobAdmin(admin.ModelAdmin):
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        extra_context = {**(extra_context or {}), "show_save": False,
+        extra_context = {**(extra_context or {}), "title": "Job", "show_save": False,
                          "show_save_and_continue": False, "show_save_and_add_another": False,
                          "show_delete": False}
         return super().change_view(request, object_id, form_url, extra_context)
@@ -173,9 +174,9 @@ class JobAdmin(admin.ModelAdmin):
             ("status", status_badge(obj.status), status_badge(live.status)),
             ("attempts", f"{obj.attempts}/{obj.max_attempts}",
              f"{live.attempts}/{live.max_attempts}"),
-            ("run at", obj.run_at or "-", live.run_at or "-"),
-            ("started at", obj.started_at or "-", live.started_at or "-"),
-            ("finished at", obj.finished_at or "-", live.finished_at or "-"),
+            ("run at", _when(obj.run_at), _when(live.run_at)),
+            ("started at", _when(obj.started_at), _when(live.started_at)),
+            ("finished at", _when(obj.finished_at), _when(live.finished_at)),
             ("worker", obj.worker or "-", live.worker or "-"),
             ("error", obj.error or "-", live.error or "-"),
             ("position in queue", "", "-" if position is None else position),
@@ -245,6 +246,12 @@ class JobAdmin(admin.ModelAdmin):
                  name="django_delayq_queue_control"),
         ]
         return own + super().get_urls()
+
+
+def _when(value: dt.datetime | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S.%f}"[:-3] + " UTC"
 
 
 def _reason(exc: InvalidJobState) -> str:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CHART_WIDTH, CHART_HEIGHT = 300, 48
+CHART_WIDTH, CHART_HEIGHT = 180, 40
 REDIS_DOWN = "Redis is unreachable, so live queue state cannot be shown. Try again shortly."
 OPERATIONS = ("pause", "resume", "purge")
 
