@@ -75,7 +75,7 @@ class Command(BaseCommand):
             code = worker.run()
         finally:
             if mirror is not None:
-                mirror.stop(drain=options["burst"])
+                mirror.stop(timeout=5.0, drain=True)  # mirror the last events too
         if code:
             sys.exit(code)
 
