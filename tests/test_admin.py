@@ -133,6 +133,8 @@ def test_job_list_badges_filters_and_search(admin_client):
     assert "dq-status-failed" in page
     assert "dq-status-completed" in page
     assert "Queues dashboard" in page
+    app_page = admin_client.get(reverse("admin:app_list", args=["django_delayq"]))
+    assert reverse(DASHBOARD) in app_page.content.decode()
 
     def ids(query: dict[str, str]) -> set[str]:
         response = admin_client.get(url, query)

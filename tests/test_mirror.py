@@ -222,6 +222,27 @@ def test_old_finished_rows_are_pruned_after_the_retention():
         assert Mirror(block=0.1).prune() == 0
 
 
+@pytest.mark.slow
+def test_runworker_mirrors_on_a_thread_unless_told_not_to(tmp_path):
+    env = worker_env(DELAYQ_TEST_SQLITE=str(tmp_path / "worker.sqlite3"))
+    subprocess.run([sys.executable, "-m", "django", "migrate", "-v0"], cwd=ROOT, env=env,
+                   check=True)
+
+    def statuses() -> dict[str, str]:
+        with sqlite3.connect(env["DELAYQ_TEST_SQLITE"]) as db:
+            return dict(db.execute("SELECT job_id, status FROM django_delayq_job").fetchall())
+
+    first = tasks.record.enqueue("no-mirror")
+    subprocess.run([sys.executable, "-m", "django", "runworker", "--burst", "--no-mirror"],
+                   cwd=ROOT, env=env, check=True, capture_output=True, timeout=60)
+    assert first.refresh().status == "completed"
+    assert statuses() == {}
+    second = tasks.record.enqueue("mirrored")
+    subprocess.run([sys.executable, "-m", "django", "runworker", "--burst"], cwd=ROOT, env=env,
+                   check=True, capture_output=True, timeout=60)
+    assert statuses() == {first.id: "completed", second.id: "completed"}
+
+
 # -- a mirror process killed mid-batch ---------------------------------------------------
 
 def _mirror_process(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
