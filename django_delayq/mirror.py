@@ -22,20 +22,20 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connection, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
+from redis.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
 from .conf import conf
 from .connection import get_broker
 from .engine import Broker, Queue
 from .engine.errors import DelayQConnectionError
-from .engine.job import _decode_or_raw, from_ms
-from .engine.keys import STATUSES, QueueKeys
+from .engine.keys import QueueKeys
+from .mirror_events import Event, apply_event, parse_entry, row_from_hash, stream_id
 from .models import Job, JobStatus
 
 logger = logging.getLogger(__name__)
@@ -50,105 +50,6 @@ UPDATE_FIELDS = [
 FINISHED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.PURGED)
 #: Test hook: seconds to sleep after the database commit and before XACK.
 PAUSE_BEFORE_ACK_ENV = "DELAYQ_MIRROR_PAUSE_BEFORE_ACK"
-
-
-def stream_id(entry_id: str) -> tuple[int, int]:
-    """A stream entry id as a comparable ``(ms, seq)`` pair; raises ValueError."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-@dataclass(frozen=True)
-class Event:
-    """One decoded entry of an events stream."""
-
-    keys: QueueKeys
-    entry_id: str
-    event: str
-    job_id: str
-    fields: dict[str, str]
-
-    @property
-    def order(self) -> tuple[int, int]:
-        return stream_id(self.entry_id)
-
-    @property
-    def at(self) -> dt.datetime | None:
-        return from_ms(self.fields.get("ts"))
-
-
-def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None) -> Event | None:
-    """Decode a stream entry; None (after a warning) when it is garbled."""
-    try:
-        stream_id(entry_id)
-        event, job_id = fields["event"], fields["job"]  # type: ignore[index]
-        int(fields.get("ts", "0"))  # type: ignore[union-attr]
-        if not event or not job_id:
-            raise ValueError("empty event or job")
-    except (KeyError, TypeError, ValueError) as exc:
-        logger.warning("skipping garbled event stream=%s id=%s fields=%r error=%s",
-                       keys.events, entry_id, fields, exc)
-        return None
-    return Event(keys, entry_id, event, job_id, dict(fields))
-
-
-def row_from_hash(queue: str, job_id: str, data: dict[str, str]) -> Job:
-    """A model instance holding a job HASH's state."""
-    def num(name: str, default: int) -> int:
-        try:
-            return int(data.get(name, default))
-        except (TypeError, ValueError):
-            return default
-
-    status = data.get("status", "")
-    return Job(
-        queue=queue, job_id=job_id, task_name=data.get("task", "")[:200],
-        status=status if status in STATUSES else JobStatus.READY,
-        priority=num("priority", 0),
-        args=_decode_or_raw(data.get("args"), []), kwargs=_decode_or_raw(data.get("kwargs"), {}),
-        run_at=from_ms(data.get("run_at")), enqueued_at=from_ms(data.get("enqueued_at")),
-        started_at=from_ms(data.get("started_at")), finished_at=from_ms(data.get("finished_at")),
-        attempts=max(0, num("attempts", 0)), max_attempts=max(1, num("max_attempts", 1)),
-        worker=(data.get("worker") or "")[:200], result=_decode_or_raw(data.get("result"), None),
-        error=data.get("error") or "", traceback=data.get("traceback") or "",
-    )
-
-
-def apply_event(row: Job, event: Event) -> None:
-    """Update ``row`` from an event alone (its job HASH is gone)."""
-    f, at = event.fields, event.at
-    attempt = f.get("attempt")
-    if attempt and attempt.isdigit():
-        row.attempts = int(attempt)
-    kind = event.event
-    if kind == "enqueued":
-        row.status = row.status or JobStatus.READY
-        row.enqueued_at = row.enqueued_at or at
-    elif kind == "started":
-        row.status, row.started_at, row.finished_at = JobStatus.ACTIVE, at, None
-        row.worker = (f.get("worker") or row.worker)[:200]
-    elif kind == "completed":
-        row.status, row.finished_at = JobStatus.COMPLETED, at
-    elif kind == "failed":
-        row.status, row.finished_at = JobStatus.FAILED, at
-        row.error = f.get("error", row.error)
-    elif kind == "cancelled":
-        row.status, row.finished_at = JobStatus.CANCELLED, at
-    elif kind in ("retried", "rescheduled"):
-        run_at = from_ms(f.get("run_at"))
-        row.run_at = run_at or row.run_at
-        due = run_at is None or (at is not None and run_at <= at)
-        row.status = JobStatus.READY if due else JobStatus.SCHEDULED
-        row.finished_at = None
-        if f.get("manual"):
-            row.attempts, row.error, row.traceback = 0, "", ""
-    elif kind in ("reclaimed", "released"):
-        row.status = JobStatus.READY
-    elif kind in ("purged", "orphaned"):
-        row.status = JobStatus.PURGED
-        row.finished_at = row.finished_at or at
-    else:
-        logger.warning("unknown event kind, keeping status event=%s job=%s", kind, event.job_id)
 
 
 class Mirror:
@@ -180,6 +81,10 @@ class Mirror:
         self._recovered: set[str] = set()  # streams whose own PEL was read once
         self._refreshed_at = 0.0
         self._pruned_at = 0.0
+        self._claim_due = 0.0
+        self._claim_every = min(max(self.claim_idle_ms / 2000, 1.0), 30.0)
+        # A cluster cannot read streams of several slots in one command.
+        self._one_command_per_stream = isinstance(self.broker.client, RedisCluster)
         self._pause_before_ack = float(os.environ.get(PAUSE_BEFORE_ACK_ENV) or 0)
 
     # -- control -------------------------------------------------------------------
@@ -226,17 +131,65 @@ class Mirror:
     # -- one round -----------------------------------------------------------------
 
     def step(self, *, block: bool = False) -> int:
-        """Read and apply one batch from every shard. Returns how many entries it handled."""
+        """Read and apply one batch per stream. Returns how many entries it handled.
+
+        Order: this consumer's own pending entries (until none are left), then other
+        consumers' entries idle for ``claim_idle`` (checked now and then), then new ones,
+        blocking up to ``block`` seconds for them when nothing else was found.
+        """
         self._refresh_shards()
         self._maybe_prune()
         handled = 0
         for keys in self._shards:
-            handled += self._step_shard(keys)
-        if handled == 0 and block and self._shards and not self._stop.is_set():
-            handled += self._wait_and_read()
-        elif handled == 0 and block:
-            self._stop.wait(self.block_ms / 1000)
+            if keys.events not in self._recovered:
+                got = self._entries(self._read({keys.events: "0"}))
+                if got:
+                    handled += self._apply(keys, got)
+                else:
+                    self._recovered.add(keys.events)
+        if self.claim_idle_ms >= 0 and time.monotonic() >= self._claim_due:
+            taken = sum(self._take_over(keys) for keys in self._shards)
+            handled += taken
+            # Come back at once while there is more to take, else in a while.
+            self._claim_due = 0.0 if taken else time.monotonic() + self._claim_every
+        if handled:
+            return handled
+        if not self._shards:
+            if block:
+                self._stop.wait(self.block_ms / 1000)
+            return 0
+        wait = self.block_ms if block else None
+        if self._one_command_per_stream:
+            for keys in self._shards:
+                handled += self._read_new({keys.events: ">"}, None)
+            if not handled and block:
+                self._stop.wait(self.block_ms / 1000)
+            return handled
+        return self._read_new({keys.events: ">" for keys in self._shards}, wait)
+
+    def _read_new(self, streams: dict[str, str], block: int | None) -> int:
+        by_stream = {keys.events: keys for keys in self._shards}
+        handled = 0
+        for stream, got in self._read(streams, block=block):
+            if got:
+                handled += self._apply(by_stream[stream], got)
         return handled
+
+    @staticmethod
+    def _entries(reply: list[Any]) -> list[tuple[str, dict[str, str] | None]]:
+        return [entry for _, got in reply for entry in got]
+
+    def _take_over(self, keys: QueueKeys) -> int:
+        """Claim and apply one batch of another consumer's long-pending entries."""
+        reply = self.broker.client.xautoclaim(keys.events, GROUP, self.name,
+                                              self.claim_idle_ms, start_id="0-0",
+                                              count=self.batch_size)
+        entries = [e for e in reply[1] if e is not None] if len(reply) > 1 else []
+        if not entries:
+            return 0
+        logger.info("mirror took over pending events stream=%s count=%d", keys.events,
+                    len(entries))
+        return self._apply(keys, entries)
 
     def _refresh_shards(self) -> None:
         now = time.monotonic()
@@ -265,47 +218,16 @@ class Mirror:
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-            self._ready.clear()  # the stream was deleted: recreate the groups next round
+            # A stream or its group was deleted (FLUSHDB, a Redis without persistence
+            # restarted): create the groups again on the next round.
+            self._ready.clear()
             self._refreshed_at = 0.0
             return []
 
-    def _step_shard(self, keys: QueueKeys) -> int:
-        client = self.broker.client
-        entries: list[tuple[str, dict[str, str] | None]] = []
-        if keys.events not in self._recovered:
-            # Our own pending entries first (a restart with the same consumer name).
-            for _, got in self._read({keys.events: "0"}):
-                entries.extend(got)
-            if not entries:
-                self._recovered.add(keys.events)
-        if not entries and self.claim_idle_ms >= 0:
-            reply = client.xautoclaim(keys.events, GROUP, self.name, self.claim_idle_ms,
-                                      start_id="0-0", count=self.batch_size)
-            entries = [e for e in reply[1] if e is not None] if len(reply) > 1 else []
-            if entries:
-                logger.info("mirror took over pending events stream=%s count=%d",
-                            keys.events, len(entries))
-        if not entries:
-            for _, got in self._read({keys.events: ">"}):
-                entries.extend(got)
-        if entries:
-            self._apply(keys, entries)
-        return len(entries)
-
-    def _wait_and_read(self) -> int:
-        """Block on every shard's stream at once until something arrives."""
-        streams = {keys.events: ">" for keys in self._shards}
-        by_stream = {keys.events: keys for keys in self._shards}
-        handled = 0
-        for stream, got in self._read(streams, block=self.block_ms):
-            if got:
-                self._apply(by_stream[stream], got)
-                handled += len(got)
-        return handled
-
     # -- writing -------------------------------------------------------------------
 
-    def _apply(self, keys: QueueKeys, entries: list[tuple[str, dict[str, str] | None]]) -> None:
+    def _apply(self, keys: QueueKeys, entries: list[tuple[str, dict[str, str] | None]]) -> int:
+        """Write a batch, then acknowledge it. Returns the number of entries."""
         ids = [entry_id for entry_id, _ in entries]
         by_job: dict[str, list[Event]] = {}
         for entry_id, fields in entries:
@@ -326,6 +248,7 @@ class Mirror:
             time.sleep(self._pause_before_ack)
         self.broker.client.xack(keys.events, GROUP, *ids)
         self.mirrored += len(entries)
+        return len(entries)
 
     def _write(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
         """Upsert one row per job, in one transaction; ``by_job`` events are oldest first.
