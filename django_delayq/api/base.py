@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import extend_schema
@@ -38,14 +39,17 @@ def to_api_exception(exc: Exception) -> Exception:
     return exc
 
 
-def document(**kwargs: Any) -> Any:
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def document(**kwargs: Any) -> Callable[[F], F]:
     """``extend_schema`` on drf-spectacular's AutoSchema, whatever the project's
     ``DEFAULT_SCHEMA_CLASS`` (so the schema works without REST_FRAMEWORK settings)."""
 
-    def decorator(method: Any) -> Any:
-        method.schema = AutoSchema
-        decorated = extend_schema(**kwargs)(method)
-        del decorated.schema
+    def decorator(method: F) -> F:
+        method.schema = AutoSchema  # type: ignore[attr-defined]
+        decorated: F = extend_schema(**kwargs)(method)
+        del decorated.schema  # type: ignore[attr-defined]
         return decorated
 
     return decorator
@@ -55,7 +59,7 @@ class DelayQAPIView(DelayQPermissionsMixin, GenericAPIView):  # type: ignore[mis
     """Base of the API views: configured permissions, OpenAPI through drf-spectacular."""
 
     schema = AutoSchema()
-    pagination_class = None
+    pagination_class: type[Any] | None = None
 
     def handle_exception(self, exc: Exception) -> Response:
         return super().handle_exception(to_api_exception(exc))

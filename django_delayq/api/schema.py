@@ -19,7 +19,7 @@ def delayq_endpoints_only(endpoints: list[tuple[Any, ...]], **kwargs: Any) -> li
     ]
 
 
-class SchemaView(DelayQPermissionsMixin, SpectacularAPIView):  # type: ignore[misc]
+class SchemaView(DelayQPermissionsMixin, SpectacularAPIView):
     """The OpenAPI 3 schema (YAML by default, JSON with ``?format=json``)."""
 
     custom_settings = {
