@@ -41,8 +41,7 @@ def test_backend_features_and_no_connection_before_use() -> None:
             backend.supports_get_result) == (True, True, True)
     assert backend.max_attempts == 2
     assert connection._brokers == {}, "declaring and validating tasks must not connect"
-    assert isinstance(default_task_backend, DelayQBackend) or isinstance(
-        task_backends["default"], DelayQBackend)
+    assert isinstance(task_backends["default"], DelayQBackend)
 
 
 def test_tasks_are_registered_for_the_worker_under_their_module_path() -> None:
