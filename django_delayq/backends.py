@@ -121,7 +121,9 @@ class DelayQBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        self.max_attempts = int(self.options.get("MAX_ATTEMPTS", 1))
+        attempts = self.options.get("MAX_ATTEMPTS", 1)
+        valid = isinstance(attempts, int) and not isinstance(attempts, bool) and attempts >= 1
+        self.max_attempts: int = attempts if valid else 1  # else: check E024 reports it
 
     # -- declaring ----------------------------------------------------------------
 
@@ -163,8 +165,8 @@ class DelayQBackend(BaseTaskBackend):
         run_at = task.run_after
         if run_at is not None and timezone.is_naive(run_at):  # only when USE_TZ is off
             run_at = timezone.make_aware(run_at)
-        job = dq_task.using(queue=task.queue_name, priority=task.priority,
-                            run_at=run_at).enqueue(*args, **kwargs)
+        job = dq_task.using(queue=task.queue_name, priority=task.priority, run_at=run_at,
+                            max_attempts=self.max_attempts).enqueue(*args, **kwargs)
         result = TaskResult(
             task=task, id=make_result_id(job.queue, job.id), status=TaskResultStatus.READY,
             enqueued_at=job.enqueued_at, started_at=None, finished_at=None,

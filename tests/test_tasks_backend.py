@@ -130,6 +130,17 @@ def test_failures_come_back_as_errors() -> None:
         result.return_value  # noqa: B018
 
 
+@override_settings(TASKS={"default": {"BACKEND": "django_delayq.backends.DelayQBackend",
+                                      "QUEUES": [], "OPTIONS": {"MAX_ATTEMPTS": 2}}})
+def test_max_attempts_option_retries_failures() -> None:
+    result = st.dj_fails.enqueue("twice")
+    with worker_thread(queues=["default"], concurrency=1):
+        wait_until(lambda: finished(result), message="dj_fails to use both attempts")
+    assert result.status == TaskResultStatus.FAILED
+    assert result.attempts == 2
+    assert [e.exception_class for e in result.errors] == [ValueError]
+
+
 def test_takes_context_gets_the_running_result() -> None:
     result = st.dj_context.enqueue("ctx")
     with worker_thread(queues=["default"], concurrency=1):
