@@ -123,7 +123,7 @@ class DelayQBackend(BaseTaskBackend):
         super().__init__(alias, params)
         attempts = self.options.get("MAX_ATTEMPTS", 1)
         valid = isinstance(attempts, int) and not isinstance(attempts, bool) and attempts >= 1
-        self.max_attempts: int = attempts if valid else 1  # else: check E024 reports it
+        self.max_attempts: int = attempts if valid else 1  # else: check E041 reports it
 
     # -- declaring ----------------------------------------------------------------
 
@@ -212,15 +212,15 @@ class DelayQBackend(BaseTaskBackend):
         if unknown:
             errors.append(checks.Error(
                 f"TASKS[{self.alias!r}]['OPTIONS'] has unknown keys: {', '.join(unknown)}.",
-                hint=f"Known options: {', '.join(sorted(OPTIONS))}.", id="django_delayq.E024"))
+                hint=f"Known options: {', '.join(sorted(OPTIONS))}.", id="django_delayq.E041"))
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             errors.append(checks.Error(
                 f"TASKS[{self.alias!r}]['OPTIONS']['MAX_ATTEMPTS'] must be an int >= 1, "
-                f"not {attempts!r}.", id="django_delayq.E024"))
+                f"not {attempts!r}.", id="django_delayq.E041"))
         if bad_queues:
             errors.append(checks.Error(
                 f"TASKS[{self.alias!r}]['QUEUES'] has invalid queue names: {bad_queues!r}.",
-                hint="Use 1-64 characters from A-Z a-z 0-9 _ . -", id="django_delayq.E024"))
+                hint="Use 1-64 characters from A-Z a-z 0-9 _ . -", id="django_delayq.E041"))
         return errors
 
 

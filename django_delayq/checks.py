@@ -46,7 +46,7 @@ _IDS = {
     "EVENTS_MAXLEN": "E019",
     "MAX_PAYLOAD_BYTES": "E020",
     "SHARDS": "E021",
-    "API_PERMISSION_CLASSES": "E023",
+    "API_PERMISSION_CLASSES": "E040",
 }
 
 
@@ -109,14 +109,14 @@ def _check_permission_classes() -> list[CheckMessage]:
         return []  # the default needs DRF, which only the API (an extra) uses
     if not isinstance(value, list | tuple) or not all(isinstance(p, str) for p in value):
         return [Error("DELAYQ['API_PERMISSION_CLASSES'] must be a list of dotted paths to "
-                      f"permission classes, not {value!r}.", id="django_delayq.E023")]
+                      f"permission classes, not {value!r}.", id="django_delayq.E040")]
     errors: list[CheckMessage] = []
     for path in value:
         try:
             import_string(path)
         except ImportError as exc:
             errors.append(Error(f"DELAYQ['API_PERMISSION_CLASSES'] names {path!r}, which "
-                                f"cannot be imported: {exc}", id="django_delayq.E023"))
+                                f"cannot be imported: {exc}", id="django_delayq.E040"))
     return errors
 
 

@@ -217,7 +217,7 @@ def test_backend_system_checks() -> None:
     backend = DelayQBackend("x", {"QUEUES": ["ok", "bad name"],
                                   "OPTIONS": {"MAX_ATTEMPTS": 0, "COLOUR": "red"}})
     messages = [m.msg for m in backend.check()]
-    assert {m.id for m in backend.check()} == {"django_delayq.E024"}
+    assert {m.id for m in backend.check()} == {"django_delayq.E041"}
     assert len(messages) == 3
     assert any("COLOUR" in m for m in messages)
     assert not list(DelayQBackend("y", {"QUEUES": ["default"]}).check())
