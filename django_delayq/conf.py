@@ -42,6 +42,8 @@ DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 1_048_576,
     # Shards per queue name, e.g. {"emails": 4}.
     "SHARDS": {},
+    # Permission classes (dotted paths) of the REST API (django_delayq.api).
+    "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
 }
 
 
@@ -132,6 +134,10 @@ class DelayQSettings:
     @property
     def SHARDS(self) -> dict[str, int]:
         return dict(self._get("SHARDS"))
+
+    @property
+    def API_PERMISSION_CLASSES(self) -> list[str]:
+        return [str(path) for path in self._get("API_PERMISSION_CLASSES")]
 
     def raw(self, name: str) -> Any:
         """The setting as given (unconverted), for the system checks."""

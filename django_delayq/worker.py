@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 
 from .conf import conf
 from .connection import get_broker
+from .current import running
 from .engine import Broker, ClaimedJob, QueueKeys, UnknownTask, encode_result
 from .task import TaskRegistry, registry
 
@@ -337,7 +338,8 @@ class Worker:
                 return self._failure(job, CorruptPayload(f"undecodable arguments: {exc}"), log,
                                      retry=False)
             try:
-                value = task.func(*args, **kwargs)
+                with running(job, self.name):
+                    value = task.func(*args, **kwargs)
             except Exception as exc:
                 delay = task.retry_delay(job.attempt)
                 return self._failure(job, exc, log, retry=True, delay=delay)
