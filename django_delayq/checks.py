@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, register
+from django.utils.module_loading import import_string
 
 from .conf import DEFAULTS, conf
 from .engine.keys import QUEUE_NAME_RE
@@ -48,6 +49,7 @@ _IDS = {
     "MIRROR_RETENTION": "E030",
     "MIRROR_BATCH_SIZE": "E031",
     "MIRROR_CLAIM_IDLE": "E032",
+    "API_PERMISSION_CLASSES": "E040",
 }
 
 
@@ -103,6 +105,25 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     ):
         errors.append(Error("DELAYQ['SHARDS'] must map queue names to shard counts (1-1024), "
                             f"not {shards!r}.", id="django_delayq.E021"))
+    errors += _check_permission_classes()
+    return errors
+
+
+def _check_permission_classes() -> list[CheckMessage]:
+    """API_PERMISSION_CLASSES: a list of importable dotted paths (imported only if set)."""
+    value = conf.raw("API_PERMISSION_CLASSES")
+    if value is DEFAULTS["API_PERMISSION_CLASSES"]:
+        return []  # the default needs DRF, which only the API (an extra) uses
+    if not isinstance(value, list | tuple) or not all(isinstance(p, str) for p in value):
+        return [Error("DELAYQ['API_PERMISSION_CLASSES'] must be a list of dotted paths to "
+                      f"permission classes, not {value!r}.", id="django_delayq.E040")]
+    errors: list[CheckMessage] = []
+    for path in value:
+        try:
+            import_string(path)
+        except ImportError as exc:
+            errors.append(Error(f"DELAYQ['API_PERMISSION_CLASSES'] names {path!r}, which "
+                                f"cannot be imported: {exc}", id="django_delayq.E040"))
     return errors
 
 

@@ -48,6 +48,8 @@ DEFAULTS: dict[str, Any] = {
     "MIRROR_RETENTION": 30 * 86_400,
     "MIRROR_BATCH_SIZE": 500,
     "MIRROR_CLAIM_IDLE": 60.0,
+    # Permission classes (dotted paths) of the REST API (django_delayq.api).
+    "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
 }
 
 
@@ -151,6 +153,10 @@ class DelayQSettings:
     @property
     def MIRROR_CLAIM_IDLE(self) -> float:
         return float(self._get("MIRROR_CLAIM_IDLE"))
+
+    @property
+    def API_PERMISSION_CLASSES(self) -> list[str]:
+        return [str(path) for path in self._get("API_PERMISSION_CLASSES")]
 
     def raw(self, name: str) -> Any:
         """The setting as given (unconverted), for the system checks."""
