@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections, connection, connections, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 from redis.cluster import RedisCluster
@@ -116,13 +116,15 @@ class Mirror:
                 logger.warning("mirror cannot reach Redis, retrying in %.1fs error=%s",
                                backoff, exc)
                 self._ready.clear()
+                self._recovered.clear()  # what was read and not acked: read it again
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
             except DatabaseError as exc:
                 logger.warning("mirror cannot write to the database, retrying in %.1fs "
                                "error=%s", backoff, exc)
+                self._recovered.clear()  # what was read and not acked: read it again
                 if not connection.in_atomic_block:
-                    close_old_connections()  # drop a broken connection; reconnect next round
+                    connection.close()  # drop a possibly broken connection; reconnect next round
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
         logger.info("mirror stopped consumer=%s mirrored=%d", self.name, self.mirrored)

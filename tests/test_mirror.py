@@ -11,18 +11,19 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import pytest
 import redis
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, connections
 from django.test import override_settings
 from django.utils import timezone
 
 from django_delayq import Job as EngineJob
 from django_delayq import Queue
-from django_delayq.connection import engine_config
+from django_delayq.connection import engine_config, get_broker
 from django_delayq.engine import Broker
 from django_delayq.engine.keys import QueueKeys
 from django_delayq.mirror import GROUP, PAUSE_BEFORE_ACK_ENV, Mirror
@@ -206,6 +207,51 @@ def test_redis_outage_is_logged_and_retried_without_raising(caplog):
         assert list(Job.objects.values_list("job_id", flat=True)) == [job_id]
     finally:
         server.cleanup()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mirror_thread_survives_a_lost_database_connection(caplog):
+    seen: dict[str, Any] = {}
+
+    class Recording(Mirror):
+        def _write(self, keys: QueueKeys, by_job: dict[str, Any]) -> None:
+            seen.setdefault("connection", connections["default"])  # the mirror thread's own
+            super()._write(keys, by_job)
+
+    mirror = Recording(block=0.1)
+
+    def run() -> None:
+        try:
+            mirror.run()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        first = tasks.record.using(delay=3600).enqueue("before")
+        wait_until(lambda: Job.objects.filter(job_id=first.id).exists(), message="first row")
+        lost = seen["connection"]
+        if lost.vendor == "postgresql":  # the server drops the mirror's connection
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)",
+                               [lost.connection.info.backend_pid])
+            second = tasks.record.using(delay=3600).enqueue("after")
+        else:  # an in-memory SQLite cannot lose its connection: take the table away
+            with connection.cursor() as cursor:
+                cursor.execute("ALTER TABLE django_delayq_job RENAME TO delayq_away")
+            second = tasks.record.using(delay=3600).enqueue("after")
+            wait_until(lambda: "cannot write to the database" in caplog.text,
+                       message="the mirror to notice")
+            with connection.cursor() as cursor:
+                cursor.execute("ALTER TABLE delayq_away RENAME TO django_delayq_job")
+        wait_until(lambda: Job.objects.filter(job_id=second.id).exists(), message="second row")
+    finally:
+        mirror.request_stop()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert "mirror cannot write to the database" in caplog.text
+    assert pending(get_broker().client) == 0
 
 
 @pytest.mark.django_db
