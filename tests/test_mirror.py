@@ -360,12 +360,16 @@ def test_mirror_tests_pass_on_postgresql():
         pytest.fail("run this test with the default (SQLite) settings; it starts PostgreSQL runs")
     import psycopg
 
+    host = os.environ.get("DELAYQ_TEST_PG_HOST", "127.0.0.1")
+    port = os.environ.get("DELAYQ_TEST_PG_PORT", "5432")
+    user = os.environ.get("DELAYQ_TEST_PG_USER", "postgres")
     try:
-        psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres",
+        psycopg.connect(host=host, port=port, user=user, dbname="postgres",
                         connect_timeout=5).close()
     except psycopg.OperationalError as exc:
-        pytest.fail(f"PostgreSQL is not reachable at 127.0.0.1:5432 as user postgres "
-                    f"(trust auth); start it (scripts/system-deps.sh) to run these tests: {exc}")
+        pytest.fail(f"PostgreSQL is not reachable at {host}:{port} as user {user} (trust "
+                    f"auth), and the mirror tests must also pass on PostgreSQL: start it, or "
+                    f"point DELAYQ_TEST_PG_HOST/PORT/USER at one. {exc}")
     env = worker_env(DJANGO_SETTINGS_MODULE="tests.settings_postgres")
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "--ds=tests.settings_postgres", "-p", "no:cacheprovider",
