@@ -100,7 +100,7 @@ JOB_OPERATIONS: dict[str, tuple[str, Callable[[EngineJob], str]]] = {
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = ("job_id", "task_name", "queue", "status_display", "priority",
-                    "attempts_display", "run_at", "finished_at")
+                    "attempts_display", "run_at_display", "finished_at_display")
     list_display_links = ("job_id",)
     list_filter = ("status", "queue", "task_name")
     search_fields = ("=job_id", "task_name")
@@ -134,6 +134,10 @@ class JobAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: Job, form: Any, change: bool) -> None:
         """The job page is read-only: nothing is saved."""
 
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return super().changelist_view(request, {"title": "Jobs", **(extra_context or {})})
+
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
         extra_context = {**(extra_context or {}), "title": "Job", "show_save": False,
@@ -148,6 +152,14 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="status", ordering="status")
     def status_display(self, obj: Job) -> SafeString:
         return status_badge(obj.status)
+
+    @admin.display(description="run at (UTC)", ordering="run_at")
+    def run_at_display(self, obj: Job) -> str:
+        return _short(obj.run_at)
+
+    @admin.display(description="finished (UTC)", ordering="finished_at")
+    def finished_at_display(self, obj: Job) -> str:
+        return _short(obj.finished_at)
 
     @admin.display(description="attempts", ordering="attempts")
     def attempts_display(self, obj: Job) -> str:
@@ -281,6 +293,10 @@ class JobAdmin(admin.ModelAdmin):
         verb, function = JOB_OPERATIONS[operation]
         self._act(request, Job.objects.filter(pk=row.pk), verb, function)
         return HttpResponseRedirect(reverse("admin:django_delayq_job_change", args=[row.pk]))
+
+
+def _short(value: dt.datetime | None) -> str:
+    return "-" if value is None else f"{value.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S}"
 
 
 def _when(value: dt.datetime | None) -> str:
