@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from .engine.job import _decode_or_raw, from_ms
-from .engine.keys import STATUSES, QueueKeys
+from .engine.keys import STATUSES, QueueKeys, validate_job_id
 from .models import Job, JobStatus
 
 logger = logging.getLogger("django_delayq.mirror")
@@ -52,8 +52,9 @@ def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None) -
         stream_id(entry_id)
         event, job_id = fields["event"], fields["job"]  # type: ignore[index]
         int(fields.get("ts", "0"))  # type: ignore[union-attr]
-        if not event or not job_id:
-            raise ValueError("empty event or job")
+        if not event:
+            raise ValueError("empty event")
+        validate_job_id(job_id)
     except (KeyError, TypeError, ValueError) as exc:
         logger.warning("skipping garbled event stream=%s id=%s fields=%r error=%s",
                        keys.events, entry_id, fields, exc)

@@ -157,6 +157,19 @@ def test_garbled_events_are_skipped_acked_and_do_not_stop_the_rest(redis_client,
     assert "skipping garbled event" in caplog.text
 
 
+@pytest.mark.django_db
+def test_a_job_the_database_refuses_is_skipped_and_the_rest_mirrored(redis_client, caplog):
+    good = tasks.record.using(delay=3600).enqueue("good")
+    bad = tasks.record.using(delay=3600).enqueue("bad")
+    redis_client.hset(KEYS.job(bad.id), "args", "[NaN]")  # valid to Python, not to a JSON column
+    redis_client.xadd(KEYS.events, {"event": "enqueued", "job": "x" * 200, "ts": "1"})
+    mirror = mirror_all()
+    assert list(Job.objects.values_list("job_id", flat=True)) == [good.id]
+    assert mirror.skipped == 2
+    assert pending(redis_client) == 0
+    assert f"mirror skipped a job the database refused queue=default job={bad.id}" in caplog.text
+
+
 class FailingMirror(Mirror):
     """A mirror whose database is down: every write fails."""
 
