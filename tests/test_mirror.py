@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings
-from django.db import DatabaseError, connection, connections
+from django.db import OperationalError, connection, connections
 from django.test import override_settings
 from django.utils import timezone
 
@@ -174,7 +174,7 @@ class FailingMirror(Mirror):
     """A mirror whose database is down: every write fails."""
 
     def _write(self, keys: QueueKeys, by_job: dict[str, Any]) -> None:
-        raise DatabaseError("database is down")
+        raise OperationalError("database is down")
 
 
 @pytest.mark.django_db
@@ -194,7 +194,7 @@ def test_database_outage_loses_no_event(redis_client, caplog):
 @pytest.mark.django_db
 def test_a_dead_consumers_pending_events_are_taken_over(redis_client):
     jobs = [tasks.record.using(delay=3600).enqueue(f"t{i}") for i in range(3)]
-    with pytest.raises(DatabaseError):
+    with pytest.raises(OperationalError):
         FailingMirror(block=0.1, name="dead").step()
     assert pending(redis_client) == 3
     mirror_all(name="other", claim_idle=3600)  # not idle long enough: left alone
