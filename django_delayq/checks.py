@@ -47,6 +47,9 @@ _IDS = {
     "MAX_PAYLOAD_BYTES": "E020",
     "SHARDS": "E021",
     "API_PERMISSION_CLASSES": "E040",
+    "MIRROR_RETENTION": "E030",
+    "MIRROR_BATCH_SIZE": "E031",
+    "MIRROR_CLAIM_IDLE": "E032",
 }
 
 
@@ -82,6 +85,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         errors += _number(name, minimum=1, integer=True)
     for name in ("KEEP_COMPLETED", "KEEP_FAILED", "EVENTS_MAXLEN", "MAX_PAYLOAD_BYTES"):
         errors += _number(name, minimum=0, integer=True)
+    if conf.raw("MIRROR_RETENTION") is not None:
+        errors += _number("MIRROR_RETENTION", minimum=0)
+    errors += _number("MIRROR_BATCH_SIZE", minimum=1, integer=True)
+    errors += _number("MIRROR_CLAIM_IDLE", minimum=0)
     prefix = conf.raw("PREFIX")
     if not isinstance(prefix, str) or not QUEUE_NAME_RE.match(prefix):
         errors.append(Error(f"DELAYQ['PREFIX'] must be 1-64 characters from A-Z a-z 0-9 _ . -, "
