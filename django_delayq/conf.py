@@ -21,6 +21,8 @@ DEFAULTS: dict[str, Any] = {
     # Prefix of every Redis key (inside the hash tag: {prefix:queue}).
     "PREFIX": "dq",
     "DEFAULT_QUEUE": "default",
+    # Permission classes (dotted paths) of the REST API (django_delayq.api).
+    "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
     # Attempts per job (the first run included) and the retry backoff, in seconds:
     # min(RETRY_BACKOFF_MAX, RETRY_BACKOFF * 2 ** (attempt - 1)), jittered down to half.
     "MAX_ATTEMPTS": 3,
@@ -48,8 +50,6 @@ DEFAULTS: dict[str, Any] = {
     "MIRROR_RETENTION": 30 * 86_400,
     "MIRROR_BATCH_SIZE": 500,
     "MIRROR_CLAIM_IDLE": 60.0,
-    # Permission classes (dotted paths) of the REST API (django_delayq.api).
-    "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
 }
 
 
@@ -84,6 +84,10 @@ class DelayQSettings:
     @property
     def DEFAULT_QUEUE(self) -> str:
         return str(self._get("DEFAULT_QUEUE"))
+
+    @property
+    def API_PERMISSION_CLASSES(self) -> list[str]:
+        return [str(path) for path in self._get("API_PERMISSION_CLASSES")]
 
     @property
     def MAX_ATTEMPTS(self) -> int:
@@ -153,10 +157,6 @@ class DelayQSettings:
     @property
     def MIRROR_CLAIM_IDLE(self) -> float:
         return float(self._get("MIRROR_CLAIM_IDLE"))
-
-    @property
-    def API_PERMISSION_CLASSES(self) -> list[str]:
-        return [str(path) for path in self._get("API_PERMISSION_CLASSES")]
 
     def raw(self, name: str) -> Any:
         """The setting as given (unconverted), for the system checks."""
