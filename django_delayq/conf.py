@@ -42,6 +42,9 @@ DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 1_048_576,
     # Shards per queue name, e.g. {"emails": 4}.
     "SHARDS": {},
+    # Spark master URL of the Spark pipeline's commands (local[*], spark://host:7077,
+    # yarn, k8s://...); --master overrides it.
+    "SPARK_MASTER": "local[*]",
 }
 
 
@@ -132,6 +135,10 @@ class DelayQSettings:
     @property
     def SHARDS(self) -> dict[str, int]:
         return dict(self._get("SHARDS"))
+
+    @property
+    def SPARK_MASTER(self) -> str:
+        return str(self._get("SPARK_MASTER"))
 
     def raw(self, name: str) -> Any:
         """The setting as given (unconverted), for the system checks."""
