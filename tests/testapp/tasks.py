@@ -62,3 +62,7 @@ def gated(tag: str, gate: str) -> str:
 @task
 def add(a: int, b: int) -> int:
     return a + b
+
+
+# Tasks written against Django's Tasks API, found by workers through this module.
+from . import standard_tasks  # noqa: E402, F401
