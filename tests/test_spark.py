@@ -253,6 +253,20 @@ def test_importing_without_pyspark_names_the_extra() -> None:
     assert "pip install 'django-delayq[spark]'" in out.stdout
 
 
+def test_a_missing_java_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
+                                         tmp_path: Path) -> None:
+    from django_delayq.spark import SparkSetupError
+    from django_delayq.spark.session import find_java
+
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SparkSetupError, match="needs a Java 17\\+ runtime"):
+        find_java()
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    with pytest.raises(SparkSetupError, match="does not exist"):
+        find_java()
+
+
 def test_spark_master_setting_and_its_check() -> None:
     from django_delayq.spark import resolve_master
 
@@ -360,6 +374,9 @@ def test_report_command_from_orm_and_from_exports(spark: Any, tmp_path: Path) ->
     assert _summary_csv(tmp_path / "pq") == orm_rows
     assert float(orm_rows[("emails", "emails.send")]["duration_p95"]) == 95.0
 
+    out = io.StringIO()
+    call_command("delayq_report", since="1h", stdout=out)  # T0 is long ago: nothing
+    assert "(no jobs in the window)" in out.getvalue()
     with pytest.raises(CommandError, match="cannot read 'soon' as a duration"):
         call_command("delayq_report", since="soon")
     with pytest.raises(CommandError, match="does not look like a job export"):
