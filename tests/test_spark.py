@@ -348,6 +348,10 @@ def test_report_gives_known_percentiles(spark: Any) -> None:
     assert send["throughput_per_min"] == pytest.approx(101 / report.window_minutes)
     assert emails["throughput_per_min"] == pytest.approx(104 / report.window_minutes)
     assert sum(r["completed"] + r["failed"] for r in report.timeline) == 105
+    # one-minute buckets from 12:00 to 12:51 for each queue, quiet minutes as zero
+    assert report.bucket_seconds == 60
+    assert len(report.timeline) == 2 * 52
+    assert report.timeline[-1]["bucket"] == T0 + dt.timedelta(minutes=51)
 
 
 @pytest.mark.django_db

@@ -225,5 +225,22 @@ def _timeline(jobs: DataFrame, seconds: int) -> list[dict[str, Any]]:
                      "completed": completed,
                      "failed": failed, "per_min": (completed + failed) / per_minute,
                      "lateness_p50": late[0], "lateness_p95": late[1]})
+    return _fill_gaps(rows, seconds)
+
+
+def _fill_gaps(rows: list[dict[str, Any]], seconds: int) -> list[dict[str, Any]]:
+    """Add empty buckets, so quiet minutes show as zero throughput rather than a gap."""
+    if not rows:
+        return rows
+    step = dt.timedelta(seconds=seconds)
+    first, last = min(r["bucket"] for r in rows), max(r["bucket"] for r in rows)
+    have = {(r["queue"], r["bucket"]) for r in rows}
+    for queue in {r["queue"] for r in rows}:
+        bucket = first
+        while bucket <= last:
+            if (queue, bucket) not in have:
+                rows.append({"queue": queue, "bucket": bucket, "completed": 0, "failed": 0,
+                             "per_min": 0.0, "lateness_p50": None, "lateness_p95": None})
+            bucket += step
     rows.sort(key=lambda x: (x["queue"], x["bucket"]))
     return rows
