@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -25,6 +26,7 @@ from django.test import override_settings
 
 from django_delayq import Job, Queue
 from django_delayq.checks import check_spark_master
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -245,6 +247,33 @@ def test_enqueue_command_reads_a_file_and_is_safe_to_rerun(spark: Any, tmp_path:
         call_command("delayq_spark_enqueue", input=str(tmp_path / "missing.csv"), task=ADD)
 
 
+def test_progress_reports_running_partitions(spark: Any, redis_client: Any) -> None:
+    from django_delayq.spark.progress import Progress
+
+    url = os.environ["DELAYQ_TEST_REDIS_URL"]
+
+    def gated(rows: Iterator[Any]) -> Iterator[int]:
+        import redis as executor_redis
+
+        client = executor_redis.Redis.from_url(url)
+        client.blpop(["test:spark-gate"], timeout=60)  # the test opens it
+        client.close()
+        yield sum(1 for _ in rows)
+
+    lines: list[str] = []
+    rdd = spark.sparkContext.parallelize(range(10), 2).mapPartitions(gated)
+    with Progress(spark.sparkContext, lines.append, interval=0.05):
+        result: list[int] = []
+        job = threading.Thread(target=lambda: result.extend(rdd.collect()))
+        job.start()
+        wait_until(lambda: any("partitions 0/2 done" in x for x in lines),
+                   message="a progress line")
+        redis_client.rpush("test:spark-gate", 1, 1)
+        job.join(timeout=60)
+    assert sorted(result) == [5, 5]
+    assert lines[0].startswith("partitions 0/2 done, ")
+
+
 def test_importing_without_pyspark_names_the_extra() -> None:
     code = ("import sys; sys.modules['pyspark'] = None\n"
             "try:\n    import django_delayq.spark\nexcept ImportError as e:\n    print(e)\n")
@@ -434,3 +463,26 @@ def test_enqueue_partition_is_usable_without_spark() -> None:
     assert (first.enqueued, first.duplicates) == (2, 1)
     again = next(run([("other",)]))
     assert (again.enqueued, again.duplicates) == (0, 1)
+
+
+def test_a_retried_partition_adds_only_what_its_failed_attempt_did_not() -> None:
+    """A Spark task that dies after sending some chunks is run again from the start."""
+    from django_delayq.spark.partition import EnqueuePlan, enqueue_partition
+
+    plan = EnqueuePlan(redis_url=os.environ["DELAYQ_TEST_REDIS_URL"], task=RECORD,
+                       args=((0, ("plain",), "tag"),), columns=("tag",), delay=60.0,
+                       chunk_size=100)
+    rows = [(f"t{i}",) for i in range(250)]
+
+    def dies_after_220() -> Iterator[tuple[str]]:
+        for i, row in enumerate(rows):
+            if i == 220:
+                raise RuntimeError("executor lost")
+            yield row
+
+    with pytest.raises(RuntimeError, match="executor lost"):
+        next(enqueue_partition(plan, dies_after_220()))
+    assert Queue("default").counts()["scheduled"] == 200  # two chunks were sent
+    retry = next(enqueue_partition(plan, rows))
+    assert (retry.enqueued, retry.duplicates) == (50, 200)
+    assert Queue("default").counts()["scheduled"] == 250
