@@ -104,9 +104,9 @@ def build_request(plan: EnqueuePlan, row: Any) -> tuple[str, EnqueueRequest]:
 
     run_at: dt.datetime | None = None
     if plan.run_at_kind == "micros":
-        run_at = run_at_from_micros(row[plan.run_at_pos])  # type: ignore[index]
+        run_at = run_at_from_micros(row[plan.run_at_pos])
     elif plan.run_at_kind == "text":
-        run_at = run_at_from_text(row[plan.run_at_pos])  # type: ignore[index]
+        run_at = run_at_from_text(row[plan.run_at_pos])
     if run_at is not None:
         when = str(check.run_at_ms(run_at))
     else:
