@@ -385,8 +385,6 @@ def test_report_gives_known_percentiles(spark: Any) -> None:
 
 @pytest.mark.django_db
 def test_report_command_from_orm_and_from_exports(spark: Any, tmp_path: Path) -> None:
-    from django_delayq.spark import export_jobs
-
     _history()
     out = io.StringIO()
     call_command("delayq_report", out=str(tmp_path / "orm"), stdout=out)
@@ -401,7 +399,9 @@ def test_report_command_from_orm_and_from_exports(spark: Any, tmp_path: Path) ->
     orm_rows = _summary_csv(tmp_path / "orm")
 
     parquet = tmp_path / "export.parquet"
-    assert export_jobs(parquet) == 106
+    out = io.StringIO()
+    call_command("delayq_report", export=str(parquet), stdout=out)
+    assert f"exported 106 jobs to {parquet}" in out.getvalue()
     call_command("delayq_report", input=str(parquet), out=str(tmp_path / "pq"),
                  stdout=io.StringIO())
     assert _summary_csv(tmp_path / "pq") == orm_rows
