@@ -62,3 +62,6 @@ def gated(tag: str, gate: str) -> str:
 @task
 def add(a: int, b: int) -> int:
     return a + b
+
+
+from tests.testapp import fault_tasks  # noqa: E402, F401  (registers the fault tests' tasks)
