@@ -204,6 +204,15 @@ class Worker:
                 self._stop.wait(backoff)
                 backoff = min(MAX_BACKOFF, backoff * 2)
                 continue
+            except Exception:
+                # A reply this worker cannot read must not end the fetcher (the worker
+                # would live on without claiming): jobs of the lost reply are leased and
+                # come back when their leases lapse.
+                logger.exception("claim failed, retrying in %.1fs worker=%s", backoff,
+                                 self.name)
+                self._stop.wait(backoff)
+                backoff = min(MAX_BACKOFF, backoff * 2)
+                continue
             if claimed:
                 continue
             if self.burst:
@@ -297,6 +306,9 @@ class Worker:
         started = time.perf_counter()
         close_old_connections()
         try:
+            if not job.task:
+                return self._failure(job, CorruptPayload("the job has no task name"), log,
+                                     retry=False)
             try:
                 task = self.tasks.get(job.task)
             except UnknownTask as exc:
