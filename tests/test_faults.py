@@ -223,15 +223,15 @@ def test_frozen_worker_late_ack_and_failure_do_not_overwrite_the_newer_run(
         redis_client, spawned, fault_report):
     from tests.testapp.fault_tasks import fenced
 
-    keys = get_broker().shards("fenced")[0]
+    keys = get_broker().shards("default")[0]
     jobs = [fenced.enqueue("j1"), fenced.enqueue("j2")]
-    frozen, frozen_out = spawned("fenced", "-c", "2", "--lease", "1", "--name", "frozen")
+    frozen, frozen_out = spawned("default", "-c", "2", "--lease", "1", "--name", "frozen")
     for tag in ("j1", "j2"):
         wait_until(lambda tag=tag: redis_client.lrange(f"started:{tag}", 0, -1)
                    == [str(frozen.pid)], message=f"{tag} to start in the first worker")
     frozen.send_signal(signal.SIGSTOP)
     try:
-        fresh, fresh_out = spawned("fenced", "-c", "2", "--lease", "1", "--name", "fresh")
+        fresh, fresh_out = spawned("default", "-c", "2", "--lease", "1", "--name", "fresh")
         for tag in ("j1", "j2"):
             wait_until(lambda tag=tag: redis_client.lrange(f"started:{tag}", 0, -1)
                        == [str(frozen.pid), str(fresh.pid)], timeout=30,

@@ -16,14 +16,14 @@ def _client():
     return get_broker().client
 
 
-@task(queue="chaos", max_attempts=1000)
+@task(max_attempts=1000)
 def count_run(tag: str) -> str:
     """Count one run of ``tag`` in the hash ``test:runs``."""
     _client().hincrby(RUNS, tag, 1)
     return tag
 
 
-@task(queue="fenced", max_attempts=10)
+@task(max_attempts=10)
 def fenced(tag: str) -> int:
     """Note the start, wait (at most 60 s) for ``release:<tag>:<pid>``, then return the pid,
     or raise if ``fail:<tag>:<pid>`` exists. Lets a test steer each process on its own."""
