@@ -10,7 +10,6 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.signals import setting_changed
-from django.dispatch import receiver
 
 from .conf import conf
 from .engine import Broker, EngineConfig
@@ -94,7 +93,9 @@ def reset() -> None:
         _brokers.clear()
 
 
-@receiver(setting_changed)
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
     if setting in ("DELAYQ", "CACHES"):
         reset()
+
+
+setting_changed.connect(_on_setting_changed, dispatch_uid="django_delayq.connection")

@@ -35,10 +35,11 @@ if #due > 0 then
     local job_id = due[i]
     local job_key = job_prefix .. job_id
     redis.call('ZREM', scheduled, job_id)
-    if redis.call('EXISTS', job_key) == 1 then
-      -- A damaged priority field must not stop the promotion of every other job.
-      local priority = tonumber(redis.call('HGET', job_key, 'priority')) or 0
-      redis.call('ZADD', ready, ready_score(priority, seq + i), job_id)
+    local f = redis.call('HMGET', job_key, 'task', 'priority')
+    -- A damaged hash (no task, a bad priority) is promoted too: the worker fails it
+    -- with a clear error, and it cannot stop the promotion of every other job.
+    if f[1] or redis.call('EXISTS', job_key) == 1 then
+      redis.call('ZADD', ready, ready_score(tonumber(f[2]) or 0, seq + i), job_id)
       redis.call('HSET', job_key, 'status', 'ready', 'seq', seq + i)
     else
       orphans = orphans + 1
@@ -78,7 +79,7 @@ if want > 0 then
       out[#out + 1] = job_id
       out[#out + 1] = f[1] or ''
       out[#out + 1] = f[2] or ''
-      out[#out + 1] = f[3] or ''
+      out[#out + 1] = f[3] or '{}'
       out[#out + 1] = attempt
       out[#out + 1] = tonumber(f[4]) or 1
       out[#out + 1] = tonumber(f[5]) or 0
