@@ -209,6 +209,32 @@ def test_worker_backs_off_while_redis_is_down_then_resumes(spawned, fault_report
         server.cleanup()
 
 
+@pytest.mark.slow
+def test_worker_does_not_hang_on_a_server_that_stops_answering(spawned, fault_report):
+    with RedisServer() as server:
+        proc, out = spawned("chaos", "-c", "2", redis_url=server.url)
+        out.wait_for("worker started")
+        broker = Broker(client_for(server.url), EngineConfig())
+        keys = broker.shards("chaos")[0]
+        first = broker.enqueue("chaos", count_run.name, ["before"], job_id="before").job_id
+        wait_until(lambda: statuses(broker.client, keys, [first]) == ["completed"],
+                   message="a job before the freeze")
+        assert server.process is not None
+        server.process.send_signal(signal.SIGSTOP)  # accepts connections, answers nothing
+        try:
+            out.wait_for("redis unavailable", timeout=30)
+            assert proc.poll() is None
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        second = broker.enqueue("chaos", count_run.name, ["after"], job_id="after").job_id
+        wait_until(lambda: statuses(broker.client, keys, [second]) == ["completed"],
+                   timeout=30, message=f"a job after the thaw:\n{out.text}")
+        fault_report("Redis frozen (SIGSTOP) under an idle worker", 2,
+                     2 - run_counts(broker.client, [first, second]).count(1), 0)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, out.text
+
+
 def stale_acks(lines: list[str]) -> int:
     return sum(int(line.split(" acks were stale")[0].rsplit(" ", 1)[-1])
                for line in lines if " acks were stale" in line)
