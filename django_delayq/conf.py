@@ -42,6 +42,14 @@ DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 1_048_576,
     # Shards per queue name, e.g. {"emails": 4}.
     "SHARDS": {},
+    # Permission classes (dotted paths) of the REST API (django_delayq.api).
+    "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    # The model mirror: seconds finished rows are kept in the database (None: forever),
+    # events read per batch, and seconds another mirror's unacknowledged events may sit
+    # before this one takes them over.
+    "MIRROR_RETENTION": 30 * 86_400,
+    "MIRROR_BATCH_SIZE": 500,
+    "MIRROR_CLAIM_IDLE": 60.0,
 }
 
 
@@ -132,6 +140,23 @@ class DelayQSettings:
     @property
     def SHARDS(self) -> dict[str, int]:
         return dict(self._get("SHARDS"))
+
+    @property
+    def API_PERMISSION_CLASSES(self) -> list[str]:
+        return [str(path) for path in self._get("API_PERMISSION_CLASSES")]
+
+    @property
+    def MIRROR_RETENTION(self) -> float | None:
+        value = self._get("MIRROR_RETENTION")
+        return None if value is None else float(value)
+
+    @property
+    def MIRROR_BATCH_SIZE(self) -> int:
+        return int(self._get("MIRROR_BATCH_SIZE"))
+
+    @property
+    def MIRROR_CLAIM_IDLE(self) -> float:
+        return float(self._get("MIRROR_CLAIM_IDLE"))
 
     def raw(self, name: str) -> Any:
         """The setting as given (unconverted), for the system checks."""

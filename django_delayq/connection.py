@@ -15,7 +15,7 @@ from .conf import conf
 from .engine import Broker, EngineConfig
 
 _lock = threading.Lock()
-_brokers: dict[tuple[Any, ...], Broker] = {}
+_brokers: dict[float | None, Broker] = {}
 
 
 def engine_config() -> EngineConfig:
@@ -67,20 +67,19 @@ def make_client(socket_timeout: float | None = None) -> Any:
     return redis.Redis.from_url(conf.REDIS_URL, **_client_kwargs(timeout))
 
 
-def _settings_key(socket_timeout: float | None) -> tuple[Any, ...]:
-    return (conf.REDIS_URL, conf.CACHE_ALIAS, socket_timeout, repr(engine_config()))
-
-
 def get_broker(*, socket_timeout: float | None = None) -> Broker:
-    """The shared :class:`Broker` for the current settings (one per settings value)."""
-    key = _settings_key(socket_timeout)
-    broker = _brokers.get(key)
+    """The shared :class:`Broker` for the current settings.
+
+    Built on first use and kept until the ``DELAYQ`` or ``CACHES`` setting changes
+    (``override_settings`` and the ``settings`` test fixture send that signal).
+    """
+    broker = _brokers.get(socket_timeout)
     if broker is None:
         with _lock:
-            broker = _brokers.get(key)
+            broker = _brokers.get(socket_timeout)
             if broker is None:
                 broker = Broker(make_client(socket_timeout), engine_config())
-                _brokers[key] = broker
+                _brokers[socket_timeout] = broker
     return broker
 
 

@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 
 from .conf import conf
 from .connection import get_broker
+from .current import running
 from .engine import Broker, ClaimedJob, QueueKeys, UnknownTask, encode_result
 from .task import TaskRegistry, registry
 
@@ -51,6 +52,9 @@ EXIT_FORCED = 1
 PRECISE_WAIT = 0.25
 #: Longest pause between retries while Redis is unreachable.
 MAX_BACKOFF = 5.0
+#: Adaptive prefetch holds about this many seconds of work per thread, up to MAX_PREFETCH.
+PREFETCH_WINDOW = 0.05
+MAX_PREFETCH = 500
 
 
 @dataclass(slots=True)
@@ -92,7 +96,8 @@ class Worker:
         self.lease_ms = int((lease or conf.LEASE) * 1000)
         self.grace_period = conf.GRACE_PERIOD if grace_period is None else grace_period
         self.block_timeout = block_timeout or conf.BLOCK_TIMEOUT
-        self.prefetch = self.concurrency if prefetch is None else prefetch
+        #: Jobs claimed beyond the free threads; None adapts it to how long jobs take.
+        self.prefetch = prefetch
         self.broker = broker or get_broker()
         self.blocking_broker = blocking_broker or (
             get_broker(socket_timeout=self.block_timeout + conf.SOCKET_TIMEOUT)
@@ -114,6 +119,7 @@ class Worker:
         self._outcomes: list[Outcome] = []
         self._outcome_ready = threading.Event()
         self._rotation = 0
+        self._avg_run_time = PREFETCH_WINDOW  # moving average of job run time, seconds
 
     # -- control ------------------------------------------------------------------
 
@@ -182,15 +188,33 @@ class Worker:
 
     # -- fetching -----------------------------------------------------------------
 
+    def _prefetch(self) -> int:
+        """Jobs to hold beyond the free threads.
+
+        Adaptive by default: about PREFETCH_WINDOW seconds of work per thread, so fast
+        jobs are claimed in large batches (few round trips) while slow jobs are not
+        hoarded by one worker when others are idle.
+        """
+        if self.prefetch is not None:
+            return self.prefetch
+        per_thread = PREFETCH_WINDOW / max(self._avg_run_time, 1e-5)
+        return max(self.concurrency, min(MAX_PREFETCH, int(self.concurrency * per_thread)))
+
     def _free_slots(self) -> int:
-        return self.concurrency + self.prefetch - self._busy
+        return self.concurrency + self._prefetch() - self._busy
+
+    @property
+    def _low_water(self) -> int:
+        """The fetcher claims again once this many slots are free: batches, not single jobs."""
+        prefetch = self._prefetch()
+        return max(1, min(prefetch, (self.concurrency + prefetch) // 2))
 
     def _fetch_loop(self) -> None:
         backoff = 0.1
-        low_water = max(1, min(self.prefetch, (self.concurrency + self.prefetch) // 2))
         while not self._stop.is_set():
             with self._capacity:
-                while not self._stop.is_set() and self._busy and self._free_slots() < low_water:
+                while (not self._stop.is_set() and self._busy
+                       and self._free_slots() < self._low_water):
                     self._capacity.wait()
                 free = self._free_slots()
             if self._stop.is_set():
@@ -290,13 +314,17 @@ class Worker:
             key = (job.keys, job.id)
             with self._lock:
                 self._running.add(key)
+            began = time.perf_counter()
             try:
                 outcome = self._execute(job)
             finally:
+                took = time.perf_counter() - began
                 with self._capacity:
+                    self._avg_run_time += (took - self._avg_run_time) * 0.05
                     self._running.discard(key)
                     self._busy -= 1
-                    self._capacity.notify_all()
+                    if self._free_slots() >= self._low_water or not self._busy:
+                        self._capacity.notify()
             with self._lock:
                 self._outcomes.append(outcome)
             self._outcome_ready.set()
@@ -315,14 +343,15 @@ class Worker:
                 return self._failure(job, exc, log, retry=True)
             try:
                 args = json.loads(job.args_json)
-                kwargs = json.loads(job.kwargs_json)
+                kwargs = {} if job.kwargs_json == "{}" else json.loads(job.kwargs_json)
                 if not isinstance(args, list) or not isinstance(kwargs, dict):
                     raise ValueError("args must be a JSON array and kwargs a JSON object")
             except ValueError as exc:
                 return self._failure(job, CorruptPayload(f"undecodable arguments: {exc}"), log,
                                      retry=False)
             try:
-                value = task.func(*args, **kwargs)
+                with running(job, self.name):
+                    value = task.func(*args, **kwargs)
             except Exception as exc:
                 delay = task.retry_delay(job.attempt)
                 return self._failure(job, exc, log, retry=True, delay=delay)

@@ -84,7 +84,27 @@ def run_demo() -> int:
         worker.send_signal(signal.SIGTERM)
         code = worker.wait(timeout=30)
     print(f"\nWorker stopped with exit code {code} after SIGTERM.\n")
-    return report(jobs)
+    status = report(jobs)
+    show_admin()
+    return status
+
+
+def show_admin() -> None:
+    """Make sure the admin user exists and tell how to open the admin."""
+    from django.contrib.auth import get_user_model
+
+    from django_delayq.models import Job as JobRow
+
+    print(f"\nThe worker's mirror wrote {JobRow.objects.count()} job rows to the database.")
+    users = get_user_model().objects
+    if not users.filter(username="admin").exists():
+        users.create_superuser("admin", "admin@example.com", "admin")
+        print("Created the admin user: username 'admin', password 'admin'.")
+    else:
+        print("The admin user exists already (username 'admin').")
+    print("Open the admin: cd example_project && ../.venv/bin/python manage.py runserver, "
+          "then http://127.0.0.1:8000/admin/ (the queues dashboard reads the Redis at "
+          "REDIS_URL, default redis://127.0.0.1:6379/0).")
 
 
 def report(jobs: list) -> int:

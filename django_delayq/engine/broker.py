@@ -120,6 +120,7 @@ class Broker:
         self.config = config or EngineConfig()
         self.global_keys = GlobalKeys(self.config.prefix)
         self._known_queues: set[str] = set()
+        self._shard_keys: dict[str, list[QueueKeys]] = {}
 
     # -- keys ---------------------------------------------------------------------
 
@@ -136,11 +137,12 @@ class Broker:
 
     def keys_for(self, queue: str, job_id: str) -> QueueKeys:
         """The keys of the shard that holds ``job_id`` (chosen from the id)."""
-        check.validate_queue_name(queue)
-        n = self.shard_count(queue)
-        if n == 1:
-            return QueueKeys(self.config.prefix, queue)
-        return QueueKeys(self.config.prefix, queue, zlib.crc32(job_id.encode()) % n)
+        shards = self._shard_keys.get(queue)
+        if shards is None:
+            shards = self._shard_keys[queue] = self.shards(queue)
+        if len(shards) == 1:
+            return shards[0]
+        return shards[zlib.crc32(job_id.encode()) % len(shards)]
 
     def batch(self) -> Batch:
         return Batch(self.client)

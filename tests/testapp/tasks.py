@@ -64,4 +64,6 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-from tests.testapp import fault_tasks  # noqa: E402, F401  (registers the fault tests' tasks)
+# Tasks written against Django's Tasks API, found by workers through this module, and the
+# tasks of the fault and bad-input tests.
+from . import fault_tasks, standard_tasks  # noqa: E402, F401
