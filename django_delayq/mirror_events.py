@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from .engine.job import _decode_or_raw, from_ms
-from .engine.keys import STATUSES, QueueKeys
+from .engine.keys import STATUSES, QueueKeys, validate_job_id
 from .models import Job, JobStatus
 
 logger = logging.getLogger("django_delayq.mirror")
@@ -54,6 +54,9 @@ def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None) -
         int(fields.get("ts", "0"))  # type: ignore[union-attr]
         if not event or not job_id:
             raise ValueError("empty event or job")
+        # An id no job can have would fail its row's insert (PostgreSQL enforces the
+        # column length): a poison entry that would stall the stream.
+        validate_job_id(job_id)
     except (KeyError, TypeError, ValueError) as exc:
         logger.warning("skipping garbled event stream=%s id=%s fields=%r error=%s",
                        keys.events, entry_id, fields, exc)
