@@ -80,12 +80,15 @@ def test_mirror_waits_out_a_database_outage_then_mirrors_every_event(redis_clien
     redis_client.xadd(keys.events, {"event": "enqueued", "job": "x" * 300, "ts": "1"})
     redis_client.xadd(keys.events, {"event": "started", "job": "odd-fields", "ts": "1",
                                     "attempt": "x" * 100, "worker": "w" * 500})
+    # Strings PostgreSQL cannot store (NUL, an unpaired surrogate) are valid job data.
+    broker.enqueue("default", count_run.name, ["nul\x00"], job_id="nul", delay=3600)
+    broker.enqueue("default", count_run.name, ["lone\ud800"], job_id="lone", delay=3600)
     proc = subprocess.Popen([sys.executable, "-m", "django", "delayq_mirror", "--name", "pg"],
                             cwd=ROOT, env=pg_env(name), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     out = OutputReader(proc)
     try:
-        wait_until(lambda: len(rows(name)) == 201, timeout=30,
+        wait_until(lambda: len(rows(name)) == 203, timeout=30,
                    message=f"the first rows:\n{out.text}")
         admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -102,7 +105,8 @@ def test_mirror_waits_out_a_database_outage_then_mirrors_every_event(redis_clien
         assert proc.poll() is None, "the mirror must wait for the database, not exit"
         admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
         expected = (dict.fromkeys(first + second, "scheduled")
-                    | dict.fromkeys(first[:50], "cancelled") | {"odd-fields": "active"})
+                    | dict.fromkeys(first[:50], "cancelled")
+                    | {"odd-fields": "active", "nul": "scheduled", "lone": "scheduled"})
         wait_until(lambda: rows(name) == expected, timeout=30,
                    message=f"every event mirrored after the outage:\n{out.text}")
         assert pending(redis_client, keys.events) == 0
@@ -221,3 +225,23 @@ def test_an_unknown_event_kind_keeps_the_row_and_the_stream_goes_on(redis_client
     assert rows[job.id] == "scheduled"
     assert rows[after.id] == "ready"
     assert pending(redis_client, keys.events) == 0
+
+
+@pytest.mark.django_db
+def test_strings_a_database_cannot_store_are_mirrored_as_replacement_characters(redis_client):
+    from django_delayq.mirror import Mirror
+    from django_delayq.models import Job
+    from tests.conftest import worker_thread
+    from tests.testapp.tasks import always_fails, record
+
+    nul = record.using(delay=3600).enqueue("a\x00b", extra={"k\x00": ["\ud800", 1]})
+    failing = always_fails.using(max_attempts=1).enqueue("boom\x00")
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: failing.refresh().status == "failed", message="the failure")
+    Mirror(block=0.1).run(burst=True, timeout=30)
+    row = Job.objects.get(job_id=nul.id)
+    assert (row.args, row.kwargs) == (["a\ufffdb"], {"extra": {"k\ufffd": ["\ufffd", 1]}})
+    row = Job.objects.get(job_id=failing.id)
+    assert row.error == "builtins.RuntimeError: boom boom\ufffd"
+    assert "\x00" not in row.traceback
+    assert nul.refresh().args == ["a\x00b"], "Redis keeps the job's data as it was given"
