@@ -346,7 +346,7 @@ class Worker:
                 kwargs = {} if job.kwargs_json == "{}" else json.loads(job.kwargs_json)
                 if not isinstance(args, list) or not isinstance(kwargs, dict):
                     raise ValueError("args must be a JSON array and kwargs a JSON object")
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 return self._failure(job, CorruptPayload(f"undecodable arguments: {exc}"), log,
                                      retry=False)
             try:
