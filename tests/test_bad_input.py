@@ -42,6 +42,15 @@ def test_arguments_that_are_not_json_are_refused_naming_the_argument(args, kwarg
     assert nothing_enqueued()
 
 
+def test_arguments_nested_too_deeply_are_refused_naming_the_argument():
+    deep: Any = "leaf"
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(TypeError, match=r"argument 'extra'.*not JSON serializable"):
+        record.enqueue("t", extra=deep)
+    assert nothing_enqueued()
+
+
 def test_django_json_types_round_trip_as_text(redis_client):
     job = record.enqueue("t", extra=[NOW, decimal.Decimal("1.10"), dt.date(2026, 1, 2)])
     assert job.refresh().kwargs == {"extra": [NOW.isoformat(timespec="milliseconds")
@@ -196,6 +205,7 @@ def damage(field: str, value: Any | None) -> str:
 
 @pytest.mark.parametrize(("field", "value", "error"), [
     ("args", "{not json", "CorruptPayload"),
+    ("args", "[" * 100_000 + "]" * 100_000, "CorruptPayload"),
     ("args", '{"tag": "x"}', "CorruptPayload"),
     ("kwargs", "[1, 2]", "CorruptPayload"),
     ("args", b"\x80\x81\xfe", "CorruptPayload"),
@@ -210,6 +220,9 @@ def test_damaged_job_fails_with_a_clear_error_and_others_run(redis_client, field
     assert found[bad]["status"] == "failed"
     assert error in found[bad]["error"]
     assert found[good]["status"] == "completed"
+    from django_delayq import Job
+
+    assert Job.fetch(bad).status == "failed", "the damaged job can still be read"
 
 
 @pytest.mark.parametrize(("field", "value"), [
