@@ -46,7 +46,6 @@ _IDS = {
     "EVENTS_MAXLEN": "E019",
     "MAX_PAYLOAD_BYTES": "E020",
     "SHARDS": "E021",
-    "API_PERMISSION_CLASSES": "E040",
     "MIRROR_RETENTION": "E030",
     "MIRROR_BATCH_SIZE": "E031",
     "MIRROR_CLAIM_IDLE": "E032",
@@ -105,12 +104,14 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     ):
         errors.append(Error("DELAYQ['SHARDS'] must map queue names to shard counts (1-1024), "
                             f"not {shards!r}.", id="django_delayq.E021"))
-    errors += _check_permission_classes()
     return errors
 
 
-def _check_permission_classes() -> list[CheckMessage]:
+@register(Tags.compatibility)
+def check_api_permission_classes(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """API_PERMISSION_CLASSES: a list of importable dotted paths (imported only if set)."""
+    if not isinstance(getattr(settings, "DELAYQ", None), dict):
+        return []  # E001
     value = conf.raw("API_PERMISSION_CLASSES")
     if value is DEFAULTS["API_PERMISSION_CLASSES"]:
         return []  # the default needs DRF, which only the API (an extra) uses

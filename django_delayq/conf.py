@@ -21,6 +21,8 @@ DEFAULTS: dict[str, Any] = {
     # Prefix of every Redis key (inside the hash tag: {prefix:queue}).
     "PREFIX": "dq",
     "DEFAULT_QUEUE": "default",
+    # Permission classes (dotted paths) of the REST API (django_delayq.api).
+    "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
     # Attempts per job (the first run included) and the retry backoff, in seconds:
     # min(RETRY_BACKOFF_MAX, RETRY_BACKOFF * 2 ** (attempt - 1)), jittered down to half.
     "MAX_ATTEMPTS": 3,
@@ -42,8 +44,6 @@ DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 1_048_576,
     # Shards per queue name, e.g. {"emails": 4}.
     "SHARDS": {},
-    # Permission classes (dotted paths) of the REST API (django_delayq.api).
-    "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
     # The model mirror: seconds finished rows are kept in the database (None: forever),
     # events read per batch, and seconds another mirror's unacknowledged events may sit
     # before this one takes them over.
@@ -84,6 +84,10 @@ class DelayQSettings:
     @property
     def DEFAULT_QUEUE(self) -> str:
         return str(self._get("DEFAULT_QUEUE"))
+
+    @property
+    def API_PERMISSION_CLASSES(self) -> list[str]:
+        return [str(path) for path in self._get("API_PERMISSION_CLASSES")]
 
     @property
     def MAX_ATTEMPTS(self) -> int:
@@ -140,10 +144,6 @@ class DelayQSettings:
     @property
     def SHARDS(self) -> dict[str, int]:
         return dict(self._get("SHARDS"))
-
-    @property
-    def API_PERMISSION_CLASSES(self) -> list[str]:
-        return [str(path) for path in self._get("API_PERMISSION_CLASSES")]
 
     @property
     def MIRROR_RETENTION(self) -> float | None:
