@@ -123,13 +123,15 @@ class Mirror:
                 logger.warning("mirror cannot reach Redis, retrying in %.1fs error=%s",
                                backoff, exc)
                 self._ready.clear()
-                self._recovered.clear()  # what was read and not acked: read it again
+                self._recovered.clear()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
             except DatabaseError as exc:
                 logger.warning("mirror cannot write to the database, retrying in %.1fs "
                                "error=%s", backoff, exc)
-                self._recovered.clear()  # what was read and not acked: read it again
+                # The failed batch is pending on this consumer: read it again next round,
+                # not only once another consumer's claim_idle has run out.
+                self._recovered.clear()
                 if not connection.in_atomic_block:
                     connection.close()  # drop a possibly broken connection; reconnect next round
                 self._stop.wait(backoff)
