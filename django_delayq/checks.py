@@ -10,6 +10,7 @@ from django.core.checks import CheckMessage, Error, Tags, register
 
 from .conf import DEFAULTS, conf
 from .engine.keys import QUEUE_NAME_RE
+from .engine.limits import queue_options
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 
@@ -45,6 +46,11 @@ _IDS = {
     "EVENTS_MAXLEN": "E019",
     "MAX_PAYLOAD_BYTES": "E020",
     "SHARDS": "E021",
+    "QUEUES": "E023",
+    "CLUSTER": "E024",
+    "CRON_LOOKAHEAD": "E025",
+    "CRON_MISSED": "E026",
+    "CRON_CATCH_UP_MAX": "E027",
 }
 
 
@@ -96,6 +102,37 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     ):
         errors.append(Error("DELAYQ['SHARDS'] must map queue names to shard counts (1-1024), "
                             f"not {shards!r}.", id="django_delayq.E021"))
+    errors += _check_flow_control()
+    return errors
+
+
+def _check_flow_control() -> list[CheckMessage]:
+    """QUEUES (E023), CLUSTER (E024) and the periodic-task settings (E025-E027)."""
+    errors: list[CheckMessage] = []
+    queues = conf.raw("QUEUES")
+    if not isinstance(queues, dict):
+        errors.append(Error(f"DELAYQ['QUEUES'] must be a dict of queue name -> options, not "
+                            f"{queues!r}.", id="django_delayq.E023"))
+        queues = {}
+    for name, spec in queues.items():
+        if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
+            errors.append(Error(f"DELAYQ['QUEUES'] has an invalid queue name {name!r}.",
+                                id="django_delayq.E023"))
+            continue
+        try:
+            queue_options(spec)
+        except ValueError as exc:
+            errors.append(Error(f"DELAYQ['QUEUES'][{name!r}]: {exc}.",
+                                hint="e.g. {'rate_limit': '100/m'} or {'interval': 0.5, "
+                                     "'shards': 4}", id="django_delayq.E023"))
+    if not isinstance(conf.raw("CLUSTER"), bool):
+        errors.append(Error(f"DELAYQ['CLUSTER'] must be True or False, not "
+                            f"{conf.raw('CLUSTER')!r}.", id="django_delayq.E024"))
+    errors += _number("CRON_LOOKAHEAD", minimum=1)
+    if conf.raw("CRON_MISSED") not in ("latest", "all", "skip"):
+        errors.append(Error(f"DELAYQ['CRON_MISSED'] must be 'latest', 'all' or 'skip', not "
+                            f"{conf.raw('CRON_MISSED')!r}.", id="django_delayq.E026"))
+    errors += _number("CRON_CATCH_UP_MAX", minimum=1, integer=True)
     return errors
 
 

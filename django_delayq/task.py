@@ -22,6 +22,7 @@ from .connection import get_broker
 from .engine import BulkResult, EnqueueRequest, Job, UnknownTask
 from .engine import validation as check
 from .engine.job import from_ms
+from .periodic import Schedule
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -58,9 +59,20 @@ class Task(Generic[P, T]):
     max_attempts: int | None = None
     retry_backoff: float | None = None
     retry_backoff_max: float | None = None
+    #: Periodic tasks: a cron expression (in ``tz``) or a period; see periodic.py.
+    cron: str | None = None
+    tz: str | None = None
+    every: float | dt.timedelta | None = None
+    schedule: Schedule | None = dataclasses.field(default=None, init=False, repr=False,
+                                                  compare=False)
 
     def __post_init__(self) -> None:
         check.check_task_name(self.name)
+        try:
+            schedule = Schedule.build(self.cron, self.every, self.tz)
+        except ValueError as exc:
+            raise ValueError(f"{self.name}: {exc}") from None
+        object.__setattr__(self, "schedule", schedule)
         if self.queue is not None:
             check.validate_queue_name(self.queue)
         check.check_priority(self.priority)
@@ -243,6 +255,11 @@ class TaskRegistry:
         """The queues registered tasks send jobs to."""
         return sorted({t.queue_name for t in self._tasks.values()})
 
+    def periodic(self, queues: Iterable[str]) -> list[Task[Any, Any]]:
+        """The periodic tasks (cron or every) that send jobs to one of ``queues``."""
+        wanted = set(queues)
+        return [t for t in self.tasks() if t.schedule is not None and t.queue_name in wanted]
+
     def unregister(self, name: str) -> None:
         self._tasks.pop(name, None)
 
@@ -266,6 +283,9 @@ def task(
     max_attempts: int | None = None,
     retry_backoff: float | None = None,
     retry_backoff_max: float | None = None,
+    cron: str | None = None,
+    tz: str | None = None,
+    every: float | dt.timedelta | None = None,
 ) -> Callable[[Callable[P, T]], Task[P, T]]: ...
 
 
@@ -280,11 +300,17 @@ def task(
     max_attempts: int | None = None,
     retry_backoff: float | None = None,
     retry_backoff_max: float | None = None,
+    cron: str | None = None,
+    tz: str | None = None,
+    every: float | dt.timedelta | None = None,
 ) -> Task[P, T] | Callable[[Callable[P, T]], Task[P, T]]:
     """Declare a task; use bare (``@task``) or with options (``@task(queue="emails")``).
 
     The task's name is ``module.qualname`` unless ``name`` is given. ``queue`` defaults to
     ``DELAYQ["DEFAULT_QUEUE"]``, ``max_attempts`` to ``DELAYQ["MAX_ATTEMPTS"]``.
+    ``cron="*/5 * * * *"`` (with ``tz=``, needs the ``cron`` extra) or ``every=`` (a
+    timedelta or seconds) makes it periodic: workers serving its queue enqueue each
+    occurrence once, with no arguments.
     """
 
     def decorate(func: Callable[P, T]) -> Task[P, T]:
@@ -301,7 +327,7 @@ def task(
         t: Task[P, T] = Task(
             func=func, name=task_name, queue=queue, priority=priority, delay=delay,
             max_attempts=max_attempts, retry_backoff=retry_backoff,
-            retry_backoff_max=retry_backoff_max,
+            retry_backoff_max=retry_backoff_max, cron=cron, tz=tz, every=every,
         )
         registry.register(t)
         return t

@@ -23,9 +23,20 @@ from .codec import encode_arguments
 from .config import EngineConfig
 from .errors import DelayQConnectionError
 from .keys import GlobalKeys, QueueKeys
+from .limits import RateLimit
 from .scripts import Batch, call
 
 ENQUEUE_FIELDS = 8
+CLAIM_HEADER = 5
+
+
+def is_cluster_client(client: Any) -> bool:
+    """Whether ``client`` talks to a Redis Cluster (a script then reaches one slot)."""
+    try:
+        from redis.cluster import RedisCluster
+    except ImportError:  # pragma: no cover - redis-py always has it
+        return False
+    return isinstance(client, RedisCluster)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -93,6 +104,8 @@ class ClaimResult:
     paused: bool
     orphans: int
     jobs: list[ClaimedJob]
+    #: ms until the queue's start-rate window lets another job start (None: not held).
+    limit_wait_ms: int | None = None
 
 
 def _describe(client: Any) -> str:
@@ -115,8 +128,27 @@ class Broker:
         self.config = config or EngineConfig()
         self.global_keys = GlobalKeys(self.config.prefix)
         self._known_queues: set[str] = set()
+        self.is_cluster = is_cluster_client(client)
 
     # -- keys ---------------------------------------------------------------------
+
+    def rate_limit(self, queue: str) -> RateLimit | None:
+        """The start limit of ``queue`` (rate limit or interval), if it has one."""
+        return self.config.limits.get(queue)
+
+    def limit_key(self, queue: str) -> str:
+        """The one start-rate window of ``queue``, shared by all its shards."""
+        return QueueKeys(self.config.prefix, queue).limit
+
+    def reserves_starts(self, queue: str) -> bool:
+        """Whether claims on ``queue`` reserve starts first (see :meth:`reserve`).
+
+        True for a limited queue whose shards sit in other cluster slots than its
+        window; elsewhere the claim script counts starts in the window itself.
+        """
+        return self.is_cluster and self.shard_count(queue) > 1 and (
+            self.rate_limit(queue) is not None
+        )
 
     def shard_count(self, queue: str) -> int:
         return max(1, int(self.config.shards.get(queue, 1)))
@@ -273,38 +305,110 @@ class Broker:
     # -- the worker protocol ------------------------------------------------------
 
     def add_claim(
-        self, batch: Batch, keys: QueueKeys, count: int, worker: str, lease_ms: int | None = None
+        self, batch: Batch, keys: QueueKeys, count: int, worker: str, lease_ms: int | None = None,
+        *, reserved: bool = False,
     ) -> int:
-        """Add a claim of up to ``count`` jobs on the shard ``keys`` to ``batch``."""
+        """Add a claim of up to ``count`` jobs on the shard ``keys`` to ``batch``.
+
+        The queue's start limit is enforced by the script unless ``reserved`` says the
+        starts were already granted by :meth:`reserve`.
+        """
+        limit = None if reserved else self.rate_limit(keys.queue)
+        if limit is not None and not self.reserves_starts(keys.queue):
+            limit_key, limit_args = self.limit_key(keys.queue), [limit.limit, limit.period_ms]
+        else:
+            limit_key, limit_args = keys.limit, [0, 0]
         return batch.add(
             "claim",
             [keys.scheduled, keys.ready, keys.active, keys.marker, keys.events, keys.seq,
-             keys.paused, keys.job_prefix],
+             keys.paused, keys.job_prefix, limit_key],
             [count, lease_ms or self.config.lease_ms, worker, self.config.promote_batch,
-             self.config.events_maxlen],
+             self.config.events_maxlen, *limit_args],
         )
 
     @staticmethod
     def parse_claim(keys: QueueKeys, reply: list[Any]) -> ClaimResult:
-        now, next_due, paused, orphans = (int(x) for x in reply[:4])
+        now, next_due, paused, orphans, limit_wait = (int(x) for x in reply[:CLAIM_HEADER])
         jobs = [
             ClaimedJob(keys, reply[i], reply[i + 1], reply[i + 2], reply[i + 3],
                        int(reply[i + 4]), int(reply[i + 5]), int(reply[i + 6]),
                        int(reply[i + 7]), int(reply[i + 8]), now)
-            for i in range(4, len(reply), 9)
+            for i in range(CLAIM_HEADER, len(reply), 9)
         ]
         return ClaimResult(keys, now, None if next_due < 0 else next_due, bool(paused), orphans,
-                           jobs)
+                           jobs, None if limit_wait < 0 else limit_wait)
+
+    def reserve(self, queue: str, want: int, token: str) -> tuple[int, int | None]:
+        """Take up to ``want`` starts from the window of ``queue`` (one round trip).
+
+        Returns (granted, ms until the next start is allowed or None). Starts granted
+        but not used go back with :meth:`unreserve`.
+        """
+        limit = self.rate_limit(queue)
+        if limit is None:
+            return want, None
+        granted, wait = call(self.client, "reserve", [self.limit_key(queue)],
+                             [want, limit.limit, limit.period_ms, token])
+        return int(granted), None if int(wait) < 0 else int(wait)
+
+    def unreserve(self, queue: str, token: str, granted: int, used: int) -> None:
+        """Give back the starts ``used + 1 .. granted`` reserved under ``token``."""
+        if used < granted:
+            self.client.zrem(self.limit_key(queue),
+                             *(f"{token}:{i}" for i in range(used + 1, granted + 1)))
 
     def claim(
         self, queue: str, count: int, worker: str, lease_ms: int | None = None
     ) -> list[ClaimResult]:
-        """Claim up to ``count`` jobs from each shard of ``queue`` in one round trip."""
-        batch = self.batch()
+        """Claim up to ``count`` jobs from each shard of ``queue``.
+
+        One round trip, or for a limited queue sharded over a cluster, a reservation
+        first and then the shards one by one until the granted starts are used.
+        """
         shards = self.shards(queue)
+        if self.reserves_starts(queue):
+            return self.claim_reserved(queue, shards, count, worker, lease_ms)
+        batch = self.batch()
         for keys in shards:
             self.add_claim(batch, keys, count, worker, lease_ms)
         return [self.parse_claim(k, r) for k, r in zip(shards, batch.run(), strict=True)]
+
+    def claim_reserved(
+        self, queue: str, shards: Sequence[QueueKeys], count: int, worker: str,
+        lease_ms: int | None = None,
+    ) -> list[ClaimResult]:
+        """Reserve up to ``count`` starts of ``queue``, then claim them shard by shard.
+
+        The first shard's result carries the reservation's wait when the window is
+        full. Unused starts are given back.
+        """
+        token = f"{worker}:{uuid.uuid4().hex[:8]}"
+        granted, wait = self.reserve(queue, count, token)
+        if not granted:
+            # Nothing may start: still promote due jobs and learn the next due time.
+            batch = self.batch()
+            for keys in shards:
+                self.add_claim(batch, keys, 0, worker, lease_ms, reserved=True)
+            results = [self.parse_claim(k, r) for k, r in zip(shards, batch.run(), strict=True)]
+            if results and wait is not None:
+                results[0].limit_wait_ms = wait
+            return results
+        results = []
+        used = 0
+        try:
+            for keys in shards:
+                batch = self.batch()
+                self.add_claim(batch, keys, granted - used, worker, lease_ms, reserved=True)
+                result = self.parse_claim(keys, batch.run()[0])
+                used += len(result.jobs)
+                results.append(result)
+                if used >= granted:
+                    break
+        finally:
+            self.unreserve(queue, token, granted, used)
+        if results and wait is not None:
+            results[0].limit_wait_ms = wait
+        return results
 
     def add_complete(
         self, batch: Batch, keys: QueueKeys, done: Sequence[tuple[str, int, str]]

@@ -27,6 +27,8 @@ SCRIPT_NAMES = (
     "reschedule",
     "retry",
     "purge",
+    "reserve",
+    "advance_schedule",
 )
 
 

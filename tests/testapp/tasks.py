@@ -62,3 +62,9 @@ def gated(tag: str, gate: str) -> str:
 @task
 def add(a: int, b: int) -> int:
     return a + b
+
+
+@task
+def count_run(tag: str) -> None:
+    """Count a run in the hash ``test:count`` (a field per tag)."""
+    _client().hincrby("test:count", tag, 1)
