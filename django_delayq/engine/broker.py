@@ -71,6 +71,10 @@ class BulkResult:
     enqueued: int = 0
     duplicates: int = 0
     job_ids: list[str] = field(default_factory=list)
+    #: Ids that were not added because a job with that id exists (or came earlier).
+    duplicate_ids: list[str] = field(default_factory=list)
+    #: Round trips to Redis (one per chunk).
+    chunks: int = 0
 
 
 @dataclass(slots=True)
@@ -255,23 +259,32 @@ class Broker:
         *,
         chunk_size: int = 1_000,
         results: list[EnqueueResult] | None = None,
+        total: BulkResult | None = None,
     ) -> BulkResult:
         """Enqueue many jobs: each chunk of ``chunk_size`` is one round trip.
 
         Every request is validated and encoded before anything of its chunk is sent, so
-        a bad request raises without enqueuing its chunk. Duplicate ids are skipped and
-        counted. Pass a list as ``results`` to receive one :class:`EnqueueResult` each.
+        a bad request raises without enqueuing its chunk; the error names how many jobs
+        earlier chunks enqueued. Duplicate ids are skipped, counted and listed. Pass a
+        list as ``results`` to receive one :class:`EnqueueResult` each, and ``total`` to
+        have the totals filled in even when an error interrupts the call.
         """
-        total = BulkResult()
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be at least 1, not {chunk_size}")
+        total = BulkResult() if total is None else total
         chunk: list[list[Any]] = []
         with self.connection_errors():
             if queue not in self._known_queues:
                 self._remember_queue(queue)
-            for request in requests:
-                chunk.append(self._job_argv(request))
-                if len(chunk) >= chunk_size:
-                    self._send_chunk(queue, chunk, total, results)
-                    chunk = []
+            try:
+                for request in requests:
+                    chunk.append(self._job_argv(request))
+                    if len(chunk) >= chunk_size:
+                        self._send_chunk(queue, chunk, total, results)
+                        chunk = []
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"{exc} (enqueue_many stopped: {total.enqueued} jobs of "
+                                f"earlier chunks were enqueued, this chunk was not)") from exc
             if chunk:
                 self._send_chunk(queue, chunk, total, results)
         return total
@@ -289,6 +302,7 @@ class Broker:
         batch = self.batch()
         order = [(self.add_enqueue(batch, keys, argvs), argvs) for keys, argvs in by_shard.items()]
         replies = batch.run()
+        total.chunks += 1
         for index, argvs in order:
             reply = replies[index]
             for i, argv in enumerate(argvs):
@@ -297,6 +311,7 @@ class Broker:
                     total.enqueued += 1
                 else:
                     total.duplicates += 1
+                    total.duplicate_ids.append(argv[0])
                 total.job_ids.append(argv[0])
                 if results is not None:
                     results.append(EnqueueResult(argv[0], bool(added), status, int(run_at_ms),
