@@ -356,8 +356,8 @@ class Broker:
     def reserve(self, queue: str, want: int, token: str) -> tuple[int, int | None]:
         """Take up to ``want`` starts from the window of ``queue`` (one round trip).
 
-        Returns (granted, ms until the next start is allowed or None). Starts granted
-        but not used go back with :meth:`unreserve`.
+        Returns (granted, ms until the next start is allowed or None). The caller
+        then settles the reservation with :meth:`settle`.
         """
         limit = self.rate_limit(queue)
         if limit is None:
@@ -366,11 +366,24 @@ class Broker:
                              [want, limit.limit, limit.period_ms, token])
         return int(granted), None if int(wait) < 0 else int(wait)
 
-    def unreserve(self, queue: str, token: str, granted: int, used: int) -> None:
-        """Give back the starts ``used + 1 .. granted`` reserved under ``token``."""
-        if used < granted:
-            self.client.zrem(self.limit_key(queue),
-                             *(f"{token}:{i}" for i in range(used + 1, granted + 1)))
+    def settle(self, queue: str, token: str, granted: int, started: Sequence[int]) -> None:
+        """Settle a reservation (one round trip): the i-th start used happened at
+        ``started[i]`` (ms, later than the reservation), the rest are given back.
+
+        Moving each used entry to its real start time keeps the window exact: a start
+        a shard's claim made a few ms after the reservation leaves the window that much
+        later too.
+        """
+        if not granted:
+            return
+        key = self.limit_key(queue)
+        pipe = self.client.pipeline(transaction=False)
+        if started:
+            pipe.zadd(key, {f"{token}:{i}": at for i, at in enumerate(started, 1)}, xx=True,
+                      gt=True)
+        if len(started) < granted:
+            pipe.zrem(key, *(f"{token}:{i}" for i in range(len(started) + 1, granted + 1)))
+        pipe.execute()
 
     def claim(
         self, queue: str, count: int, worker: str, lease_ms: int | None = None
@@ -395,7 +408,7 @@ class Broker:
         """Reserve up to ``count`` starts of ``queue``, then claim them shard by shard.
 
         The first shard's result carries the reservation's wait when the window is
-        full. Unused starts are given back.
+        full. Used starts are moved to their real start times, unused ones given back.
         """
         token = f"{worker}:{uuid.uuid4().hex[:8]}"
         granted, wait = self.reserve(queue, count, token)
@@ -409,18 +422,19 @@ class Broker:
                 results[0].limit_wait_ms = wait
             return results
         results = []
-        used = 0
+        started: list[int] = []
         try:
             for keys in shards:
                 batch = self.batch()
-                self.add_claim(batch, keys, granted - used, worker, lease_ms, reserved=True)
+                self.add_claim(batch, keys, granted - len(started), worker, lease_ms,
+                               reserved=True)
                 result = self.parse_claim(keys, batch.run()[0])
-                used += len(result.jobs)
+                started += [result.now_ms] * len(result.jobs)
                 results.append(result)
-                if used >= granted:
+                if len(started) >= granted:
                     break
         finally:
-            self.unreserve(queue, token, granted, used)
+            self.settle(queue, token, granted, started)
         if results and wait is not None:
             results[0].limit_wait_ms = wait
         return results
