@@ -10,14 +10,13 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.signals import setting_changed
-from django.dispatch import receiver
 
 from .conf import conf
 from .engine import Broker, EngineConfig
 from .engine.limits import queue_options
 
 _lock = threading.Lock()
-_brokers: dict[tuple[Any, ...], Broker] = {}
+_brokers: dict[float | None, Broker] = {}
 
 
 def engine_config() -> EngineConfig:
@@ -87,20 +86,19 @@ def make_client(socket_timeout: float | None = None) -> Any:
     return redis.Redis.from_url(url, **_client_kwargs(timeout))
 
 
-def _settings_key(socket_timeout: float | None) -> tuple[Any, ...]:
-    return (conf.REDIS_URL, conf.CACHE_ALIAS, socket_timeout, repr(engine_config()))
-
-
 def get_broker(*, socket_timeout: float | None = None) -> Broker:
-    """The shared :class:`Broker` for the current settings (one per settings value)."""
-    key = _settings_key(socket_timeout)
-    broker = _brokers.get(key)
+    """The shared :class:`Broker` for the current settings.
+
+    Built on first use and kept until the ``DELAYQ`` or ``CACHES`` setting changes
+    (``override_settings`` and the ``settings`` test fixture send that signal).
+    """
+    broker = _brokers.get(socket_timeout)
     if broker is None:
         with _lock:
-            broker = _brokers.get(key)
+            broker = _brokers.get(socket_timeout)
             if broker is None:
                 broker = Broker(make_client(socket_timeout), engine_config())
-                _brokers[key] = broker
+                _brokers[socket_timeout] = broker
     return broker
 
 
@@ -113,7 +111,9 @@ def reset() -> None:
         _brokers.clear()
 
 
-@receiver(setting_changed)
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
     if setting in ("DELAYQ", "CACHES"):
         reset()
+
+
+setting_changed.connect(_on_setting_changed, dispatch_uid="django_delayq.connection")

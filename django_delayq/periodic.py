@@ -89,14 +89,14 @@ class Schedule:
         """The first occurrence strictly after ``ms`` (epoch ms)."""
         if self.every_ms is not None:
             return (ms // self.every_ms + 1) * self.every_ms
-        nxt = _croniter()(self.cron, self._at(ms)).get_next(dt.datetime)
+        nxt: dt.datetime = _croniter()(self.cron, self._at(ms)).get_next(dt.datetime)
         return math.ceil(nxt.timestamp() * 1000)
 
     def latest_at_or_before(self, ms: int) -> int:
         """The last occurrence at or before ``ms``."""
         if self.every_ms is not None:
             return ms // self.every_ms * self.every_ms
-        prev = _croniter()(self.cron, self._at(ms + 1)).get_prev(dt.datetime)
+        prev: dt.datetime = _croniter()(self.cron, self._at(ms + 1)).get_prev(dt.datetime)
         return math.ceil(prev.timestamp() * 1000)
 
     def describe(self) -> str:

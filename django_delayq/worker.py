@@ -55,6 +55,9 @@ EXIT_FORCED = 1
 PRECISE_WAIT = 0.25
 #: Longest pause between retries while Redis is unreachable.
 MAX_BACKOFF = 5.0
+#: Adaptive prefetch holds about this many seconds of work per thread, up to MAX_PREFETCH.
+PREFETCH_WINDOW = 0.05
+MAX_PREFETCH = 500
 
 
 @dataclass(slots=True)
@@ -96,7 +99,8 @@ class Worker:
         self.lease_ms = int((lease or conf.LEASE) * 1000)
         self.grace_period = conf.GRACE_PERIOD if grace_period is None else grace_period
         self.block_timeout = block_timeout or conf.BLOCK_TIMEOUT
-        self.prefetch = self.concurrency if prefetch is None else prefetch
+        #: Jobs claimed beyond the free threads; None adapts it to how long jobs take.
+        self.prefetch = prefetch
         self.broker = broker or get_broker()
         self.blocking_broker = blocking_broker or (
             get_broker(socket_timeout=self.block_timeout + conf.SOCKET_TIMEOUT)
@@ -122,6 +126,13 @@ class Worker:
         if self.blocking_broker.is_cluster and len({k.tag for k in self.shards}) > 1:
             self._watch = MarkerWatch(self.blocking_broker.client,
                                       [k.marker for k in self.shards], self._stop)
+        self._avg_run_time = PREFETCH_WINDOW  # moving average of job run time, seconds
+        # Jobs of rate-limited and interval queues are claimed only for idle threads, so
+        # each starts when claimed: the limit counts real starts, not prefetched jobs.
+        self._limited = {q for q in self.queues if self.broker.rate_limit(q) is not None}
+        self._starved = False  # the last claim skipped limited queues: no idle thread
+        if self.prefetch is None and self._limited == set(self.queues):
+            self.prefetch = 0
 
     # -- control ------------------------------------------------------------------
 
@@ -195,15 +206,33 @@ class Worker:
 
     # -- fetching -----------------------------------------------------------------
 
+    def _prefetch(self) -> int:
+        """Jobs to hold beyond the free threads.
+
+        Adaptive by default: about PREFETCH_WINDOW seconds of work per thread, so fast
+        jobs are claimed in large batches (few round trips) while slow jobs are not
+        hoarded by one worker when others are idle.
+        """
+        if self.prefetch is not None:
+            return self.prefetch
+        per_thread = PREFETCH_WINDOW / max(self._avg_run_time, 1e-5)
+        return max(self.concurrency, min(MAX_PREFETCH, int(self.concurrency * per_thread)))
+
     def _free_slots(self) -> int:
-        return self.concurrency + self.prefetch - self._busy
+        return self.concurrency + self._prefetch() - self._busy
+
+    @property
+    def _low_water(self) -> int:
+        """The fetcher claims again once this many slots are free: batches, not single jobs."""
+        prefetch = self._prefetch()
+        return max(1, min(prefetch, (self.concurrency + prefetch) // 2))
 
     def _fetch_loop(self) -> None:
         backoff = 0.1
-        low_water = max(1, min(self.prefetch, (self.concurrency + self.prefetch) // 2))
         while not self._stop.is_set():
             with self._capacity:
-                while not self._stop.is_set() and self._busy and self._free_slots() < low_water:
+                while (not self._stop.is_set() and self._busy
+                       and self._free_slots() < self._low_water):
                     self._capacity.wait()
                 free = self._free_slots()
             if self._stop.is_set():
@@ -251,18 +280,23 @@ class Worker:
         order = self.shards[start:] + self.shards[:start]
         reserving = [q for q in self.queues if self.broker.reserves_starts(q)]
         plain = [k for k in order if k.queue not in reserving]
+        with self._capacity:
+            idle = max(0, self.concurrency - self._busy)
+        self._starved = idle == 0 and bool(self._limited)
         sent = time.monotonic()
         results: list[ClaimResult] = []
         if plain:
             per_shard = max(1, -(-free // len(plain)))
             batch = self.broker.batch()
             for keys in plain:
-                self.broker.add_claim(batch, keys, per_shard, self.name, self.lease_ms)
+                # a count of 0 still promotes due jobs and reports the next due time
+                count = min(per_shard, idle) if keys.queue in self._limited else per_shard
+                self.broker.add_claim(batch, keys, count, self.name, self.lease_ms)
             results = [self.broker.parse_claim(keys, reply)
                        for keys, reply in zip(plain, batch.run(), strict=True)]
         for queue in reserving:
             results += self.broker.claim_reserved(
-                queue, [k for k in order if k.queue == queue], max(1, free), self.name,
+                queue, [k for k in order if k.queue == queue], idle, self.name,
                 self.lease_ms,
             )
         wait = self.block_timeout
@@ -295,6 +329,12 @@ class Worker:
         """
         if wait <= 0:
             return
+        if self._starved:
+            # limited queues wait for a thread, not for a marker (which they keep set)
+            with self._capacity:
+                if self._busy >= self.concurrency and not self._stop.is_set():
+                    self._capacity.wait(timeout=wait)
+            return
         if wait <= PRECISE_WAIT:
             self._stop.wait(wait)
             return
@@ -315,13 +355,17 @@ class Worker:
             key = (job.keys, job.id)
             with self._lock:
                 self._running.add(key)
+            began = time.perf_counter()
             try:
                 outcome = self._execute(job)
             finally:
+                took = time.perf_counter() - began
                 with self._capacity:
+                    self._avg_run_time += (took - self._avg_run_time) * 0.05
                     self._running.discard(key)
                     self._busy -= 1
-                    self._capacity.notify_all()
+                    if self._free_slots() >= self._low_water or not self._busy:
+                        self._capacity.notify()
             with self._lock:
                 self._outcomes.append(outcome)
             self._outcome_ready.set()
@@ -337,7 +381,7 @@ class Worker:
                 return self._failure(job, exc, log, retry=True)
             try:
                 args = json.loads(job.args_json)
-                kwargs = json.loads(job.kwargs_json)
+                kwargs = {} if job.kwargs_json == "{}" else json.loads(job.kwargs_json)
                 if not isinstance(args, list) or not isinstance(kwargs, dict):
                     raise ValueError("args must be a JSON array and kwargs a JSON object")
             except ValueError as exc:

@@ -42,9 +42,9 @@ def run_demo() -> int:
 
     django.setup()
     from django.core.management import call_command
+    from shop import tasks
 
     from django_delayq import Job, Queue, registry
-    from shop import tasks
 
     call_command("migrate", verbosity=0)
     for name in registry.queues():

@@ -247,3 +247,50 @@ def test_redis_time_decides_not_the_client_clock(bare, monkeypatch):
     (result,) = bare.claim("q", 10, "w")
     assert result.jobs == []
     assert res.run_at_ms - result.now_ms > 100
+
+
+class CountingConnection:
+    """Counts what a redis-py connection sends: one send is one round trip."""
+
+    sends = 0
+
+    @classmethod
+    def make(cls):
+        import redis
+
+        class Counting(redis.Connection):
+            def send_packed_command(self, command, check_health=True):
+                cls.sends += 1
+                return super().send_packed_command(command, check_health)
+
+        return Counting
+
+
+def test_round_trips_enqueue_claim_and_ack(redis_client):
+    import redis
+
+    kwargs = redis_client.connection_pool.connection_kwargs
+    counting = CountingConnection.make()
+    pool = redis.ConnectionPool(connection_class=counting, **kwargs)
+    broker = Broker(redis.Redis(connection_pool=pool), EngineConfig(prefix="rt"))
+    broker.enqueue("q", "t.x")  # first use: loads the script, registers the queue
+
+    def trips(action):
+        before = CountingConnection.sends
+        action()
+        return CountingConnection.sends - before
+
+    assert trips(lambda: broker.enqueue("q", "t.x", [1])) == 1
+    requests = [EnqueueRequest(task="t.x", args=[i]) for i in range(5000)]
+    assert trips(lambda: broker.enqueue_many("q", requests, chunk_size=1000)) == 5
+    claimed = []
+    assert trips(lambda: claimed.extend(broker.claim("q", 500, "w")[0].jobs)) == 1
+    assert len(claimed) == 500
+    keys = QueueKeys("rt", "q")
+
+    def ack():
+        batch = broker.batch()
+        broker.add_complete(batch, keys, [(j.id, j.attempt, "null") for j in claimed])
+        assert batch.run() == [[1] * 500]
+
+    assert trips(ack) == 1

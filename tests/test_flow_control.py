@@ -206,3 +206,18 @@ def test_pause_holds_every_shard_for_every_worker_and_still_accepts_jobs(setting
         wait_until(lambda: len(ran(redis_client)) == 20, message="jobs after resume")
     assert not queue.is_paused
     assert {r["tag"] for r in ran(redis_client)} == {f"p{i}" for i in range(20)}
+
+
+def test_limited_jobs_are_claimed_only_for_idle_threads(settings, redis_client):
+    settings.DELAYQ = {**settings.DELAYQ, "QUEUES": {"limited": {"rate_limit": "100/s"}}}
+    tasks.gated.enqueue("busy", "test:gate")
+    with worker_thread(queues=["default", "limited"], concurrency=1, prefetch=4) as worker:
+        wait_until(lambda: ran(redis_client), message="the gated job to start")
+        rotation = worker._rotation
+        limited = tasks.record.using(queue="limited").enqueue("limited")
+        wait_until(lambda: worker._rotation > rotation + 1, message="claims while busy")
+        assert limited.refresh().status == "ready", "not prefetched while no thread is idle"
+        redis_client.set("test:gate", "1")
+        wait_until(lambda: limited.refresh().status == "completed", message="limited job")
+    gate_end = next(r["redis_ms"] for r in ran(redis_client) if r["task"] == "gated-end")
+    assert limited.started_at.timestamp() * 1000 >= gate_end - 1

@@ -111,3 +111,17 @@ def test_events_stream_records_the_lifecycle(redis_client):
     assert [(e[1]["event"], e[1]["job"]) for e in events] == [
         ("enqueued", job.id), ("started", job.id), ("completed", job.id)]
     assert json.loads(redis_client.hget(QueueKeys("dq", "default").job(job.id), "result")) == "e"
+
+
+def test_worker_clock_running_ahead_does_not_start_jobs_early(redis_client, monkeypatch):
+    """Redis time decides: a worker whose clock is a day ahead still waits for run_at."""
+    import time as time_module
+
+    real = time_module.time
+    monkeypatch.setattr(time_module, "time", lambda: real() + 86_400)
+    job = tasks.record.using(delay=0.5).enqueue("skewed")
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: job.refresh().status == "completed", message="skewed job")
+    assert job.started_at >= job.run_at
+    (note,) = ran(redis_client)
+    assert note["redis_ms"] >= job.run_at.timestamp() * 1000

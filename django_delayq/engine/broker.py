@@ -8,7 +8,7 @@ with the ``add_*`` methods so acks and the next claim share one round trip.
 
 from __future__ import annotations
 
-import uuid
+import secrets
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -37,6 +37,11 @@ def is_cluster_client(client: Any) -> bool:
     except ImportError:  # pragma: no cover - redis-py always has it
         return False
     return isinstance(client, RedisCluster)
+
+
+def new_job_id() -> str:
+    """A random job id: 96 bits in 16 URL-safe characters (short ids save Redis memory)."""
+    return secrets.token_urlsafe(12)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -133,6 +138,7 @@ class Broker:
         self.global_keys = GlobalKeys(self.config.prefix)
         self._known_queues: set[str] = set()
         self.is_cluster = is_cluster_client(client)
+        self._shard_keys: dict[str, list[QueueKeys]] = {}
 
     # -- keys ---------------------------------------------------------------------
 
@@ -167,11 +173,12 @@ class Broker:
 
     def keys_for(self, queue: str, job_id: str) -> QueueKeys:
         """The keys of the shard that holds ``job_id`` (chosen from the id)."""
-        check.validate_queue_name(queue)
-        n = self.shard_count(queue)
-        if n == 1:
-            return QueueKeys(self.config.prefix, queue)
-        return QueueKeys(self.config.prefix, queue, zlib.crc32(job_id.encode()) % n)
+        shards = self._shard_keys.get(queue)
+        if shards is None:
+            shards = self._shard_keys[queue] = self.shards(queue)
+        if len(shards) == 1:
+            return shards[0]
+        return shards[zlib.crc32(job_id.encode()) % len(shards)]
 
     def batch(self) -> Batch:
         return Batch(self.client)
@@ -196,7 +203,7 @@ class Broker:
             raise ValueError("give run_at or delay, not both")
         run_at = "" if request.run_at is None else check.run_at_ms(request.run_at)
         delay = "" if request.delay is None else check.delay_ms(request.delay)
-        job_id = uuid.uuid4().hex if request.job_id is None else check.validate_job_id(
+        job_id = new_job_id() if request.job_id is None else check.validate_job_id(
             request.job_id
         )
         args_json, kwargs_json = encode_arguments(
@@ -410,7 +417,7 @@ class Broker:
         The first shard's result carries the reservation's wait when the window is
         full. Used starts are moved to their real start times, unused ones given back.
         """
-        token = f"{worker}:{uuid.uuid4().hex[:8]}"
+        token = f"{worker}:{new_job_id()}"
         granted, wait = self.reserve(queue, count, token)
         if not granted:
             # Nothing may start: still promote due jobs and learn the next due time.

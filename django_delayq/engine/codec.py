@@ -7,6 +7,7 @@ import decimal
 import json
 import uuid
 from collections.abc import Mapping, Sequence
+from functools import cache
 from typing import Any
 
 from .errors import PayloadTooLarge
@@ -38,8 +39,14 @@ class JSONEncoder(json.JSONEncoder):
         return super().default(o)
 
 
+@cache
+def _encoder(cls: type[json.JSONEncoder]) -> json.JSONEncoder:
+    # One instance per class: encode() keeps no state between calls, so threads share it.
+    return cls(separators=(",", ":"), allow_nan=False)
+
+
 def _dumps(value: Any, encoder: type[json.JSONEncoder]) -> str:
-    return json.dumps(value, cls=encoder, separators=(",", ":"), allow_nan=False)
+    return _encoder(encoder).encode(value)
 
 
 def _refuse(task: str, label: str, value: Any, exc: Exception) -> TypeError:

@@ -38,13 +38,16 @@ def validate_job_id(job_id: str) -> str:
     return job_id
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=True)
 class QueueKeys:
     """The keys of one queue shard. ``shard`` is ``None`` for an unsharded queue."""
 
     prefix: str
     queue: str
     shard: int | None = None
+
+    def __hash__(self) -> int:
+        return hash(self.tag)
 
     @cached_property
     def tag(self) -> str:

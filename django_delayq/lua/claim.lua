@@ -42,9 +42,9 @@ if #due > 0 then
     local job_id = due[i]
     local job_key = job_prefix .. job_id
     redis.call('ZREM', scheduled, job_id)
-    local priority = redis.call('HGET', job_key, 'priority')
-    if priority then
-      redis.call('ZADD', ready, ready_score(tonumber(priority), seq + i), job_id)
+    local f = redis.call('HMGET', job_key, 'task', 'priority')
+    if f[1] then
+      redis.call('ZADD', ready, ready_score(tonumber(f[2]) or 0, seq + i), job_id)
       redis.call('HSET', job_key, 'status', 'ready', 'seq', seq + i)
     else
       orphans = orphans + 1
@@ -87,10 +87,10 @@ if want > 0 then
       out[#out + 1] = job_id
       out[#out + 1] = f[1]
       out[#out + 1] = f[2]
-      out[#out + 1] = f[3]
+      out[#out + 1] = f[3] or '{}'
       out[#out + 1] = attempt
       out[#out + 1] = f[4]
-      out[#out + 1] = f[5]
+      out[#out + 1] = f[5] or 0
       out[#out + 1] = f[6]
       out[#out + 1] = f[7]
     else

@@ -41,7 +41,7 @@ for i = 1, #expired do
     emit(events, maxlen, 'failed', job_id, now, 'attempt', f[1], 'error', err)
     dead = dead + 1
   else
-    redis.call('ZADD', ready, ready_score(tonumber(f[3]), tonumber(f[4]) or 0), job_id)
+    redis.call('ZADD', ready, ready_score(tonumber(f[3]) or 0, tonumber(f[4]) or 0), job_id)
     redis.call('HSET', job_key, 'status', 'ready')
     emit(events, maxlen, 'reclaimed', job_id, now, 'attempt', f[1], 'worker', f[5] or '')
     returned = returned + 1

@@ -40,7 +40,8 @@ class Command(BaseCommand):
         parser.add_argument("--grace-period", type=float, default=None,
                             help="seconds running jobs may take to finish after a stop signal")
         parser.add_argument("--prefetch", type=int, default=None,
-                            help="jobs claimed ahead of free threads (default: concurrency)")
+                            help="jobs claimed ahead of free threads (default: adapts to "
+                                 "job run time, from concurrency up to 500)")
         parser.add_argument("--name", default=None, help="worker name (default host:pid:rand)")
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -1,0 +1,102 @@
+"""arq adapter.
+
+Idioms: ``await pool.enqueue_job(name)`` one call at a time; ``_defer_until=datetime``
+for delayed jobs (one sorted set holds immediate and delayed jobs, workers poll it every
+``poll_delay`` = 0.5 s). arq has no bulk enqueue, so bulk is null (backlogs are preloaded
+with concurrent ``enqueue_job`` calls). Worker: ``arq MODULE.WorkerSettings`` with its
+defaults (``max_jobs`` = 10), one process each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from datetime import UTC, datetime
+from importlib.metadata import version
+
+import common
+from arq.connections import RedisSettings, create_pool
+
+_marks: common.AsyncMarks | None = None
+
+
+def _get_marks() -> common.AsyncMarks:
+    global _marks
+    if _marks is None:
+        _marks = common.AsyncMarks()
+    return _marks
+
+
+async def noop(ctx) -> None:
+    await _get_marks().done()
+
+
+async def late(ctx, due_us: int) -> None:
+    await _get_marks().late(due_us)
+
+
+class WorkerSettings:
+    functions = [noop, late]
+    redis_settings = RedisSettings.from_dsn(os.environ.get(common.URL_ENV, "redis://127.0.0.1:1/0"))
+
+
+def _due(due_us: int) -> datetime:
+    return datetime.fromtimestamp(due_us / 1_000_000, tz=UTC)
+
+
+def make() -> common.Adapter:
+    loop = asyncio.new_event_loop()
+    pool = loop.run_until_complete(create_pool(RedisSettings.from_dsn(common.redis_url())))
+    run = loop.run_until_complete
+
+    def preload_noop(n: int) -> None:
+        async def go() -> None:
+            for size in common.chunks(n):
+                await asyncio.gather(*(pool.enqueue_job("noop") for _ in range(size)))
+
+        run(go())
+
+    def preload_late(dues: list[int]) -> None:
+        async def go() -> None:
+            for i in range(0, len(dues), 1000):
+                await asyncio.gather(
+                    *(pool.enqueue_job("late", d, _defer_until=_due(d)) for d in dues[i : i + 1000])
+                )
+
+        run(go())
+
+    def start_workers(procs: int, scheduler: bool):
+        arq_bin = os.path.join(os.path.dirname(sys.executable), "arq")
+        return [
+            common.start_process([arq_bin, "arq_bench.WorkerSettings"], f"arq-{i}")
+            for i in range(procs)
+        ]
+
+    def close() -> None:
+        run(pool.aclose())
+        loop.close()
+
+    return common.Adapter(
+        name="arq",
+        versions=lambda: {"arq": version("arq"), "redis-py": version("redis")},
+        enqueue_noop=lambda: run(pool.enqueue_job("noop")),
+        bulk_noop=None,
+        preload_noop=preload_noop,
+        enqueue_late=lambda due: run(pool.enqueue_job("late", due, _defer_until=_due(due))),
+        preload_late=preload_late,
+        start_workers=start_workers,
+        notes={
+            "bulk_api": None,
+            "worker": "arq WorkerSettings, defaults (max_jobs=10, poll_delay=0.5 s), "
+            "one process each",
+            "delayed_api": "enqueue_job(..., _defer_until=datetime)",
+        },
+        close=close,
+    )
+
+
+if __name__ == "__main__":
+    import arq_bench
+
+    common.main(arq_bench.make)

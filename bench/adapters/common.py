@@ -1,0 +1,388 @@
+"""Shared driver for the benchmark adapters.
+
+Every adapter is a script run with its library's interpreter:
+
+    python bench/adapters/<lib>_bench.py OP '{"url": ..., "n": ...}'
+
+It prints exactly one JSON line on stdout (``{"ok": true, ...}`` or ``{"ok": false,
+"error": ...}``) and nothing else; logs of peer workers go to stderr or to files.
+
+The measurement code lives here, so every library is timed the same way. An adapter
+only says how its library enqueues a job and how its worker is started:
+
+* ``noop`` task: calls :func:`mark_done` (one EVALSHA: INCR a counter, stamp the Redis
+  time of the first and of the latest call).
+* ``late(due_us)`` task: calls :func:`mark_late` (one EVALSHA: Redis ``TIME`` minus the
+  due time, pushed onto a list), so lateness is read on the Redis clock for everyone.
+
+This module imports only the standard library and redis-py, which both virtualenvs have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ADAPTERS_DIR = Path(__file__).resolve().parent
+COUNT_KEY = "bench:count"
+FIRST_KEY = "bench:first"
+LAST_KEY = "bench:last"
+LATE_KEY = "bench:late"
+URL_ENV = "BENCH_REDIS_URL"
+
+# KEYS: count, first, last. Returns the new count. Times are "seconds.micros" strings
+# because Lua's number formatting would round a microsecond epoch.
+DONE_LUA = """
+local c = redis.call('INCR', KEYS[1])
+local t = redis.call('TIME')
+local stamp = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+if c == 1 then redis.call('SET', KEYS[2], stamp) end
+redis.call('SET', KEYS[3], stamp)
+return c
+"""
+
+# KEYS: late list. ARGV: due seconds, due micros. Pushes start - due in microseconds.
+LATE_LUA = """
+local t = redis.call('TIME')
+local d = (tonumber(t[1]) - tonumber(ARGV[1])) * 1000000 + (tonumber(t[2]) - tonumber(ARGV[2]))
+redis.call('RPUSH', KEYS[1], d)
+return d
+"""
+
+# Far enough out that nothing is due while memory and enqueue growth are measured.
+FAR_OUT_S = 3600.0
+
+
+def redis_url() -> str:
+    return os.environ[URL_ENV]
+
+
+# --- task bodies (run inside the peer workers) ----------------------------------------
+
+_sync_client: redis.Redis | None = None
+_sync_pid = 0
+_sync_scripts: dict[str, Any] = {}
+
+
+def _client() -> redis.Redis:
+    global _sync_client, _sync_pid
+    if _sync_client is None or _sync_pid != os.getpid():
+        _sync_client = redis.Redis.from_url(redis_url())
+        _sync_pid = os.getpid()
+        _sync_scripts["done"] = _sync_client.register_script(DONE_LUA)
+        _sync_scripts["late"] = _sync_client.register_script(LATE_LUA)
+    return _sync_client
+
+
+def mark_done() -> None:
+    _client()
+    _sync_scripts["done"](keys=[COUNT_KEY, FIRST_KEY, LAST_KEY])
+
+
+def mark_late(due_us: int) -> None:
+    _client()
+    due_s, due_frac = divmod(int(due_us), 1_000_000)
+    _sync_scripts["late"](keys=[LATE_KEY], args=[due_s, due_frac])
+
+
+class AsyncMarks:
+    """The same two task bodies for asyncio workers (arq, SAQ), on redis.asyncio."""
+
+    def __init__(self) -> None:
+        import redis.asyncio as aredis
+
+        self.client = aredis.Redis.from_url(redis_url())
+        self.done_script = self.client.register_script(DONE_LUA)
+        self.late_script = self.client.register_script(LATE_LUA)
+
+    async def done(self) -> None:
+        await self.done_script(keys=[COUNT_KEY, FIRST_KEY, LAST_KEY])
+
+    async def late(self, due_us: int) -> None:
+        due_s, due_frac = divmod(int(due_us), 1_000_000)
+        await self.late_script(keys=[LATE_KEY], args=[due_s, due_frac])
+
+
+# --- worker processes ------------------------------------------------------------------
+
+
+def start_process(argv: Sequence[str], name: str, extra_env: dict[str, str] | None = None):
+    """Start a peer worker in its own process group, logging to bench/results/tmp."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ADAPTERS_DIR), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra_env:
+        env.update(extra_env)
+    log_dir = ADAPTERS_DIR.parent / "results" / "tmp"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop_processes
+    proc = subprocess.Popen(
+        list(argv),
+        cwd=str(ADAPTERS_DIR),
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    proc._bench_log = log  # type: ignore[attr-defined]
+    return proc
+
+
+def stop_processes(procs: Iterable[subprocess.Popen], grace: float = 10.0) -> None:
+    """SIGTERM each worker's process group, then SIGKILL whatever is left after grace."""
+    procs = list(procs)
+    for p in procs:
+        _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+    for p in procs:
+        # Children of a prefork/process pool may outlive their parent: kill the group.
+        _signal_group(p, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=5)
+        log = getattr(p, "_bench_log", None)
+        if log is not None:
+            log.close()
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, sig)
+
+
+# --- measurements ----------------------------------------------------------------------
+
+
+@dataclass
+class Adapter:
+    """What a library adapter provides. Callables are sync; async adapters wrap a loop."""
+
+    name: str
+    versions: Callable[[], dict[str, str]]
+    enqueue_noop: Callable[[], None]
+    # Enqueue n no-op jobs through the library's bulk API (None if it has none).
+    bulk_noop: Callable[[int], None] | None
+    # Fastest untimed way to put n no-op jobs in the queue (used to preload backlogs).
+    preload_noop: Callable[[int], None]
+    # Enqueue one `late(due_us)` job due at epoch microseconds `due_us`.
+    enqueue_late: Callable[[int], None]
+    # Fastest untimed way to enqueue late jobs due at each of `dues` (epoch micros).
+    preload_late: Callable[[list[int]], None]
+    # Start `procs` worker processes. `scheduler` asks for whatever runs delayed jobs.
+    start_workers: Callable[[int, bool], list[subprocess.Popen]]
+    notes: dict[str, Any] = field(default_factory=dict)
+    close: Callable[[], None] = lambda: None
+
+
+def _stamp(value: bytes | str | None) -> float:
+    if value is None:
+        raise RuntimeError("no job recorded a time")
+    return float(value)
+
+
+def _rate(n: int, seconds: float) -> float:
+    return n / max(seconds, 1e-6)
+
+
+def chunks(n: int, size: int = 1000) -> Iterable[int]:
+    done = 0
+    while done < n:
+        step = min(size, n - done)
+        yield step
+        done += step
+
+
+def redis_now_us(r: redis.Redis) -> int:
+    s, us = r.time()
+    return int(s) * 1_000_000 + int(us)
+
+
+def op_enqueue(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
+    n = int(p["n"])
+    a.enqueue_noop()  # warm connections and script caches outside the clock
+    t0 = time.perf_counter()
+    for _ in range(n):
+        a.enqueue_noop()
+    return {"per_s": _rate(n, time.perf_counter() - t0)}
+
+
+def op_bulk(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
+    if a.bulk_noop is None:
+        return {"per_s": None}
+    n = int(p["n"])
+    a.bulk_noop(2)
+    t0 = time.perf_counter()
+    a.bulk_noop(n)
+    return {"per_s": _rate(n, time.perf_counter() - t0)}
+
+
+def _wait_for(check: Callable[[], bool], timeout: float, procs: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s")
+        dead = [p for p in procs if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"worker exited early with code {dead[0].returncode}")
+        time.sleep(0.02)
+
+
+def op_process(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
+    n, procs_n = int(p["n"]), int(p["procs"])
+    a.preload_noop(n)
+    procs = a.start_workers(procs_n, False)
+    try:
+        _wait_for(lambda: int(r.get(COUNT_KEY) or 0) >= n, float(p.get("timeout", 300)), procs)
+    finally:
+        stop_processes(procs)
+    first, last = _stamp(r.get(FIRST_KEY)), _stamp(r.get(LAST_KEY))
+    done = int(r.get(COUNT_KEY) or 0)
+    return {"per_s": _rate(n, last - first), "seconds": last - first, "done": done}
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    if not sorted_values:
+        raise ValueError("no values")
+    k = max(0, min(len(sorted_values) - 1, round(q / 100 * len(sorted_values) + 0.5) - 1))
+    return float(sorted_values[k])
+
+
+def op_lateness(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
+    n = int(p["n"])
+    start_s, end_s = float(p.get("start_s", 2.0)), float(p.get("end_s", 6.0))
+    procs = a.start_workers(1, True)
+    try:
+        # The worker must be consuming before the clock starts: one warm-up job.
+        a.enqueue_noop()
+        _wait_for(lambda: int(r.get(COUNT_KEY) or 0) >= 1, 120, procs)
+        t0 = redis_now_us(r)
+        span = (end_s - start_s) * 1_000_000
+        dues = [int(t0 + start_s * 1_000_000 + span * i / max(n - 1, 1)) for i in range(n)]
+        enqueue_t0 = time.perf_counter()
+        for due in dues:
+            a.enqueue_late(due)
+        enqueue_s = time.perf_counter() - enqueue_t0
+        _wait_for(lambda: r.llen(LATE_KEY) >= n, end_s + float(p.get("timeout", 60)), procs)
+    finally:
+        stop_processes(procs)
+    values = sorted(int(float(v)) / 1000 for v in r.lrange(LATE_KEY, 0, -1))
+    return {
+        "lateness_ms": {
+            "p50": percentile(values, 50),
+            "p95": percentile(values, 95),
+            "p99": percentile(values, 99),
+            "max": values[-1],
+        },
+        "early": sum(1 for v in values if v < 0),
+        "started": len(values),
+        "enqueue_seconds": enqueue_s,
+    }
+
+
+def _far_dues(r: redis.Redis, n: int, offset: int) -> list[int]:
+    # Spread over an hour, starting an hour out: inserts land all over the sorted set.
+    base = redis_now_us(r) + int(FAR_OUT_S * 1_000_000)
+    return [base + ((offset + i) * 7919 % 3_600_000) * 1000 for i in range(n)]
+
+
+def op_storage(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
+    """Bytes per waiting delayed job, and single-enqueue cost small vs large backlog."""
+    memory_n, small_n, large_n = int(p["memory_n"]), int(p["small_n"]), int(p["large_n"])
+    measure_n = int(p["measure_n"])
+    if not small_n + measure_n <= memory_n <= large_n:
+        raise ValueError("need small_n + measure_n <= memory_n <= large_n")
+    r.flushall()
+    mem0 = int(r.info("memory")["used_memory"])
+    waiting = 0
+
+    def fill(target: int) -> None:
+        nonlocal waiting
+        if target > waiting:
+            a.preload_late(_far_dues(r, target - waiting, waiting))
+            waiting = target
+
+    def timed_single() -> float:
+        nonlocal waiting
+        dues = _far_dues(r, measure_n, waiting)
+        t0 = time.perf_counter()
+        for due in dues:
+            a.enqueue_late(due)
+        waiting += measure_n
+        return _rate(measure_n, time.perf_counter() - t0)
+
+    fill(small_n)
+    rate_small = timed_single()
+    fill(memory_n)
+    mem1 = int(r.info("memory")["used_memory"])
+    fill(large_n - measure_n)
+    rate_large = timed_single()
+    return {
+        "redis_bytes_per_delayed_job": (mem1 - mem0) / memory_n,
+        "enqueue_per_s_small": rate_small,
+        "enqueue_per_s_large": rate_large,
+        "enqueue_growth_ratio": rate_large / rate_small,
+    }
+
+
+def op_info(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "versions": a.versions(),
+        "python": sys.version.split()[0],
+        "notes": a.notes,
+    }
+
+
+OPS: dict[str, Callable[[Adapter, redis.Redis, dict[str, Any]], dict[str, Any]]] = {
+    "info": op_info,
+    "enqueue": op_enqueue,
+    "bulk": op_bulk,
+    "process": op_process,
+    "lateness": op_lateness,
+    "storage": op_storage,
+}
+
+
+def main(make_adapter: Callable[[], Adapter]) -> None:
+    """Entry point of every adapter script: argv in, one JSON line out."""
+    op = sys.argv[1]
+    params: dict[str, Any] = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    if "url" in params:
+        os.environ[URL_ENV] = params["url"]
+    out: dict[str, Any]
+    adapter: Adapter | None = None
+    try:
+        adapter = make_adapter()
+        r = redis.Redis.from_url(redis_url())
+        out = {"ok": True, **OPS[op](adapter, r, params)}
+    except Exception as exc:
+        traceback.print_exc(file=sys.stderr)
+        out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        if adapter is not None:
+            try:
+                adapter.close()
+            except Exception:
+                traceback.print_exc(file=sys.stderr)
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))

@@ -1,0 +1,1 @@
+"""The benchmark's Django app: its tasks.py holds the jobs the django-delayq worker runs."""

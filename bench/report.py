@@ -1,0 +1,291 @@
+"""Turn ``results/latest.json`` into the markdown table and the bar chart.
+
+    python bench/report.py bench/results/latest.json   # rewrites latest.md and latest.png
+
+The chart needs matplotlib; :func:`chart_anywhere` uses it from the running interpreter,
+or else from the peers' virtualenv (which installs it), or skips the chart with a note.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+TARGETS_FILE = BENCH_DIR / "targets.json"
+
+LABELS = {
+    "django_delayq": "django-delayq",
+    "rq": "RQ",
+    "celery": "Celery",
+    "dramatiq": "Dramatiq",
+    "huey": "Huey",
+    "arq": "arq",
+    "saq": "SAQ",
+}
+COLUMNS = [
+    ("enqueue/s", "enqueue_per_s", "{:,.0f}"),
+    ("bulk enqueue/s", "bulk_enqueue_per_s", "{:,.0f}"),
+    ("process/s 1 proc", "process_per_s_1proc", "{:,.0f}"),
+    ("process/s 2 procs", "process_per_s_2proc", "{:,.0f}"),
+    ("lateness p50 ms", "lateness_ms.p50", "{:,.1f}"),
+    ("p95 ms", "lateness_ms.p95", "{:,.1f}"),
+    ("p99 ms", "lateness_ms.p99", "{:,.1f}"),
+    ("max ms", "lateness_ms.max", "{:,.1f}"),
+    ("early", "early", "{:,.0f}"),
+    ("bytes/delayed job", "redis_bytes_per_delayed_job", "{:,.0f}"),
+    ("enqueue growth", "enqueue_growth_ratio", "{:.2f}"),
+]
+
+
+def get(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(obj, dict) or part not in obj:
+            return None
+        obj = obj[part]
+    return obj
+
+
+def _load(env: dict[str, Any], key: str) -> str:
+    values = env.get(key)
+    return "/".join(f"{v:.1f}" for v in values) if values else "n/a"
+
+
+def fmt(value: Any, spec: str) -> str:
+    if value is None:
+        return "n/a"
+    return spec.format(value)
+
+
+# --- targets -------------------------------------------------------------------------
+
+
+def _reference(data: dict[str, Any], target: dict[str, Any]) -> tuple[float | None, str]:
+    """The number a target compares against, and how to say it."""
+    factor = float(target.get("factor", 1))
+    ref = target["ref"]
+    if isinstance(ref, int | float):
+        return float(ref), f"{ref:g}"
+    if ref.startswith("best_peer:"):
+        metric = ref.split(":", 1)[1]
+        better_low = target["op"] in ("<", "<=")
+        peers = {
+            lib: get(res, metric) for lib, res in data["results"].items() if lib != "django_delayq"
+        }
+        peers = {k: v for k, v in peers.items() if v is not None}
+        if not peers:
+            return None, f"best peer {metric}"
+        lib = (min if better_low else max)(peers, key=lambda k: peers[k])
+        return peers[lib] * factor, f"{_times(factor)}{LABELS.get(lib, lib)} {metric}"
+    return (None if get(data, ref) is None else get(data, ref) * factor), f"{_times(factor)}{ref}"
+
+
+def _times(factor: float) -> str:
+    return "" if factor == 1 else f"{factor:g} x "
+
+
+def evaluate_targets(data: dict[str, Any], targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for t in targets:
+        value = get(data, t["metric"])
+        ref, ref_text = _reference(data, t)
+        holds: bool | None
+        if value is None or ref is None:
+            holds = None
+        else:
+            holds = {
+                ">=": value >= ref,
+                ">": value > ref,
+                "<=": value <= ref,
+                "<": value < ref,
+                "==": math.isclose(value, ref),
+            }[t["op"]]
+        rows.append(
+            {**t, "value": value, "reference": ref, "reference_text": ref_text, "holds": holds}
+        )
+    return rows
+
+
+def load_targets() -> list[dict[str, Any]]:
+    if not TARGETS_FILE.exists():
+        return []
+    targets: list[dict[str, Any]] = json.loads(TARGETS_FILE.read_text())["targets"]
+    return targets
+
+
+# --- markdown ------------------------------------------------------------------------
+
+
+def markdown(data: dict[str, Any]) -> str:
+    env, results, ceiling = data["environment"], data["results"], data["ceiling"]
+    lines = [
+        "# django-delayq benchmark",
+        "",
+        f"{env['date']} · Redis {env['redis_version']} · Python {env['python']} · "
+        f"{env['cpu']} ({env['cores']} cores) · scale {env['scale']} · "
+        f"median of {env['runs']} run(s)",
+        "",
+        f"Load average (1/5/15 min) at start {_load(env, 'load_average_start')}, at end "
+        f"{_load(env, 'load_average_end')}: anything above the core count means the "
+        "figures share the CPU with other work.",
+        "",
+        "| library | " + " | ".join(c[0] for c in COLUMNS) + " |",
+        "|---|" + "---:|" * len(COLUMNS),
+    ]
+    for lib, res in results.items():
+        cells = [fmt(get(res, path), spec) for _, path, spec in COLUMNS]
+        lines.append(f"| {LABELS.get(lib, lib)} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Ceiling (redis-py on the same Redis): ZADD one call at a time "
+        f"{ceiling['zadd_single_per_s']:,.0f}/s, pipelined in 1,000s "
+        f"{ceiling['zadd_pipelined_per_s']:,.0f}/s.",
+        "",
+    ]
+    rows = evaluate_targets(data, load_targets())
+    if rows and "django_delayq" in results:
+        lines += [
+            "## Targets",
+            "",
+            "| target | value | reference | holds |",
+            "|---|---:|---:|:---:|",
+        ]
+        for row in rows:
+            verdict = {True: "yes", False: "**no**", None: "n/a"}[row["holds"]]
+            lines.append(
+                f"| {row['description']} | {fmt(row['value'], '{:,.2f}')} | "
+                f"{row['op']} {fmt(row['reference'], '{:,.2f}')} ({row['reference_text']}) "
+                f"| {verdict} |"
+            )
+        lines.append("")
+    lines += [
+        "## How each figure is measured",
+        "",
+        "- **enqueue/s**: immediate no-op jobs, one call at a time, one process.",
+        "- **bulk enqueue/s**: the library's bulk API (below); n/a where it has none.",
+        "- **process/s**: a backlog of no-op jobs drained by 1 or 2 worker processes, from "
+        "the first job to the last, on the Redis clock (every task INCRs one counter "
+        "and stamps Redis `TIME`).",
+        f"- **lateness**: {env['sizes']['lateness_n']:,} jobs due "
+        f"{env['lateness_window_s'][0]:g}-{env['lateness_window_s'][1]:g} s out, evenly "
+        "spread, one worker process; each job reads Redis `TIME` when it starts and "
+        "records start - due. **early** counts jobs that started before they were due.",
+        f"- **bytes/delayed job**: Redis `used_memory` growth with "
+        f"{env['sizes']['memory_n']:,} delayed jobs waiting (no worker running), "
+        "divided by their number.",
+        f"- **enqueue growth**: single-enqueue rate of delayed jobs with "
+        f"{env['sizes']['growth_large_n']:,} waiting divided by the rate with "
+        f"{env['sizes']['growth_small_n']:,} waiting (1.0 = no slowdown).",
+        "",
+        "## Library notes",
+        "",
+    ]
+    for lib, notes in env.get("notes", {}).items():
+        versions = env.get("library_versions", {}).get(lib) or {}
+        vtext = ", ".join(f"{k} {v}" for k, v in versions.items())
+        lines.append(
+            f"- **{LABELS.get(lib, lib)}** ({vtext}): "
+            + "; ".join(f"{k}: {v if v is not None else 'none'}" for k, v in notes.items())
+        )
+    errors = env.get("errors") or {}
+    if errors:
+        lines += ["", "## Errors", ""]
+        for lib, errs in errors.items():
+            lines += [f"- {LABELS.get(lib, lib)}: {e}" for e in errs]
+    return "\n".join(lines) + "\n"
+
+
+# --- chart ---------------------------------------------------------------------------
+
+PANELS = [
+    ("enqueue_per_s", "enqueue (jobs/s)", False),
+    ("bulk_enqueue_per_s", "bulk enqueue (jobs/s)", False),
+    ("process_per_s_1proc", "process, 1 worker process (jobs/s)", False),
+    ("process_per_s_2proc", "process, 2 worker processes (jobs/s)", False),
+    ("lateness_ms.p99", "delayed-job lateness p99 (ms, log)", True),
+    ("redis_bytes_per_delayed_job", "Redis bytes per delayed job", False),
+]
+
+
+def chart(data: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = data["results"]
+    libs = list(results)
+    names = [LABELS.get(lib, lib) for lib in libs]
+    colors = ["#c0392b" if lib == "django_delayq" else "#7f8c8d" for lib in libs]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
+    for ax, (metric, title, log_scale) in zip(axes.flat, PANELS, strict=True):
+        values = [get(results[lib], metric) for lib in libs]
+        heights = [v if v is not None else 0 for v in values]
+        bars = ax.bar(names, heights, color=colors)
+        ax.set_title(title, fontsize=11)
+        top = max(heights, default=0) or 1
+        if log_scale and any(h > 0 for h in heights):
+            ax.set_yscale("log")
+            ax.set_ylim(top=top * 3)
+        else:
+            ax.set_ylim(top=top * 1.12)  # room for the value labels
+        ax.tick_params(axis="x", labelrotation=30, labelsize=9)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+        for bar, v in zip(bars, values, strict=True):
+            label = "n/a" if v is None else (f"{v:,.1f}" if v < 100 else f"{v:,.0f}")
+            y = bar.get_height() if v else (ax.get_ylim()[0] if log_scale else 0)
+            ax.annotate(
+                label,
+                (bar.get_x() + bar.get_width() / 2, y),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
+    env = data["environment"]
+    fig.suptitle(
+        f"django-delayq vs peers on one Redis {env['redis_version']} · {env['cores']} cores · "
+        f"median of {env['runs']} run(s) · scale {env['scale']}",
+        fontsize=12,
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def chart_anywhere(json_path: Path, png_path: Path, peers_python: str | None) -> bool:
+    """Draw the chart here if matplotlib imports, else with the peers' interpreter."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        if peers_python and Path(peers_python).exists():
+            done = subprocess.run(
+                [peers_python, __file__, str(json_path), "--chart-only", str(png_path)],
+                check=False,
+            )
+            return done.returncode == 0
+        print("matplotlib is not installed: no chart", file=sys.stderr)
+        return False
+    chart(json.loads(Path(json_path).read_text()), Path(png_path))
+    return True
+
+
+def main(argv: list[str]) -> int:
+    json_path = Path(argv[0])
+    data = json.loads(json_path.read_text())
+    if len(argv) >= 3 and argv[1] == "--chart-only":
+        chart(data, Path(argv[2]))
+        return 0
+    json_path.with_suffix(".md").write_text(markdown(data))
+    chart_anywhere(json_path, json_path.with_suffix(".png"), None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

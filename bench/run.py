@@ -1,0 +1,334 @@
+"""Benchmark orchestrator: django-delayq against RQ, Celery, Dramatiq, Huey, arq and SAQ.
+
+Runs under the project's virtualenv. It starts a throwaway Redis on a free loopback port,
+then, for each run and each library, calls that library's adapter
+(``bench/adapters/<lib>_bench.py``) as a subprocess with the library's own interpreter,
+one workload per call, with a FLUSHALL before each. Each figure is the median over
+``--runs`` runs. Writes ``results/latest.json``, ``latest.md`` and ``latest.png``.
+
+    python bench/run.py [--scale 1] [--runs 3] [--libraries django_delayq,rq,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+ADAPTERS = BENCH_DIR / "adapters"
+sys.path.insert(0, str(BENCH_DIR))
+
+import report  # noqa: E402 - bench/ is not a package; report.py sits beside this file
+
+LIBRARIES = ["django_delayq", "rq", "celery", "dramatiq", "huey", "arq", "saq"]
+PEERS = [lib for lib in LIBRARIES if lib != "django_delayq"]
+ADAPTER_FILES = {lib: ADAPTERS / f"{lib.removeprefix('django_')}_bench.py" for lib in LIBRARIES}
+
+# Workload sizes at --scale 1, chosen so a full run takes about 20 minutes on 2 cores.
+BASE_SIZES = {
+    "enqueue_n": 5_000,
+    "bulk_n": 10_000,
+    "process_n": 5_000,
+    "lateness_n": 2_000,
+    "memory_n": 100_000,
+    "growth_small_n": 1_000,
+    "growth_large_n": 200_000,
+    "growth_measure_n": 2_000,
+    "ceiling_n": 20_000,
+}
+LATENESS_WINDOW_S = (2.0, 6.0)
+
+
+def sizes_for(scale: float) -> dict[str, int]:
+    sizes = {k: max(1, round(v * scale)) for k, v in BASE_SIZES.items()}
+    sizes["growth_measure_n"] = max(2, sizes["growth_measure_n"])
+    sizes["lateness_n"] = max(2, sizes["lateness_n"])
+    sizes["memory_n"] = max(sizes["memory_n"], sizes["growth_small_n"] + sizes["growth_measure_n"])
+    sizes["growth_large_n"] = max(sizes["growth_large_n"], sizes["memory_n"] + 1)
+    return sizes
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Runner:
+    """Calls adapters: argv in, one JSON line out."""
+
+    def __init__(self, url: str, interpreters: dict[str, str]) -> None:
+        self.url = url
+        self.interpreters = interpreters
+        self.client = redis.Redis.from_url(url)
+
+    def call(self, lib: str, op: str, params: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self.client.flushall()
+        env = {**os.environ, "BENCH_REDIS_URL": self.url, "PYTHONUNBUFFERED": "1"}
+        env.pop("DJANGO_SETTINGS_MODULE", None)
+        argv = [
+            self.interpreters[lib],
+            str(ADAPTER_FILES[lib]),
+            op,
+            json.dumps({"url": self.url, **params}),
+        ]
+        try:
+            proc = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                cwd=str(ADAPTERS),
+                env=env,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "error": f"{op} took longer than {timeout:.0f}s"}
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if not lines:
+            tail = proc.stderr.strip().splitlines()[-5:]
+            return {
+                "ok": False,
+                "error": f"{op}: no result (exit {proc.returncode}): " + " | ".join(tail),
+            }
+        out: dict[str, Any] = json.loads(lines[-1])
+        if not out.get("ok"):
+            log(f"{lib} {op} failed: {out.get('error')}")
+        return out
+
+
+def measure_library(runner: Runner, lib: str, sizes: dict[str, int]) -> dict[str, Any]:
+    """One run of every workload for one library: the raw figures of that run."""
+    start, end = LATENESS_WINDOW_S
+    calls: list[tuple[str, str, dict[str, Any], float]] = [
+        ("enqueue", "enqueue", {"n": sizes["enqueue_n"]}, 600),
+        ("bulk", "bulk", {"n": sizes["bulk_n"]}, 600),
+        ("process_1", "process", {"n": sizes["process_n"], "procs": 1, "timeout": 300}, 420),
+        ("process_2", "process", {"n": sizes["process_n"], "procs": 2, "timeout": 300}, 420),
+        (
+            "lateness",
+            "lateness",
+            {"n": sizes["lateness_n"], "start_s": start, "end_s": end, "timeout": 60},
+            300,
+        ),
+        (
+            "storage",
+            "storage",
+            {
+                "memory_n": sizes["memory_n"],
+                "small_n": sizes["growth_small_n"],
+                "large_n": sizes["growth_large_n"],
+                "measure_n": sizes["growth_measure_n"],
+            },
+            1200,
+        ),
+    ]
+    raw: dict[str, Any] = {}
+    for key, op, params, timeout in calls:
+        t0 = time.monotonic()
+        raw[key] = runner.call(lib, op, params, timeout)
+        log(f"{lib} {key}: {_brief(raw[key])} ({time.monotonic() - t0:.1f}s)")
+    return raw
+
+
+def _brief(out: dict[str, Any]) -> str:
+    if not out.get("ok"):
+        return f"ERROR {out.get('error')}"
+    for k in ("per_s", "lateness_ms", "redis_bytes_per_delayed_job"):
+        if k in out:
+            v = out[k]
+            return f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+    return "ok"
+
+
+def _median(values: list[Any]) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return float(statistics.median(vals)) if vals else None
+
+
+def summarize(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """The median over runs of each figure, and the errors seen."""
+    errors = sorted(
+        {f"{k}: {v.get('error')}" for r in runs for k, v in r.items() if not v.get("ok")}
+    )
+
+    def pick(key: str, field: str) -> list[Any]:
+        return [r[key].get(field) for r in runs if r[key].get("ok")]
+
+    def late(p: str) -> float | None:
+        return _median([r["lateness"]["lateness_ms"][p] for r in runs if r["lateness"].get("ok")])
+
+    result = {
+        "enqueue_per_s": _median(pick("enqueue", "per_s")),
+        "bulk_enqueue_per_s": _median(pick("bulk", "per_s")),
+        "process_per_s_1proc": _median(pick("process_1", "per_s")),
+        "process_per_s_2proc": _median(pick("process_2", "per_s")),
+        "lateness_ms": {p: late(p) for p in ("p50", "p95", "p99", "max")},
+        "early": _median(pick("lateness", "early")),
+        "redis_bytes_per_delayed_job": _median(pick("storage", "redis_bytes_per_delayed_job")),
+        "enqueue_growth_ratio": _median(pick("storage", "enqueue_growth_ratio")),
+    }
+    if result["early"] is not None:
+        result["early"] = round(result["early"])
+    return result, errors
+
+
+def measure_ceiling(url: str, n: int, runs: int) -> dict[str, Any]:
+    """redis-py ZADD one call at a time, and pipelined in 1,000s, on the same Redis."""
+    r = redis.Redis.from_url(url)
+    single, piped = [], []
+    for _ in range(runs):
+        r.flushall()
+        t0 = time.perf_counter()
+        for i in range(n):
+            r.zadd("bench:ceiling", {f"job-{i}": i})
+        single.append(n / (time.perf_counter() - t0))
+        r.flushall()
+        t0 = time.perf_counter()
+        for start in range(0, n, 1000):
+            pipe = r.pipeline(transaction=False)
+            for i in range(start, min(n, start + 1000)):
+                pipe.zadd("bench:ceiling", {f"job-{i}": i})
+            pipe.execute()
+        piped.append(n / (time.perf_counter() - t0))
+    r.flushall()
+    return {
+        "zadd_single_per_s": statistics.median(single),
+        "zadd_pipelined_per_s": statistics.median(piped),
+        "n": n,
+    }
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def interpreters(peers_python: str) -> dict[str, str]:
+    return {lib: (sys.executable if lib == "django_delayq" else peers_python) for lib in LIBRARIES}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply every workload size (default 1)"
+    )
+    parser.add_argument("--runs", type=int, default=3, help="runs per figure (median)")
+    parser.add_argument(
+        "--libraries",
+        default=",".join(LIBRARIES),
+        help="comma-separated subset of " + ",".join(LIBRARIES),
+    )
+    parser.add_argument(
+        "--peers-python",
+        default=str(BENCH_DIR / ".venv-peers/bin/python"),
+        help="interpreter of the peers' virtualenv",
+    )
+    parser.add_argument(
+        "--out",
+        default=str(BENCH_DIR / "results"),
+        help="directory for latest.json, latest.md and latest.png",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=None,
+        help="use this (throwaway!) Redis instead of starting one; it is FLUSHALLed",
+    )
+    parser.add_argument("--no-chart", action="store_true", help="skip latest.png")
+    args = parser.parse_args(argv)
+    args.libraries = [s.strip() for s in args.libraries.split(",") if s.strip()]
+    unknown = set(args.libraries) - set(LIBRARIES)
+    if unknown:
+        parser.error(f"unknown libraries: {', '.join(sorted(unknown))}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = sizes_for(args.scale)
+    interp = interpreters(args.peers_python)
+    missing = [lib for lib in args.libraries if lib in PEERS and not Path(interp[lib]).exists()]
+    if missing:
+        log(f"no peers virtualenv at {args.peers_python}: run bench/run.sh to create it")
+        return 2
+
+    server = None
+    url = args.redis_url
+    if url is None:
+        from django_delayq.testing import RedisServer
+
+        server = RedisServer().start()  # --save "" --appendonly no, loopback
+        url = server.url
+    started = time.monotonic()
+    load_before = os.getloadavg()
+    try:
+        runner = Runner(url, interp)
+        info = {lib: runner.call(lib, "info", {}, 120) for lib in args.libraries}
+        raw: dict[str, list[dict[str, Any]]] = {lib: [] for lib in args.libraries}
+        for run in range(args.runs):
+            for lib in args.libraries:
+                log(f"run {run + 1}/{args.runs}: {lib}")
+                raw[lib].append(measure_library(runner, lib, sizes))
+        log("ceiling")
+        ceiling = measure_ceiling(url, sizes["ceiling_n"], args.runs)
+        redis_info = runner.client.info("server")
+    finally:
+        if server is not None:
+            server.cleanup()
+
+    results, notes, errors = {}, {}, {}
+    for lib in args.libraries:
+        results[lib], errs = summarize(raw[lib])
+        notes[lib] = info[lib].get("notes", {})
+        if errs:
+            errors[lib] = errs
+    environment = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "peers_python": next(
+            (i.get("python") for lib, i in info.items() if lib in PEERS and i.get("ok")), None
+        ),
+        "redis_version": redis_info.get("redis_version"),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "library_versions": {lib: i.get("versions") for lib, i in info.items()},
+        "scale": args.scale,
+        "runs": args.runs,
+        "sizes": sizes,
+        "lateness_window_s": list(LATENESS_WINDOW_S),
+        "notes": notes,
+        "errors": errors,
+        "duration_s": round(time.monotonic() - started, 1),
+        # Other work on the machine skews every figure: keep a trace of it.
+        "load_average_start": [round(x, 2) for x in load_before],
+        "load_average_end": [round(x, 2) for x in os.getloadavg()],
+    }
+    data = {"environment": environment, "results": results, "ceiling": ceiling}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latest.json").write_text(json.dumps(data, indent=2) + "\n")
+    (out / "latest.md").write_text(report.markdown(data))
+    if not args.no_chart:
+        report.chart_anywhere(out / "latest.json", out / "latest.png", args.peers_python)
+    log(f"wrote {out / 'latest.json'} in {environment['duration_s']}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The benchmark harness end to end on a tiny scale, so it cannot rot.
+
+Runs ``bench/run.py`` in a subprocess with its own throwaway Redis. Only django-delayq
+and the ZADD ceiling are measured, plus RQ when the peers' virtualenv already exists
+(``make bench`` creates it; this test never installs it). No timing is asserted: only
+the shape of ``latest.json`` and that every figure is a positive number.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PEERS_PYTHON = ROOT / "bench" / ".venv-peers" / "bin" / "python"
+LIBRARY_KEYS = {
+    "enqueue_per_s",
+    "bulk_enqueue_per_s",
+    "process_per_s_1proc",
+    "process_per_s_2proc",
+    "lateness_ms",
+    "early",
+    "redis_bytes_per_delayed_job",
+    "enqueue_growth_ratio",
+}
+
+
+@pytest.fixture(scope="module")
+def bench_output(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bench")
+    libraries = ["django_delayq"] + (["rq"] if PEERS_PYTHON.exists() else [])
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    proc = subprocess.run(
+        [sys.executable, "bench/run.py", "--scale", "0.001", "--runs", "1",
+         "--libraries", ",".join(libraries), "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+def test_json_has_every_figure_for_each_library(bench_output: Path) -> None:
+    data = json.loads((bench_output / "latest.json").read_text())
+    assert set(data) == {"environment", "results", "ceiling"}
+    env = data["environment"]
+    for key in ("python", "redis_version", "cpu", "library_versions", "date"):
+        assert env[key], key
+    assert env["errors"] == {}
+    assert "django_delayq" in data["results"]
+    for lib, res in data["results"].items():
+        assert set(res) == LIBRARY_KEYS, lib
+        for key in LIBRARY_KEYS - {"lateness_ms", "early"}:
+            assert res[key] > 0, (lib, key)
+        assert set(res["lateness_ms"]) == {"p50", "p95", "p99", "max"}
+        # Lateness may be negative only if jobs start early, which `early` counts.
+        assert res["early"] >= 0
+        assert all(isinstance(v, float) for v in res["lateness_ms"].values())
+    assert data["ceiling"]["zadd_single_per_s"] > 0
+    assert data["ceiling"]["zadd_pipelined_per_s"] > 0
+
+
+def test_markdown_table_and_chart(bench_output: Path) -> None:
+    md = (bench_output / "latest.md").read_text()
+    assert "| django-delayq |" in md
+    assert "## Targets" in md
+    if importlib.util.find_spec("matplotlib") is not None or PEERS_PYTHON.exists():
+        assert (bench_output / "latest.png").read_bytes().startswith(b"\x89PNG")

@@ -1,0 +1,49 @@
+"""System checks of ``settings.DELAYQ``: every bad value has its own check id."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.checks import run_checks
+from django.test import override_settings
+
+
+def ids(**delayq):
+    with override_settings(DELAYQ=delayq):
+        return sorted({m.id for m in run_checks() if m.id.startswith("django_delayq.")})
+
+
+def test_valid_settings_pass():
+    assert ids(REDIS_URL="rediss://:pw@cache.example:6380/2", SHARDS={"emails": 4}) == []
+
+
+@pytest.mark.parametrize(("delayq", "expected"), [
+    ({"REDIS_URL": "http://x"}, "django_delayq.E002"),
+    ({"CACHE_ALIAS": "missing"}, "django_delayq.E003"),
+    ({"SOCKET_TIMEOUT": 0}, "django_delayq.E004"),
+    ({"SOCKET_CONNECT_TIMEOUT": "2"}, "django_delayq.E005"),
+    ({"PREFIX": "a{b}"}, "django_delayq.E006"),
+    ({"DEFAULT_QUEUE": ""}, "django_delayq.E007"),
+    ({"MAX_ATTEMPTS": 0}, "django_delayq.E008"),
+    ({"RETRY_BACKOFF": -1}, "django_delayq.E009"),
+    ({"RETRY_BACKOFF_MAX": None}, "django_delayq.E010"),
+    ({"LEASE": 0.01}, "django_delayq.E011"),
+    ({"CONCURRENCY": 1.5}, "django_delayq.E012"),
+    ({"GRACE_PERIOD": -5}, "django_delayq.E013"),
+    ({"BLOCK_TIMEOUT": 0}, "django_delayq.E014"),
+    ({"RESULT_TTL": "1d"}, "django_delayq.E015"),
+    ({"FAILED_TTL": -1}, "django_delayq.E016"),
+    ({"KEEP_COMPLETED": -1}, "django_delayq.E017"),
+    ({"KEEP_FAILED": True}, "django_delayq.E018"),
+    ({"EVENTS_MAXLEN": 1.5}, "django_delayq.E019"),
+    ({"MAX_PAYLOAD_BYTES": -1}, "django_delayq.E020"),
+    ({"SHARDS": {"q": 0}}, "django_delayq.E021"),
+    ({"NOT_A_SETTING": 1}, "django_delayq.E022"),
+])
+def test_each_bad_setting_has_its_check(delayq, expected):
+    assert ids(**delayq) == [expected]
+
+
+def test_delayq_must_be_a_dict():
+    with override_settings(DELAYQ=["REDIS_URL"]):
+        assert [m.id for m in run_checks() if m.id.startswith("django_delayq.")] == [
+            "django_delayq.E001"]

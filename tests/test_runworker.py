@@ -1,0 +1,138 @@
+"""``manage.py runworker`` in real processes: signals, crashes and Redis restarts."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from django_delayq import Job, Queue
+from django_delayq.testing import RedisServer
+from tests.conftest import ROOT, ran, wait_until, worker_env
+from tests.testapp import tasks
+
+
+def started(client, tag: str) -> bool:
+    return any(r["task"] == "gated-start" and r["tag"] == tag for r in ran(client))
+
+
+def test_burst_runs_what_is_due_and_exits_zero(redis_client):
+    for i in range(20):
+        tasks.record.enqueue(f"b{i}")
+    later = tasks.record.using(delay=3600).enqueue("later")
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "runworker", "default", "--burst", "-c", "3"],
+        cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert len(ran(redis_client)) == 20
+    assert later.refresh().status == "scheduled"
+    assert "burst done" in proc.stderr
+
+
+def test_sigkill_mid_job_is_finished_by_another_worker_after_the_lease(redis_client, spawned):
+    job = tasks.gated.enqueue("k", gate="gate:k")
+    victim, _ = spawned("default", "--lease", "1", "-c", "1")
+    wait_until(lambda: started(redis_client, "k"), message="job start in first worker")
+    victim.kill()
+    victim.wait()
+    assert job.refresh().status == "active"
+    redis_client.set("gate:k", 1)
+    survivor, out = spawned("default", "--lease", "1", "-c", "1")
+    wait_until(lambda: job.refresh().status == "completed", timeout=30,
+               message=f"reclaimed job to complete:\n{out.text}")
+    assert job.attempts == 2
+    pids = [r["pid"] for r in ran(redis_client) if r["task"] == "gated-start"]
+    assert pids == [victim.pid, survivor.pid]
+    assert "reclaimed expired leases" in out.wait_for("reclaimed expired leases")
+
+
+def test_sigterm_finishes_the_running_job_and_hands_back_the_rest(redis_client, spawned):
+    running = tasks.gated.enqueue("t1", gate="gate:t")
+    waiting = [tasks.gated.enqueue(f"w{i}", gate="gate:t") for i in range(3)]
+    proc, out = spawned("default", "-c", "1", "--prefetch", "3")
+    wait_until(lambda: started(redis_client, "t1"), message="first job start")
+    wait_until(lambda: Queue("default").counts()["active"] == 4, message="prefetched jobs")
+    proc.send_signal(signal.SIGTERM)
+    out.wait_for("worker stopping")
+    assert proc.poll() is None, "worker exited while its job was still running"
+    redis_client.set("gate:t", 1)
+    assert proc.wait(timeout=30) == 0, out.text
+    assert running.refresh().status == "completed"
+    for job in waiting:
+        job.refresh()
+        assert (job.status, job.attempts) == ("ready", 0)
+    assert "handed back 3 jobs" in out.text
+
+
+def test_second_signal_exits_at_once_with_code_1(redis_client, spawned):
+    tasks.gated.enqueue("s", gate="gate:never")
+    proc, out = spawned("default", "-c", "1")
+    wait_until(lambda: started(redis_client, "s"), message="job start")
+    proc.send_signal(signal.SIGINT)
+    out.wait_for("worker stopping")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=10) == 1
+    assert Queue("default").counts()["active"] == 1, "the job stays leased for a reclaim"
+
+
+def test_worker_survives_a_redis_restart(spawned):
+    with RedisServer() as server:
+        proc, out = spawned("default", "-c", "2", redis_url=server.url)
+        out.wait_for("worker started")
+        client = server_client(server.url)
+        broker = make_broker(client)
+        first = broker.enqueue("default", tasks.record.name, ["before"])
+        wait_until(lambda: client.hget(job_key(first.job_id), "status") == "completed",
+                   message="job before restart")
+        server.kill()
+        out.wait_for("redis unavailable", timeout=30)
+        server.start()
+        second = broker.enqueue("default", tasks.record.name, ["after"])
+        wait_until(lambda: client.hget(job_key(second.job_id), "status") == "completed",
+                   timeout=30, message=f"job after restart:\n{out.text}")
+        assert proc.poll() is None, "the worker must recover by itself"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+def server_client(url: str):
+    import redis
+
+    return redis.Redis.from_url(url, decode_responses=True)
+
+
+def make_broker(client):
+    from django_delayq.engine import Broker, EngineConfig
+
+    return Broker(client, EngineConfig())
+
+
+def job_key(job_id: str) -> str:
+    from django_delayq.engine import QueueKeys
+
+    return QueueKeys("dq", "default").job(job_id)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["bad{queue}"], "invalid queue name"),
+    (["--concurrency", "0"], "--concurrency must be at least 1"),
+    (["--lease", "0"], "--lease must be more than 0"),
+])
+def test_bad_arguments_are_refused(args, message):
+    proc = subprocess.run([sys.executable, "-m", "django", "runworker", *args], cwd=ROOT,
+                          env=worker_env(), capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 1
+    assert message in proc.stderr
+
+
+def test_job_fetch_after_worker(redis_client):
+    job = tasks.add.enqueue(2, 2)
+    proc = subprocess.run([sys.executable, "-m", "django", "runworker", "--burst"], cwd=ROOT,
+                          env=worker_env(), capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert Job.fetch(job.id).result == 4
