@@ -71,8 +71,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                             id="django_delayq.E022"))
     url = conf.raw("REDIS_URL")
     if not isinstance(url, str) or urlsplit(url).scheme not in REDIS_SCHEMES:
-        errors.append(Error(f"DELAYQ['REDIS_URL'] must be a redis://, rediss:// or unix:// "
-                            f"URL, not {url!r}.", id="django_delayq.E002"))
+        errors.append(Error(f"DELAYQ['REDIS_URL'] must be a redis://, rediss://, unix:// or "
+                            f"redis+cluster:// URL, not {url!r}.", id="django_delayq.E002"))
     alias = conf.raw("CACHE_ALIAS")
     if alias is not None and alias not in getattr(settings, "CACHES", {}):
         errors.append(Error(f"DELAYQ['CACHE_ALIAS'] {alias!r} is not in settings.CACHES.",
