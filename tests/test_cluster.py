@@ -149,3 +149,20 @@ def test_sharded_interval_queue_never_starts_two_jobs_closer(on_cluster, cluster
         stop_workers(procs)
     starts = sorted(round(j.refresh().started_at.timestamp() * 1000) for j in jobs)
     assert min(b - a for a, b in itertools.pairwise(starts)) >= 200
+
+
+def test_cluster_flag_with_a_plain_url_and_one_worker_on_two_queues(settings, cluster):
+    from django_delayq.connection import get_broker
+
+    plain_url = cluster.url.replace("redis+cluster://", "redis://")
+    settings.DELAYQ = {**settings.DELAYQ, "REDIS_URL": plain_url, "CLUSTER": True}
+    broker = get_broker()
+    assert broker.is_cluster
+    broker.client.flushall()
+    first = tasks.count_run.enqueue("a")
+    second = tasks.record_other.using(delay=0.5).enqueue("b")
+    with worker_thread(queues=["default", "other"]) as worker:
+        assert worker._watch is not None, "two hash tags: a watcher each"
+        wait_until(lambda: second.refresh().status == "completed", message="both queues")
+    assert first.refresh().status == "completed"
+    assert second.started_at >= second.run_at
