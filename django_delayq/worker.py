@@ -40,6 +40,7 @@ from redis.exceptions import RedisError
 from .conf import conf
 from .connection import get_broker
 from .engine import Broker, ClaimedJob, ClaimResult, QueueKeys, UnknownTask, encode_result
+from .engine.reservations import claim_reserved
 from .markers import MarkerWatch
 from .periodic import schedule_due
 from .task import TaskRegistry, registry
@@ -270,7 +271,7 @@ class Worker:
         """Claim up to about ``free`` jobs over all shards, fairly, in one round trip.
 
         Shards are asked in a rotating order. A limited queue sharded over a cluster
-        reserves its starts first (:meth:`Broker.claim_reserved`, more round trips).
+        reserves its starts first (``engine.reservations``: more round trips).
         Returns (jobs claimed, seconds until the next scheduled job is due or the next
         start a rate limit allows, capped).
         """
@@ -295,8 +296,8 @@ class Worker:
             results = [self.broker.parse_claim(keys, reply)
                        for keys, reply in zip(plain, batch.run(), strict=True)]
         for queue in reserving:
-            results += self.broker.claim_reserved(
-                queue, [k for k in order if k.queue == queue], idle, self.name,
+            results += claim_reserved(
+                self.broker, queue, [k for k in order if k.queue == queue], idle, self.name,
                 self.lease_ms,
             )
         wait = self.block_timeout

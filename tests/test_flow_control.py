@@ -221,3 +221,17 @@ def test_limited_jobs_are_claimed_only_for_idle_threads(settings, redis_client):
         wait_until(lambda: limited.refresh().status == "completed", message="limited job")
     gate_end = next(r["redis_ms"] for r in ran(redis_client) if r["task"] == "gated-end")
     assert limited.started_at.timestamp() * 1000 >= gate_end - 1
+
+
+def test_reservations_grant_what_the_window_has_and_settle_to_real_start_times(redis_client):
+    from django_delayq.engine.reservations import reserve, settle
+
+    broker = Broker(redis_client, EngineConfig(prefix="t", limits={"q": RateLimit(3, 60_000)}))
+    key = broker.limit_key("q")
+    granted, wait = reserve(broker, "q", 5, "w1:a")
+    assert (granted, wait is not None) == (3, True)
+    assert reserve(broker, "q", 1, "w2:b")[0] == 0
+    later = broker.server_time_ms() + 500
+    settle(broker, "q", "w1:a", granted, [later])
+    assert redis_client.zrange(key, 0, -1, withscores=True) == [("w1:a:1", later)]
+    assert reserve(broker, "q", 5, "w3:c")[0] == 2

@@ -24,6 +24,7 @@ from .config import EngineConfig
 from .errors import DelayQConnectionError
 from .keys import GlobalKeys, QueueKeys
 from .limits import RateLimit
+from .reservations import claim_reserved
 from .scripts import Batch, call
 
 ENQUEUE_FIELDS = 8
@@ -360,38 +361,6 @@ class Broker:
         return ClaimResult(keys, now, None if next_due < 0 else next_due, bool(paused), orphans,
                            jobs, None if limit_wait < 0 else limit_wait)
 
-    def reserve(self, queue: str, want: int, token: str) -> tuple[int, int | None]:
-        """Take up to ``want`` starts from the window of ``queue`` (one round trip).
-
-        Returns (granted, ms until the next start is allowed or None). The caller
-        then settles the reservation with :meth:`settle`.
-        """
-        limit = self.rate_limit(queue)
-        if limit is None:
-            return want, None
-        granted, wait = call(self.client, "reserve", [self.limit_key(queue)],
-                             [want, limit.limit, limit.period_ms, token])
-        return int(granted), None if int(wait) < 0 else int(wait)
-
-    def settle(self, queue: str, token: str, granted: int, started: Sequence[int]) -> None:
-        """Settle a reservation (one round trip): the i-th start used happened at
-        ``started[i]`` (ms, later than the reservation), the rest are given back.
-
-        Moving each used entry to its real start time keeps the window exact: a start
-        a shard's claim made a few ms after the reservation leaves the window that much
-        later too.
-        """
-        if not granted:
-            return
-        key = self.limit_key(queue)
-        pipe = self.client.pipeline(transaction=False)
-        if started:
-            pipe.zadd(key, {f"{token}:{i}": at for i, at in enumerate(started, 1)}, xx=True,
-                      gt=True)
-        if len(started) < granted:
-            pipe.zrem(key, *(f"{token}:{i}" for i in range(len(started) + 1, granted + 1)))
-        pipe.execute()
-
     def claim(
         self, queue: str, count: int, worker: str, lease_ms: int | None = None
     ) -> list[ClaimResult]:
@@ -402,49 +371,11 @@ class Broker:
         """
         shards = self.shards(queue)
         if self.reserves_starts(queue):
-            return self.claim_reserved(queue, shards, count, worker, lease_ms)
+            return claim_reserved(self, queue, shards, count, worker, lease_ms)
         batch = self.batch()
         for keys in shards:
             self.add_claim(batch, keys, count, worker, lease_ms)
         return [self.parse_claim(k, r) for k, r in zip(shards, batch.run(), strict=True)]
-
-    def claim_reserved(
-        self, queue: str, shards: Sequence[QueueKeys], count: int, worker: str,
-        lease_ms: int | None = None,
-    ) -> list[ClaimResult]:
-        """Reserve up to ``count`` starts of ``queue``, then claim them shard by shard.
-
-        The first shard's result carries the reservation's wait when the window is
-        full. Used starts are moved to their real start times, unused ones given back.
-        """
-        token = f"{worker}:{new_job_id()}"
-        granted, wait = self.reserve(queue, count, token)
-        if not granted:
-            # Nothing may start: still promote due jobs and learn the next due time.
-            batch = self.batch()
-            for keys in shards:
-                self.add_claim(batch, keys, 0, worker, lease_ms, reserved=True)
-            results = [self.parse_claim(k, r) for k, r in zip(shards, batch.run(), strict=True)]
-            if results and wait is not None:
-                results[0].limit_wait_ms = wait
-            return results
-        results = []
-        started: list[int] = []
-        try:
-            for keys in shards:
-                batch = self.batch()
-                self.add_claim(batch, keys, granted - len(started), worker, lease_ms,
-                               reserved=True)
-                result = self.parse_claim(keys, batch.run()[0])
-                started += [result.now_ms] * len(result.jobs)
-                results.append(result)
-                if len(started) >= granted:
-                    break
-        finally:
-            self.settle(queue, token, granted, started)
-        if results and wait is not None:
-            results[0].limit_wait_ms = wait
-        return results
 
     def add_complete(
         self, batch: Batch, keys: QueueKeys, done: Sequence[tuple[str, int, str]]
