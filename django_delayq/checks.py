@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, register
+from django.utils.module_loading import import_string
 
 from .conf import DEFAULTS, conf
 from .engine.keys import QUEUE_NAME_RE
@@ -51,6 +52,9 @@ _IDS = {
     "CRON_LOOKAHEAD": "E025",
     "CRON_MISSED": "E026",
     "CRON_CATCH_UP_MAX": "E027",
+    "MIRROR_RETENTION": "E030",
+    "MIRROR_BATCH_SIZE": "E031",
+    "MIRROR_CLAIM_IDLE": "E032",
 }
 
 
@@ -86,6 +90,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         errors += _number(name, minimum=1, integer=True)
     for name in ("KEEP_COMPLETED", "KEEP_FAILED", "EVENTS_MAXLEN", "MAX_PAYLOAD_BYTES"):
         errors += _number(name, minimum=0, integer=True)
+    if conf.raw("MIRROR_RETENTION") is not None:
+        errors += _number("MIRROR_RETENTION", minimum=0)
+    errors += _number("MIRROR_BATCH_SIZE", minimum=1, integer=True)
+    errors += _number("MIRROR_CLAIM_IDLE", minimum=0)
     prefix = conf.raw("PREFIX")
     if not isinstance(prefix, str) or not QUEUE_NAME_RE.match(prefix):
         errors.append(Error(f"DELAYQ['PREFIX'] must be 1-64 characters from A-Z a-z 0-9 _ . -, "
@@ -133,6 +141,27 @@ def _check_flow_control() -> list[CheckMessage]:
         errors.append(Error(f"DELAYQ['CRON_MISSED'] must be 'latest', 'all' or 'skip', not "
                             f"{conf.raw('CRON_MISSED')!r}.", id="django_delayq.E026"))
     errors += _number("CRON_CATCH_UP_MAX", minimum=1, integer=True)
+    return errors
+
+
+@register(Tags.compatibility)
+def check_api_permission_classes(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """API_PERMISSION_CLASSES: a list of importable dotted paths (imported only if set)."""
+    if not isinstance(getattr(settings, "DELAYQ", None), dict):
+        return []  # E001
+    value = conf.raw("API_PERMISSION_CLASSES")
+    if value is DEFAULTS["API_PERMISSION_CLASSES"]:
+        return []  # the default needs DRF, which only the API (an extra) uses
+    if not isinstance(value, list | tuple) or not all(isinstance(p, str) for p in value):
+        return [Error("DELAYQ['API_PERMISSION_CLASSES'] must be a list of dotted paths to "
+                      f"permission classes, not {value!r}.", id="django_delayq.E040")]
+    errors: list[CheckMessage] = []
+    for path in value:
+        try:
+            import_string(path)
+        except ImportError as exc:
+            errors.append(Error(f"DELAYQ['API_PERMISSION_CLASSES'] names {path!r}, which "
+                                f"cannot be imported: {exc}", id="django_delayq.E040"))
     return errors
 
 

@@ -21,6 +21,8 @@ DEFAULTS: dict[str, Any] = {
     # Prefix of every Redis key (inside the hash tag: {prefix:queue}).
     "PREFIX": "dq",
     "DEFAULT_QUEUE": "default",
+    # Permission classes (dotted paths) of the REST API (django_delayq.api).
+    "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
     # Attempts per job (the first run included) and the retry backoff, in seconds:
     # min(RETRY_BACKOFF_MAX, RETRY_BACKOFF * 2 ** (attempt - 1)), jittered down to half.
     "MAX_ATTEMPTS": 3,
@@ -54,6 +56,12 @@ DEFAULTS: dict[str, Any] = {
     "CRON_LOOKAHEAD": 30.0,
     "CRON_MISSED": "latest",
     "CRON_CATCH_UP_MAX": 100,
+    # The model mirror: seconds finished rows are kept in the database (None: forever),
+    # events read per batch, and seconds another mirror's unacknowledged events may sit
+    # before this one takes them over.
+    "MIRROR_RETENTION": 30 * 86_400,
+    "MIRROR_BATCH_SIZE": 500,
+    "MIRROR_CLAIM_IDLE": 60.0,
 }
 
 
@@ -88,6 +96,10 @@ class DelayQSettings:
     @property
     def DEFAULT_QUEUE(self) -> str:
         return str(self._get("DEFAULT_QUEUE"))
+
+    @property
+    def API_PERMISSION_CLASSES(self) -> list[str]:
+        return [str(path) for path in self._get("API_PERMISSION_CLASSES")]
 
     @property
     def MAX_ATTEMPTS(self) -> int:
@@ -164,6 +176,19 @@ class DelayQSettings:
     @property
     def CRON_CATCH_UP_MAX(self) -> int:
         return int(self._get("CRON_CATCH_UP_MAX"))
+
+    @property
+    def MIRROR_RETENTION(self) -> float | None:
+        value = self._get("MIRROR_RETENTION")
+        return None if value is None else float(value)
+
+    @property
+    def MIRROR_BATCH_SIZE(self) -> int:
+        return int(self._get("MIRROR_BATCH_SIZE"))
+
+    @property
+    def MIRROR_CLAIM_IDLE(self) -> float:
+        return float(self._get("MIRROR_CLAIM_IDLE"))
 
     def raw(self, name: str) -> Any:
         """The setting as given (unconverted), for the system checks."""

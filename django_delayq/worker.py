@@ -39,6 +39,7 @@ from redis.exceptions import RedisError
 
 from .conf import conf
 from .connection import get_broker
+from .current import running
 from .engine import Broker, ClaimedJob, ClaimResult, QueueKeys, UnknownTask, encode_result
 from .engine.reservations import claim_reserved
 from .markers import MarkerWatch
@@ -389,7 +390,8 @@ class Worker:
                 return self._failure(job, CorruptPayload(f"undecodable arguments: {exc}"), log,
                                      retry=False)
             try:
-                value = task.func(*args, **kwargs)
+                with running(job, self.name):
+                    value = task.func(*args, **kwargs)
             except Exception as exc:
                 delay = task.retry_delay(job.attempt)
                 return self._failure(job, exc, log, retry=True, delay=delay)

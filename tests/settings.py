@@ -24,7 +24,20 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_delayq",
     "tests.testapp",
+    "rest_framework",
 ]
+
+try:  # Django 6 ships the Tasks framework; Django 5.2 uses the django-tasks backport
+    import django.tasks  # noqa: F401
+except ImportError:
+    INSTALLED_APPS.append("django_tasks")
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_delayq.backends.DelayQBackend",
+        "QUEUES": ["default", "other"],
+    }
+}
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

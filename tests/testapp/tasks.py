@@ -77,3 +77,7 @@ if os.environ.get("DELAYQ_TEST_PERIODIC"):
           every=float(os.environ["DELAYQ_TEST_PERIODIC"]))
     def periodic_tick() -> None:
         _note("periodic_tick")
+
+
+# Tasks written against Django's Tasks API, found by workers through this module.
+from . import standard_tasks  # noqa: E402, F401
