@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -163,6 +164,25 @@ def check_api_permission_classes(app_configs: Any = None, **kwargs: Any) -> list
             errors.append(Error(f"DELAYQ['API_PERMISSION_CLASSES'] names {path!r}, which "
                                 f"cannot be imported: {exc}", id="django_delayq.E040"))
     return errors
+
+
+SPARK_MASTER_RE = re.compile(
+    r"^(local(\[(\*|[1-9][0-9]*)(,[0-9]+)?\])?|local-cluster\[[0-9, ]+\]|yarn"
+    r"|(spark|mesos|k8s)://\S+)$"
+)
+
+
+@register(Tags.compatibility)
+def check_spark_master(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``DELAYQ['SPARK_MASTER']`` must be a master URL Spark understands."""
+    if not isinstance(getattr(settings, "DELAYQ", None), dict):
+        return []
+    master = conf.raw("SPARK_MASTER")
+    if not isinstance(master, str) or not SPARK_MASTER_RE.match(master):
+        return [Error(f"DELAYQ['SPARK_MASTER'] must be a Spark master URL such as local[*], "
+                      f"local[4], spark://host:7077, yarn or k8s://https://host:443, "
+                      f"not {master!r}.", id="django_delayq.E060")]
+    return []
 
 
 #: Keys other modules of django-delayq read from DELAYQ (validated by their own checks).

@@ -62,6 +62,9 @@ DEFAULTS: dict[str, Any] = {
     "MIRROR_RETENTION": 30 * 86_400,
     "MIRROR_BATCH_SIZE": 500,
     "MIRROR_CLAIM_IDLE": 60.0,
+    # Spark master URL of the Spark pipeline's commands (local[*], spark://host:7077,
+    # yarn, k8s://...); --master overrides it.
+    "SPARK_MASTER": "local[*]",
 }
 
 
@@ -189,6 +192,10 @@ class DelayQSettings:
     @property
     def MIRROR_CLAIM_IDLE(self) -> float:
         return float(self._get("MIRROR_CLAIM_IDLE"))
+
+    @property
+    def SPARK_MASTER(self) -> str:
+        return str(self._get("SPARK_MASTER"))
 
     def raw(self, name: str) -> Any:
         """The setting as given (unconverted), for the system checks."""

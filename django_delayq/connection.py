@@ -50,6 +50,9 @@ def engine_config() -> EngineConfig:
 def _client_kwargs(socket_timeout: float) -> dict[str, Any]:
     return {
         "decode_responses": True,
+        # Bytes that are not UTF-8 (a damaged job) decode to U+FFFD and then fail that
+        # job's JSON decoding, instead of raising in the middle of a worker's claim.
+        "encoding_errors": "replace",
         "socket_timeout": socket_timeout,
         "socket_connect_timeout": conf.SOCKET_CONNECT_TIMEOUT,
         "health_check_interval": 30,

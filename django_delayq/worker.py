@@ -248,6 +248,15 @@ class Worker:
                 self._stop.wait(backoff)
                 backoff = min(MAX_BACKOFF, backoff * 2)
                 continue
+            except Exception:
+                # A reply this worker cannot read must not end the fetcher (the worker
+                # would live on without claiming): jobs of the lost reply are leased and
+                # come back when their leases lapse.
+                logger.exception("claim failed, retrying in %.1fs worker=%s", backoff,
+                                 self.name)
+                self._stop.wait(backoff)
+                backoff = min(MAX_BACKOFF, backoff * 2)
+                continue
             if claimed:
                 continue
             if self.burst:
@@ -377,6 +386,9 @@ class Worker:
         started = time.perf_counter()
         close_old_connections()
         try:
+            if not job.task:
+                return self._failure(job, CorruptPayload("the job has no task name"), log,
+                                     retry=False)
             try:
                 task = self.tasks.get(job.task)
             except UnknownTask as exc:
@@ -386,7 +398,7 @@ class Worker:
                 kwargs = {} if job.kwargs_json == "{}" else json.loads(job.kwargs_json)
                 if not isinstance(args, list) or not isinstance(kwargs, dict):
                     raise ValueError("args must be a JSON array and kwargs a JSON object")
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 return self._failure(job, CorruptPayload(f"undecodable arguments: {exc}"), log,
                                      retry=False)
             try:

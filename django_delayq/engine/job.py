@@ -230,7 +230,7 @@ def _decode_or_raw(text: str | None, default: Any) -> Any:
         return default
     try:
         return decode(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
 
 

@@ -12,8 +12,9 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.:@+=/\-]{1,128}$")
+# \Z, not $: "$" also matches before a trailing newline, which would let "q\n" through.
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}\Z")
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.:@+=/\-]{1,128}\Z")
 
 #: Job statuses, in lifecycle order.
 STATUSES = ("scheduled", "ready", "active", "completed", "failed", "cancelled")

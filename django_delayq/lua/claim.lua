@@ -43,7 +43,9 @@ if #due > 0 then
     local job_key = job_prefix .. job_id
     redis.call('ZREM', scheduled, job_id)
     local f = redis.call('HMGET', job_key, 'task', 'priority')
-    if f[1] then
+    -- A damaged hash (no task, a bad priority) is promoted too: the worker fails it
+    -- with a clear error, and it cannot stop the promotion of every other job.
+    if f[1] or redis.call('EXISTS', job_key) == 1 then
       redis.call('ZADD', ready, ready_score(tonumber(f[2]) or 0, seq + i), job_id)
       redis.call('HSET', job_key, 'status', 'ready', 'seq', seq + i)
     else
@@ -76,23 +78,27 @@ if want > 0 then
     local job_key = job_prefix .. job_id
     local f = redis.call('HMGET', job_key, 'task', 'args', 'kwargs', 'max_attempts',
       'priority', 'run_at', 'enqueued_at')
-    if f[1] then
-      local attempt = redis.call('HINCRBY', job_key, 'attempts', 1)
-      redis.call('HSET', job_key, 'status', 'active', 'started_at', now, 'worker', worker)
+    if f[1] or redis.call('EXISTS', job_key) == 1 then
+      -- A damaged hash is leased and returned like any other (missing text as '',
+      -- bad numbers as defaults) so the worker fails it with a clear error; raising
+      -- here would leave this batch half-claimed and stall the queue on one job.
+      local attempt = (tonumber(redis.call('HGET', job_key, 'attempts')) or 0) + 1
+      redis.call('HSET', job_key, 'attempts', attempt, 'status', 'active',
+        'started_at', now, 'worker', worker)
       redis.call('ZADD', active, deadline, job_id)
       if limit > 0 then
         limit_take(limit_key, period, now, job_id .. '@' .. now)
       end
       emit(events, maxlen, 'started', job_id, now, 'attempt', attempt, 'worker', worker)
       out[#out + 1] = job_id
-      out[#out + 1] = f[1]
-      out[#out + 1] = f[2]
+      out[#out + 1] = f[1] or ''
+      out[#out + 1] = f[2] or ''
       out[#out + 1] = f[3] or '{}'
       out[#out + 1] = attempt
-      out[#out + 1] = f[4]
-      out[#out + 1] = f[5] or 0
-      out[#out + 1] = f[6]
-      out[#out + 1] = f[7]
+      out[#out + 1] = tonumber(f[4]) or 1
+      out[#out + 1] = tonumber(f[5]) or 0
+      out[#out + 1] = tonumber(f[6]) or now
+      out[#out + 1] = tonumber(f[7]) or now
     else
       orphans = orphans + 1
       emit(events, maxlen, 'orphaned', job_id, now)

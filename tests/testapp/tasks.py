@@ -79,5 +79,6 @@ if os.environ.get("DELAYQ_TEST_PERIODIC"):
         _note("periodic_tick")
 
 
-# Tasks written against Django's Tasks API, found by workers through this module.
-from . import standard_tasks  # noqa: E402, F401
+# Tasks written against Django's Tasks API, found by workers through this module, and the
+# tasks of the fault and bad-input tests.
+from . import fault_tasks, standard_tasks  # noqa: E402, F401
