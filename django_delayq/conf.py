@@ -21,6 +21,8 @@ DEFAULTS: dict[str, Any] = {
     # Prefix of every Redis key (inside the hash tag: {prefix:queue}).
     "PREFIX": "dq",
     "DEFAULT_QUEUE": "default",
+    # Permission classes (dotted paths) of the REST API (django_delayq.api).
+    "API_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
     # Attempts per job (the first run included) and the retry backoff, in seconds:
     # min(RETRY_BACKOFF_MAX, RETRY_BACKOFF * 2 ** (attempt - 1)), jittered down to half.
     "MAX_ATTEMPTS": 3,
@@ -42,6 +44,27 @@ DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 1_048_576,
     # Shards per queue name, e.g. {"emails": 4}.
     "SHARDS": {},
+    # Flow control per queue name: {"emails": {"rate_limit": "100/m"},
+    # "api": {"interval": 0.5, "shards": 4}} (see docs/flow-control.md). "shards" here
+    # takes precedence over SHARDS.
+    "QUEUES": {},
+    # True when REDIS_URL names one node of a Redis Cluster (or use redis+cluster://).
+    "CLUSTER": False,
+    # Seconds ahead a worker enqueues the next occurrences of periodic tasks, and what
+    # happens to occurrences missed while no worker ran: "latest" (run the most recent
+    # one once), "all" (run each, at most CRON_CATCH_UP_MAX) or "skip".
+    "CRON_LOOKAHEAD": 30.0,
+    "CRON_MISSED": "latest",
+    "CRON_CATCH_UP_MAX": 100,
+    # The model mirror: seconds finished rows are kept in the database (None: forever),
+    # events read per batch, and seconds another mirror's unacknowledged events may sit
+    # before this one takes them over.
+    "MIRROR_RETENTION": 30 * 86_400,
+    "MIRROR_BATCH_SIZE": 500,
+    "MIRROR_CLAIM_IDLE": 60.0,
+    # Spark master URL of the Spark pipeline's commands (local[*], spark://host:7077,
+    # yarn, k8s://...); --master overrides it.
+    "SPARK_MASTER": "local[*]",
 }
 
 
@@ -76,6 +99,10 @@ class DelayQSettings:
     @property
     def DEFAULT_QUEUE(self) -> str:
         return str(self._get("DEFAULT_QUEUE"))
+
+    @property
+    def API_PERMISSION_CLASSES(self) -> list[str]:
+        return [str(path) for path in self._get("API_PERMISSION_CLASSES")]
 
     @property
     def MAX_ATTEMPTS(self) -> int:
@@ -132,6 +159,43 @@ class DelayQSettings:
     @property
     def SHARDS(self) -> dict[str, int]:
         return dict(self._get("SHARDS"))
+
+    @property
+    def QUEUES(self) -> dict[str, dict[str, Any]]:
+        return dict(self._get("QUEUES"))
+
+    @property
+    def CLUSTER(self) -> bool:
+        return bool(self._get("CLUSTER"))
+
+    @property
+    def CRON_LOOKAHEAD(self) -> float:
+        return float(self._get("CRON_LOOKAHEAD"))
+
+    @property
+    def CRON_MISSED(self) -> str:
+        return str(self._get("CRON_MISSED"))
+
+    @property
+    def CRON_CATCH_UP_MAX(self) -> int:
+        return int(self._get("CRON_CATCH_UP_MAX"))
+
+    @property
+    def MIRROR_RETENTION(self) -> float | None:
+        value = self._get("MIRROR_RETENTION")
+        return None if value is None else float(value)
+
+    @property
+    def MIRROR_BATCH_SIZE(self) -> int:
+        return int(self._get("MIRROR_BATCH_SIZE"))
+
+    @property
+    def MIRROR_CLAIM_IDLE(self) -> float:
+        return float(self._get("MIRROR_CLAIM_IDLE"))
+
+    @property
+    def SPARK_MASTER(self) -> str:
+        return str(self._get("SPARK_MASTER"))
 
     def raw(self, name: str) -> Any:
         """The setting as given (unconverted), for the system checks."""

@@ -47,16 +47,36 @@ def run_demo() -> int:
     from django_delayq import Job, Queue, registry
 
     call_command("migrate", verbosity=0)
-    for name in registry.queues():
-        Queue(name).purge()
+    from django_delayq.models import Job as JobRow
 
+    for name in registry.queues():  # start from a clean slate: no jobs of earlier runs
+        Queue(name).purge()
+    JobRow.objects.all().delete()
+
+    from django_delayq.connection import get_broker
+
+    print("Starting: manage.py runworker --concurrency 2")
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "runworker", "--concurrency", "2"], cwd=HERE,
+        env=dict(os.environ),
+    )
+    broker = get_broker()
+    deadline = time.monotonic() + 60
+    while not broker.client.zcard(broker.global_keys.workers):
+        if worker.poll() is not None or time.monotonic() > deadline:
+            print("The worker did not start.")
+            return 1
+        time.sleep(0.05)
+
+    payments = Queue("payments")
+    payments.pause()  # hold the charges so the priority decides their order on resume
     now = dt.datetime.now(dt.UTC)
     jobs: list[tuple[str, Job]] = [
         ("receipt, default delay of 2 s", tasks.send_receipt.enqueue(1001)),
         ("gift receipt, delayed 4 s", tasks.send_receipt.using(delay=4).enqueue(
             1002, template="gift")),
-        ("card charge, now", tasks.charge_card.enqueue(1001, Decimal("49.90"))),
-        ("card charge, now", tasks.charge_card.enqueue(1002, Decimal("15.00"))),
+        ("card charge, priority 0", tasks.charge_card.enqueue(1001, Decimal("49.90"))),
+        ("card charge, priority 0", tasks.charge_card.enqueue(1002, Decimal("15.00"))),
         ("big order, priority 50", tasks.charge_card.using(priority=50).enqueue(
             1003, Decimal("1200.00"))),
         ("warehouse sync, fails once", tasks.sync_inventory.enqueue("SKU-42")),
@@ -65,17 +85,13 @@ def run_demo() -> int:
     ]
     again = tasks.send_receipt.using(job_id=f"receipt-{jobs[0][1].id}").enqueue(1001)
     duplicate = tasks.send_receipt.using(job_id=again.id).enqueue(1001)
+    jobs.append(("receipt with a job id", again))
     print(f"Enqueued {len(jobs)} jobs; an enqueue with an existing job id was "
           f"{'refused' if not duplicate.created else 'accepted (bug!)'} as a duplicate.")
-    jobs.append(("receipt with a job id", again))
-
-    print("Starting: manage.py runworker --concurrency 2\n")
-    worker = subprocess.Popen(
-        [sys.executable, "manage.py", "runworker", "--concurrency", "2"], cwd=HERE,
-        env=dict(os.environ),
-    )
+    print("The payments queue was paused while its three charges were enqueued; "
+          "resuming it now.\n")
+    payments.resume()
     try:
-        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if all(job.refresh().is_finished for _, job in jobs):
                 break
@@ -84,7 +100,27 @@ def run_demo() -> int:
         worker.send_signal(signal.SIGTERM)
         code = worker.wait(timeout=30)
     print(f"\nWorker stopped with exit code {code} after SIGTERM.\n")
-    return report(jobs)
+    status = report(jobs)
+    show_admin()
+    return status
+
+
+def show_admin() -> None:
+    """Make sure the admin user exists and tell how to open the admin."""
+    from django.contrib.auth import get_user_model
+
+    from django_delayq.models import Job as JobRow
+
+    print(f"\nThe worker's mirror wrote {JobRow.objects.count()} job rows to the database.")
+    users = get_user_model().objects
+    if not users.filter(username="admin").exists():
+        users.create_superuser("admin", "admin@example.com", "admin")
+        print("Created the admin user: username 'admin', password 'admin'.")
+    else:
+        print("The admin user exists already (username 'admin').")
+    print("Open the admin: cd example_project && ../.venv/bin/python manage.py runserver, "
+          "then http://127.0.0.1:8000/admin/ (the queues dashboard reads the Redis at "
+          "REDIS_URL, default redis://127.0.0.1:6379/0).")
 
 
 def report(jobs: list) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 from tests.redis_server import session_redis_url
@@ -23,7 +24,20 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_delayq",
     "tests.testapp",
+    "rest_framework",
 ]
+
+try:  # Django 6 ships the Tasks framework; Django 5.2 uses the django-tasks backport
+    import django.tasks  # noqa: F401
+except ImportError:
+    INSTALLED_APPS.append("django_tasks")
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_delayq.backends.DelayQBackend",
+        "QUEUES": ["default", "other"],
+    }
+}
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -63,6 +77,8 @@ DELAYQ = {
     "RETRY_BACKOFF": 0.05,
     "RETRY_BACKOFF_MAX": 0.2,
 }
+# More DELAYQ settings (a JSON object) for worker processes a test starts.
+DELAYQ.update(json.loads(os.environ.get("DELAYQ_TEST_SETTINGS", "{}")))
 
 LOGGING = {
     "version": 1,

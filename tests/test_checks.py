@@ -14,6 +14,7 @@ def ids(**delayq):
 
 def test_valid_settings_pass():
     assert ids(REDIS_URL="rediss://:pw@cache.example:6380/2", SHARDS={"emails": 4}) == []
+    assert ids(MIRROR_RETENTION=None, MIRROR_BATCH_SIZE=100, MIRROR_CLAIM_IDLE=0) == []
 
 
 @pytest.mark.parametrize(("delayq", "expected"), [
@@ -38,6 +39,9 @@ def test_valid_settings_pass():
     ({"MAX_PAYLOAD_BYTES": -1}, "django_delayq.E020"),
     ({"SHARDS": {"q": 0}}, "django_delayq.E021"),
     ({"NOT_A_SETTING": 1}, "django_delayq.E022"),
+    ({"MIRROR_RETENTION": -1}, "django_delayq.E030"),
+    ({"MIRROR_BATCH_SIZE": 0}, "django_delayq.E031"),
+    ({"MIRROR_CLAIM_IDLE": "1m"}, "django_delayq.E032"),
 ])
 def test_each_bad_setting_has_its_check(delayq, expected):
     assert ids(**delayq) == [expected]

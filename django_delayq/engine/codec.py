@@ -38,8 +38,19 @@ class JSONEncoder(json.JSONEncoder):
         return super().default(o)
 
 
+_ENCODERS: dict[type[json.JSONEncoder], json.JSONEncoder] = {}
+
+
+def _encoder(cls: type[json.JSONEncoder]) -> json.JSONEncoder:
+    # One instance per class: encode() keeps no state between calls, so threads share it.
+    encoder = _ENCODERS.get(cls)
+    if encoder is None:
+        encoder = _ENCODERS[cls] = cls(separators=(",", ":"), allow_nan=False)
+    return encoder
+
+
 def _dumps(value: Any, encoder: type[json.JSONEncoder]) -> str:
-    return json.dumps(value, cls=encoder, separators=(",", ":"), allow_nan=False)
+    return _encoder(encoder).encode(value)
 
 
 def _refuse(task: str, label: str, value: Any, exc: Exception) -> TypeError:
@@ -67,14 +78,14 @@ def encode_arguments(
     try:
         args_json = _dumps(list(args), encoder)
         kwargs_json = _dumps(dict(kwargs), encoder) if kwargs else "{}"
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         for i, value in enumerate(args):
             label = f"argument {names[i]!r} (position {i})" if i < len(names) else (
                 f"positional argument {i}"
             )
             try:
                 _dumps(value, encoder)
-            except (TypeError, ValueError) as inner:
+            except (TypeError, ValueError, RecursionError) as inner:
                 raise _refuse(task, label, value, inner) from None
         for key, value in kwargs.items():
             if not isinstance(key, str):
@@ -83,7 +94,7 @@ def encode_arguments(
                 ) from None
             try:
                 _dumps(value, encoder)
-            except (TypeError, ValueError) as inner:
+            except (TypeError, ValueError, RecursionError) as inner:
                 raise _refuse(task, f"argument {key!r}", value, inner) from None
         raise TypeError(f"{task}: arguments are not JSON serializable: {exc}") from None
     if limit and len(args_json) + len(kwargs_json) > limit:
@@ -99,7 +110,7 @@ def encode_result(value: Any, encoder: type[json.JSONEncoder] = JSONEncoder) -> 
     """Encode a task's return value; raises ``TypeError`` when it is not JSON."""
     try:
         return _dumps(value, encoder)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise TypeError(
             f"return value ({type(value).__name__}) is not JSON serializable: {exc}"
         ) from None

@@ -16,9 +16,12 @@
 
 local maxlen = tonumber(ARGV[1])
 local now = now_ms()
-local k = {scheduled = KEYS[1], ready = KEYS[2], marker = KEYS[3], seq = KEYS[5]}
+local scheduled, ready, marker, events, seq_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local out = {}
 local n = (#ARGV - 1) / 8
+local head = nil  -- earliest scheduled run_at, read once per call
+local wake_at = nil
+local any_ready = false
 for i = 1, n do
   local a = 1 + (i - 1) * 8
   local job_id = ARGV[a + 1]
@@ -32,15 +35,51 @@ for i = 1, n do
   else
     local priority = tonumber(ARGV[a + 5])
     local run_at = wanted_run_at(ARGV[a + 6], ARGV[a + 7], now)
-    redis.call('HSET', job_key, 'task', ARGV[a + 2], 'args', ARGV[a + 3],
-      'kwargs', ARGV[a + 4], 'priority', priority, 'enqueued_at', now,
-      'attempts', 0, 'max_attempts', ARGV[a + 8])
-    local status = place_job(k, job_key, job_id, priority, run_at, now)
-    emit(KEYS[4], maxlen, 'enqueued', job_id, now)
+    -- Empty kwargs and priority 0 are not stored: readers default them (saves memory).
+    local fields = {'task', ARGV[a + 2], 'args', ARGV[a + 3], 'enqueued_at', now,
+      'run_at', run_at, 'max_attempts', ARGV[a + 8]}
+    if ARGV[a + 4] ~= '{}' then
+      fields[#fields + 1] = 'kwargs'
+      fields[#fields + 1] = ARGV[a + 4]
+    end
+    if priority ~= 0 then
+      fields[#fields + 1] = 'priority'
+      fields[#fields + 1] = priority
+    end
+    local status
+    if run_at <= now then
+      status = 'ready'
+      local seq = redis.call('INCR', seq_key)
+      redis.call('ZADD', ready, ready_score(priority, seq), job_id)
+      fields[#fields + 1] = 'seq'
+      fields[#fields + 1] = seq
+      any_ready = true
+    else
+      status = 'scheduled'
+      if head == nil then
+        local first = redis.call('ZRANGE', scheduled, 0, 0, 'WITHSCORES')
+        head = tonumber(first[2]) or math.huge
+      end
+      redis.call('ZADD', scheduled, run_at, job_id)
+      if run_at < head and (wake_at == nil or run_at < wake_at) then
+        wake_at = run_at
+      end
+    end
+    fields[#fields + 1] = 'status'
+    fields[#fields + 1] = status
+    redis.call('HSET', job_key, unpack(fields))
+    emit(events, maxlen, 'enqueued', job_id, now)
     out[#out + 1] = 1
     out[#out + 1] = status
     out[#out + 1] = run_at
     out[#out + 1] = now
   end
+end
+-- Wake one idle worker: work is ready, or a job became the earliest scheduled one.
+if any_ready then
+  redis.call('ZADD', marker, 0, '0')
+end
+if wake_at then
+  redis.call('ZADD', marker, wake_at, '1')
 end
 return out

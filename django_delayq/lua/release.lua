@@ -25,7 +25,7 @@ for i = 3, #ARGV, 2 do
     if uncount then
       redis.call('HINCRBY', job_key, 'attempts', -1)
     end
-    redis.call('ZADD', ready, ready_score(tonumber(f[3]), tonumber(f[4]) or 0), job_id)
+    redis.call('ZADD', ready, ready_score(tonumber(f[3]) or 0, tonumber(f[4]) or 0), job_id)
     redis.call('HSET', job_key, 'status', 'ready')
     emit(events, maxlen, 'released', job_id, now, 'attempt', attempt)
     released = released + 1

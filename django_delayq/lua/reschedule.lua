@@ -26,7 +26,7 @@ if status ~= 'scheduled' and status ~= 'ready' then
   return {status, status, tonumber(f[3]) or 0}
 end
 local now = now_ms()
-local priority = tonumber(f[2])
+local priority = tonumber(f[2]) or 0
 if ARGV[4] ~= '' then
   priority = tonumber(ARGV[4])
   redis.call('HSET', job_key, 'priority', priority)

@@ -34,6 +34,6 @@ redis.call('HDEL', job_key, 'error', 'traceback', 'finished_at', 'started_at', '
 redis.call('HSET', job_key, 'attempts', 0)
 local k = {scheduled = KEYS[4], ready = KEYS[5], marker = KEYS[6], seq = KEYS[8]}
 local run_at = wanted_run_at(ARGV[2], ARGV[3], now)
-local after = place_job(k, job_key, job_id, tonumber(f[2]), run_at, now)
+local after = place_job(k, job_key, job_id, tonumber(f[2]) or 0, run_at, now)
 emit(KEYS[7], tonumber(ARGV[4]), 'retried', job_id, now, 'run_at', run_at, 'manual', 1)
 return {status, after}

@@ -24,6 +24,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_delayq",
     "shop",
+    "rest_framework",
 ]
 
 MIDDLEWARE = [

@@ -19,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayq.conf import conf
 from django_delayq.engine.keys import validate_queue_name
+from django_delayq.mirror import MirrorThread
 from django_delayq.task import registry
 from django_delayq.worker import EXIT_FORCED, Worker
 
@@ -40,11 +41,14 @@ class Command(BaseCommand):
         parser.add_argument("--grace-period", type=float, default=None,
                             help="seconds running jobs may take to finish after a stop signal")
         parser.add_argument("--prefetch", type=int, default=None,
-                            help="jobs claimed ahead of free threads (default: concurrency)")
+                            help="jobs claimed ahead of free threads (default: adapts to "
+                                 "job run time, from concurrency up to 500)")
         parser.add_argument("--name", default=None, help="worker name (default host:pid:rand)")
+        parser.add_argument("--no-mirror", action="store_true",
+                            help="do not run the model mirror on a thread of this worker")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        self._configure_logging(options["verbosity"])
+        configure_logging(self, options["verbosity"])
         queues = options["queues"]
         for name in queues:
             try:
@@ -67,18 +71,14 @@ class Command(BaseCommand):
             name=options["name"],
         )
         self._install_signal_handlers(worker)
-        code = worker.run()
+        mirror = None if options["no_mirror"] else MirrorThread().start()
+        try:
+            code = worker.run()
+        finally:
+            if mirror is not None:
+                mirror.stop(timeout=5.0, drain=True)  # mirror the last events too
         if code:
             sys.exit(code)
-
-    def _configure_logging(self, verbosity: int) -> None:
-        logger = logging.getLogger("django_delayq")
-        logger.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.INFO))
-        if not logger.handlers and not logging.getLogger().handlers:
-            handler = logging.StreamHandler(self.stderr._out)
-            handler.setFormatter(logging.Formatter(
-                "%(asctime)s %(levelname)s %(name)s %(message)s"))
-            logger.addHandler(handler)
 
     def _install_signal_handlers(self, worker: Worker) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -93,3 +93,14 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+
+
+def configure_logging(command: BaseCommand, verbosity: int) -> None:
+    """Send django_delayq logs to the command's stderr unless logging is configured."""
+    logger = logging.getLogger("django_delayq")
+    logger.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.INFO))
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(command.stderr._out)
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s %(message)s"))
+        logger.addHandler(handler)

@@ -1,4 +1,4 @@
-"""The worker: claims jobs in batches, runs them on threads, acks them in batches.
+"""The :class:`Worker`: claims jobs in batches, runs them on threads, acks in batches.
 
 Threads of one :class:`Worker`:
 
@@ -9,7 +9,9 @@ Threads of one :class:`Worker`:
   ``close_old_connections()`` around each;
 - the *acker* sends every finished job's outcome in one round trip per batch;
 - the *heartbeat* extends the leases of held jobs, reclaims expired leases of dead
-  workers, and records this worker as alive.
+  workers, and records this worker as alive;
+- the *scheduler* (only with periodic tasks on the served queues, not in burst mode)
+  enqueues their upcoming occurrences ahead of time (see :mod:`django_delayq.periodic`).
 
 ``run()`` blocks until :meth:`Worker.request_stop` (or, with ``burst``, until nothing is
 due), then stops claiming, hands back claimed jobs that have not started, lets running
@@ -19,26 +21,28 @@ management command's business, not the worker's.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue as stdlib_queue
 import socket
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from django.db import close_old_connections
 from redis.exceptions import RedisError
 
-from .conf import conf
-from .connection import get_broker
-from .engine import Broker, ClaimedJob, QueueKeys, UnknownTask, encode_result
-from .task import TaskRegistry, registry
+from ..conf import conf
+from ..connection import get_broker
+from ..engine import Broker, ClaimedJob, ClaimResult, QueueKeys
+from ..engine.reservations import claim_reserved
+from ..markers import MarkerWatch
+from ..periodic import schedule_due
+from ..task import TaskRegistry, registry
+from .acks import by_shard, send_outcomes
+from .execution import Outcome, execute
+from .liveness import forget, record_alive
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -51,18 +55,9 @@ EXIT_FORCED = 1
 PRECISE_WAIT = 0.25
 #: Longest pause between retries while Redis is unreachable.
 MAX_BACKOFF = 5.0
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What happened to one job, waiting to be acked."""
-
-    job: ClaimedJob
-    ok: bool
-    result_json: str = ""
-    error: str = ""
-    traceback: str = ""
-    retry_delay_ms: int = -1
+#: Adaptive prefetch holds about this many seconds of work per thread, up to MAX_PREFETCH.
+PREFETCH_WINDOW = 0.05
+MAX_PREFETCH = 500
 
 
 class Worker:
@@ -92,7 +87,8 @@ class Worker:
         self.lease_ms = int((lease or conf.LEASE) * 1000)
         self.grace_period = conf.GRACE_PERIOD if grace_period is None else grace_period
         self.block_timeout = block_timeout or conf.BLOCK_TIMEOUT
-        self.prefetch = self.concurrency if prefetch is None else prefetch
+        #: Jobs claimed beyond the free threads; None adapts it to how long jobs take.
+        self.prefetch = prefetch
         self.broker = broker or get_broker()
         self.blocking_broker = blocking_broker or (
             get_broker(socket_timeout=self.block_timeout + conf.SOCKET_TIMEOUT)
@@ -114,6 +110,17 @@ class Worker:
         self._outcomes: list[Outcome] = []
         self._outcome_ready = threading.Event()
         self._rotation = 0
+        self._watch: MarkerWatch | None = None
+        if self.blocking_broker.is_cluster and len({k.tag for k in self.shards}) > 1:
+            self._watch = MarkerWatch(self.blocking_broker.client,
+                                      [k.marker for k in self.shards], self._stop)
+        self._avg_run_time = PREFETCH_WINDOW  # moving average of job run time, seconds
+        # Jobs of rate-limited and interval queues are claimed only for idle threads, so
+        # each starts when claimed: the limit counts real starts, not prefetched jobs.
+        self._limited = {q for q in self.queues if self.broker.rate_limit(q) is not None}
+        self._starved = False  # the last claim skipped limited queues: no idle thread
+        if self.prefetch is None and self._limited == set(self.queues):
+            self.prefetch = 0
 
     # -- control ------------------------------------------------------------------
 
@@ -140,7 +147,12 @@ class Worker:
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="delayq-heartbeat",
                                      daemon=True)
         fetcher = threading.Thread(target=self._fetch_loop, name="delayq-fetcher", daemon=True)
-        for thread in (*executors, acker, heartbeat, fetcher):
+        threads = [*executors, acker, heartbeat, fetcher]
+        periodic = [] if self.burst else self.tasks.periodic(self.queues)
+        if periodic:
+            threads.append(threading.Thread(target=self._schedule_loop, args=(periodic,),
+                                            name="delayq-scheduler", daemon=True))
+        for thread in threads:
             thread.start()
         self._stop.wait()
         fetcher.join()
@@ -148,7 +160,7 @@ class Worker:
         self._done.set()
         acker.join(timeout=10)
         heartbeat.join(timeout=10)
-        self._unregister()
+        forget(self.broker, self.name)
         logger.info("worker stopped worker=%s processed=%d failed=%d", self.name,
                     self.processed, self.failed)
         return code
@@ -182,15 +194,33 @@ class Worker:
 
     # -- fetching -----------------------------------------------------------------
 
+    def _prefetch(self) -> int:
+        """Jobs to hold beyond the free threads.
+
+        Adaptive by default: about PREFETCH_WINDOW seconds of work per thread, so fast
+        jobs are claimed in large batches (few round trips) while slow jobs are not
+        hoarded by one worker when others are idle.
+        """
+        if self.prefetch is not None:
+            return self.prefetch
+        per_thread = PREFETCH_WINDOW / max(self._avg_run_time, 1e-5)
+        return max(self.concurrency, min(MAX_PREFETCH, int(self.concurrency * per_thread)))
+
     def _free_slots(self) -> int:
-        return self.concurrency + self.prefetch - self._busy
+        return self.concurrency + self._prefetch() - self._busy
+
+    @property
+    def _low_water(self) -> int:
+        """The fetcher claims again once this many slots are free: batches, not single jobs."""
+        prefetch = self._prefetch()
+        return max(1, min(prefetch, (self.concurrency + prefetch) // 2))
 
     def _fetch_loop(self) -> None:
         backoff = 0.1
-        low_water = max(1, min(self.prefetch, (self.concurrency + self.prefetch) // 2))
         while not self._stop.is_set():
             with self._capacity:
-                while not self._stop.is_set() and self._busy and self._free_slots() < low_water:
+                while (not self._stop.is_set() and self._busy
+                       and self._free_slots() < self._low_water):
                     self._capacity.wait()
                 free = self._free_slots()
             if self._stop.is_set():
@@ -201,6 +231,15 @@ class Worker:
             except RedisError as exc:
                 logger.warning("redis unavailable, retrying in %.1fs worker=%s error=%s",
                                backoff, self.name, exc)
+                self._stop.wait(backoff)
+                backoff = min(MAX_BACKOFF, backoff * 2)
+                continue
+            except Exception:
+                # A reply this worker cannot read must not end the fetcher (the worker
+                # would live on without claiming): jobs of the lost reply are leased and
+                # come back when their leases lapse.
+                logger.exception("claim failed, retrying in %.1fs worker=%s", backoff,
+                                 self.name)
                 self._stop.wait(backoff)
                 backoff = min(MAX_BACKOFF, backoff * 2)
                 continue
@@ -225,29 +264,49 @@ class Worker:
                 backoff = min(MAX_BACKOFF, backoff * 2)
 
     def _claim(self, free: int) -> tuple[int, float]:
-        """Claim up to about ``free`` jobs over all shards in one round trip.
+        """Claim up to about ``free`` jobs over all shards, fairly, in one round trip.
 
-        Returns (jobs claimed, seconds until the next scheduled job is due, capped).
+        Shards are asked in a rotating order. A limited queue sharded over a cluster
+        reserves its starts first (``engine.reservations``: more round trips).
+        Returns (jobs claimed, seconds until the next scheduled job is due or the next
+        start a rate limit allows, capped).
         """
         n = len(self.shards)
         start = self._rotation % n
         self._rotation += 1
         order = self.shards[start:] + self.shards[:start]
-        per_shard = max(1, -(-free // n))
-        batch = self.broker.batch()
-        for keys in order:
-            self.broker.add_claim(batch, keys, per_shard, self.name, self.lease_ms)
+        reserving = [q for q in self.queues if self.broker.reserves_starts(q)]
+        plain = [k for k in order if k.queue not in reserving]
+        with self._capacity:
+            idle = max(0, self.concurrency - self._busy)
+        self._starved = idle == 0 and bool(self._limited)
         sent = time.monotonic()
-        replies = batch.run()
+        results: list[ClaimResult] = []
+        if plain:
+            per_shard = max(1, -(-free // len(plain)))
+            batch = self.broker.batch()
+            for keys in plain:
+                # a count of 0 still promotes due jobs and reports the next due time
+                count = min(per_shard, idle) if keys.queue in self._limited else per_shard
+                self.broker.add_claim(batch, keys, count, self.name, self.lease_ms)
+            results = [self.broker.parse_claim(keys, reply)
+                       for keys, reply in zip(plain, batch.run(), strict=True)]
+        for queue in reserving:
+            results += claim_reserved(
+                self.broker, queue, [k for k in order if k.queue == queue], idle, self.name,
+                self.lease_ms,
+            )
         wait = self.block_timeout
         total = 0
-        for keys, reply in zip(order, replies, strict=True):
-            result = self.broker.parse_claim(keys, reply)
+        for result in results:
+            keys = result.keys
             if result.orphans:
                 logger.warning("dropped %d job ids with no job data queue=%s",
                                result.orphans, keys.queue)
             if result.next_due_ms is not None and not result.paused:
                 wait = min(wait, (result.next_due_ms - result.now_ms) / 1000)
+            if result.limit_wait_ms is not None:
+                wait = min(wait, result.limit_wait_ms / 1000)
             if not result.jobs:
                 continue
             total += len(result.jobs)
@@ -257,19 +316,31 @@ class Worker:
                     self._held[(job.keys, job.id)] = job
             for job in result.jobs:
                 self._inbox.put(job)
-            if self._stop.is_set():
-                break
         return total, wait - (time.monotonic() - sent)
 
     def _wait_for_work(self, wait: float) -> None:
-        """Sleep until work may be there: a marker, the next due time, or the cap."""
+        """Sleep until work may be there: a marker, the next due time, or the cap.
+
+        On a Redis Cluster one BZPOPMIN cannot watch keys of several slots, so each
+        shard's marker is watched by its own thread (:class:`MarkerWatch`).
+        """
         if wait <= 0:
+            return
+        if self._starved:
+            # limited queues wait for a thread, not for a marker (which they keep set)
+            with self._capacity:
+                if self._busy >= self.concurrency and not self._stop.is_set():
+                    self._capacity.wait(timeout=wait)
             return
         if wait <= PRECISE_WAIT:
             self._stop.wait(wait)
             return
+        timeout = max(0.01, wait - PRECISE_WAIT / 2)
+        if self._watch is not None:
+            self._watch.wait(timeout)
+            return
         markers = [keys.marker for keys in self.shards]
-        self.blocking_broker.client.bzpopmin(markers, timeout=max(0.01, wait - PRECISE_WAIT / 2))
+        self.blocking_broker.client.bzpopmin(markers, timeout=timeout)
 
     # -- executing ----------------------------------------------------------------
 
@@ -281,64 +352,21 @@ class Worker:
             key = (job.keys, job.id)
             with self._lock:
                 self._running.add(key)
+            began = time.perf_counter()
             try:
-                outcome = self._execute(job)
+                outcome = execute(job, self.tasks, self.broker.config.json_encoder,
+                                  self.name)
             finally:
+                took = time.perf_counter() - began
                 with self._capacity:
+                    self._avg_run_time += (took - self._avg_run_time) * 0.05
                     self._running.discard(key)
                     self._busy -= 1
-                    self._capacity.notify_all()
+                    if self._free_slots() >= self._low_water or not self._busy:
+                        self._capacity.notify()
             with self._lock:
                 self._outcomes.append(outcome)
             self._outcome_ready.set()
-
-    def _execute(self, job: ClaimedJob) -> Outcome:
-        log = {"job": job.id, "queue": job.queue, "task": job.task, "attempt": job.attempt}
-        started = time.perf_counter()
-        close_old_connections()
-        try:
-            try:
-                task = self.tasks.get(job.task)
-            except UnknownTask as exc:
-                return self._failure(job, exc, log, retry=True)
-            try:
-                args = json.loads(job.args_json)
-                kwargs = json.loads(job.kwargs_json)
-                if not isinstance(args, list) or not isinstance(kwargs, dict):
-                    raise ValueError("args must be a JSON array and kwargs a JSON object")
-            except ValueError as exc:
-                return self._failure(job, CorruptPayload(f"undecodable arguments: {exc}"), log,
-                                     retry=False)
-            try:
-                value = task.func(*args, **kwargs)
-            except Exception as exc:
-                delay = task.retry_delay(job.attempt)
-                return self._failure(job, exc, log, retry=True, delay=delay)
-            try:
-                result_json = encode_result(value, self.broker.config.json_encoder)
-            except TypeError as exc:
-                return self._failure(job, exc, log, retry=False)
-        finally:
-            close_old_connections()
-        logger.info("job completed job=%s queue=%s task=%s attempt=%d duration_ms=%.1f",
-                    job.id, job.queue, job.task, job.attempt,
-                    (time.perf_counter() - started) * 1000)
-        return Outcome(job, True, result_json=result_json)
-
-    def _failure(self, job: ClaimedJob, exc: BaseException, log: dict[str, Any], *,
-                 retry: bool, delay: float = 1.0) -> Outcome:
-        error = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
-        tb = "".join(traceback.format_exception(exc))
-        will_retry = retry and job.attempt < job.max_attempts
-        logger.log(
-            logging.WARNING if will_retry else logging.ERROR,
-            "job %s job=%s queue=%s task=%s attempt=%d/%d error=%s",
-            "failed, will retry" if will_retry else "failed", log["job"], log["queue"],
-            log["task"], job.attempt, job.max_attempts, error,
-            exc_info=not will_retry and not isinstance(exc, UnknownTask | CorruptPayload),
-        )
-        return Outcome(job, False, error=error[:2000], traceback=tb[-20000:],
-                       retry_delay_ms=int(delay * 1000) if retry else -1)
 
     # -- acking -------------------------------------------------------------------
 
@@ -363,28 +391,12 @@ class Worker:
             self._outcome_ready.clear()
         if not outcomes:
             return
-        batch = self.broker.batch()
-        completes: dict[QueueKeys, list[tuple[str, int, str]]] = {}
-        fail_calls: list[int] = []
-        for o in outcomes:
-            if o.ok:
-                completes.setdefault(o.job.keys, []).append((o.job.id, o.job.attempt,
-                                                             o.result_json))
-            else:
-                fail_calls.append(self.broker.add_fail(
-                    batch, o.job.keys, o.job.id, o.job.attempt, o.error, o.traceback,
-                    o.retry_delay_ms,
-                ))
-        complete_calls = [self.broker.add_complete(batch, keys, done)
-                          for keys, done in completes.items()]
         try:
-            replies = batch.run()
+            stale = send_outcomes(self.broker, outcomes)
         except RedisError:
             with self._lock:
                 self._outcomes[:0] = outcomes
             raise
-        stale = sum(1 for i in fail_calls if replies[i][0] == "stale")
-        stale += sum(list(replies[i]).count(0) for i in complete_calls)
         if stale:
             logger.warning("%d acks were stale: the lease had lapsed and another attempt "
                            "owns the job worker=%s", stale, self.name)
@@ -419,11 +431,8 @@ class Worker:
         with self._lock:
             held = list(self._held.values())
         batch = self.broker.batch()
-        by_shard: dict[QueueKeys, list[tuple[str, int]]] = {}
-        for job in held:
-            by_shard.setdefault(job.keys, []).append((job.id, job.attempt))
         extend_calls = [(keys, self.broker.add_extend(batch, keys, pairs, self.lease_ms))
-                        for keys, pairs in by_shard.items()]
+                        for keys, pairs in by_shard(held).items()]
         reclaim_calls = [(keys, self.broker.add_reclaim(batch, keys)) for keys in self.shards]
         replies = batch.run()
         for keys, index in extend_calls:
@@ -441,6 +450,23 @@ class Worker:
                                keys.queue, returned, dead)
         self._record_alive()
 
+    def _schedule_loop(self, periodic: list[Any]) -> None:
+        """Enqueue upcoming occurrences of periodic tasks, a few times per lookahead."""
+        lookahead = conf.CRON_LOOKAHEAD
+        interval = max(0.2, min(10.0, lookahead / 3))
+        logger.info("scheduling periodic tasks worker=%s tasks=%s", self.name,
+                    ",".join(f"{t.name}({t.schedule.describe()})" for t in periodic))
+        while not self._stop.is_set():
+            try:
+                added = schedule_due(self.broker, periodic, lookahead_ms=int(lookahead * 1000),
+                                     missed=conf.CRON_MISSED,
+                                     catch_up_max=conf.CRON_CATCH_UP_MAX)
+                if added:
+                    logger.debug("enqueued %d periodic jobs worker=%s", added, self.name)
+            except RedisError as exc:
+                logger.warning("periodic scheduling failed worker=%s error=%s", self.name, exc)
+            self._stop.wait(interval)
+
     def _register_queues(self) -> None:
         try:
             self.broker.client.sadd(self.broker.global_keys.queues, *self.queues)
@@ -449,38 +475,14 @@ class Worker:
             logger.warning("could not register worker worker=%s error=%s", self.name, exc)
 
     def _record_alive(self) -> None:
-        keys = self.broker.global_keys
-        now_ms = self.broker.server_time_ms()
-        ttl = max(60, int(self.lease_ms / 1000 * 3))
-        pipe = self.broker.client.pipeline(transaction=False)
-        pipe.zadd(keys.workers, {self.name: now_ms})
-        pipe.hset(keys.worker(self.name), mapping={
-            "name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
+        record_alive(self.broker, self.name, max(60, int(self.lease_ms / 1000 * 3)), {
             "queues": ",".join(self.queues), "concurrency": self.concurrency,
             "processed": self.processed, "failed": self.failed, "busy": self._busy,
-            "heartbeat": now_ms,
         })
-        pipe.hsetnx(keys.worker(self.name), "started", now_ms)
-        pipe.expire(keys.worker(self.name), ttl)
-        pipe.zremrangebyscore(keys.workers, "-inf", now_ms - ttl * 1000)
-        pipe.execute()
-
-    def _unregister(self) -> None:
-        keys = self.broker.global_keys
-        try:
-            pipe = self.broker.client.pipeline(transaction=False)
-            pipe.zrem(keys.workers, self.name)
-            pipe.delete(keys.worker(self.name))
-            pipe.execute()
-        except RedisError:
-            pass
 
     def _release(self, jobs: list[ClaimedJob], *, started: bool) -> None:
         batch = self.broker.batch()
-        by_shard: dict[QueueKeys, list[tuple[str, int]]] = {}
-        for job in jobs:
-            by_shard.setdefault(job.keys, []).append((job.id, job.attempt))
-        for keys, pairs in by_shard.items():
+        for keys, pairs in by_shard(jobs).items():
             self.broker.add_release(batch, keys, pairs, started=started)
         try:
             batch.run()
@@ -492,8 +494,4 @@ class Worker:
             for job in jobs:
                 self._held.pop((job.keys, job.id), None)
         logger.info("handed back %d jobs worker=%s", len(jobs), self.name)
-
-
-class CorruptPayload(ValueError):
-    """A job's stored arguments could not be decoded."""
 

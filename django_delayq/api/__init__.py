@@ -1,0 +1,17 @@
+"""The REST API of django-delayq (Django REST framework), an optional extra.
+
+Mount it with ``path("api/delayq/", include("django_delayq.api.urls"))``. Staff only
+by default (``DELAYQ["API_PERMISSION_CLASSES"]``); the OpenAPI schema is at
+``schema/`` under the same prefix.
+"""
+
+from __future__ import annotations
+
+try:
+    import drf_spectacular  # noqa: F401
+    import rest_framework  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "django_delayq.api needs Django REST framework and drf-spectacular: "
+        "pip install 'django-delayq[api]'"
+    ) from exc

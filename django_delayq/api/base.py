@@ -1,0 +1,75 @@
+"""What every API view shares: permissions from settings, and engine errors as HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.exceptions import APIException, NotFound, ParseError
+from rest_framework.generics import GenericAPIView
+from rest_framework.response import Response
+
+from ..engine import DelayQConnectionError, InvalidJobState, JobNotFound
+from .permissions import DelayQPermissionsMixin
+
+
+class ServiceUnavailable(APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "The job queue's Redis is unreachable; try again later."
+    default_code = "redis_unavailable"
+
+
+class Conflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "The job's state does not allow this."
+    default_code = "invalid_state"
+
+
+def to_api_exception(exc: Exception) -> Exception:
+    """The HTTP error for an engine error (503, 404, 409) or a body nested too deeply
+    (400); other errors unchanged."""
+    if isinstance(exc, DelayQConnectionError):
+        return ServiceUnavailable(f"The job queue's Redis is unreachable: {exc}")
+    if isinstance(exc, JobNotFound):
+        return NotFound(str(exc))
+    if isinstance(exc, InvalidJobState):
+        return Conflict(str(exc))
+    if isinstance(exc, RecursionError):
+        # The JSON parser recurses per nesting level: a deep body is the client's error.
+        return ParseError("The JSON body is nested too deeply.")
+    return exc
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def document(**kwargs: Any) -> Callable[[F], F]:
+    """``extend_schema`` on drf-spectacular's AutoSchema, whatever the project's
+    ``DEFAULT_SCHEMA_CLASS`` (so the schema works without REST_FRAMEWORK settings)."""
+
+    def decorator(method: F) -> F:
+        method.schema = AutoSchema  # type: ignore[attr-defined]
+        decorated: F = extend_schema(**kwargs)(method)
+        del decorated.schema  # type: ignore[attr-defined]
+        return decorated
+
+    return decorator
+
+
+class DelayQAPIView(DelayQPermissionsMixin, GenericAPIView):  # type: ignore[misc]
+    """Base of the API views: configured permissions, OpenAPI through drf-spectacular."""
+
+    schema = AutoSchema()
+    pagination_class: type[Any] | None = None
+
+    def handle_exception(self, exc: Exception) -> Response:
+        return super().handle_exception(to_api_exception(exc))
+
+    def parsed(self, serializer_class: type[Any], data: Any) -> dict[str, Any]:
+        """``data`` validated by ``serializer_class`` (a 400 answer when it is not valid)."""
+        serializer = serializer_class(data=data)
+        serializer.is_valid(raise_exception=True)
+        return dict(serializer.validated_data)

@@ -1,0 +1,232 @@
+"""Serializers of the API: what it answers (queues, jobs, workers) and what it accepts."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+from rest_framework import serializers
+
+from ..engine import STATUSES
+from ..engine.keys import validate_job_id, validate_queue_name
+from ..engine.validation import MAX_PRIORITY, MIN_PRIORITY
+from ..models import Job as MirroredJob
+from ..models import JobStatus
+from ..task import Task, registry
+
+# -- answers -------------------------------------------------------------------------
+
+
+class QueueCountsSerializer(serializers.Serializer):
+    """Jobs per status, live from Redis (finished ones: those still kept)."""
+
+    scheduled = serializers.IntegerField()
+    ready = serializers.IntegerField()
+    active = serializers.IntegerField()
+    completed = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    cancelled = serializers.IntegerField()
+
+
+class QueueSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    counts = QueueCountsSerializer()
+    paused = serializers.BooleanField()
+    next_due = serializers.DateTimeField(allow_null=True,
+                                         help_text="run_at of the earliest scheduled job.")
+    shards = serializers.IntegerField()
+
+
+class ThroughputSerializer(serializers.Serializer):
+    minute = serializers.DateTimeField()
+    completed = serializers.IntegerField()
+    failed = serializers.IntegerField()
+
+
+class QueueDetailSerializer(QueueSerializer):
+    tasks = serializers.ListField(child=serializers.CharField(),
+                                  help_text="Registered tasks that send jobs to this queue.")
+    throughput = ThroughputSerializer(many=True, help_text="The last 60 minutes, oldest first.")
+
+
+class LiveJobSerializer(serializers.Serializer):
+    """A job as Redis holds it now (an engine ``Job``)."""
+
+    id = serializers.CharField()
+    queue = serializers.CharField()
+    task = serializers.CharField(source="task_name")
+    status = serializers.ChoiceField(choices=STATUSES)
+    args = serializers.JSONField()
+    kwargs = serializers.JSONField()
+    priority = serializers.IntegerField()
+    run_at = serializers.DateTimeField(allow_null=True)
+    attempts = serializers.IntegerField()
+    max_attempts = serializers.IntegerField()
+    result = serializers.JSONField(allow_null=True)
+    error = serializers.CharField(allow_null=True)
+    traceback = serializers.CharField(allow_null=True)
+    worker = serializers.CharField(allow_null=True)
+    enqueued_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+
+class EnqueuedJobSerializer(LiveJobSerializer):
+    created = serializers.BooleanField(
+        help_text="False when a job with this job_id existed: nothing was added.")
+
+
+class MirroredJobSerializer(serializers.ModelSerializer):
+    """A job as last mirrored into the database (history; may lag Redis)."""
+
+    class Meta:
+        model = MirroredJob
+        fields = ["job_id", "queue", "task_name", "status", "priority", "args", "kwargs",
+                  "run_at", "enqueued_at", "started_at", "finished_at", "attempts",
+                  "max_attempts", "worker", "result", "error", "updated_at"]
+        read_only_fields = fields
+
+
+class MirroredJobDetailSerializer(MirroredJobSerializer):
+    class Meta(MirroredJobSerializer.Meta):
+        fields = [*MirroredJobSerializer.Meta.fields, "traceback"]
+        read_only_fields = fields
+
+
+class JobDetailSerializer(serializers.Serializer):
+    queue = serializers.CharField()
+    job_id = serializers.CharField()
+    live = LiveJobSerializer(allow_null=True,
+                             help_text="Redis state now; null once the job expired there.")
+    position = serializers.IntegerField(
+        allow_null=True, help_text="Jobs of its queue shard that run before it (waiting jobs).")
+    mirror = MirroredJobDetailSerializer(
+        allow_null=True, help_text="The mirrored row; null until the mirror has seen the job.")
+
+
+class WorkerSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    host = serializers.CharField()
+    pid = serializers.IntegerField(allow_null=True)
+    queues = serializers.ListField(child=serializers.CharField())
+    concurrency = serializers.IntegerField(allow_null=True)
+    processed = serializers.IntegerField(allow_null=True)
+    failed = serializers.IntegerField(allow_null=True)
+    busy = serializers.IntegerField(allow_null=True)
+    started = serializers.DateTimeField(allow_null=True)
+    heartbeat = serializers.DateTimeField(allow_null=True)
+
+
+class ErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+
+
+# -- requests ------------------------------------------------------------------------
+
+
+class AwareDateTimeField(serializers.DateTimeField):
+    """An ISO 8601 date-time that must carry its UTC offset (naive ones are refused)."""
+
+    default_error_messages = {
+        "invalid_iso": "Not an ISO 8601 date-time: {value!r} (e.g. 2030-01-31T09:00:00Z).",
+        "naive": "{value!r} has no time zone: add an offset such as Z or +02:00.",
+    }
+
+    def to_internal_value(self, value: Any) -> dt.datetime:
+        if not isinstance(value, str):
+            self.fail("invalid_iso", value=value)
+        try:
+            parsed = parse_datetime(value.strip())
+        except ValueError:
+            parsed = None
+        if parsed is None:
+            self.fail("invalid_iso", value=value)
+        assert parsed is not None
+        if parsed.tzinfo is None or parsed.utcoffset() is None:
+            self.fail("naive", value=value)
+        return parsed
+
+
+def _check_when(attrs: dict[str, Any], *, required: bool) -> dict[str, Any]:
+    given = [name for name in ("run_at", "delay") if attrs.get(name) is not None]
+    if len(given) > 1:
+        raise serializers.ValidationError("Give run_at or delay, not both.")
+    if required and not given:
+        raise serializers.ValidationError("Give run_at (ISO 8601 with an offset) or delay "
+                                          "(seconds).")
+    return attrs
+
+
+def _priority_field() -> serializers.IntegerField:
+    return serializers.IntegerField(
+        required=False, min_value=MIN_PRIORITY, max_value=MAX_PRIORITY,
+        help_text=f"{MIN_PRIORITY} to {MAX_PRIORITY}, higher runs first.")
+
+
+class EnqueueSerializer(serializers.Serializer):
+    """Enqueue a job of a registered task."""
+
+    task = serializers.CharField(help_text="Registered task name, e.g. shop.tasks.send_receipt.")
+    args = serializers.ListField(child=serializers.JSONField(), required=False, default=list)
+    kwargs = serializers.DictField(child=serializers.JSONField(), required=False, default=dict)
+    queue = serializers.CharField(required=False, help_text="Defaults to the task's queue.")
+    priority = _priority_field()
+    delay = serializers.FloatField(required=False, min_value=0, help_text="Seconds from now.")
+    run_at = AwareDateTimeField(required=False, help_text="ISO 8601 with a UTC offset.")
+    job_id = serializers.CharField(required=False,
+                                   help_text="Your id for the job: enqueued once per id.")
+    max_attempts = serializers.IntegerField(required=False, min_value=1)
+
+    def validate_task(self, value: str) -> str:
+        if value not in registry:
+            raise serializers.ValidationError(f"No task named {value!r} is registered.")
+        return value
+
+    def validate_queue(self, value: str) -> str:
+        try:
+            return validate_queue_name(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    def validate_job_id(self, value: str) -> str:
+        try:
+            return validate_job_id(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        _check_when(attrs, required=False)
+        task: Task[Any, Any] = registry.get(attrs["task"])
+        try:
+            task.check_arguments(attrs["args"], attrs["kwargs"])
+        except TypeError as exc:
+            raise serializers.ValidationError({"args": [str(exc)]}) from None
+        return attrs
+
+
+class RescheduleSerializer(serializers.Serializer):
+    run_at = AwareDateTimeField(required=False, help_text="ISO 8601 with a UTC offset.")
+    delay = serializers.FloatField(required=False, min_value=0, help_text="Seconds from now.")
+    priority = _priority_field()
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        return _check_when(attrs, required=True)
+
+
+class RetrySerializer(serializers.Serializer):
+    run_at = AwareDateTimeField(required=False, help_text="When to run again (default: now).")
+    delay = serializers.FloatField(required=False, min_value=0, help_text="Seconds from now.")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        return _check_when(attrs, required=False)
+
+
+class JobFilterSerializer(serializers.Serializer):
+    """Query parameters of the job list (all optional, combined with AND)."""
+
+    queue = serializers.CharField(required=False)
+    status = serializers.ChoiceField(choices=JobStatus.choices, required=False)
+    task = serializers.CharField(required=False, help_text="Exact task name.")
+    run_at_after = AwareDateTimeField(required=False, help_text="run_at >= this.")
+    run_at_before = AwareDateTimeField(required=False, help_text="run_at < this.")

@@ -1,0 +1,261 @@
+"""The API endpoints: queues, jobs and workers.
+
+Queue state and job state are read live from Redis; the job list (history, filters)
+comes from the mirrored ``django_delayq.Job`` table. Engine errors become HTTP errors in
+:class:`~django_delayq.api.base.DelayQAPIView`: Redis unreachable 503, unknown job 404,
+a state that forbids the action 409.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiResponse
+from rest_framework import status
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from ..connection import get_broker
+from ..engine import Job, JobNotFound, Queue
+from ..engine.job import from_ms
+from ..models import Job as MirroredJob
+from ..task import registry
+from . import serializers as s
+from .base import Conflict, DelayQAPIView, document
+
+logger = logging.getLogger("django_delayq.api")
+
+ERRORS = {
+    401: OpenApiResponse(s.ErrorSerializer, description="Not authenticated."),
+    403: OpenApiResponse(s.ErrorSerializer, description="Not allowed (staff only by default)."),
+    503: OpenApiResponse(s.ErrorSerializer, description="Redis is unreachable."),
+}
+NOT_FOUND = {404: OpenApiResponse(s.ErrorSerializer, description="Unknown queue or job.")}
+BAD_REQUEST = {400: OpenApiResponse(description="Invalid input, by field.")}
+CONFLICT = {409: OpenApiResponse(s.ErrorSerializer,
+                                 description="The job's status does not allow this.")}
+
+
+# -- queues --------------------------------------------------------------------------
+
+
+def known_queue(name: str) -> Queue:
+    """The queue ``name`` if Redis has seen it or a registered task uses it, else 404."""
+    broker = get_broker()
+    if name not in registry.queues():
+        with broker.connection_errors():
+            seen = broker.client.sismember(broker.global_keys.queues, name)
+        if not seen:
+            raise NotFound(f"No queue named {name!r}.")
+    return Queue(name, broker=broker)
+
+
+def queue_data(queue: Queue, *, detail: bool = False) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "name": queue.name, "counts": queue.counts(), "paused": queue.is_paused,
+        "next_due": queue.next_due(), "shards": len(queue.broker.shards(queue.name)),
+    }
+    if detail:
+        data["tasks"] = [t.name for t in registry.tasks() if t.queue_name == queue.name]
+        data["throughput"] = [{"minute": m, "completed": c, "failed": f}
+                              for m, c, f in queue.throughput(60)]
+    return data
+
+
+class QueueListView(DelayQAPIView):
+    @document(summary="List queues", responses={200: s.QueueSerializer(many=True), **ERRORS})
+    def get(self, request: Request) -> Response:
+        """Every queue seen in Redis or used by a registered task, with live counts."""
+        broker = get_broker()
+        names = {q.name for q in Queue.all(broker=broker)} | set(registry.queues())
+        data = [queue_data(Queue(name, broker=broker)) for name in sorted(names)]
+        return Response(s.QueueSerializer(data, many=True).data)
+
+
+class QueueDetailView(DelayQAPIView):
+    @document(summary="Show a queue",
+                   responses={200: s.QueueDetailSerializer, **NOT_FOUND, **ERRORS})
+    def get(self, request: Request, queue: str) -> Response:
+        """Live counts, pause state, next due time, tasks and throughput of one queue."""
+        return Response(s.QueueDetailSerializer(queue_data(known_queue(queue),
+                                                           detail=True)).data)
+
+
+class QueuePauseView(DelayQAPIView):
+    @document(summary="Pause a queue", request=None,
+                   responses={200: s.QueueSerializer, **NOT_FOUND, **ERRORS})
+    def post(self, request: Request, queue: str) -> Response:
+        """Stop workers from claiming jobs of this queue (enqueuing still works)."""
+        q = known_queue(queue)
+        q.pause()
+        logger.info("queue paused queue=%s user=%s", queue, request.user)
+        return Response(s.QueueSerializer(queue_data(q)).data)
+
+
+class QueueResumeView(DelayQAPIView):
+    @document(summary="Resume a queue", request=None,
+                   responses={200: s.QueueSerializer, **NOT_FOUND, **ERRORS})
+    def post(self, request: Request, queue: str) -> Response:
+        """Let workers claim jobs of this queue again."""
+        q = known_queue(queue)
+        q.resume()
+        logger.info("queue resumed queue=%s user=%s", queue, request.user)
+        return Response(s.QueueSerializer(queue_data(q)).data)
+
+
+# -- jobs ----------------------------------------------------------------------------
+
+
+class JobPagination(LimitOffsetPagination):
+    default_limit = 50
+    max_limit = 500
+
+
+class JobListView(DelayQAPIView):
+    pagination_class = JobPagination
+    serializer_class = s.MirroredJobSerializer
+
+    def get_queryset(self) -> QuerySet[MirroredJob]:
+        filters = self.parsed(s.JobFilterSerializer, self.request.query_params)
+        qs = MirroredJob.objects.all()
+        if "queue" in filters:
+            qs = qs.filter(queue=filters["queue"])
+        if "status" in filters:
+            qs = qs.filter(status=filters["status"])
+        if "task" in filters:
+            qs = qs.filter(task_name=filters["task"])
+        if "run_at_after" in filters:
+            qs = qs.filter(run_at__gte=filters["run_at_after"])
+        if "run_at_before" in filters:
+            qs = qs.filter(run_at__lt=filters["run_at_before"])
+        return qs.order_by("-enqueued_at", "-id")
+
+    @document(summary="List jobs (history)", parameters=[s.JobFilterSerializer],
+                   responses={200: s.MirroredJobSerializer(many=True), **BAD_REQUEST, **ERRORS})
+    def get(self, request: Request) -> Response:
+        """Jobs from the mirrored table, newest first, filtered and paginated."""
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
+
+    @document(summary="Enqueue a job", request=s.EnqueueSerializer,
+                   responses={201: s.EnqueuedJobSerializer,
+                              200: OpenApiResponse(s.EnqueuedJobSerializer,
+                                                   description="A job with this job_id "
+                                                               "exists: nothing was added."),
+                              **BAD_REQUEST, **ERRORS})
+    def post(self, request: Request) -> Response:
+        """Enqueue a job of a registered task; arguments are checked against its signature."""
+        data = self.parsed(s.EnqueueSerializer, request.data)
+        task = registry.get(data["task"])
+        options = {k: data[k] for k in ("queue", "priority", "job_id", "max_attempts",
+                                         "run_at", "delay") if data.get(k) is not None}
+        try:
+            job = task.using(**options).enqueue(*data["args"], **data["kwargs"])
+        except (TypeError, ValueError) as exc:  # e.g. arguments over MAX_PAYLOAD_BYTES
+            raise ValidationError({"non_field_errors": [str(exc)]}) from None
+        if not job.created:
+            job.refresh()
+        logger.info("job enqueued job=%s queue=%s task=%s created=%s user=%s", job.id,
+                    job.queue, job.task_name, job.created, request.user)
+        body = s.EnqueuedJobSerializer(job).data
+        return Response(body, status=status.HTTP_201_CREATED if job.created else status.HTTP_200_OK)
+
+
+class JobDetailView(DelayQAPIView):
+    @document(summary="Show a job", responses={200: s.JobDetailSerializer, **NOT_FOUND,
+                                                    **ERRORS})
+    def get(self, request: Request, queue: str, job_id: str) -> Response:
+        """The job's live state in Redis next to its mirrored row (either may be null)."""
+        live: Job | None
+        try:
+            live = Job.fetch(job_id, queue)
+        except JobNotFound:
+            live = None
+        position = live.position() if live is not None and live.status in (
+            "scheduled", "ready") else None
+        mirror = MirroredJob.objects.filter(queue=queue, job_id=job_id).first()
+        if live is None and mirror is None:
+            raise NotFound(f"No job {job_id!r} in queue {queue!r}.")
+        data = {"queue": queue, "job_id": job_id, "live": live, "position": position,
+                "mirror": mirror}
+        return Response(s.JobDetailSerializer(data).data)
+
+
+class JobCancelView(DelayQAPIView):
+    @document(summary="Cancel a job", request=None,
+                   responses={200: s.LiveJobSerializer, **NOT_FOUND, **CONFLICT, **ERRORS})
+    def post(self, request: Request, queue: str, job_id: str) -> Response:
+        """Cancel a scheduled or ready job (409 once it started or finished)."""
+        job = Job(id=job_id, queue=queue)
+        if not job.cancel():
+            raise Conflict(f"Job {job_id!r} is {job.status}: only a scheduled or ready job can "
+                           "be cancelled.")
+        logger.info("job cancelled job=%s queue=%s user=%s", job_id, queue, request.user)
+        return Response(s.LiveJobSerializer(job.refresh()).data)
+
+
+class JobRetryView(DelayQAPIView):
+    @document(summary="Retry a job", request=s.RetrySerializer,
+                   responses={200: s.LiveJobSerializer, **BAD_REQUEST, **NOT_FOUND,
+                              **CONFLICT, **ERRORS})
+    def post(self, request: Request, queue: str, job_id: str) -> Response:
+        """Run a failed or cancelled job again (now, or at run_at / after delay)."""
+        data = self.parsed(s.RetrySerializer, request.data)
+        job = Job(id=job_id, queue=queue)
+        job.retry(run_at=data.get("run_at"), delay=data.get("delay"))
+        logger.info("job retried job=%s queue=%s user=%s", job_id, queue, request.user)
+        return Response(s.LiveJobSerializer(job.refresh()).data)
+
+
+class JobRescheduleView(DelayQAPIView):
+    @document(summary="Reschedule a job", request=s.RescheduleSerializer,
+                   responses={200: s.LiveJobSerializer, **BAD_REQUEST, **NOT_FOUND,
+                              **CONFLICT, **ERRORS})
+    def post(self, request: Request, queue: str, job_id: str) -> Response:
+        """Move a job that has not started to run_at (or delay seconds from now)."""
+        data = self.parsed(s.RescheduleSerializer, request.data)
+        job = Job(id=job_id, queue=queue)
+        job.reschedule(run_at=data.get("run_at"), delay=data.get("delay"),
+                       priority=data.get("priority"))
+        logger.info("job rescheduled job=%s queue=%s run_at=%s user=%s", job_id, queue,
+                    job.run_at, request.user)
+        return Response(s.LiveJobSerializer(job.refresh()).data)
+
+
+# -- workers -------------------------------------------------------------------------
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class WorkerListView(DelayQAPIView):
+    @document(summary="List live workers",
+                   responses={200: s.WorkerSerializer(many=True), **ERRORS})
+    def get(self, request: Request) -> Response:
+        """Workers whose heartbeat is recent (their record expires a while after they die)."""
+        broker = get_broker()
+        keys = broker.global_keys
+        with broker.connection_errors():
+            names = broker.client.zrange(keys.workers, 0, -1)
+            pipe = broker.client.pipeline(transaction=False)
+            for name in names:
+                pipe.hgetall(keys.worker(name))
+            infos = pipe.execute() if names else []
+        workers = [
+            {"name": name, "host": info.get("host", ""), "pid": _int(info.get("pid")),
+             "queues": [q for q in info.get("queues", "").split(",") if q],
+             "concurrency": _int(info.get("concurrency")),
+             "processed": _int(info.get("processed")), "failed": _int(info.get("failed")),
+             "busy": _int(info.get("busy")), "started": from_ms(info.get("started")),
+             "heartbeat": from_ms(info.get("heartbeat"))}
+            for name, info in zip(names, infos, strict=True) if info
+        ]
+        return Response(s.WorkerSerializer(workers, many=True).data)

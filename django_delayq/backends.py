@@ -1,0 +1,327 @@
+"""A backend for Django's Tasks framework that runs tasks on django-delayq.
+
+``django.tasks`` on Django 6, the ``django-tasks`` package on Django 5.2::
+
+    TASKS = {
+        "default": {
+            "BACKEND": "django_delayq.backends.DelayQBackend",
+            "QUEUES": ["default", "emails"],          # [] accepts any queue name
+            "OPTIONS": {"MAX_ATTEMPTS": 1},
+        }
+    }
+
+Code written against the standard API (``@task(priority=..., queue_name=...)``,
+``.using(run_after=...)``, ``.enqueue()``, ``get_result()``) then runs on delayq workers.
+The worker resolves task names only through :data:`django_delayq.task.registry`, so
+``validate_task`` (which Django calls when a task is declared, and again on ``using()``
+and ``enqueue()``) registers a delayq task under the Django task's ``module_path``.
+A worker that autodiscovers ``<app>.tasks`` therefore knows every Django task declared
+there. Result ids are ``<queue>:<job id>``. The backend opens no connection until a
+task is enqueued or a result is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import functools
+import inspect
+import logging
+import threading
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from .engine import DelayQError, JobNotFound
+from .engine import Job as EngineJob
+from .engine.keys import QUEUE_NAME_RE
+from .task import Task as DelayQTask
+from .task import registry
+
+try:  # Django 6+
+    from django.tasks import TaskContext, TaskResult, TaskResultStatus
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.base import Task, TaskError
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.signals import task_enqueued, task_finished, task_started
+except ImportError:
+    try:  # the django-tasks backport on Django 5.2
+        from django_tasks import TaskContext, TaskResult, TaskResultStatus
+        from django_tasks.backends.base import BaseTaskBackend
+        from django_tasks.base import Task, TaskError
+        from django_tasks.exceptions import TaskResultDoesNotExist
+        from django_tasks.signals import task_enqueued, task_finished, task_started
+
+        try:
+            from django_tasks.exceptions import InvalidTask
+        except ImportError:  # django-tasks < 0.13 names it InvalidTaskError
+            from django_tasks.exceptions import InvalidTaskError as InvalidTask
+    except ImportError as exc:
+        raise ImportError(
+            "django_delayq.backends needs Django's Tasks framework: use Django 6, or on "
+            "Django 5.2 pip install 'django-delayq[tasks]' (the django-tasks package)"
+        ) from exc
+
+from .current import RunningJob, current_job
+
+__all__ = ["DelayQBackend", "JobCancelled", "make_result_id", "parse_result_id"]
+
+logger = logging.getLogger("django_delayq.backends")
+
+#: How delayq statuses show in Django's Tasks API.
+STATUS_MAP = {
+    "scheduled": TaskResultStatus.READY,
+    "ready": TaskResultStatus.READY,
+    "active": TaskResultStatus.RUNNING,
+    "completed": TaskResultStatus.SUCCESSFUL,
+    "failed": TaskResultStatus.FAILED,
+    "cancelled": TaskResultStatus.FAILED,
+}
+
+OPTIONS = {"MAX_ATTEMPTS"}
+
+
+class JobCancelled(DelayQError):
+    """The error a cancelled job reports through the Tasks API (it never ran to the end)."""
+
+
+_CANCELLED_PATH = f"{JobCancelled.__module__}.{JobCancelled.__qualname__}"
+
+_lock = threading.Lock()
+#: module_path -> (the Django task first declared under it, its registered delayq task)
+_known: dict[str, tuple[Task, DelayQTask[Any, Any]]] = {}
+
+
+def make_result_id(queue: str, job_id: str) -> str:
+    """The Tasks API id of a job: ``<queue>:<job id>`` (queue names never hold ``:``)."""
+    return f"{queue}:{job_id}"
+
+
+def parse_result_id(result_id: str) -> tuple[str | None, str]:
+    """``(queue, job id)`` of a result id; the queue is ``None`` for a bare job id."""
+    queue, sep, job_id = str(result_id).partition(":")
+    if sep and QUEUE_NAME_RE.match(queue):
+        return queue, job_id
+    return None, str(result_id)
+
+
+class DelayQBackend(BaseTaskBackend):
+    """Django Tasks backend storing jobs in django-delayq's Redis queues."""
+
+    supports_defer = True
+    supports_priority = True
+    supports_get_result = True
+    supports_async_task = False
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        attempts = self.options.get("MAX_ATTEMPTS", 1)
+        valid = isinstance(attempts, int) and not isinstance(attempts, bool) and attempts >= 1
+        self.max_attempts: int = attempts if valid else 1  # else: check E041 reports it
+
+    # -- declaring ----------------------------------------------------------------
+
+    def validate_task(self, task: Task) -> None:
+        """Django's checks, delayq's (queue name), then register the task for workers."""
+        super().validate_task(task)
+        if not QUEUE_NAME_RE.match(task.queue_name):
+            raise InvalidTask(f"queue name {task.queue_name!r} is not valid for django-delayq: "
+                              "use 1-64 characters from A-Z a-z 0-9 _ . -")
+        self._register(task)
+
+    def _register(self, task: Task) -> DelayQTask[Any, Any]:
+        name = task.module_path
+        with _lock:
+            known = _known.get(name)
+            if known is not None and known[0].func is task.func and name in registry:
+                return known[1]
+            try:
+                dq_task: DelayQTask[Any, Any] = DelayQTask(
+                    func=_runner(task), name=name, queue=task.queue_name,
+                    priority=task.priority, max_attempts=self.max_attempts,
+                )
+                registry.register(dq_task)
+            except (TypeError, ValueError, DelayQError, ImproperlyConfigured) as exc:
+                raise InvalidTask(f"{name}: {exc}") from exc
+            _known[name] = (task, dq_task)
+            return dq_task
+
+    # -- enqueuing ----------------------------------------------------------------
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Send a job to delayq; ``run_after`` defers it, ``priority`` orders it.
+
+        Raises ``TypeError`` for arguments the function does not take or that are not
+        JSON, and :class:`~django_delayq.DelayQConnectionError` if Redis is unreachable.
+        """
+        self.validate_task(task)
+        dq_task = self._register(task)
+        run_at = task.run_after
+        if run_at is not None and timezone.is_naive(run_at):  # only when USE_TZ is off
+            run_at = timezone.make_aware(run_at)
+        job = dq_task.using(queue=task.queue_name, priority=task.priority, run_at=run_at,
+                            max_attempts=self.max_attempts).enqueue(*args, **kwargs)
+        result = TaskResult(
+            task=task, id=make_result_id(job.queue, job.id), status=TaskResultStatus.READY,
+            enqueued_at=job.enqueued_at, started_at=None, finished_at=None,
+            last_attempted_at=None, args=list(args), kwargs=dict(kwargs), backend=self.alias,
+            errors=[], worker_ids=[],
+        )
+        logger.debug("enqueued job=%s queue=%s task=%s", job.id, job.queue, task.module_path)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    # -- results ------------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> TaskResult:
+        """The task's result as Redis holds it now.
+
+        Raises ``TaskResultDoesNotExist`` for an unknown (or expired) id, and for a job
+        that is not a Django task.
+        """
+        queue, job_id = parse_result_id(result_id)
+        queues = [queue] if queue else sorted(self.queues)
+        for name in queues:
+            try:
+                job = EngineJob.fetch(job_id, name)
+            except (JobNotFound, ValueError):
+                continue
+            return self._result(job, make_result_id(name, job_id))
+        raise TaskResultDoesNotExist(result_id)
+
+    def _result(self, job: EngineJob, result_id: str) -> TaskResult:
+        task = _django_task(job.task_name)
+        if task is None:
+            raise TaskResultDoesNotExist(
+                f"{result_id}: job runs {job.task_name!r}, which is not a Django task"
+            )
+        return build_result(task, job, result_id, self.alias)
+
+    def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
+        errors: list[checks.CheckMessage] = []
+        unknown = sorted(set(self.options) - OPTIONS)
+        attempts = self.options.get("MAX_ATTEMPTS", 1)
+        bad_queues = sorted(q for q in self.queues
+                            if not isinstance(q, str) or not QUEUE_NAME_RE.match(q))
+        if unknown:
+            errors.append(checks.Error(
+                f"TASKS[{self.alias!r}]['OPTIONS'] has unknown keys: {', '.join(unknown)}.",
+                hint=f"Known options: {', '.join(sorted(OPTIONS))}.", id="django_delayq.E041"))
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            errors.append(checks.Error(
+                f"TASKS[{self.alias!r}]['OPTIONS']['MAX_ATTEMPTS'] must be an int >= 1, "
+                f"not {attempts!r}.", id="django_delayq.E041"))
+        if bad_queues:
+            errors.append(checks.Error(
+                f"TASKS[{self.alias!r}]['QUEUES'] has invalid queue names: {bad_queues!r}.",
+                hint="Use 1-64 characters from A-Z a-z 0-9 _ . -", id="django_delayq.E041"))
+        return errors
+
+
+def _django_task(name: str) -> Task | None:
+    """The Django task registered under ``name`` (importing its module if needed)."""
+    known = _known.get(name)
+    if known is not None:
+        return known[0]
+    try:
+        found = import_string(name)
+    except ImportError:
+        return None
+    return found if isinstance(found, Task) else None
+
+
+def build_result(task: Task, job: EngineJob, result_id: str, alias: str) -> TaskResult:
+    """A ``TaskResult`` describing ``job`` (a job of ``task``) as last read."""
+    run_after = job.run_at if job.run_at and job.enqueued_at and (
+        job.run_at > job.enqueued_at) else None
+    with contextlib.suppress(InvalidTask):
+        task = dataclasses.replace(task, priority=job.priority, queue_name=job.queue,
+                                   run_after=run_after)
+    errors = []
+    if job.error:
+        path = job.error.split(":", 1)[0].strip()
+        errors.append(TaskError(exception_class_path=path, traceback=job.traceback or job.error))
+    if job.status == "cancelled":
+        errors.append(TaskError(exception_class_path=_CANCELLED_PATH,
+                                traceback="The job was cancelled before it ran.\n"))
+    status = STATUS_MAP.get(job.status, TaskResultStatus.READY)
+    result = TaskResult(
+        task=task, id=result_id, status=status, enqueued_at=job.enqueued_at,
+        started_at=job.started_at, finished_at=job.finished_at if job.is_finished else None,
+        last_attempted_at=job.started_at, args=list(job.args) if isinstance(job.args, list)
+        else [], kwargs=dict(job.kwargs) if isinstance(job.kwargs, dict) else {},
+        backend=alias, errors=errors,
+        worker_ids=[job.worker] * job.attempts if job.worker else [],
+    )
+    if status == TaskResultStatus.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", job.result)
+    return result
+
+
+def _running_result(task: Task, running: RunningJob | None, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> TaskResult:
+    """The RUNNING ``TaskResult`` of the job this worker thread is running."""
+    now = timezone.now()
+    if running is None:  # called outside a worker: no job to describe
+        return TaskResult(
+            task=task, id="", status=TaskResultStatus.RUNNING, enqueued_at=None, started_at=now,
+            finished_at=None, last_attempted_at=now, args=list(args), kwargs=dict(kwargs),
+            backend=task.backend, errors=[], worker_ids=[],
+        )
+    job = running.job
+    with contextlib.suppress(InvalidTask):
+        task = task.using(priority=job.priority, queue_name=job.queue)
+    started = dt.datetime.fromtimestamp(job.started_at_ms / 1000, tz=dt.UTC)
+    return TaskResult(
+        task=task, id=make_result_id(job.queue, job.id), status=TaskResultStatus.RUNNING,
+        enqueued_at=dt.datetime.fromtimestamp(job.enqueued_at_ms / 1000, tz=dt.UTC),
+        started_at=started, finished_at=None, last_attempted_at=started, args=list(args),
+        kwargs=dict(kwargs), backend=task.backend, errors=[],
+        worker_ids=[running.worker] * max(1, job.attempt),
+    )
+
+
+def _runner(task: Task) -> Callable[..., Any]:
+    """The function a delayq worker calls for ``task``: the task's own, with its context
+    (``takes_context``) and the Tasks signals ``task_started``/``task_finished``."""
+    func = task.func
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        running = current_job()
+        result = _running_result(task, running, args, kwargs)
+        sender = type(task.get_backend())
+        task_started.send(sender, task_result=result)
+        try:
+            if task.takes_context:
+                value = func(TaskContext(task_result=result), *args, **kwargs)
+            else:
+                value = func(*args, **kwargs)
+        except Exception as exc:
+            last = running is None or running.job.attempt >= running.job.max_attempts
+            object.__setattr__(result, "status",
+                               TaskResultStatus.FAILED if last else TaskResultStatus.READY)
+            object.__setattr__(result, "finished_at", timezone.now())
+            result.errors.append(TaskError(
+                exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                traceback="".join(traceback.format_exception(exc))))
+            task_finished.send(sender, task_result=result)
+            raise
+        object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+        object.__setattr__(result, "finished_at", timezone.now())
+        object.__setattr__(result, "_return_value", value)
+        task_finished.send(sender, task_result=result)
+        return value
+
+    functools.update_wrapper(run, func)
+    if task.takes_context:  # the caller's arguments exclude the leading ``context``
+        sig = inspect.signature(func)
+        run.__signature__ = sig.replace(  # type: ignore[attr-defined]
+            parameters=list(sig.parameters.values())[1:])
+    return run
+

@@ -1,0 +1,59 @@
+"""``manage.py delayq_mirror``: keep the Job table in step with the events streams.
+
+``runworker`` runs the same mirror on a thread by default; this command runs it alone
+(``--burst``: mirror what the streams hold, then exit). SIGTERM/SIGINT stop it after the
+batch in hand is written and acknowledged.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_delayq.engine.keys import validate_queue_name
+from django_delayq.management.commands.runworker import configure_logging
+from django_delayq.mirror import Mirror
+
+
+class Command(BaseCommand):
+    help = "Mirror job events from Redis into the django_delayq Job table."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("queues", nargs="*", metavar="QUEUE",
+                            help="queues to mirror (default: every known queue, refreshed)")
+        parser.add_argument("--burst", action="store_true",
+                            help="mirror what the streams hold, then exit")
+        parser.add_argument("--batch-size", type=int, default=None,
+                            help="events read per batch (default DELAYQ['MIRROR_BATCH_SIZE'])")
+        parser.add_argument("--claim-idle", type=float, default=None,
+                            help="seconds another mirror's unacknowledged events may sit "
+                                 "before this one takes them (default "
+                                 "DELAYQ['MIRROR_CLAIM_IDLE'])")
+        parser.add_argument("--name", default=None,
+                            help="consumer name in the group (default host:pid:rand); reuse "
+                                 "a name to re-read its unacknowledged events at once")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        configure_logging(self, options["verbosity"])
+        for name in options["queues"]:
+            try:
+                validate_queue_name(name)
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
+        if options["batch_size"] is not None and options["batch_size"] < 1:
+            raise CommandError("--batch-size must be at least 1")
+        mirror = Mirror(queues=options["queues"] or None, batch_size=options["batch_size"],
+                        claim_idle=options["claim_idle"], name=options["name"])
+        if threading.current_thread() is threading.main_thread():
+            def on_signal(signum: int, frame: FrameType | None) -> None:
+                mirror.request_stop()
+
+            signal.signal(signal.SIGTERM, on_signal)
+            signal.signal(signal.SIGINT, on_signal)
+        count = mirror.run(burst=options["burst"])
+        if options["verbosity"]:
+            self.stdout.write(f"Mirrored {count} events.")

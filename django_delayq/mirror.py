@@ -1,0 +1,411 @@
+"""The model mirror: each queue shard's events stream -> :class:`django_delayq.models.Job`.
+
+Reads go through one consumer group per stream (:data:`GROUP`), so any number of
+mirrors (one per worker process, or ``manage.py delayq_mirror``) share the work. An
+entry is acknowledged only after the database transaction holding its row commits: a
+crash or a database outage loses nothing, the entries stay pending and are read again
+(the consumer's own pending entries first, then other consumers' entries idle for longer
+than ``claim_idle``). Writes are idempotent: a row remembers the stream id of the newest
+event applied to it (``last_event_id``) and an older event never overwrites it.
+
+Redis stays the source of truth: a row is built from the job HASH read at mirror time
+(its newest state), or from the event alone when the hash is gone (result TTL, purge).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    connection,
+    connections,
+    transaction,
+)
+from django.db.models import Q
+from django.utils import timezone
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisError, ResponseError
+
+from .conf import conf
+from .connection import get_broker
+from .engine import Broker, Queue
+from .engine.errors import DelayQConnectionError
+from .engine.keys import QueueKeys
+from .mirror_events import Event, apply_event, parse_entry, row_from_hash, stream_id
+from .models import Job, JobStatus
+
+logger = logging.getLogger(__name__)
+
+GROUP = "delayq-mirror"
+#: Fields an upsert rewrites (everything but the key and the primary key).
+UPDATE_FIELDS = [
+    "task_name", "status", "priority", "args", "kwargs", "run_at", "enqueued_at",
+    "started_at", "finished_at", "attempts", "max_attempts", "worker", "result", "error",
+    "traceback", "last_event_id", "updated_at",
+]
+FINISHED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.PURGED)
+#: Test hook: seconds to sleep after the database commit and before XACK.
+PAUSE_BEFORE_ACK_ENV = "DELAYQ_MIRROR_PAUSE_BEFORE_ACK"
+
+
+class Mirror:
+    """Keeps Job rows in step with the events streams of every queue.
+
+    ``run()`` loops until :meth:`request_stop`; ``run(burst=True)`` mirrors what the
+    streams hold and returns. Errors of Redis or of the database are logged and retried
+    with a capped backoff; nothing is acknowledged until it is written.
+    """
+
+    def __init__(self, *, broker: Broker | None = None, name: str | None = None,
+                 batch_size: int | None = None, block: float = 1.0,
+                 claim_idle: float | None = None, queues: Iterable[str] | None = None,
+                 refresh_interval: float = 10.0, prune_interval: float = 300.0) -> None:
+        self.broker = broker or get_broker(socket_timeout=block + conf.SOCKET_TIMEOUT)
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.batch_size = batch_size or conf.MIRROR_BATCH_SIZE
+        self.block_ms = max(1, int(block * 1000))
+        self.claim_idle_ms = int((conf.MIRROR_CLAIM_IDLE if claim_idle is None
+                                  else claim_idle) * 1000)
+        self.fixed_queues = list(queues) if queues else None
+        self.refresh_interval = refresh_interval
+        self.prune_interval = prune_interval
+        self.mirrored = 0  # events applied (rows written or found newer)
+        self.skipped = 0  # garbled entries acknowledged without a write
+        self._stop = threading.Event()
+        self._shards: list[QueueKeys] = []
+        self._ready: set[str] = set()  # streams whose group exists
+        self._recovered: set[str] = set()  # streams whose own PEL was read once
+        self._refreshed_at = 0.0
+        self._pruned_at = 0.0
+        self._claim_due = 0.0
+        self._claim_every = min(max(self.claim_idle_ms / 2000, 1.0), 30.0)
+        # A cluster cannot read streams of several slots in one command.
+        self._one_command_per_stream = isinstance(self.broker.client, RedisCluster)
+        self._pause_before_ack = float(os.environ.get(PAUSE_BEFORE_ACK_ENV) or 0)
+
+    # -- control -------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self, *, burst: bool = False, timeout: float | None = None) -> int:
+        """Mirror until stopped (or, with ``burst``, until the streams are drained).
+
+        ``timeout`` bounds the run in seconds. Returns the number of events applied.
+        """
+        logger.info("mirror started consumer=%s group=%s burst=%s", self.name, GROUP, burst)
+        backoff = 0.5
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._stop.is_set():
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            try:
+                done = self.step(block=not burst)
+                backoff = 0.5
+                if burst and done == 0:
+                    break
+            except (RedisError, DelayQConnectionError) as exc:
+                logger.warning("mirror cannot reach Redis, retrying in %.1fs error=%s",
+                               backoff, exc)
+                self._ready.clear()
+                self._recovered.clear()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+            except DatabaseError as exc:
+                logger.warning("mirror cannot write to the database, retrying in %.1fs "
+                               "error=%s", backoff, exc)
+                # The failed batch is pending on this consumer: read it again next round,
+                # not only once another consumer's claim_idle has run out.
+                self._recovered.clear()
+                if not connection.in_atomic_block:
+                    connection.close()  # drop a possibly broken connection; reconnect next round
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+            except Exception:
+                logger.exception("mirror round failed, retrying in %.1fs", backoff)
+                self._recovered.clear()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+        logger.info("mirror stopped consumer=%s mirrored=%d", self.name, self.mirrored)
+        return self.mirrored
+
+    # -- one round -----------------------------------------------------------------
+
+    def step(self, *, block: bool = False) -> int:
+        """Read and apply one batch per stream. Returns how many entries it handled.
+
+        Order: this consumer's own pending entries (until none are left), then other
+        consumers' entries idle for ``claim_idle`` (checked now and then), then new ones,
+        blocking up to ``block`` seconds for them when nothing else was found.
+        """
+        self._refresh_shards()
+        self._maybe_prune()
+        handled = 0
+        for keys in self._shards:
+            if keys.events not in self._recovered:
+                got = self._entries(self._read({keys.events: "0"}))
+                if got:
+                    handled += self._apply(keys, got)
+                else:
+                    self._recovered.add(keys.events)
+        if self.claim_idle_ms >= 0 and time.monotonic() >= self._claim_due:
+            taken = sum(self._take_over(keys) for keys in self._shards)
+            handled += taken
+            # Come back at once while there is more to take, else in a while.
+            self._claim_due = 0.0 if taken else time.monotonic() + self._claim_every
+        if handled:
+            return handled
+        if not self._shards:
+            if block:
+                self._stop.wait(self.block_ms / 1000)
+            return 0
+        wait = self.block_ms if block else None
+        if self._one_command_per_stream:
+            for keys in self._shards:
+                handled += self._read_new({keys.events: ">"}, None)
+            if not handled and block:
+                self._stop.wait(self.block_ms / 1000)
+            return handled
+        return self._read_new({keys.events: ">" for keys in self._shards}, wait)
+
+    def _read_new(self, streams: dict[str, str], block: int | None) -> int:
+        by_stream = {keys.events: keys for keys in self._shards}
+        handled = 0
+        for stream, got in self._read(streams, block=block):
+            if got:
+                handled += self._apply(by_stream[stream], got)
+        return handled
+
+    @staticmethod
+    def _entries(reply: list[Any]) -> list[tuple[str, dict[str, str] | None]]:
+        return [entry for _, got in reply for entry in got]
+
+    def _take_over(self, keys: QueueKeys) -> int:
+        """Claim and apply one batch of another consumer's long-pending entries."""
+        reply = self.broker.client.xautoclaim(keys.events, GROUP, self.name,
+                                              self.claim_idle_ms, start_id="0-0",
+                                              count=self.batch_size)
+        entries = [e for e in reply[1] if e is not None] if len(reply) > 1 else []
+        if not entries:
+            return 0
+        logger.info("mirror took over pending events stream=%s count=%d", keys.events,
+                    len(entries))
+        return self._apply(keys, entries)
+
+    def _refresh_shards(self) -> None:
+        now = time.monotonic()
+        if self._shards and now - self._refreshed_at < self.refresh_interval:
+            return
+        names = self.fixed_queues or [q.name for q in Queue.all(broker=self.broker)]
+        self._shards = [k for name in names for k in self.broker.shards(name)]
+        self._refreshed_at = now
+        for keys in self._shards:
+            self._ensure_group(keys)
+
+    def _ensure_group(self, keys: QueueKeys) -> None:
+        if keys.events in self._ready:
+            return
+        try:
+            self.broker.client.xgroup_create(keys.events, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._ready.add(keys.events)
+
+    def _read(self, streams: dict[str, str], block: int | None = None) -> list[Any]:
+        try:
+            return self.broker.client.xreadgroup(
+                GROUP, self.name, streams, count=self.batch_size, block=block) or []
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # A stream or its group was deleted (FLUSHDB, a Redis without persistence
+            # restarted): create the groups again on the next round.
+            self._ready.clear()
+            self._refreshed_at = 0.0
+            return []
+
+    # -- writing -------------------------------------------------------------------
+
+    def _apply(self, keys: QueueKeys, entries: list[tuple[str, dict[str, str] | None]]) -> int:
+        """Write a batch, then acknowledge it. Returns the number of entries."""
+        ids = [entry_id for entry_id, _ in entries]
+        by_job: dict[str, list[Event]] = {}
+        for entry_id, fields in entries:
+            event = parse_entry(keys, entry_id, fields)
+            if event is None:
+                self.skipped += 1
+                continue
+            by_job.setdefault(event.job_id, []).append(event)
+        logger.debug("mirror read batch stream=%s entries=%d jobs=%d", keys.events,
+                     len(entries), len(by_job))
+        if by_job:
+            for events in by_job.values():
+                events.sort(key=lambda e: e.order)
+            try:
+                self._write(keys, by_job)
+            except (OperationalError, InterfaceError):
+                raise  # the database is away: retry the whole batch later
+            except DatabaseError as exc:
+                logger.warning("mirror batch refused, writing job by job stream=%s error=%s",
+                               keys.events, exc)
+                self._write_one_by_one(keys, by_job)
+        if self._pause_before_ack:
+            logger.info("mirror wrote batch, pausing before ack stream=%s entries=%d",
+                        keys.events, len(entries))
+            time.sleep(self._pause_before_ack)
+        self.broker.client.xack(keys.events, GROUP, *ids)
+        self.mirrored += len(entries)
+        return len(entries)
+
+    def _write_one_by_one(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
+        """Write each job alone; a job whose row the database refuses is logged and skipped.
+
+        One bad value (say, a NaN in a job's arguments) must not hold back every other
+        event of the stream forever.
+        """
+        for job_id, events in by_job.items():
+            try:
+                self._write(keys, {job_id: events})
+            except (OperationalError, InterfaceError):
+                raise
+            except DatabaseError as exc:
+                self.skipped += len(events)
+                logger.error("mirror skipped a job the database refused queue=%s job=%s "
+                             "events=%s error=%s", keys.queue, job_id,
+                             ",".join(e.entry_id for e in events), exc)
+
+    def _write(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
+        """Upsert one row per job, in one transaction; ``by_job`` events are oldest first.
+
+        A row takes its job HASH's state when the hash exists, else the events newer than
+        the row, applied in order.
+        """
+        queue = keys.queue
+        job_ids = sorted(by_job)
+        with transaction.atomic():
+            # Placeholders make every row lockable, so concurrent mirrors apply their
+            # batches one after the other (each reads the job hashes once it holds the lock).
+            Job.objects.bulk_create(
+                [Job(queue=queue, job_id=j, status=JobStatus.READY) for j in job_ids],
+                ignore_conflicts=True)
+            existing = {row.job_id: row for row in Job.objects.select_for_update()
+                        .filter(queue=queue, job_id__in=job_ids).order_by("job_id")}
+            todo = [j for j in job_ids if _newer(by_job[j][-1], existing.get(j))]
+            if not todo:
+                return
+            pipe = self.broker.client.pipeline(transaction=False)
+            for job_id in todo:
+                pipe.hgetall(keys.job(job_id))
+            hashes = pipe.execute()
+            now = timezone.now()
+            rows = []
+            for job_id, data in zip(todo, hashes, strict=True):
+                event = by_job[job_id][-1]
+                if data:
+                    row = row_from_hash(queue, job_id, data)
+                else:
+                    row = existing.get(job_id) or Job(queue=queue, job_id=job_id)
+                    for older in by_job[job_id]:
+                        if _newer(older, row):
+                            apply_event(row, older)
+                row.pk = None  # upserted on (queue, job_id), never by primary key
+                row.last_event_id, row.updated_at = event.entry_id, now
+                rows.append(row)
+            Job.objects.bulk_create(rows, update_conflicts=True,
+                                    unique_fields=["queue", "job_id"],
+                                    update_fields=UPDATE_FIELDS)
+
+    # -- retention -----------------------------------------------------------------
+
+    def _maybe_prune(self) -> None:
+        now = time.monotonic()
+        if now - self._pruned_at < self.prune_interval:
+            return
+        self._pruned_at = now
+        self.prune()
+        self._forget_dead_consumers()
+
+    def prune(self) -> int:
+        """Delete finished rows older than ``MIRROR_RETENTION``. Returns how many."""
+        retention = conf.MIRROR_RETENTION
+        if retention is None:
+            return 0
+        cutoff = timezone.now() - dt.timedelta(seconds=retention)
+        old = Job.objects.filter(status__in=FINISHED).filter(
+            Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, updated_at__lt=cutoff))
+        deleted, _ = old.delete()
+        if deleted:
+            logger.info("mirror pruned finished rows count=%d older_than=%s", deleted, cutoff)
+        return deleted
+
+    def _forget_dead_consumers(self) -> None:
+        """Remove consumers of the group with nothing pending, idle for an hour."""
+        for keys in self._shards:
+            for consumer in self.broker.client.xinfo_consumers(keys.events, GROUP):
+                if (consumer["name"] != self.name and not consumer["pending"]
+                        and consumer["idle"] > 3_600_000):
+                    self.broker.client.xgroup_delconsumer(keys.events, GROUP, consumer["name"])
+
+
+def _newer(event: Event, row: Job | None) -> bool:
+    if row is None or not row.last_event_id:
+        return True
+    try:
+        return event.order > stream_id(row.last_event_id)
+    except ValueError:
+        return True
+
+
+class MirrorThread:
+    """A :class:`Mirror` on a daemon thread (what ``runworker`` starts)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.mirror = Mirror(**kwargs)
+        self._thread = threading.Thread(target=self._run, name="delayq-mirror", daemon=True)
+        self._enabled = False
+
+    def _run(self) -> None:
+        if not _table_exists():
+            logger.warning("the mirror is off: table %s is missing (run manage.py migrate)",
+                           Job._meta.db_table)
+            return
+        self._enabled = True
+        try:
+            self.mirror.run()
+        finally:
+            connections.close_all()  # this thread's own connections
+
+    def start(self) -> MirrorThread:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0, *, drain: bool = False) -> None:
+        """Stop the thread; with ``drain``, then mirror what is left (at most ``timeout``)."""
+        self.mirror.request_stop()
+        self._thread.join(timeout)
+        if drain and self._enabled and not self._thread.is_alive():
+            self.mirror._stop.clear()
+            self.mirror.run(burst=True, timeout=timeout)
+
+
+def _table_exists() -> bool:
+    try:
+        return Job._meta.db_table in connection.introspection.table_names()
+    except DatabaseError:
+        return True  # the database is down: the mirror's own backoff handles it

@@ -1,0 +1,354 @@
+"""The admin: job list, job page, actions, queues dashboard, permissions, escaping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import Permission, User
+from django.contrib.messages import get_messages
+from django.test import Client, override_settings
+from django.urls import reverse
+
+from django_delayq import Job as EngineJob
+from django_delayq import Queue
+from django_delayq.engine.keys import GlobalKeys, QueueKeys
+from django_delayq.mirror import Mirror
+from django_delayq.models import Job
+from tests.conftest import wait_until, worker_thread
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "admin:django_delayq_job_changelist"
+DASHBOARD = "admin:django_delayq_queues"
+XSS = "<script>alert(1)</script>"
+
+
+def mirror() -> None:
+    Mirror(block=0.1).run(burst=True)
+
+
+def control(queue: str, operation: str) -> str:
+    return reverse("admin:django_delayq_queue_control", args=[queue, operation])
+
+
+def change_url(job_id: str, queue: str = "default") -> str:
+    row = Job.objects.get(job_id=job_id, queue=queue)
+    return reverse("admin:django_delayq_job_change", args=[row.pk])
+
+
+def act(client: Client, action: str, *job_ids: str) -> tuple[Any, list[str]]:
+    pks = [str(Job.objects.get(job_id=j).pk) for j in job_ids]
+    response = client.post(reverse(CHANGELIST), {"action": action, "_selected_action": pks},
+                           follow=True)
+    return response, [str(m) for m in get_messages(response.wsgi_request)]
+
+
+def staff(username: str, *perms: str) -> User:
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    for codename in perms:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    return user
+
+
+def run_to_end(*jobs: EngineJob) -> None:
+    with worker_thread(queues=sorted({j.queue for j in jobs})):
+        wait_until(lambda: all(j.refresh().is_finished for j in jobs), message="jobs to finish")
+
+
+# -- access -------------------------------------------------------------------------------
+
+def test_anonymous_is_sent_to_the_login_page(client):
+    for url in (reverse(CHANGELIST), reverse(DASHBOARD), control("default", "purge")):
+        response = client.get(url)
+        assert response.status_code == 302
+        assert response["Location"].startswith(reverse("admin:login"))
+    response = client.post(control("default", "pause"))
+    assert response.status_code == 302
+    assert not Queue("default").is_paused
+
+
+def test_staff_with_view_permission_sees_but_cannot_act(client):
+    job = tasks.record.using(delay=3600).enqueue("v")
+    mirror()
+    client.force_login(staff("viewer", "view_job"))
+    page = client.get(reverse(CHANGELIST))
+    assert page.status_code == 200
+    assert job.id in page.content.decode()
+    assert "retry_jobs" not in page.content.decode()
+    _, msgs = act(client, "cancel_jobs", job.id)
+    assert not any("cancelled" in m for m in msgs)
+    assert job.refresh().status == "scheduled"
+    dashboard = client.get(reverse(DASHBOARD))
+    assert dashboard.status_code == 200
+    assert "button dq-pause" not in dashboard.content.decode()
+    assert client.post(control("default", "pause")).status_code == 403
+    assert client.get(control("default", "purge")).status_code == 403
+    assert not Queue("default").is_paused
+
+
+def test_staff_without_permissions_sees_nothing(client):
+    client.force_login(staff("nobody"))
+    assert client.get(reverse(CHANGELIST)).status_code == 403
+    assert client.get(reverse(DASHBOARD)).status_code == 403
+
+
+def test_staff_with_change_permission_can_act(client):
+    job = tasks.record.using(delay=3600).enqueue("c")
+    mirror()
+    client.force_login(staff("operator", "view_job", "change_job"))
+    _, msgs = act(client, "cancel_jobs", job.id)
+    assert msgs == [f"1 job(s) cancelled: {job.id}"]
+    assert job.refresh().status == "cancelled"
+
+
+def test_csrf_is_enforced(admin_user):
+    tasks.record.enqueue("x")
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(admin_user)
+    assert client.post(control("default", "pause")).status_code == 403
+    assert not Queue("default").is_paused
+    page = client.get(reverse(DASHBOARD))
+    token = page.cookies["csrftoken"].value
+    response = client.post(control("default", "pause"), {"csrfmiddlewaretoken": token})
+    assert response.status_code == 302
+    assert Queue("default").is_paused
+
+
+# -- the job list -------------------------------------------------------------------------
+
+def test_job_list_badges_filters_and_search(admin_client):
+    first = tasks.record.using(delay=3600).enqueue("a")
+    other = tasks.record_other.enqueue("b")
+    failed = tasks.always_fails.enqueue("c")
+    run_to_end(other, failed)
+    mirror()
+    url = reverse(CHANGELIST)
+    page = admin_client.get(url).content.decode()
+    for job in (first, other, failed):
+        assert job.id in page
+    assert 'class="dq-badge dq-status-scheduled"' in page
+    assert "dq-status-failed" in page
+    assert "dq-status-completed" in page
+    assert "Queues dashboard" in page
+    app_page = admin_client.get(reverse("admin:app_list", args=["django_delayq"]))
+    assert reverse(DASHBOARD) in app_page.content.decode()
+
+    def ids(query: dict[str, str]) -> set[str]:
+        response = admin_client.get(url, query)
+        return {j for j in (first.id, other.id, failed.id) if j in response.content.decode()}
+
+    assert ids({"status": "failed"}) == {failed.id}
+    assert ids({"queue": "other"}) == {other.id}
+    assert ids({"task_name": tasks.record.name}) == {first.id}
+    assert ids({"q": first.id}) == {first.id}
+    assert ids({"q": "always_fails"}) == {failed.id}
+    year = first.run_at.year
+    assert ids({"run_at__year": str(year)}) == {first.id, other.id, failed.id}
+
+
+# -- the job page -------------------------------------------------------------------------
+
+def test_job_page_shows_arguments_result_timings_traceback_and_live_state(admin_client):
+    done = tasks.record.enqueue("page", extra={"n": 7})
+    failed = tasks.always_fails.enqueue("tb")
+    run_to_end(done, failed)
+    mirror()
+    page = admin_client.get(change_url(done.id)).content.decode()
+    assert '<pre class="dq-pre">[\n  &quot;page&quot;\n]</pre>' in page
+    assert "&quot;n&quot;: 7" in page
+    assert "live in Redis" in page
+    assert "<td>1/3</td><td>1/3</td>" in page  # mirrored and live attempts
+    assert "duration" in page
+    assert " s</div>" in page
+    assert 'name="_save"' not in page
+    page = admin_client.get(change_url(failed.id)).content.decode()
+    assert "Traceback (most recent call last)" in page
+    assert "boom tb" in page
+    assert "3/3" in page
+    assert "dq-status-failed" in page
+
+
+def test_job_page_of_a_job_gone_from_redis_says_so(admin_client, redis_client):
+    job = tasks.record.enqueue("gone")
+    run_to_end(job)
+    mirror()
+    redis_client.delete(QueueKeys("dq", "default").job(job.id))
+    page = admin_client.get(change_url(job.id)).content.decode()
+    assert "Not in Redis any more" in page
+
+
+def test_the_job_page_is_read_only(admin_client):
+    job = tasks.record.using(delay=3600).enqueue("ro")
+    mirror()
+    url = change_url(job.id)
+    admin_client.post(url, {"status": "completed", "task_name": "evil"})
+    row = Job.objects.get(job_id=job.id)
+    assert (row.status, row.task_name) == ("scheduled", tasks.record.name)
+
+
+# -- actions --------------------------------------------------------------------------------
+
+def test_retry_action_retries_failed_jobs_and_reports_the_rest(admin_client):
+    failed = tasks.always_fails.enqueue("r")
+    done = tasks.record.enqueue("ok")
+    run_to_end(failed, done)
+    mirror()
+    _, msgs = act(admin_client, "retry_jobs", failed.id, done.id)
+    assert f"1 job(s) retried: {failed.id}" in msgs
+    assert any(done.id in m and "is completed" in m and "not retried" in m for m in msgs)
+    assert (failed.refresh().status, failed.attempts) == ("ready", 0)
+    assert Job.objects.get(job_id=failed.id).status == "ready"
+
+
+def test_cancel_action(admin_client, redis_client):
+    waiting = tasks.record.using(delay=3600).enqueue("w")
+    gone = tasks.record.using(delay=3600).enqueue("g")
+    mirror()
+    redis_client.delete(QueueKeys("dq", "default").job(gone.id))
+    _, msgs = act(admin_client, "cancel_jobs", waiting.id, gone.id)
+    assert f"1 job(s) cancelled: {waiting.id}" in msgs
+    assert any(f"{gone.id}: not in Redis any more" in m for m in msgs)
+    assert waiting.refresh().status == "cancelled"
+    assert Job.objects.get(job_id=waiting.id).status == "cancelled"
+
+
+def test_run_now_action(admin_client):
+    later = tasks.record.using(delay=3600).enqueue("later")
+    cancelled = tasks.record.using(delay=3600).enqueue("c")
+    cancelled.cancel()
+    mirror()
+    _, msgs = act(admin_client, "run_jobs_now", later.id, cancelled.id)
+    assert f"1 job(s) moved to now: {later.id}" in msgs
+    assert f"1 job(s) retried: {cancelled.id}" in msgs
+    assert later.refresh().status == "ready"
+    assert cancelled.refresh().status == "ready"
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: later.refresh().status == "completed", message="run now to run")
+
+
+def test_buttons_of_the_job_page(admin_client, client):
+    job = tasks.record.using(delay=3600).enqueue("b")
+    mirror()
+    url = change_url(job.id)
+    pk = Job.objects.get(job_id=job.id).pk
+    page = admin_client.get(url).content.decode()
+    assert "dq-act-cancel" in page
+    assert "dq-act-run-now" in page
+    act_url = reverse("admin:django_delayq_job_act", args=[pk, "cancel"])
+    assert admin_client.get(act_url).status_code == 405
+    response = admin_client.post(act_url, follow=True)
+    assert response.redirect_chain[-1][0] == url
+    assert f"1 job(s) cancelled: {job.id}" in response.content.decode()
+    assert job.refresh().status == "cancelled"
+    response = admin_client.post(reverse("admin:django_delayq_job_act", args=[pk, "retry"]),
+                                 follow=True)
+    assert f"1 job(s) retried: {job.id}" in response.content.decode()
+    assert job.refresh().status == "ready"
+    assert admin_client.post(reverse("admin:django_delayq_job_act",
+                                     args=[pk, "explode"])).status_code == 404
+    client.force_login(staff("viewer", "view_job"))
+    assert "dq-act-cancel" not in client.get(url).content.decode()
+    assert client.post(act_url).status_code == 403
+
+
+def test_action_with_redis_down_says_so_without_the_url(admin_client):
+    job = tasks.record.using(delay=3600).enqueue("x")
+    mirror()
+    dead = {**settings.DELAYQ, "REDIS_URL": "redis://:s3cret-pw@127.0.0.1:1/0",
+            "SOCKET_CONNECT_TIMEOUT": 0.2}
+    with override_settings(DELAYQ=dead):
+        response, msgs = act(admin_client, "cancel_jobs", job.id)
+        page = admin_client.get(change_url(job.id)).content.decode()
+        dashboard = admin_client.get(reverse(DASHBOARD)).content.decode()
+    assert any("Redis is unreachable" in m for m in msgs)
+    assert "Redis is unreachable" in page
+    assert "Redis is unreachable" in dashboard
+    for text in (response.content.decode(), page, dashboard):
+        assert "s3cret" not in text
+        assert "127.0.0.1:1" not in text
+    assert job.refresh().status == "scheduled"
+
+
+# -- the dashboard --------------------------------------------------------------------------
+
+def test_dashboard_shows_counts_state_throughput_and_workers(admin_client):
+    done = [tasks.record.enqueue(f"d{i}") for i in range(3)]
+    failed = tasks.always_fails.enqueue("f")
+    tasks.record.using(delay=3600).enqueue("later")
+    tasks.record_other.using(delay=60).enqueue("o")
+    Queue("other").pause()
+    with worker_thread(queues=["default"], name="dash-worker"):
+        wait_until(lambda: all(j.refresh().is_finished for j in [*done, failed]),
+                   message="jobs to finish")
+        page = admin_client.get(reverse(DASHBOARD)).content.decode()
+    assert 'id="queue-default"' in page
+    assert 'id="queue-other"' in page
+    default = page[page.index('id="queue-default"'):page.index('id="queue-other"')]
+    assert 'data-status="completed"><a' in default
+    assert f'status=completed">{3}</a>' in default
+    assert 'status=failed">1</a>' in default
+    assert 'status=scheduled">1</a>' in default
+    assert "running" in default
+    assert "3 completed" in default
+    assert "1 failed" in default
+    assert default.count("<rect") >= 60
+    assert "<svg" in default
+    other = page[page.index('id="queue-other"'):]
+    assert "dq-paused" in other
+    assert "dq-resume" in other
+    assert f"{Queue('other').next_due():%m-%d %H:%M:%S}" in other
+    assert "dash-worker" in page
+    assert "s ago" in page
+
+
+def test_pause_resume_and_purge_with_confirmation(admin_client):
+    jobs = [tasks.record.using(delay=3600).enqueue(f"p{i}") for i in range(3)]
+    response = admin_client.post(control("default", "pause"), follow=True)
+    assert Queue("default").is_paused
+    assert "Queue default paused" in response.content.decode()
+    admin_client.post(control("default", "resume"))
+    assert not Queue("default").is_paused
+    confirm = admin_client.get(control("default", "purge"))
+    assert confirm.status_code == 200
+    assert "3 scheduled" in confirm.content.decode()
+    assert "Yes, purge default" in confirm.content.decode()
+    unconfirmed = admin_client.post(control("default", "purge"))
+    assert unconfirmed["Location"] == control("default", "purge")
+    assert Queue("default").counts()["scheduled"] == 3
+    response = admin_client.post(control("default", "purge"), {"confirm": "yes"}, follow=True)
+    assert "3 job(s) deleted" in response.content.decode()
+    assert Queue("default").counts()["scheduled"] == 0
+    with pytest.raises(Exception, match="no job"):
+        jobs[0].refresh()
+
+
+def test_unknown_queue_and_operation_are_404(admin_client):
+    tasks.record.enqueue("x")
+    assert admin_client.post(control("nope", "pause")).status_code == 404
+    assert admin_client.post(control("default", "explode")).status_code == 404
+    assert admin_client.get(control("default", "pause")).status_code == 405
+
+
+# -- escaping -------------------------------------------------------------------------------
+
+def test_user_data_is_escaped_everywhere(admin_client, redis_client):
+    job = tasks.record.using(delay=3600).enqueue(XSS, extra={XSS: XSS})
+    key = QueueKeys("dq", "default").job(job.id)
+    redis_client.hset(key, mapping={"error": XSS, "traceback": f"Traceback\n{XSS}",
+                                    "result": f'"{XSS}"', "worker": XSS})
+    mirror()
+    gk = GlobalKeys("dq")
+    redis_client.zadd(gk.workers, {XSS: 1})
+    redis_client.hset(gk.worker(XSS), mapping={"name": XSS, "host": XSS, "queues": XSS})
+    pages = [admin_client.get(reverse(CHANGELIST)).content.decode(),
+             admin_client.get(reverse(CHANGELIST), {"q": XSS}).content.decode(),
+             admin_client.get(change_url(job.id)).content.decode(),
+             admin_client.get(reverse(DASHBOARD)).content.decode()]
+    for page in pages:
+        assert XSS not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in pages[2]
+    assert pages[2].count("&lt;script&gt;") >= 5
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in pages[3]

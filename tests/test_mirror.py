@@ -1,0 +1,407 @@
+"""The model mirror: events streams -> Job rows, idempotent, losing nothing on a crash.
+
+Every test here also runs on PostgreSQL (``test_mirror_tests_pass_on_postgresql``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import OperationalError, connection, connections
+from django.test import override_settings
+from django.utils import timezone
+
+from django_delayq import Job as EngineJob
+from django_delayq import Queue
+from django_delayq.connection import engine_config, get_broker
+from django_delayq.engine import Broker
+from django_delayq.engine.keys import QueueKeys
+from django_delayq.mirror import GROUP, PAUSE_BEFORE_ACK_ENV, Mirror
+from django_delayq.models import Job
+from django_delayq.testing import RedisServer
+from tests.conftest import ROOT, OutputReader, wait_until, worker_env, worker_thread
+from tests.testapp import tasks
+
+KEYS = QueueKeys("dq", "default")
+
+
+def mirror_all(**kwargs: Any) -> Mirror:
+    mirror = Mirror(block=0.1, **kwargs)
+    mirror.run(burst=True)
+    return mirror
+
+
+def snapshot() -> dict[str, tuple[Any, ...]]:
+    return {row.job_id: (row.status, row.attempts, row.result, row.error, row.started_at,
+                         row.finished_at, row.last_event_id, row.updated_at)
+            for row in Job.objects.all()}
+
+
+def pending(client: Any, keys: QueueKeys = KEYS) -> int:
+    return int(client.xpending(keys.events, GROUP)["pending"])
+
+
+@pytest.mark.django_db
+def test_rows_follow_a_real_worker_run(redis_client):
+    done = tasks.record.using(priority=5).enqueue("a", extra={"k": [1, 2]})
+    failed = tasks.always_fails.enqueue("f")
+    later = tasks.record.using(delay=3600).enqueue("later")
+    cancelled = tasks.record.using(delay=3600).enqueue("gone")
+    cancelled.cancel()
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: done.refresh().status == "completed"
+                   and failed.refresh().status == "failed", message="jobs to finish")
+    mirror = mirror_all()
+    assert mirror.mirrored == len(redis_client.xrange(KEYS.events))
+    rows = {row.job_id: row for row in Job.objects.all()}
+    assert set(rows) == {done.id, failed.id, later.id, cancelled.id}
+    row = rows[done.id]
+    assert (row.queue, row.task_name, row.status, row.priority) == (
+        "default", tasks.record.name, "completed", 5)
+    assert (row.args, row.kwargs, row.result, row.attempts) == (["a"], {"extra": {"k": [1, 2]}},
+                                                                "a", 1)
+    assert row.started_at == done.started_at
+    assert row.finished_at == done.finished_at
+    assert row.run_at == done.run_at
+    assert row.enqueued_at == done.enqueued_at
+    assert row.worker
+    row = rows[failed.id]
+    assert (row.status, row.attempts, row.error) == ("failed", 3, "builtins.RuntimeError: boom f")
+    assert "Traceback (most recent call last)" in row.traceback
+    assert rows[later.id].status == "scheduled"
+    assert rows[later.id].run_at == later.run_at
+    assert rows[cancelled.id].status == "cancelled"
+    assert pending(redis_client) == 0
+
+
+@pytest.mark.django_db
+def test_replaying_every_event_changes_nothing(redis_client):
+    jobs = [tasks.record.enqueue(f"r{i}") for i in range(5)]
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: all(j.refresh().status == "completed" for j in jobs),
+                   message="jobs to complete")
+    mirror_all()
+    before = snapshot()
+    assert len(before) == 5
+    assert {v[0] for v in before.values()} == {"completed"}
+    redis_client.xgroup_setid(KEYS.events, GROUP, "0")  # deliver every event again
+    again = mirror_all()
+    assert again.mirrored == len(redis_client.xrange(KEYS.events))
+    assert snapshot() == before
+    assert Job.objects.count() == 5
+
+
+@pytest.mark.django_db
+def test_an_older_event_never_overwrites_a_newer_state(broker, redis_client):
+    job = tasks.record.using(delay=3600).enqueue("x")
+    mirror_all()
+    job.cancel()
+    mirror_all()
+    row = Job.objects.get(job_id=job.id)
+    assert row.status == "cancelled"
+    newest = row.last_event_id
+    # Redeliver the old "enqueued" event alone, with the hash reporting a fresh state.
+    first_id = redis_client.xrange(KEYS.events)[0][0]
+    redis_client.hset(KEYS.job(job.id), "status", "ready")
+    mirror = Mirror(block=0.1)
+    mirror._apply(KEYS, [(first_id, {"event": "enqueued", "job": job.id, "ts": "1"})])
+    row.refresh_from_db()
+    assert (row.status, row.last_event_id) == ("cancelled", newest)
+
+
+@pytest.mark.django_db
+def test_event_of_an_expired_job_still_updates_status_and_times(redis_client):
+    job = tasks.record.enqueue("gone")
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: job.refresh().status == "completed", message="job to complete")
+    redis_client.delete(KEYS.job(job.id))  # as the result TTL would
+    mirror_all()
+    row = Job.objects.get(job_id=job.id)
+    completed = next(f for _, f in redis_client.xrange(KEYS.events) if f["event"] == "completed")
+    assert row.status == "completed"
+    assert row.finished_at == dt.datetime.fromtimestamp(int(completed["ts"]) / 1000, dt.UTC)
+    assert row.attempts == 1
+    assert row.started_at is not None
+
+
+@pytest.mark.django_db
+def test_purged_jobs_are_marked_purged(redis_client):
+    job = tasks.record.using(delay=3600).enqueue("p")
+    mirror_all()
+    assert Queue("default").purge() == 1
+    mirror_all()
+    row = Job.objects.get(job_id=job.id)
+    assert row.status == "purged"
+    assert row.args == ["p"]
+
+
+@pytest.mark.django_db
+def test_garbled_events_are_skipped_acked_and_do_not_stop_the_rest(redis_client, caplog):
+    tasks.record.enqueue("ok")
+    redis_client.xadd(KEYS.events, {"nonsense": "1"})
+    redis_client.xadd(KEYS.events, {"event": "completed", "job": "x", "ts": "not-a-number"})
+    mirror = mirror_all()
+    assert mirror.skipped == 2
+    assert Job.objects.count() == 1
+    assert pending(redis_client) == 0
+    assert "skipping garbled event" in caplog.text
+
+
+@pytest.mark.django_db
+def test_a_job_the_database_refuses_is_skipped_and_the_rest_mirrored(redis_client, caplog):
+    good = tasks.record.using(delay=3600).enqueue("good")
+    bad = tasks.record.using(delay=3600).enqueue("bad")
+    redis_client.hset(KEYS.job(bad.id), "args", "[NaN]")  # valid to Python, not to a JSON column
+    redis_client.xadd(KEYS.events, {"event": "enqueued", "job": "x" * 200, "ts": "1"})
+    mirror = mirror_all()
+    assert list(Job.objects.values_list("job_id", flat=True)) == [good.id]
+    assert mirror.skipped == 2
+    assert pending(redis_client) == 0
+    assert f"mirror skipped a job the database refused queue=default job={bad.id}" in caplog.text
+
+
+class FailingMirror(Mirror):
+    """A mirror whose database is down: every write fails."""
+
+    def _write(self, keys: QueueKeys, by_job: dict[str, Any]) -> None:
+        raise OperationalError("database is down")
+
+
+@pytest.mark.django_db
+def test_database_outage_loses_no_event(redis_client, caplog):
+    jobs = [tasks.record.using(delay=3600).enqueue(f"o{i}") for i in range(4)]
+    down = FailingMirror(block=0.1, name="m1", claim_idle=3600)
+    down.run(burst=False, timeout=0.3)  # logs, backs off, does not raise
+    assert "cannot write to the database" in caplog.text
+    assert pending(redis_client) == 4
+    assert Job.objects.count() == 0
+    # The same consumer, restarted, reads its own pending entries first.
+    mirror_all(name="m1", claim_idle=3600)
+    assert {r.job_id for r in Job.objects.all()} == {j.id for j in jobs}
+    assert pending(redis_client) == 0
+
+
+@pytest.mark.django_db
+def test_a_dead_consumers_pending_events_are_taken_over(redis_client):
+    jobs = [tasks.record.using(delay=3600).enqueue(f"t{i}") for i in range(3)]
+    with pytest.raises(OperationalError):
+        FailingMirror(block=0.1, name="dead").step()
+    assert pending(redis_client) == 3
+    mirror_all(name="other", claim_idle=3600)  # not idle long enough: left alone
+    assert Job.objects.count() == 0
+    mirror_all(name="other", claim_idle=0)
+    assert Job.objects.count() == len(jobs)
+    assert pending(redis_client) == 0
+
+
+@pytest.mark.django_db
+def test_redis_outage_is_logged_and_retried_without_raising(caplog):
+    server = RedisServer(appendonly=True).start()
+    try:
+        client = redis.Redis.from_url(server.url, decode_responses=True, socket_timeout=1)
+        broker = Broker(client, engine_config())
+        job_id = broker.enqueue("default", tasks.record.name, ["r"]).job_id
+        server.stop()
+        mirror = Mirror(broker=broker, block=0.1)
+        mirror.run(timeout=1.0)
+        assert "cannot reach Redis" in caplog.text
+        server.restart()
+        mirror.run(burst=True, timeout=15)
+        assert list(Job.objects.values_list("job_id", flat=True)) == [job_id]
+    finally:
+        server.cleanup()
+
+
+def rename_table(old: str, new: str) -> bool:
+    """Rename a table; False while another connection holds the database's lock."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {old} RENAME TO {new}")
+    except OperationalError:
+        return False
+    return True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mirror_thread_survives_a_lost_database_connection(caplog):
+    seen: dict[str, Any] = {}
+
+    class Recording(Mirror):
+        def _write(self, keys: QueueKeys, by_job: dict[str, Any]) -> None:
+            seen.setdefault("connection", connections["default"])  # the mirror thread's own
+            super()._write(keys, by_job)
+
+    mirror = Recording(block=0.1)
+
+    def run() -> None:
+        try:
+            mirror.run()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        first = tasks.record.using(delay=3600).enqueue("before")
+        wait_until(lambda: Job.objects.filter(job_id=first.id).exists(), message="first row")
+        lost = seen["connection"]
+        if lost.vendor == "postgresql":  # the server drops the mirror's connection
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)",
+                               [lost.connection.info.backend_pid])
+            second = tasks.record.using(delay=3600).enqueue("after")
+        else:  # an in-memory SQLite cannot lose its connection: take the table away
+            wait_until(lambda: rename_table("django_delayq_job", "delayq_away"),
+                       message="the table renamed away")
+            second = tasks.record.using(delay=3600).enqueue("after")
+            wait_until(lambda: "cannot write to the database" in caplog.text,
+                       message="the mirror to notice")
+            # The mirror thread may hold the shared in-memory database's lock for a moment.
+            wait_until(lambda: rename_table("delayq_away", "django_delayq_job"),
+                       message="the table renamed back")
+        wait_until(lambda: Job.objects.filter(job_id=second.id).exists(), message="second row")
+    finally:
+        mirror.request_stop()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert "mirror cannot write to the database" in caplog.text
+    assert pending(get_broker().client) == 0
+
+
+@pytest.mark.django_db
+def test_old_finished_rows_are_pruned_after_the_retention():
+    now = timezone.now()
+    old = now - dt.timedelta(hours=2)
+    for job_id, status, finished in [("old-done", "completed", old), ("new-done", "completed", now),
+                                     ("old-active", "active", None), ("old-fail", "failed", old)]:
+        Job.objects.create(queue="default", job_id=job_id, status=status, finished_at=finished)
+    with override_settings(DELAYQ={**settings.DELAYQ, "MIRROR_RETENTION": 3600}):
+        assert Mirror(block=0.1).prune() == 2
+    assert set(Job.objects.values_list("job_id", flat=True)) == {"new-done", "old-active"}
+    with override_settings(DELAYQ={**settings.DELAYQ, "MIRROR_RETENTION": None}):
+        assert Mirror(block=0.1).prune() == 0
+
+
+@pytest.mark.slow
+def test_runworker_mirrors_on_a_thread_unless_told_not_to(tmp_path):
+    env = worker_env(DELAYQ_TEST_SQLITE=str(tmp_path / "worker.sqlite3"))
+    subprocess.run([sys.executable, "-m", "django", "migrate", "-v0"], cwd=ROOT, env=env,
+                   check=True)
+
+    def statuses() -> dict[str, str]:
+        with sqlite3.connect(env["DELAYQ_TEST_SQLITE"]) as db:
+            return dict(db.execute("SELECT job_id, status FROM django_delayq_job").fetchall())
+
+    first = tasks.record.enqueue("no-mirror")
+    subprocess.run([sys.executable, "-m", "django", "runworker", "--burst", "--no-mirror"],
+                   cwd=ROOT, env=env, check=True, capture_output=True, timeout=60)
+    assert first.refresh().status == "completed"
+    assert statuses() == {}
+    second = tasks.record.enqueue("mirrored")
+    subprocess.run([sys.executable, "-m", "django", "runworker", "--burst"], cwd=ROOT, env=env,
+                   check=True, capture_output=True, timeout=60)
+    assert statuses() == {first.id: "completed", second.id: "completed"}
+
+
+# -- a mirror process killed mid-batch ---------------------------------------------------
+
+def _mirror_process(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "django", "delayq_mirror", *args], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_mirror_killed_mid_batch_loses_and_doubles_nothing(broker, redis_client, tmp_path):
+    env = worker_env(DJANGO_SETTINGS_MODULE=settings.SETTINGS_MODULE)
+    if connection.vendor == "sqlite":
+        env["DELAYQ_TEST_SQLITE"] = str(tmp_path / "mirror.sqlite3")
+        subprocess.run([sys.executable, "-m", "django", "migrate", "-v0"], cwd=ROOT, env=env,
+                       check=True)
+
+        def rows() -> list[tuple[str, str]]:
+            with sqlite3.connect(env["DELAYQ_TEST_SQLITE"]) as db:
+                return db.execute("SELECT job_id, status FROM django_delayq_job").fetchall()
+    else:
+        env["DELAYQ_TEST_PG_NAME"] = connection.settings_dict["NAME"]
+
+        def rows() -> list[tuple[str, str]]:
+            return list(Job.objects.values_list("job_id", "status"))
+
+    from django_delayq.engine.broker import EnqueueRequest
+
+    total = 3000
+    requests = [EnqueueRequest(task=tasks.record.name, args=[i], job_id=f"k{i}",
+                               delay=3600 if i % 3 else None) for i in range(total)]
+    broker.enqueue_many("default", requests)
+    for i in range(0, total, 7):
+        EngineJob.fetch(f"k{i}", "default").cancel()
+    events = len(redis_client.xrange(KEYS.events))
+
+    proc = _mirror_process({**env, PAUSE_BEFORE_ACK_ENV: "0.2"}, "--batch-size", "250",
+                           "--name", "doomed")
+    out = OutputReader(proc)
+    try:
+        out.wait_for("pausing before ack", timeout=60)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert pending(redis_client) > 0, "the kill should leave a written, unacknowledged batch"
+    assert 0 < len(rows()) < total
+
+    done = subprocess.run([sys.executable, "-m", "django", "delayq_mirror", "--burst",
+                           "--claim-idle", "0", "--name", "heir"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = rows()
+    assert len(found) == len({job_id for job_id, _ in found}) == total
+    expected = {f"k{i}": EngineJob.fetch(f"k{i}", "default").status for i in range(total)}
+    assert dict(found) == expected
+    assert pending(redis_client) == 0
+    group = redis_client.xinfo_groups(KEYS.events)[0]
+    assert group["last-delivered-id"] == redis_client.xrevrange(KEYS.events, count=1)[0][0]
+    assert events == len(redis_client.xrange(KEYS.events))
+
+
+# -- the same tests on PostgreSQL --------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_mirror_tests_pass_on_postgresql():
+    if connection.vendor == "postgresql":
+        pytest.fail("run this test with the default (SQLite) settings; it starts PostgreSQL runs")
+    import psycopg
+
+    host = os.environ.get("DELAYQ_TEST_PG_HOST", "127.0.0.1")
+    port = os.environ.get("DELAYQ_TEST_PG_PORT", "5432")
+    user = os.environ.get("DELAYQ_TEST_PG_USER", "postgres")
+    try:
+        psycopg.connect(host=host, port=port, user=user, dbname="postgres",
+                        connect_timeout=5).close()
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"PostgreSQL is not reachable at {host}:{port} as user {user} (trust "
+                    f"auth), and the mirror tests must also pass on PostgreSQL: start it, or "
+                    f"point DELAYQ_TEST_PG_HOST/PORT/USER at one. {exc}")
+    env = worker_env(DJANGO_SETTINGS_MODULE="tests.settings_postgres")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "--ds=tests.settings_postgres", "-p", "no:cacheprovider",
+         "-q", "tests/test_mirror.py", "-k", "not test_mirror_tests_pass_on_postgresql"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert " passed" in output, output
+    assert "skipped" not in output, output
+    assert "failed" not in output, output

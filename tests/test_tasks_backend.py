@@ -1,0 +1,234 @@
+"""DelayQBackend: Django's Tasks API enqueuing into delayq and reading results back."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from django_delayq import Job, Queue, connection
+from django_delayq.backends import DelayQBackend, JobCancelled, parse_result_id
+from django_delayq.task import registry
+from tests.conftest import wait_until, worker_thread
+from tests.testapp import standard_tasks as st
+from tests.testapp.tasks import record
+
+try:
+    from django.tasks import TaskResultStatus, default_task_backend, task_backends
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.signals import task_enqueued, task_finished, task_started
+except ImportError:
+    from django_tasks import TaskResultStatus, default_task_backend, task_backends
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask
+    from django_tasks.exceptions import TaskResultDoesNotExist
+    from django_tasks.signals import task_enqueued, task_finished, task_started
+
+
+def finished(result: Any) -> bool:
+    result.refresh()
+    return result.is_finished
+
+
+def test_backend_features_and_no_connection_before_use() -> None:
+    connection.reset()
+    backend = DelayQBackend("x", {"QUEUES": ["default"], "OPTIONS": {"MAX_ATTEMPTS": 2}})
+    backend.validate_task(st.dj_add)
+    assert (backend.supports_defer, backend.supports_priority,
+            backend.supports_get_result) == (True, True, True)
+    assert backend.max_attempts == 2
+    assert connection._brokers == {}, "declaring and validating tasks must not connect"
+    assert isinstance(task_backends["default"], DelayQBackend)
+
+
+def test_tasks_are_registered_for_the_worker_under_their_module_path() -> None:
+    name = "tests.testapp.standard_tasks.dj_record"
+    assert st.dj_record.module_path == name
+    assert name in registry
+    assert registry.get(name).queue_name == "other"
+    assert registry.get(name).func(tag="direct") == "direct"  # the task's own function
+
+
+def test_enqueue_runs_on_a_worker_and_returns_the_value() -> None:
+    seen: list[tuple[str, str]] = []
+
+    def note(signal: str) -> Any:
+        def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+            if task_result.task.func is st.dj_add.func:
+                seen.append((signal, str(task_result.status)))
+        return receiver
+
+    receivers = {task_enqueued: note("enqueued"), task_started: note("started"),
+                 task_finished: note("finished")}
+    for signal, receiver in receivers.items():
+        signal.connect(receiver)
+    try:
+        result = st.dj_add.enqueue(2, 3)
+        assert result.status == TaskResultStatus.READY
+        assert parse_result_id(result.id) == ("default", Job.fetch(
+            result.id.split(":", 1)[1], "default").id)
+        assert result.args == [2, 3]
+        assert result.enqueued_at is not None
+        with worker_thread(queues=["default"], concurrency=1):
+            wait_until(lambda: finished(result), message="dj_add to finish")
+    finally:
+        for signal, receiver in receivers.items():
+            signal.disconnect(receiver)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.errors == []
+    assert result.started_at is not None
+    assert result.finished_at >= result.started_at
+    assert result.attempts == 1
+    again = st.dj_add.get_result(result.id)  # the same function: no TaskResultMismatch
+    assert (again.status, again.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
+    assert default_task_backend.get_result(result.id).return_value == 5
+    assert seen == [("enqueued", "READY"), ("started", "RUNNING"),
+                    ("finished", "SUCCESSFUL")]
+
+
+def test_using_run_after_priority_and_queue_name(broker: Any) -> None:
+    later = timezone.now() + dt.timedelta(hours=1)
+    deferred = st.dj_add.using(run_after=later, priority=-20).enqueue(1, 1)
+    job = Job.fetch(deferred.id.split(":", 1)[1], "default")
+    assert job.status == "scheduled"
+    assert abs((job.run_at - later).total_seconds()) < 0.01
+    assert job.priority == -20
+    fetched = st.dj_add.get_result(deferred.id)
+    assert fetched.status == TaskResultStatus.READY
+    assert fetched.task.run_after == job.run_at
+    assert fetched.task.priority == -20
+
+    # Higher priority runs first: enqueue low to high on a single-thread worker.
+    low = st.dj_record.using(priority=-50).enqueue("low")
+    high = st.dj_record.enqueue("high")  # priority 5 from the decorator
+    top = st.dj_record.using(priority=100).enqueue("top")
+    assert low.id.startswith("other:")
+    other = st.dj_add.using(queue_name="other").enqueue(4, 4)
+    assert other.id.startswith("other:")
+    with worker_thread(queues=["other"], concurrency=1, prefetch=0):
+        wait_until(lambda: all(finished(r) for r in (low, high, top, other)),
+                   message="the other queue to drain")
+    assert broker.client.lrange("test:dj", 0, -1) == ["top", "high", "low"]
+    assert other.return_value == 8
+
+
+def test_failures_come_back_as_errors() -> None:
+    result = st.dj_fails.enqueue("x")
+    with worker_thread(queues=["default"], concurrency=1):
+        wait_until(lambda: finished(result), message="dj_fails to finish")
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "builtins.ValueError"
+    assert error.exception_class is ValueError
+    assert "bad x" in error.traceback
+    assert "Traceback" in error.traceback
+    with pytest.raises(ValueError, match="failed"):
+        result.return_value  # noqa: B018
+
+
+@override_settings(TASKS={"default": {"BACKEND": "django_delayq.backends.DelayQBackend",
+                                      "QUEUES": [], "OPTIONS": {"MAX_ATTEMPTS": 2}}})
+def test_max_attempts_option_retries_failures() -> None:
+    result = st.dj_fails.enqueue("twice")
+    with worker_thread(queues=["default"], concurrency=1):
+        wait_until(lambda: finished(result), message="dj_fails to use both attempts")
+    assert result.status == TaskResultStatus.FAILED
+    assert result.attempts == 2
+    assert [e.exception_class for e in result.errors] == [ValueError]
+
+
+def test_takes_context_gets_the_running_result() -> None:
+    result = st.dj_context.enqueue("ctx")
+    with worker_thread(queues=["default"], concurrency=1):
+        wait_until(lambda: finished(result), message="dj_context to finish")
+    assert result.return_value == {"id": result.id, "attempt": 1, "tag": "ctx",
+                                   "status": "RUNNING"}
+
+
+def test_running_then_successful(broker: Any) -> None:
+    result = st.dj_gated.enqueue("gate:1")
+    with worker_thread(queues=["default"], concurrency=1):
+        wait_until(lambda: broker.client.lrange("test:dj", 0, -1), message="dj_gated start")
+        result.refresh()
+        assert result.status == TaskResultStatus.RUNNING
+        assert result.started_at is not None
+        assert result.finished_at is None
+        assert len(result.worker_ids) == 1
+        broker.client.set("gate:1", "1")
+        wait_until(lambda: finished(result), message="dj_gated to finish")
+    assert json.loads(broker.client.lrange("test:dj", 0, -1)[0]) == {"started": "gate:1"}
+    assert result.return_value == "gate:1"
+
+
+def test_cancelled_job_is_failed_with_a_cancel_error() -> None:
+    result = st.dj_add.using(run_after=timezone.now() + dt.timedelta(hours=1)).enqueue(1, 2)
+    queue, job_id = parse_result_id(result.id)
+    assert Job.fetch(job_id, queue).cancel()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class for e in result.errors] == [JobCancelled]
+
+
+def test_unknown_ids_do_not_exist() -> None:
+    backend = task_backends["default"]
+    for result_id in ("default:nope", "no-such-job", "not a valid id", "bad queue!:x"):
+        with pytest.raises(TaskResultDoesNotExist):
+            backend.get_result(result_id)
+    native = record.enqueue("plain")  # a delayq task, not a Django one
+    with pytest.raises(TaskResultDoesNotExist, match="not a Django task"):
+        backend.get_result(f"default:{native.id}")
+
+
+def test_a_bare_job_id_is_looked_up_across_configured_queues() -> None:
+    result = st.dj_add.using(queue_name="other").enqueue(1, 1)
+    found = task_backends["default"].get_result(parse_result_id(result.id)[1])
+    assert found.id == result.id
+
+
+def test_validate_task_rejects_bad_options() -> None:
+    with pytest.raises(InvalidTask, match="aware"):
+        st.dj_add.using(run_after=dt.datetime(2030, 1, 1))  # naive
+    with pytest.raises(InvalidTask, match="priority"):
+        st.dj_add.using(priority=101)
+    with pytest.raises(InvalidTask, match="priority"):
+        st.dj_add.using(priority=-101)
+    with pytest.raises(InvalidTask, match="not valid"):
+        st.dj_add.using(queue_name="emails")  # not in TASKS QUEUES
+    with pytest.raises(TypeError, match="dj_add"):
+        st.dj_add.enqueue(1, 2, 3)
+    with pytest.raises(TypeError):
+        st.dj_add.enqueue(1, object())  # not JSON
+    assert sum(Queue("default").counts().values()) == 0  # the refused calls added nothing
+
+
+@override_settings(TASKS={"default": {"BACKEND": "django_delayq.backends.DelayQBackend",
+                                      "QUEUES": []}})
+def test_queue_names_must_suit_delayq() -> None:
+    assert st.dj_add.using(queue_name="anything-goes").queue_name == "anything-goes"
+    with pytest.raises(InvalidTask, match="not valid for django-delayq"):
+        st.dj_add.using(queue_name="has space")
+
+
+def test_backend_system_checks() -> None:
+    backend = DelayQBackend("x", {"QUEUES": ["ok", "bad name"],
+                                  "OPTIONS": {"MAX_ATTEMPTS": 0, "COLOUR": "red"}})
+    messages = [m.msg for m in backend.check()]
+    assert {m.id for m in backend.check()} == {"django_delayq.E041"}
+    assert len(messages) == 3
+    assert any("COLOUR" in m for m in messages)
+    assert not list(DelayQBackend("y", {"QUEUES": ["default"]}).check())
+
+
+@pytest.mark.slow
+def test_a_worker_process_runs_django_tasks(spawned: Any) -> None:
+    """A ``runworker`` process finds Django tasks by autodiscovering <app>.tasks."""
+    result = st.dj_add.enqueue(20, 22)
+    proc, out = spawned("default", "--burst")
+    assert proc.wait(timeout=60) == 0, out.text
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL, out.text
+    assert result.return_value == 42

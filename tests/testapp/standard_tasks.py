@@ -1,0 +1,49 @@
+"""Tasks declared with Django's Tasks API; settings.TASKS runs them on django-delayq."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from django_delayq.connection import get_broker
+
+try:
+    from django.tasks import task
+except ImportError:
+    from django_tasks import task
+
+
+@task
+def dj_add(a: int, b: int) -> int:
+    return a + b
+
+
+@task(queue_name="other", priority=5)
+def dj_record(tag: str) -> str:
+    get_broker().client.rpush("test:dj", tag)
+    return tag
+
+
+@task
+def dj_fails(tag: str) -> None:
+    raise ValueError(f"bad {tag}")
+
+
+@task(takes_context=True)
+def dj_context(context: Any, tag: str) -> dict[str, Any]:
+    return {"id": context.task_result.id, "attempt": context.attempt, "tag": tag,
+            "status": str(context.task_result.status)}
+
+
+@task
+def dj_gated(gate: str) -> str:
+    """Wait (at most 60 s) until the key ``gate`` exists."""
+    client = get_broker().client
+    client.rpush("test:dj", json.dumps({"started": gate}))
+    deadline = time.monotonic() + 60
+    while not client.exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate} never opened")
+        time.sleep(0.02)
+    return gate
