@@ -38,10 +38,8 @@ def main() -> None:
 
         before, start = evalsha_calls(client), time.perf_counter()
         bulk = broker.enqueue_many(
-            "bulk",
-            (EnqueueRequest(task="bench.noop", args=[i]) for i in range(opts.jobs)),
-            chunk_size=opts.chunk,
-        )
+            "bulk", (EnqueueRequest(task="bench.noop", args=[i]) for i in range(opts.jobs)),
+            chunk_size=opts.chunk)
         bulk_s, bulk_calls = time.perf_counter() - start, evalsha_calls(client) - before
         assert bulk.enqueued == opts.jobs
 
@@ -52,14 +50,10 @@ def main() -> None:
 
     load = os.getloadavg()[0]
     print(f"{opts.jobs:,} jobs, chunk {opts.chunk:,}, load average {load:.2f}")
-    print(
-        f"enqueue_many: {bulk_s:6.2f} s  {opts.jobs / bulk_s:9,.0f} jobs/s  "
-        f"{bulk_calls:,} round trips"
-    )
-    print(
-        f"enqueue x N : {single_s:6.2f} s  {opts.jobs / single_s:9,.0f} jobs/s  "
-        f"{single_calls:,} round trips"
-    )
+    print(f"enqueue_many: {bulk_s:6.2f} s  {opts.jobs / bulk_s:9,.0f} jobs/s  "
+          f"{bulk_calls:,} round trips")
+    print(f"enqueue x N : {single_s:6.2f} s  {opts.jobs / single_s:9,.0f} jobs/s  "
+          f"{single_calls:,} round trips")
     print(f"speed-up    : {single_s / bulk_s:.1f}x")
 
 

@@ -41,12 +41,8 @@ RUN_AT = dt.datetime(2031, 1, 1, tzinfo=dt.UTC)
 def bench_enqueue_many(url: str, jobs: int, chunk_size: int) -> dict[str, float]:
     client = redis.Redis.from_url(url, decode_responses=True)
     broker = Broker(client, EngineConfig())
-    requests = (
-        EnqueueRequest(
-            task=TASK, args=[i], run_at=RUN_AT + dt.timedelta(seconds=i % 3600), job_id=f"bench-{i}"
-        )
-        for i in range(jobs)
-    )
+    requests = (EnqueueRequest(task=TASK, args=[i], run_at=RUN_AT + dt.timedelta(seconds=i % 3600),
+                               job_id=f"bench-{i}") for i in range(jobs))
     started = time.perf_counter()
     result = broker.enqueue_many("bench", requests, chunk_size=chunk_size)
     seconds = time.perf_counter() - started
@@ -57,42 +53,27 @@ def bench_enqueue_many(url: str, jobs: int, chunk_size: int) -> dict[str, float]
     return {"seconds": round(seconds, 2), "jobs_per_s": round(jobs / seconds)}
 
 
-def bench_spark(
-    url: str, jobs: int, chunk_size: int, master: str, partitions: int | None
-) -> dict[str, object]:
+def bench_spark(url: str, jobs: int, chunk_size: int, master: str,
+                partitions: int | None) -> dict[str, object]:
     from pyspark.sql import functions as F
 
     from django_delayq.spark import enqueue_dataframe, spark_session
 
     started = time.perf_counter()
-    spark = spark_session(
-        master,
-        app_name="delayq-bench",
-        config={"spark.ui.enabled": "false", "spark.driver.memory": "2g"},
-    )
+    spark = spark_session(master, app_name="delayq-bench", config={
+        "spark.ui.enabled": "false", "spark.driver.memory": "2g"})
     startup = time.perf_counter() - started
     df = spark.range(0, jobs, numPartitions=partitions or spark.sparkContext.defaultParallelism)
-    df = df.select(
-        F.col("id").alias("n"),
-        F.timestamp_seconds(F.lit(int(RUN_AT.timestamp())) + F.col("id") % 3600).alias("when"),
-    )
-    out: dict[str, object] = {
-        "startup_seconds": round(startup, 2),
-        "partitions": df.rdd.getNumPartitions(),
-    }
+    df = df.select(F.col("id").alias("n"), F.timestamp_seconds(
+        F.lit(int(RUN_AT.timestamp())) + F.col("id") % 3600).alias("when"))
+    out: dict[str, object] = {"startup_seconds": round(startup, 2),
+                              "partitions": df.rdd.getNumPartitions()}
     client = redis.Redis.from_url(url, decode_responses=True)
     try:
         for name, expect in (("spark", (jobs, 0)), ("spark_rerun", (0, jobs))):
             t0 = time.perf_counter()
-            summary = enqueue_dataframe(
-                df,
-                TASK,
-                args=["n"],
-                run_at="when",
-                queue="bench",
-                redis_url=url,
-                chunk_size=chunk_size,
-            )
+            summary = enqueue_dataframe(df, TASK, args=["n"], run_at="when", queue="bench",
+                                        redis_url=url, chunk_size=chunk_size)
             seconds = time.perf_counter() - t0
             assert (summary.enqueued, summary.duplicates) == expect, summary
             assert summary.rejected == 0, summary.rejected_rows[:3]
@@ -111,20 +92,15 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--chunk-size", type=int, default=1_000)
     parser.add_argument("--master", default="local[*]")
-    parser.add_argument(
-        "--partitions",
-        type=int,
-        default=None,
-        help="DataFrame partitions (default: Spark's default parallelism)",
-    )
+    parser.add_argument("--partitions", type=int, default=None,
+                        help="DataFrame partitions (default: Spark's default parallelism)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "spark_bulk.json"))
     options = parser.parse_args()
 
     with RedisServer() as server:
         baseline = bench_enqueue_many(server.url, options.jobs, options.chunk_size)
-        spark = bench_spark(
-            server.url, options.jobs, options.chunk_size, options.master, options.partitions
-        )
+        spark = bench_spark(server.url, options.jobs, options.chunk_size, options.master,
+                            options.partitions)
     result = {
         "benchmark": "spark_bulk",
         "jobs": options.jobs,
