@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 from dataclasses import dataclass
+from typing import Any
 
 from .engine.job import _decode_or_raw, from_ms
-from .engine.keys import STATUSES, QueueKeys
+from .engine.keys import STATUSES, QueueKeys, validate_job_id
 from .models import Job, JobStatus
 
 logger = logging.getLogger("django_delayq.mirror")
+
+#: Escapes in stored JSON of what PostgreSQL cannot hold: NUL and (possibly unpaired)
+#: surrogates. The job data is ASCII JSON, so a scan of the text finds them cheaply.
+_UNSTORABLE_ESCAPE = re.compile(r"\\u(?:0000|d[89a-f][0-9a-f]{2})", re.IGNORECASE)
 
 
 def stream_id(entry_id: str) -> tuple[int, int]:
@@ -54,11 +60,48 @@ def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None) -
         int(fields.get("ts", "0"))  # type: ignore[union-attr]
         if not event or not job_id:
             raise ValueError("empty event or job")
+        # An id no job can have would fail its row's insert (PostgreSQL enforces the
+        # column length): a poison entry that would stall the stream.
+        validate_job_id(job_id)
     except (KeyError, TypeError, ValueError) as exc:
         logger.warning("skipping garbled event stream=%s id=%s fields=%r error=%s",
                        keys.events, entry_id, fields, exc)
         return None
     return Event(keys, entry_id, event, job_id, dict(fields))
+
+
+def storable_text(text: str) -> str:
+    """``text`` with what a database cannot store (NUL, unpaired surrogates) as U+FFFD.
+
+    Redis holds any string a task was given or raised; the mirror must be able to write
+    every row, or one job would stall its stream (PostgreSQL refuses both).
+    """
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in text)
+    return text
+
+
+def _storable(value: Any) -> Any:
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, list):
+        return [_storable(v) for v in value]
+    if isinstance(value, dict):
+        return {storable_text(str(k)): _storable(v) for k, v in value.items()}
+    return value
+
+
+def _json_field(raw: str | None, default: Any) -> Any:
+    value = _decode_or_raw(raw, default)
+    if raw and ("\x00" in raw or _UNSTORABLE_ESCAPE.search(raw) or not raw.isascii()):
+        value = _storable(value)
+    return value
 
 
 def row_from_hash(queue: str, job_id: str, data: dict[str, str]) -> Job:
@@ -71,15 +114,17 @@ def row_from_hash(queue: str, job_id: str, data: dict[str, str]) -> Job:
 
     status = data.get("status", "")
     return Job(
-        queue=queue, job_id=job_id, task_name=data.get("task", "")[:200],
+        queue=queue, job_id=job_id, task_name=storable_text(data.get("task", "")[:200]),
         status=status if status in STATUSES else JobStatus.READY,
         priority=num("priority", 0),
-        args=_decode_or_raw(data.get("args"), []), kwargs=_decode_or_raw(data.get("kwargs"), {}),
+        args=_json_field(data.get("args"), []), kwargs=_json_field(data.get("kwargs"), {}),
         run_at=from_ms(data.get("run_at")), enqueued_at=from_ms(data.get("enqueued_at")),
         started_at=from_ms(data.get("started_at")), finished_at=from_ms(data.get("finished_at")),
         attempts=max(0, num("attempts", 0)), max_attempts=max(1, num("max_attempts", 1)),
-        worker=(data.get("worker") or "")[:200], result=_decode_or_raw(data.get("result"), None),
-        error=data.get("error") or "", traceback=data.get("traceback") or "",
+        worker=storable_text((data.get("worker") or "")[:200]),
+        result=_json_field(data.get("result"), None),
+        error=storable_text(data.get("error") or ""),
+        traceback=storable_text(data.get("traceback") or ""),
     )
 
 
@@ -95,12 +140,12 @@ def apply_event(row: Job, event: Event) -> None:
         row.enqueued_at = row.enqueued_at or at
     elif kind == "started":
         row.status, row.started_at, row.finished_at = JobStatus.ACTIVE, at, None
-        row.worker = (f.get("worker") or row.worker)[:200]
+        row.worker = storable_text((f.get("worker") or row.worker)[:200])
     elif kind == "completed":
         row.status, row.finished_at = JobStatus.COMPLETED, at
     elif kind == "failed":
         row.status, row.finished_at = JobStatus.FAILED, at
-        row.error = f.get("error", row.error)
+        row.error = storable_text(f.get("error", row.error))
     elif kind == "cancelled":
         row.status, row.finished_at = JobStatus.CANCELLED, at
     elif kind in ("retried", "rescheduled"):

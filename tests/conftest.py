@@ -143,3 +143,27 @@ def spawned() -> Iterator[Callable[..., tuple[subprocess.Popen[str], OutputReade
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+FAULT_ROWS: list[tuple[str, int, int, int]] = []
+
+
+@pytest.fixture(scope="session")
+def fault_report() -> Callable[[str, int, int, int], None]:
+    """Note a row of the fault summary: (fault tried, jobs, lost, duplicated)."""
+
+    def note(fault: str, jobs: int, lost: int, duplicated: int) -> None:
+        FAULT_ROWS.append((fault, jobs, lost, duplicated))
+
+    return note
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not FAULT_ROWS:
+        return
+    width = max(len(row[0]) for row in FAULT_ROWS)
+    terminalreporter.section("fault summary")
+    terminalreporter.write_line(f"{'fault tried':<{width}}  {'jobs':>6}  {'lost':>4}  "
+                                f"{'duplicated':>10}")
+    for fault, jobs, lost, duplicated in FAULT_ROWS:
+        terminalreporter.write_line(f"{fault:<{width}}  {jobs:>6}  {lost:>4}  {duplicated:>10}")

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.exceptions import APIException, NotFound
+from rest_framework.exceptions import APIException, NotFound, ParseError
 from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 
@@ -29,13 +29,17 @@ class Conflict(APIException):
 
 
 def to_api_exception(exc: Exception) -> Exception:
-    """The HTTP error for an engine error (503, 404, 409); other errors unchanged."""
+    """The HTTP error for an engine error (503, 404, 409) or a body nested too deeply
+    (400); other errors unchanged."""
     if isinstance(exc, DelayQConnectionError):
         return ServiceUnavailable(f"The job queue's Redis is unreachable: {exc}")
     if isinstance(exc, JobNotFound):
         return NotFound(str(exc))
     if isinstance(exc, InvalidJobState):
         return Conflict(str(exc))
+    if isinstance(exc, RecursionError):
+        # The JSON parser recurses per nesting level: a deep body is the client's error.
+        return ParseError("The JSON body is nested too deeply.")
     return exc
 
 

@@ -74,14 +74,14 @@ def encode_arguments(
     try:
         args_json = _dumps(list(args), encoder)
         kwargs_json = _dumps(dict(kwargs), encoder) if kwargs else "{}"
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         for i, value in enumerate(args):
             label = f"argument {names[i]!r} (position {i})" if i < len(names) else (
                 f"positional argument {i}"
             )
             try:
                 _dumps(value, encoder)
-            except (TypeError, ValueError) as inner:
+            except (TypeError, ValueError, RecursionError) as inner:
                 raise _refuse(task, label, value, inner) from None
         for key, value in kwargs.items():
             if not isinstance(key, str):
@@ -90,7 +90,7 @@ def encode_arguments(
                 ) from None
             try:
                 _dumps(value, encoder)
-            except (TypeError, ValueError) as inner:
+            except (TypeError, ValueError, RecursionError) as inner:
                 raise _refuse(task, f"argument {key!r}", value, inner) from None
         raise TypeError(f"{task}: arguments are not JSON serializable: {exc}") from None
     if limit and len(args_json) + len(kwargs_json) > limit:
@@ -106,7 +106,7 @@ def encode_result(value: Any, encoder: type[json.JSONEncoder] = JSONEncoder) -> 
     """Encode a task's return value; raises ``TypeError`` when it is not JSON."""
     try:
         return _dumps(value, encoder)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise TypeError(
             f"return value ({type(value).__name__}) is not JSON serializable: {exc}"
         ) from None

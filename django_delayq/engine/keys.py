@@ -12,8 +12,9 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.:@+=/\-]{1,128}$")
+# \Z, not $: "$" also matches before a trailing newline, which would let "q\n" through.
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}\Z")
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.:@+=/\-]{1,128}\Z")
 
 #: Job statuses, in lifecycle order.
 STATUSES = ("scheduled", "ready", "active", "completed", "failed", "cancelled")
@@ -138,3 +139,8 @@ class GlobalKeys:
     def worker(self, worker_id: str) -> str:
         """HASH describing one worker (host, pid, queues, started, jobs done)."""
         return f"{self.prefix}:worker:{worker_id}"
+
+    @property
+    def schedules(self) -> str:
+        """HASH task name -> the latest occurrence (ms) of that periodic task enqueued."""
+        return f"{self.prefix}:schedules"

@@ -28,9 +28,9 @@ for i = 1, #expired do
   local job_key = job_prefix .. job_id
   redis.call('ZREM', active, job_id)
   local f = redis.call('HMGET', job_key, 'attempts', 'max_attempts', 'priority', 'seq', 'worker')
-  if not f[1] then
+  if redis.call('EXISTS', job_key) == 0 then
     emit(events, maxlen, 'orphaned', job_id, now)
-  elseif tonumber(f[1]) >= tonumber(f[2]) then
+  elseif (tonumber(f[1]) or 1) >= (tonumber(f[2]) or 1) then
     local err = 'LeaseExpired: worker ' .. (f[5] or '?') .. ' stopped renewing the lease'
     redis.call('HSET', job_key, 'status', 'failed', 'error', err, 'finished_at', now)
     redis.call('ZADD', failed, now, job_id)

@@ -1,0 +1,339 @@
+"""Faults in real processes: workers killed and frozen, Redis restarted and unreachable.
+
+Every test counts what it enqueued, what ran (``tests.testapp.fault_tasks`` notes each
+run in Redis) and what was lost, and adds a row to the fault summary printed at the end
+of the run (see ``fault_report`` in conftest.py).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from django_delayq.connection import get_broker
+from django_delayq.engine import Broker, EngineConfig, EnqueueRequest, QueueKeys
+from django_delayq.testing import RedisServer
+from tests.conftest import wait_until
+from tests.testapp.fault_tasks import RUNS, count_run
+
+CHAOS_JOBS = 20_000
+CHAOS_WORKERS = 3
+CONCURRENCY = 4
+PREFETCH = 4
+LEASE = "2"
+
+
+def client_for(url: str) -> Any:
+    return redis.Redis.from_url(url, decode_responses=True)
+
+
+def statuses(client: Any, keys: QueueKeys, job_ids: list[str]) -> list[str | None]:
+    pipe = client.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.hget(keys.job(job_id), "status")
+    return list(pipe.execute())
+
+
+def run_counts(client: Any, job_ids: list[str]) -> list[int]:
+    runs = client.hgetall(RUNS)
+    return [int(runs.get(job_id, 0)) for job_id in job_ids]
+
+
+def held_by(client: Any, keys: QueueKeys, worker: str) -> list[str]:
+    """Ids leased (claimed, not acked) by ``worker``."""
+    active = client.zrange(keys.active, 0, -1)
+    pipe = client.pipeline(transaction=False)
+    for job_id in active:
+        pipe.hget(keys.job(job_id), "worker")
+    return [job_id for job_id, w in zip(active, pipe.execute(), strict=True) if w == worker]
+
+
+def registered(client: Any, worker: str) -> bool:
+    """Whether ``worker`` runs (it has signal handlers once it records itself alive)."""
+    return client.zscore(get_broker().global_keys.workers, worker) is not None
+
+
+def chaos_requests(n: int) -> list[EnqueueRequest]:
+    """``n`` jobs, one in ten delayed 1-4 s so promotion happens under the kills too."""
+    return [
+        EnqueueRequest(task=count_run.name, args=[f"c{i}"], job_id=f"c{i}", max_attempts=1000,
+                       delay=1 + (i % 4) if i % 10 == 0 else None)
+        for i in range(n)
+    ]
+
+
+@pytest.mark.slow
+def test_chaos_soak_sigkill_a_worker_every_second_loses_nothing(redis_client, spawned,
+                                                                 fault_report):
+    broker = get_broker()
+    keys = broker.shards("chaos")[0]
+    job_ids = broker.enqueue_many("chaos", chaos_requests(CHAOS_JOBS)).job_ids
+    assert len(job_ids) == CHAOS_JOBS
+
+    serial = iter(range(10_000))
+
+    def start() -> tuple[Any, str]:
+        name = f"chaos-{next(serial)}"
+        proc, _ = spawned("chaos", "-c", str(CONCURRENCY), "--prefetch", str(PREFETCH),
+                          "--lease", LEASE, "--name", name, "-v", "0")
+        return proc, name
+
+    slots = [start() for _ in range(CHAOS_WORKERS)]
+    rng = random.Random(5)
+    in_flight: list[set[str]] = []
+    deadline = time.monotonic() + 150
+
+    def finished() -> bool:
+        counts = broker.client.pipeline(transaction=False)
+        for key in (keys.scheduled, keys.ready, keys.active):
+            counts.zcard(key)
+        return redis_client.hlen(RUNS) == CHAOS_JOBS and not any(counts.execute())
+
+    while not finished():
+        assert time.monotonic() < deadline, (
+            f"soak did not finish: {redis_client.hlen(RUNS)} of {CHAOS_JOBS} ran")
+        # The fault schedule: one SIGKILL a second, to a worker picked at random.
+        time.sleep(1.0)
+        slot = rng.randrange(CHAOS_WORKERS)
+        proc, name = slots[slot]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        in_flight.append(set(held_by(redis_client, keys, name)))
+        slots[slot] = start()
+
+    for proc, name in slots:
+        wait_until(lambda name=name: registered(redis_client, name), message=f"{name} up")
+        proc.send_signal(signal.SIGTERM)
+    for proc, _ in slots:
+        assert proc.wait(timeout=60) == 0
+
+    final = statuses(redis_client, keys, job_ids)
+    counts = run_counts(redis_client, job_ids)
+    lost = [j for j, s, c in zip(job_ids, final, counts, strict=True)
+            if s != "completed" or c < 1]
+    duplicated = [j for j, c in zip(job_ids, counts, strict=True) if c > 1]
+    kills = len(in_flight)
+    held_at_kills = set().union(*in_flight) if in_flight else set()
+    fault_report(f"SIGKILL a worker every 1 s ({kills} kills, {CHAOS_WORKERS} workers)",
+                 CHAOS_JOBS, len(lost), len(duplicated))
+    print(f"chaos: kills={kills} in_flight_at_kills={sum(map(len, in_flight))} "
+          f"duplicates={len(duplicated)} outside_kills={len(set(duplicated) - held_at_kills)}")
+    assert not lost, f"{len(lost)} jobs lost, e.g. {lost[:5]}"
+    assert kills >= 3, "the soak should have killed workers"
+    assert len(duplicated) <= kills * (CONCURRENCY + PREFETCH)
+
+
+def server_ms(client: Any) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+@pytest.mark.slow
+def test_redis_crash_with_aof_keeps_jobs_and_workers_reconnect(spawned, fault_report):
+    with RedisServer(appendonly=True) as server:
+        client = client_for(server.url)
+        broker = Broker(client, EngineConfig())
+        keys = broker.shards("chaos")[0]
+        workers = [spawned("chaos", "-c", "4", "--lease", "2", redis_url=server.url)
+                   for _ in range(2)]
+        for _, out in workers:
+            out.wait_for("worker started")
+        ready = [EnqueueRequest(task=count_run.name, args=[f"r{i}"], job_id=f"r{i}",
+                                max_attempts=10) for i in range(3_000)]
+        delayed = [EnqueueRequest(task=count_run.name, args=[f"d{i}"], job_id=f"d{i}",
+                                  max_attempts=10, delay=2.5) for i in range(1_000)]
+        early = broker.enqueue_many("chaos", ready + delayed).job_ids
+        enqueued_ms = server_ms(client)
+        # AOF with appendfsync everysec promises what was written over a second ago.
+        wait_until(lambda: server_ms(client) - enqueued_ms > 1_100, message="a second")
+        late = broker.enqueue_many("chaos", [
+            EnqueueRequest(task=count_run.name, args=[f"l{i}"], job_id=f"l{i}",
+                           max_attempts=10) for i in range(500)]).job_ids
+        assert client.zcard(keys.scheduled) > 0, "the delayed jobs must outlive the crash"
+        done_at_crash = statuses(client, keys, early).count("completed")
+        server.kill()
+        for _, out in workers:
+            out.wait_for("redis unavailable", timeout=30)
+        server.start()
+        wait_until(lambda: statuses(client, keys, early).count("completed") == len(early),
+                   timeout=60, message="every job enqueued before the crash to complete")
+        survived = [s for s in statuses(client, keys, late) if s is not None]
+        wait_until(lambda: all(s == "completed" for s in statuses(client, keys, late)
+                               if s is not None), message="surviving late jobs to complete")
+        for proc, out in workers:
+            assert proc.poll() is None, f"the worker must reconnect by itself:\n{out.text}"
+        counts = run_counts(client, early)
+        lost = sum(1 for c in counts if c < 1)
+        fault_report("Redis SIGKILLed and restarted (AOF everysec)", len(early), lost,
+                     sum(1 for c in counts if c > 1))
+        print(f"restart: completed before the crash {done_at_crash}/{len(early)}, "
+              f"late jobs (under a second old) surviving: {len(survived)}/{len(late)}")
+        assert lost == 0
+        for proc, _ in workers:
+            proc.send_signal(signal.SIGTERM)
+        for proc, out in workers:
+            assert proc.wait(timeout=30) == 0, out.text
+
+
+def test_worker_backs_off_while_redis_is_down_then_resumes(spawned, fault_report):
+    server = RedisServer()
+    try:
+        proc, out = spawned("chaos", "-c", "2", redis_url=server.url)
+        out.wait_for("worker started")
+        out.wait_for("retrying in 0.8s")
+        assert proc.poll() is None, "the worker must wait for Redis, not exit"
+        server.start()
+        broker = Broker(client_for(server.url), EngineConfig())
+        job_ids = broker.enqueue_many("chaos", [
+            EnqueueRequest(task=count_run.name, args=[f"u{i}"], job_id=f"u{i}")
+            for i in range(50)]).job_ids
+        keys = broker.shards("chaos")[0]
+        wait_until(lambda: statuses(broker.client, keys, job_ids).count("completed") == 50,
+                   timeout=30, message=f"jobs after Redis came up:\n{out.text}")
+        delays = [float(line.split("retrying in ")[1].split("s")[0])
+                  for line in out.lines if "redis unavailable, retrying in" in line]
+        assert delays[:4] == [0.1, 0.2, 0.4, 0.8]
+        assert delays == sorted(delays), "the pause between retries only grows"
+        assert max(delays) <= 5.0
+        assert proc.poll() is None
+        fault_report("Redis unreachable at worker start", 50, 50 - run_counts(
+            broker.client, job_ids).count(1), 0)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, out.text
+    finally:
+        server.cleanup()
+
+
+@pytest.mark.slow
+def test_worker_does_not_hang_on_a_server_that_stops_answering(spawned, fault_report):
+    with RedisServer() as server:
+        proc, out = spawned("chaos", "-c", "2", redis_url=server.url)
+        out.wait_for("worker started")
+        broker = Broker(client_for(server.url), EngineConfig())
+        keys = broker.shards("chaos")[0]
+        first = broker.enqueue("chaos", count_run.name, ["before"], job_id="before").job_id
+        wait_until(lambda: statuses(broker.client, keys, [first]) == ["completed"],
+                   message="a job before the freeze")
+        assert server.process is not None
+        server.process.send_signal(signal.SIGSTOP)  # accepts connections, answers nothing
+        try:
+            out.wait_for("redis unavailable", timeout=30)
+            assert proc.poll() is None
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        second = broker.enqueue("chaos", count_run.name, ["after"], job_id="after").job_id
+        wait_until(lambda: statuses(broker.client, keys, [second]) == ["completed"],
+                   timeout=30, message=f"a job after the thaw:\n{out.text}")
+        fault_report("Redis frozen (SIGSTOP) under an idle worker", 2,
+                     2 - run_counts(broker.client, [first, second]).count(1), 0)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, out.text
+
+
+def stale_acks(lines: list[str]) -> int:
+    return sum(int(line.split(" acks were stale")[0].rsplit(" ", 1)[-1])
+               for line in lines if " acks were stale" in line)
+
+
+def events_of(client: Any, keys: QueueKeys, job_id: str) -> list[str]:
+    return [fields["event"] for _, fields in client.xrange(keys.events)
+            if fields["job"] == job_id]
+
+
+def test_frozen_worker_late_ack_and_failure_do_not_overwrite_the_newer_run(
+        redis_client, spawned, fault_report):
+    from tests.testapp.fault_tasks import fenced
+
+    keys = get_broker().shards("default")[0]
+    jobs = [fenced.enqueue("j1"), fenced.enqueue("j2")]
+    frozen, frozen_out = spawned("default", "-c", "2", "--lease", "1", "--name", "frozen")
+    for tag in ("j1", "j2"):
+        wait_until(lambda tag=tag: redis_client.lrange(f"started:{tag}", 0, -1)
+                   == [str(frozen.pid)], message=f"{tag} to start in the first worker")
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        fresh, fresh_out = spawned("default", "-c", "2", "--lease", "1", "--name", "fresh")
+        for tag in ("j1", "j2"):
+            wait_until(lambda tag=tag: redis_client.lrange(f"started:{tag}", 0, -1)
+                       == [str(frozen.pid), str(fresh.pid)], timeout=30,
+                       message=f"{tag} to run again elsewhere:\n{fresh_out.text}")
+        # The frozen worker wakes up: j1 finishes, j2 fails, both with the old attempt.
+        redis_client.set(f"fail:j2:{frozen.pid}", 1)
+        for tag in ("j1", "j2"):
+            redis_client.set(f"release:{tag}:{frozen.pid}", 1)
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    wait_until(lambda: stale_acks(frozen_out.lines) == 2, timeout=30,
+               message=f"two stale acks:\n{frozen_out.text}")
+    for job in jobs:
+        job.refresh()
+        assert (job.status, job.attempts, job.worker, job.error) == ("active", 2, "fresh", None)
+        assert events_of(redis_client, keys, job.id).count("started") == 2
+        assert not {"completed", "failed", "retried"} & set(events_of(redis_client, keys,
+                                                                       job.id))
+    for tag in ("j1", "j2"):
+        redis_client.set(f"release:{tag}:{fresh.pid}", 1)
+    for job in jobs:
+        wait_until(lambda job=job: job.refresh().status == "completed", message="newer run")
+        assert (job.result, job.attempts, job.error) == (fresh.pid, 2, None)
+        history = events_of(redis_client, keys, job.id)
+        assert history.count("completed") == 1
+        assert not {"failed", "retried"} & set(history)
+    fault_report("worker SIGSTOPped past its lease, then SIGCONT", 2, 0, 2)
+    for proc in (frozen, fresh):
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+@pytest.fixture
+def unreachable(settings):
+    """Point DELAYQ at ``url`` with short timeouts; returns the setter."""
+
+    def point(url: str) -> float:
+        settings.DELAYQ = {**settings.DELAYQ, "REDIS_URL": url, "SOCKET_TIMEOUT": 0.5,
+                           "SOCKET_CONNECT_TIMEOUT": 0.5}
+        return 0.5
+
+    return point
+
+
+def test_enqueue_to_a_closed_port_raises_a_clear_connection_error(unreachable, fault_report):
+    from django_delayq import DelayQConnectionError
+    from django_delayq.testing import free_port
+    from tests.testapp.tasks import record
+
+    port = free_port()
+    unreachable(f"redis://:s3cret@127.0.0.1:{port}/0")
+    started = time.monotonic()
+    with pytest.raises(DelayQConnectionError, match=f"Redis at redis://127.0.0.1:{port}/0 is "
+                                                    "unreachable") as info:
+        record.enqueue("nowhere")
+    # Bounded by the socket timeouts, not hanging for a default or retrying for long.
+    assert time.monotonic() - started < 5
+    assert "s3cret" not in str(info.value)
+    fault_report("enqueue with Redis down (closed port)", 1, 0, 0)
+
+
+def test_enqueue_to_a_server_that_never_answers_times_out(unreachable):
+    from django_delayq import DelayQConnectionError
+    from tests.testapp.tasks import record
+
+    with RedisServer() as server:
+        timeout = unreachable(server.url)
+        assert server.process is not None
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(DelayQConnectionError, match="unreachable"):
+                record.enqueue("frozen")
+            assert time.monotonic() - started < 10 * timeout + 2
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        # The server answers again: nothing half-written blocks the next enqueue.
+        job = record.enqueue("thawed")
+        assert job.refresh().status == "ready"
