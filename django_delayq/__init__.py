@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "task": "django_delayq.task",
     "Task": "django_delayq.task",
+    "Call": "django_delayq.task",
     "registry": "django_delayq.task",
     "Job": "django_delayq.engine",
     "Queue": "django_delayq.engine",
@@ -30,6 +31,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "Call",
     "DelayQConnectionError",
     "DelayQError",
     "InvalidJobState",
@@ -55,7 +57,7 @@ if TYPE_CHECKING:
         Queue,
         UnknownTask,
     )
-    from .task import Task, registry, task
+    from .task import Call, Task, registry, task
 
 
 def __getattr__(name: str) -> Any:

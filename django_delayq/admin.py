@@ -16,10 +16,17 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
-from django.urls import URLPattern, path
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -82,10 +89,18 @@ def _cancel(job: EngineJob) -> str:
     raise InvalidJobState(f"job is {job.status}: only a scheduled or ready job can be cancelled")
 
 
+#: The buttons of the job page: operation -> (verb, what it does to the engine's Job).
+JOB_OPERATIONS: dict[str, tuple[str, Callable[[EngineJob], str]]] = {
+    "retry": ("retried", _retry),
+    "cancel": ("cancelled", _cancel),
+    "run-now": ("run now", _run_now),
+}
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = ("job_id", "task_name", "queue", "status_display", "priority",
-                    "attempts_display", "run_at", "finished_at")
+                    "attempts_display", "run_at_display", "finished_at_display")
     list_display_links = ("job_id",)
     list_filter = ("status", "queue", "task_name")
     search_fields = ("=job_id", "task_name")
@@ -119,9 +134,15 @@ class JobAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: Job, form: Any, change: bool) -> None:
         """The job page is read-only: nothing is saved."""
 
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return super().changelist_view(request, {"title": "Jobs", **(extra_context or {})})
+
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
         extra_context = {**(extra_context or {}), "title": "Job", "show_save": False,
+                         "job_operations": list(JOB_OPERATIONS)
+                         if self.has_change_permission(request) else [],
                          "show_save_and_continue": False, "show_save_and_add_another": False,
                          "show_delete": False}
         return super().change_view(request, object_id, form_url, extra_context)
@@ -131,6 +152,14 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="status", ordering="status")
     def status_display(self, obj: Job) -> SafeString:
         return status_badge(obj.status)
+
+    @admin.display(description="run at (UTC)", ordering="run_at")
+    def run_at_display(self, obj: Job) -> str:
+        return _short(obj.run_at)
+
+    @admin.display(description="finished (UTC)", ordering="finished_at")
+    def finished_at_display(self, obj: Job) -> str:
+        return _short(obj.finished_at)
 
     @admin.display(description="attempts", ordering="attempts")
     def attempts_display(self, obj: Job) -> str:
@@ -244,8 +273,30 @@ class JobAdmin(admin.ModelAdmin):
             path("queues/<str:queue>/<str:operation>/",
                  view(dashboard.QueueControlView.as_view(model_admin=self)),
                  name="django_delayq_queue_control"),
+            path("<path:object_id>/act/<str:operation>/", view(self.job_action_view),
+                 name="django_delayq_job_act"),
         ]
         return own + super().get_urls()
+
+    def job_action_view(self, request: HttpRequest, object_id: str,
+                        operation: str) -> HttpResponse:
+        """POST retry, cancel or run-now for the job of one job page, then go back to it."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        if operation not in JOB_OPERATIONS:
+            raise Http404("unknown operation")
+        row = self.get_object(request, object_id)
+        if row is None:
+            raise Http404("no such job")
+        verb, function = JOB_OPERATIONS[operation]
+        self._act(request, Job.objects.filter(pk=row.pk), verb, function)
+        return HttpResponseRedirect(reverse("admin:django_delayq_job_change", args=[row.pk]))
+
+
+def _short(value: dt.datetime | None) -> str:
+    return "-" if value is None else f"{value.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S}"
 
 
 def _when(value: dt.datetime | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -11,6 +12,7 @@ from django.utils.module_loading import import_string
 
 from .conf import DEFAULTS, conf
 from .engine.keys import QUEUE_NAME_RE
+from .engine.limits import queue_options
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 
@@ -46,6 +48,11 @@ _IDS = {
     "EVENTS_MAXLEN": "E019",
     "MAX_PAYLOAD_BYTES": "E020",
     "SHARDS": "E021",
+    "QUEUES": "E023",
+    "CLUSTER": "E024",
+    "CRON_LOOKAHEAD": "E025",
+    "CRON_MISSED": "E026",
+    "CRON_CATCH_UP_MAX": "E027",
     "MIRROR_RETENTION": "E030",
     "MIRROR_BATCH_SIZE": "E031",
     "MIRROR_CLAIM_IDLE": "E032",
@@ -69,8 +76,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                             id="django_delayq.E022"))
     url = conf.raw("REDIS_URL")
     if not isinstance(url, str) or urlsplit(url).scheme not in REDIS_SCHEMES:
-        errors.append(Error(f"DELAYQ['REDIS_URL'] must be a redis://, rediss:// or unix:// "
-                            f"URL, not {url!r}.", id="django_delayq.E002"))
+        errors.append(Error(f"DELAYQ['REDIS_URL'] must be a redis://, rediss://, unix:// or "
+                            f"redis+cluster:// URL, not {url!r}.", id="django_delayq.E002"))
     alias = conf.raw("CACHE_ALIAS")
     if alias is not None and alias not in getattr(settings, "CACHES", {}):
         errors.append(Error(f"DELAYQ['CACHE_ALIAS'] {alias!r} is not in settings.CACHES.",
@@ -104,6 +111,37 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     ):
         errors.append(Error("DELAYQ['SHARDS'] must map queue names to shard counts (1-1024), "
                             f"not {shards!r}.", id="django_delayq.E021"))
+    errors += _check_flow_control()
+    return errors
+
+
+def _check_flow_control() -> list[CheckMessage]:
+    """QUEUES (E023), CLUSTER (E024) and the periodic-task settings (E025-E027)."""
+    errors: list[CheckMessage] = []
+    queues = conf.raw("QUEUES")
+    if not isinstance(queues, dict):
+        errors.append(Error(f"DELAYQ['QUEUES'] must be a dict of queue name -> options, not "
+                            f"{queues!r}.", id="django_delayq.E023"))
+        queues = {}
+    for name, spec in queues.items():
+        if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
+            errors.append(Error(f"DELAYQ['QUEUES'] has an invalid queue name {name!r}.",
+                                id="django_delayq.E023"))
+            continue
+        try:
+            queue_options(spec)
+        except ValueError as exc:
+            errors.append(Error(f"DELAYQ['QUEUES'][{name!r}]: {exc}.",
+                                hint="e.g. {'rate_limit': '100/m'} or {'interval': 0.5, "
+                                     "'shards': 4}", id="django_delayq.E023"))
+    if not isinstance(conf.raw("CLUSTER"), bool):
+        errors.append(Error(f"DELAYQ['CLUSTER'] must be True or False, not "
+                            f"{conf.raw('CLUSTER')!r}.", id="django_delayq.E024"))
+    errors += _number("CRON_LOOKAHEAD", minimum=1)
+    if conf.raw("CRON_MISSED") not in ("latest", "all", "skip"):
+        errors.append(Error(f"DELAYQ['CRON_MISSED'] must be 'latest', 'all' or 'skip', not "
+                            f"{conf.raw('CRON_MISSED')!r}.", id="django_delayq.E026"))
+    errors += _number("CRON_CATCH_UP_MAX", minimum=1, integer=True)
     return errors
 
 
@@ -126,6 +164,25 @@ def check_api_permission_classes(app_configs: Any = None, **kwargs: Any) -> list
             errors.append(Error(f"DELAYQ['API_PERMISSION_CLASSES'] names {path!r}, which "
                                 f"cannot be imported: {exc}", id="django_delayq.E040"))
     return errors
+
+
+SPARK_MASTER_RE = re.compile(
+    r"^(local(\[(\*|[1-9][0-9]*)(,[0-9]+)?\])?|local-cluster\[[0-9, ]+\]|yarn"
+    r"|(spark|mesos|k8s)://\S+)$"
+)
+
+
+@register(Tags.compatibility)
+def check_spark_master(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``DELAYQ['SPARK_MASTER']`` must be a master URL Spark understands."""
+    if not isinstance(getattr(settings, "DELAYQ", None), dict):
+        return []
+    master = conf.raw("SPARK_MASTER")
+    if not isinstance(master, str) or not SPARK_MASTER_RE.match(master):
+        return [Error(f"DELAYQ['SPARK_MASTER'] must be a Spark master URL such as local[*], "
+                      f"local[4], spark://host:7077, yarn or k8s://https://host:443, "
+                      f"not {master!r}.", id="django_delayq.E060")]
+    return []
 
 
 #: Keys other modules of django-delayq read from DELAYQ (validated by their own checks).

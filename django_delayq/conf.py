@@ -44,12 +44,27 @@ DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 1_048_576,
     # Shards per queue name, e.g. {"emails": 4}.
     "SHARDS": {},
+    # Flow control per queue name: {"emails": {"rate_limit": "100/m"},
+    # "api": {"interval": 0.5, "shards": 4}} (see docs/flow-control.md). "shards" here
+    # takes precedence over SHARDS.
+    "QUEUES": {},
+    # True when REDIS_URL names one node of a Redis Cluster (or use redis+cluster://).
+    "CLUSTER": False,
+    # Seconds ahead a worker enqueues the next occurrences of periodic tasks, and what
+    # happens to occurrences missed while no worker ran: "latest" (run the most recent
+    # one once), "all" (run each, at most CRON_CATCH_UP_MAX) or "skip".
+    "CRON_LOOKAHEAD": 30.0,
+    "CRON_MISSED": "latest",
+    "CRON_CATCH_UP_MAX": 100,
     # The model mirror: seconds finished rows are kept in the database (None: forever),
     # events read per batch, and seconds another mirror's unacknowledged events may sit
     # before this one takes them over.
     "MIRROR_RETENTION": 30 * 86_400,
     "MIRROR_BATCH_SIZE": 500,
     "MIRROR_CLAIM_IDLE": 60.0,
+    # Spark master URL of the Spark pipeline's commands (local[*], spark://host:7077,
+    # yarn, k8s://...); --master overrides it.
+    "SPARK_MASTER": "local[*]",
 }
 
 
@@ -146,6 +161,26 @@ class DelayQSettings:
         return dict(self._get("SHARDS"))
 
     @property
+    def QUEUES(self) -> dict[str, dict[str, Any]]:
+        return dict(self._get("QUEUES"))
+
+    @property
+    def CLUSTER(self) -> bool:
+        return bool(self._get("CLUSTER"))
+
+    @property
+    def CRON_LOOKAHEAD(self) -> float:
+        return float(self._get("CRON_LOOKAHEAD"))
+
+    @property
+    def CRON_MISSED(self) -> str:
+        return str(self._get("CRON_MISSED"))
+
+    @property
+    def CRON_CATCH_UP_MAX(self) -> int:
+        return int(self._get("CRON_CATCH_UP_MAX"))
+
+    @property
     def MIRROR_RETENTION(self) -> float | None:
         value = self._get("MIRROR_RETENTION")
         return None if value is None else float(value)
@@ -157,6 +192,10 @@ class DelayQSettings:
     @property
     def MIRROR_CLAIM_IDLE(self) -> float:
         return float(self._get("MIRROR_CLAIM_IDLE"))
+
+    @property
+    def SPARK_MASTER(self) -> str:
+        return str(self._get("SPARK_MASTER"))
 
     def raw(self, name: str) -> Any:
         """The setting as given (unconverted), for the system checks."""

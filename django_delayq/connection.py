@@ -13,6 +13,7 @@ from django.core.signals import setting_changed
 
 from .conf import conf
 from .engine import Broker, EngineConfig
+from .engine.limits import queue_options
 
 _lock = threading.Lock()
 _brokers: dict[float | None, Broker] = {}
@@ -20,6 +21,17 @@ _brokers: dict[float | None, Broker] = {}
 
 def engine_config() -> EngineConfig:
     """The :class:`EngineConfig` for the current settings."""
+    shards = dict(conf.SHARDS)
+    limits = {}
+    for name, spec in conf.QUEUES.items():
+        try:
+            options = queue_options(spec)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"DELAYQ['QUEUES'][{name!r}]: {exc}") from exc
+        if "shards" in spec:
+            shards[name] = options.shards
+        if options.limit is not None:
+            limits[name] = options.limit
     return EngineConfig(
         prefix=conf.PREFIX,
         lease_ms=int(conf.LEASE * 1000),
@@ -30,7 +42,8 @@ def engine_config() -> EngineConfig:
         keep_failed=conf.KEEP_FAILED,
         max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
         json_encoder=DjangoJSONEncoder,
-        shards=conf.SHARDS,
+        shards=shards,
+        limits=limits,
     )
 
 
@@ -64,7 +77,16 @@ def make_client(socket_timeout: float | None = None) -> Any:
         return redis.Redis(
             connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
         )
-    return redis.Redis.from_url(conf.REDIS_URL, **_client_kwargs(timeout))
+    url = conf.REDIS_URL
+    scheme, sep, rest = url.partition("://")
+    if scheme.endswith("+cluster") or conf.CLUSTER:
+        from redis.cluster import RedisCluster
+
+        url = f"{scheme.removesuffix('+cluster')}{sep}{rest}"
+        kwargs = _client_kwargs(timeout)
+        kwargs.pop("health_check_interval")
+        return RedisCluster.from_url(url, **kwargs)
+    return redis.Redis.from_url(url, **_client_kwargs(timeout))
 
 
 def get_broker(*, socket_timeout: float | None = None) -> Broker:

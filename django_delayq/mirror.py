@@ -24,7 +24,14 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections, connection, connections, transaction
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    connection,
+    connections,
+    transaction,
+)
 from django.db.models import Q
 from django.utils import timezone
 from redis.cluster import RedisCluster
@@ -126,7 +133,12 @@ class Mirror:
                 # not only once another consumer's claim_idle has run out.
                 self._recovered.clear()
                 if not connection.in_atomic_block:
-                    close_old_connections()  # drop a broken connection; reconnect next round
+                    connection.close()  # drop a possibly broken connection; reconnect next round
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+            except Exception:
+                logger.exception("mirror round failed, retrying in %.1fs", backoff)
+                self._recovered.clear()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
         logger.info("mirror stopped consumer=%s mirrored=%d", self.name, self.mirrored)
@@ -245,7 +257,14 @@ class Mirror:
         if by_job:
             for events in by_job.values():
                 events.sort(key=lambda e: e.order)
-            self._write(keys, by_job)
+            try:
+                self._write(keys, by_job)
+            except (OperationalError, InterfaceError):
+                raise  # the database is away: retry the whole batch later
+            except DatabaseError as exc:
+                logger.warning("mirror batch refused, writing job by job stream=%s error=%s",
+                               keys.events, exc)
+                self._write_one_by_one(keys, by_job)
         if self._pause_before_ack:
             logger.info("mirror wrote batch, pausing before ack stream=%s entries=%d",
                         keys.events, len(entries))
@@ -253,6 +272,23 @@ class Mirror:
         self.broker.client.xack(keys.events, GROUP, *ids)
         self.mirrored += len(entries)
         return len(entries)
+
+    def _write_one_by_one(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
+        """Write each job alone; a job whose row the database refuses is logged and skipped.
+
+        One bad value (say, a NaN in a job's arguments) must not hold back every other
+        event of the stream forever.
+        """
+        for job_id, events in by_job.items():
+            try:
+                self._write(keys, {job_id: events})
+            except (OperationalError, InterfaceError):
+                raise
+            except DatabaseError as exc:
+                self.skipped += len(events)
+                logger.error("mirror skipped a job the database refused queue=%s job=%s "
+                             "events=%s error=%s", keys.queue, job_id,
+                             ",".join(e.entry_id for e in events), exc)
 
     def _write(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
         """Upsert one row per job, in one transaction; ``by_job`` events are oldest first.

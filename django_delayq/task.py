@@ -19,9 +19,10 @@ from django.db import transaction
 
 from .conf import conf
 from .connection import get_broker
-from .engine import BulkResult, EnqueueRequest, Job, UnknownTask
+from .engine import BulkResult, EnqueueRequest, EnqueueResult, Job, UnknownTask
 from .engine import validation as check
 from .engine.job import from_ms
+from .periodic import Schedule
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -58,9 +59,20 @@ class Task(Generic[P, T]):
     max_attempts: int | None = None
     retry_backoff: float | None = None
     retry_backoff_max: float | None = None
+    #: Periodic tasks: a cron expression (in ``tz``) or a period; see periodic.py.
+    cron: str | None = None
+    tz: str | None = None
+    every: float | dt.timedelta | None = None
+    schedule: Schedule | None = dataclasses.field(default=None, init=False, repr=False,
+                                                  compare=False)
 
     def __post_init__(self) -> None:
         check.check_task_name(self.name)
+        try:
+            schedule = Schedule.build(self.cron, self.every, self.tz)
+        except ValueError as exc:
+            raise ValueError(f"{self.name}: {exc}") from None
+        object.__setattr__(self, "schedule", schedule)
         if self.queue is not None:
             check.validate_queue_name(self.queue)
         check.check_priority(self.priority)
@@ -157,28 +169,49 @@ class Task(Generic[P, T]):
         self.check_arguments(args, kwargs)
         transaction.on_commit(partial(self.enqueue, *args, **kwargs))
 
-    def enqueue_many(
-        self, calls: Iterable[Sequence[Any] | Mapping[str, Any] | tuple[Sequence[Any],
-                                                                          Mapping[str, Any]]],
-        *, chunk_size: int = 1_000,
-    ) -> BulkResult:
-        """Enqueue many jobs of this task, one round trip per chunk.
+    def bind(self, *args: P.args, **kwargs: P.kwargs) -> Call:
+        """A :class:`Call` of this task with these arguments and this copy's options
+        (``task.using(job_id=..., delay=...).bind(...)``), for :meth:`enqueue_many`."""
+        self.check_arguments(args, kwargs)
+        return Call(args, kwargs, job_id=self.job_id, run_at=self.run_at, delay=self.delay,
+                    priority=self.priority, max_attempts=self.max_attempts)
 
-        Each item is a sequence of positional arguments, a mapping of keyword
-        arguments, or an ``(args, kwargs)`` pair. This task's options (queue, delay,
-        run_at, priority) apply to every job; job ids are generated.
+    def enqueue_many(
+        self, calls: Iterable[Call | Sequence[Any] | Mapping[str, Any]
+                              | tuple[Sequence[Any], Mapping[str, Any]]],
+        *, chunk_size: int = 1_000, results: list[EnqueueResult] | None = None,
+    ) -> BulkResult:
+        """Enqueue many jobs of this task, one round trip per chunk of ``chunk_size``.
+
+        Each item is a :class:`Call` (arguments plus its own job_id, run_at, delay,
+        priority, max_attempts), a sequence of positional arguments, a mapping of
+        keyword arguments, or an ``(args, kwargs)`` pair. Options a ``Call`` leaves out
+        come from this task (``using()`` included). Every item of a chunk is checked
+        before the chunk is sent, so a bad item raises without sending its chunk (the
+        chunks before it are enqueued: the error says how many). An id that exists is
+        skipped and reported in ``BulkResult.duplicate_ids``.
         """
+        sent = BulkResult()
+
         def requests() -> Iterable[EnqueueRequest]:
-            for item in calls:
-                args, kwargs = _split_call(item)
-                self.check_arguments(args, kwargs)
+            for index, item in enumerate(calls):
+                call = item if isinstance(item, Call) else Call(*_split_call(item))
+                try:
+                    self.check_arguments(call.args, call.kwargs)
+                except TypeError as exc:
+                    raise TypeError(f"item {index}: {exc}") from None
+                run_at, delay = self.run_at, self.delay
+                if call.run_at is not None or call.delay is not None:
+                    run_at, delay = call.run_at, call.delay
                 yield EnqueueRequest(
-                    task=self.name, args=args, kwargs=kwargs, run_at=self.run_at,
-                    delay=self.delay, priority=self.priority,
-                    max_attempts=self.attempts_allowed,
+                    task=self.name, args=call.args, kwargs=dict(call.kwargs), run_at=run_at,
+                    delay=delay, job_id=call.job_id,
+                    priority=self.priority if call.priority is None else call.priority,
+                    max_attempts=call.max_attempts or self.attempts_allowed,
                 )
 
-        return get_broker().enqueue_many(self.queue_name, requests(), chunk_size=chunk_size)
+        return get_broker().enqueue_many(self.queue_name, requests(), chunk_size=chunk_size,
+                                         results=results, total=sent)
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds to wait before retrying after failed attempt ``attempt`` (1-based)."""
@@ -186,6 +219,31 @@ class Task(Generic[P, T]):
         cap = conf.RETRY_BACKOFF_MAX if self.retry_backoff_max is None else self.retry_backoff_max
         delay = min(cap, base * float(2 ** min(attempt - 1, 62)))
         return delay * random.uniform(0.5, 1.0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Call:
+    """One job for :meth:`Task.enqueue_many`: arguments and per-job options.
+
+    Options left as None fall back to the task's. ``run_at`` and ``delay`` exclude each
+    other.
+    """
+
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    job_id: str | None = None
+    run_at: dt.datetime | None = None
+    delay: float | dt.timedelta | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.args, str | bytes) or not isinstance(self.args, Sequence):
+            raise TypeError(f"Call args must be a list or tuple, not {type(self.args).__name__}")
+        if not isinstance(self.kwargs, Mapping):
+            raise TypeError(f"Call kwargs must be a mapping, not {type(self.kwargs).__name__}")
+        if self.run_at is not None and self.delay is not None:
+            raise ValueError("give run_at or delay, not both")
 
 
 def _split_call(item: Any) -> tuple[Sequence[Any], dict[str, Any]]:
@@ -243,6 +301,11 @@ class TaskRegistry:
         """The queues registered tasks send jobs to."""
         return sorted({t.queue_name for t in self._tasks.values()})
 
+    def periodic(self, queues: Iterable[str]) -> list[Task[Any, Any]]:
+        """The periodic tasks (cron or every) that send jobs to one of ``queues``."""
+        wanted = set(queues)
+        return [t for t in self.tasks() if t.schedule is not None and t.queue_name in wanted]
+
     def unregister(self, name: str) -> None:
         self._tasks.pop(name, None)
 
@@ -266,6 +329,9 @@ def task(
     max_attempts: int | None = None,
     retry_backoff: float | None = None,
     retry_backoff_max: float | None = None,
+    cron: str | None = None,
+    tz: str | None = None,
+    every: float | dt.timedelta | None = None,
 ) -> Callable[[Callable[P, T]], Task[P, T]]: ...
 
 
@@ -280,11 +346,17 @@ def task(
     max_attempts: int | None = None,
     retry_backoff: float | None = None,
     retry_backoff_max: float | None = None,
+    cron: str | None = None,
+    tz: str | None = None,
+    every: float | dt.timedelta | None = None,
 ) -> Task[P, T] | Callable[[Callable[P, T]], Task[P, T]]:
     """Declare a task; use bare (``@task``) or with options (``@task(queue="emails")``).
 
     The task's name is ``module.qualname`` unless ``name`` is given. ``queue`` defaults to
     ``DELAYQ["DEFAULT_QUEUE"]``, ``max_attempts`` to ``DELAYQ["MAX_ATTEMPTS"]``.
+    ``cron="*/5 * * * *"`` (with ``tz=``, needs the ``cron`` extra) or ``every=`` (a
+    timedelta or seconds) makes it periodic: workers serving its queue enqueue each
+    occurrence once, with no arguments.
     """
 
     def decorate(func: Callable[P, T]) -> Task[P, T]:
@@ -301,7 +373,7 @@ def task(
         t: Task[P, T] = Task(
             func=func, name=task_name, queue=queue, priority=priority, delay=delay,
             max_attempts=max_attempts, retry_backoff=retry_backoff,
-            retry_backoff_max=retry_backoff_max,
+            retry_backoff_max=retry_backoff_max, cron=cron, tz=tz, every=every,
         )
         registry.register(t)
         return t

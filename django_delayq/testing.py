@@ -47,6 +47,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_cluster_port() -> int:
+    """A free port P (at most 55535) whose cluster bus port P + 10000 is free too."""
+    import random
+
+    for _ in range(200):
+        port = random.randint(20_000, 45_000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10_000))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free pair of ports for a Redis Cluster node")
+
+
 class RedisServer:
     """A redis-server process on 127.0.0.1 that lives as long as this object.
 
@@ -125,6 +141,83 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.cleanup()
+
+
+def find_redis_cli() -> str:
+    """The path of ``redis-cli`` (it creates clusters), or a clear error."""
+    found = shutil.which("redis-cli")
+    if found:
+        return found
+    raise RuntimeError("no redis-cli found: install Redis (apt-get install redis-server "
+                       "redis-tools); a Redis Cluster is created with redis-cli --cluster")
+
+
+class RedisCluster:
+    """A throwaway Redis Cluster of ``masters`` primaries (no replicas) on loopback.
+
+    ``url`` is a ``redis+cluster://`` URL for ``DELAYQ["REDIS_URL"]``. The nodes keep no
+    data on disk; ``cleanup()`` stops them and removes their directories.
+    """
+
+    def __init__(self, masters: int = 3) -> None:
+        if masters < 3:
+            raise ValueError("a Redis Cluster needs at least 3 primaries")
+        self.nodes = [
+            RedisServer(port=free_cluster_port(),
+                        extra_args=("--cluster-enabled", "yes", "--cluster-config-file",
+                                    "nodes.conf", "--cluster-node-timeout", "5000"))
+            for _ in range(masters)
+        ]
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}/0"
+
+    @property
+    def ports(self) -> list[int]:
+        return [node.port for node in self.nodes]
+
+    def start(self) -> RedisCluster:
+        try:
+            for node in self.nodes:
+                node.start()
+            subprocess.run(
+                [find_redis_cli(), "--cluster", "create",
+                 *(f"127.0.0.1:{port}" for port in self.ports),
+                 "--cluster-replicas", "0", "--cluster-yes"],
+                check=True, capture_output=True, timeout=60,
+            )
+            self._wait_ok()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def _wait_ok(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        cli = find_redis_cli()
+        while time.monotonic() < deadline:
+            states = [
+                subprocess.run([cli, "-p", str(port), "cluster", "info"], capture_output=True,
+                               text=True, timeout=5).stdout
+                for port in self.ports
+            ]
+            if all("cluster_state:ok" in s for s in states):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"the Redis Cluster on ports {self.ports} did not reach "
+                           f"cluster_state:ok in {timeout}s")
+
+    def cleanup(self) -> None:
+        for node in self.nodes:
+            node.cleanup()
+
+    def __enter__(self) -> RedisCluster:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

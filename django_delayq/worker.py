@@ -9,7 +9,9 @@ Threads of one :class:`Worker`:
   ``close_old_connections()`` around each;
 - the *acker* sends every finished job's outcome in one round trip per batch;
 - the *heartbeat* extends the leases of held jobs, reclaims expired leases of dead
-  workers, and records this worker as alive.
+  workers, and records this worker as alive;
+- the *scheduler* (only with periodic tasks on the served queues, not in burst mode)
+  enqueues their upcoming occurrences ahead of time (see :mod:`django_delayq.periodic`).
 
 ``run()`` blocks until :meth:`Worker.request_stop` (or, with ``burst``, until nothing is
 due), then stops claiming, hands back claimed jobs that have not started, lets running
@@ -38,7 +40,10 @@ from redis.exceptions import RedisError
 from .conf import conf
 from .connection import get_broker
 from .current import running
-from .engine import Broker, ClaimedJob, QueueKeys, UnknownTask, encode_result
+from .engine import Broker, ClaimedJob, ClaimResult, QueueKeys, UnknownTask, encode_result
+from .engine.reservations import claim_reserved
+from .markers import MarkerWatch
+from .periodic import schedule_due
 from .task import TaskRegistry, registry
 
 logger = logging.getLogger("django_delayq.worker")
@@ -119,7 +124,17 @@ class Worker:
         self._outcomes: list[Outcome] = []
         self._outcome_ready = threading.Event()
         self._rotation = 0
+        self._watch: MarkerWatch | None = None
+        if self.blocking_broker.is_cluster and len({k.tag for k in self.shards}) > 1:
+            self._watch = MarkerWatch(self.blocking_broker.client,
+                                      [k.marker for k in self.shards], self._stop)
         self._avg_run_time = PREFETCH_WINDOW  # moving average of job run time, seconds
+        # Jobs of rate-limited and interval queues are claimed only for idle threads, so
+        # each starts when claimed: the limit counts real starts, not prefetched jobs.
+        self._limited = {q for q in self.queues if self.broker.rate_limit(q) is not None}
+        self._starved = False  # the last claim skipped limited queues: no idle thread
+        if self.prefetch is None and self._limited == set(self.queues):
+            self.prefetch = 0
 
     # -- control ------------------------------------------------------------------
 
@@ -146,7 +161,12 @@ class Worker:
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="delayq-heartbeat",
                                      daemon=True)
         fetcher = threading.Thread(target=self._fetch_loop, name="delayq-fetcher", daemon=True)
-        for thread in (*executors, acker, heartbeat, fetcher):
+        threads = [*executors, acker, heartbeat, fetcher]
+        periodic = [] if self.burst else self.tasks.periodic(self.queues)
+        if periodic:
+            threads.append(threading.Thread(target=self._schedule_loop, args=(periodic,),
+                                            name="delayq-scheduler", daemon=True))
+        for thread in threads:
             thread.start()
         self._stop.wait()
         fetcher.join()
@@ -258,29 +278,49 @@ class Worker:
                 backoff = min(MAX_BACKOFF, backoff * 2)
 
     def _claim(self, free: int) -> tuple[int, float]:
-        """Claim up to about ``free`` jobs over all shards in one round trip.
+        """Claim up to about ``free`` jobs over all shards, fairly, in one round trip.
 
-        Returns (jobs claimed, seconds until the next scheduled job is due, capped).
+        Shards are asked in a rotating order. A limited queue sharded over a cluster
+        reserves its starts first (``engine.reservations``: more round trips).
+        Returns (jobs claimed, seconds until the next scheduled job is due or the next
+        start a rate limit allows, capped).
         """
         n = len(self.shards)
         start = self._rotation % n
         self._rotation += 1
         order = self.shards[start:] + self.shards[:start]
-        per_shard = max(1, -(-free // n))
-        batch = self.broker.batch()
-        for keys in order:
-            self.broker.add_claim(batch, keys, per_shard, self.name, self.lease_ms)
+        reserving = [q for q in self.queues if self.broker.reserves_starts(q)]
+        plain = [k for k in order if k.queue not in reserving]
+        with self._capacity:
+            idle = max(0, self.concurrency - self._busy)
+        self._starved = idle == 0 and bool(self._limited)
         sent = time.monotonic()
-        replies = batch.run()
+        results: list[ClaimResult] = []
+        if plain:
+            per_shard = max(1, -(-free // len(plain)))
+            batch = self.broker.batch()
+            for keys in plain:
+                # a count of 0 still promotes due jobs and reports the next due time
+                count = min(per_shard, idle) if keys.queue in self._limited else per_shard
+                self.broker.add_claim(batch, keys, count, self.name, self.lease_ms)
+            results = [self.broker.parse_claim(keys, reply)
+                       for keys, reply in zip(plain, batch.run(), strict=True)]
+        for queue in reserving:
+            results += claim_reserved(
+                self.broker, queue, [k for k in order if k.queue == queue], idle, self.name,
+                self.lease_ms,
+            )
         wait = self.block_timeout
         total = 0
-        for keys, reply in zip(order, replies, strict=True):
-            result = self.broker.parse_claim(keys, reply)
+        for result in results:
+            keys = result.keys
             if result.orphans:
                 logger.warning("dropped %d job ids with no job data queue=%s",
                                result.orphans, keys.queue)
             if result.next_due_ms is not None and not result.paused:
                 wait = min(wait, (result.next_due_ms - result.now_ms) / 1000)
+            if result.limit_wait_ms is not None:
+                wait = min(wait, result.limit_wait_ms / 1000)
             if not result.jobs:
                 continue
             total += len(result.jobs)
@@ -290,19 +330,31 @@ class Worker:
                     self._held[(job.keys, job.id)] = job
             for job in result.jobs:
                 self._inbox.put(job)
-            if self._stop.is_set():
-                break
         return total, wait - (time.monotonic() - sent)
 
     def _wait_for_work(self, wait: float) -> None:
-        """Sleep until work may be there: a marker, the next due time, or the cap."""
+        """Sleep until work may be there: a marker, the next due time, or the cap.
+
+        On a Redis Cluster one BZPOPMIN cannot watch keys of several slots, so each
+        shard's marker is watched by its own thread (:class:`MarkerWatch`).
+        """
         if wait <= 0:
+            return
+        if self._starved:
+            # limited queues wait for a thread, not for a marker (which they keep set)
+            with self._capacity:
+                if self._busy >= self.concurrency and not self._stop.is_set():
+                    self._capacity.wait(timeout=wait)
             return
         if wait <= PRECISE_WAIT:
             self._stop.wait(wait)
             return
+        timeout = max(0.01, wait - PRECISE_WAIT / 2)
+        if self._watch is not None:
+            self._watch.wait(timeout)
+            return
         markers = [keys.marker for keys in self.shards]
-        self.blocking_broker.client.bzpopmin(markers, timeout=max(0.01, wait - PRECISE_WAIT / 2))
+        self.blocking_broker.client.bzpopmin(markers, timeout=timeout)
 
     # -- executing ----------------------------------------------------------------
 
@@ -481,6 +533,23 @@ class Worker:
                 logger.warning("reclaimed expired leases queue=%s returned=%s dead_lettered=%s",
                                keys.queue, returned, dead)
         self._record_alive()
+
+    def _schedule_loop(self, periodic: list[Any]) -> None:
+        """Enqueue upcoming occurrences of periodic tasks, a few times per lookahead."""
+        lookahead = conf.CRON_LOOKAHEAD
+        interval = max(0.2, min(10.0, lookahead / 3))
+        logger.info("scheduling periodic tasks worker=%s tasks=%s", self.name,
+                    ",".join(f"{t.name}({t.schedule.describe()})" for t in periodic))
+        while not self._stop.is_set():
+            try:
+                added = schedule_due(self.broker, periodic, lookahead_ms=int(lookahead * 1000),
+                                     missed=conf.CRON_MISSED,
+                                     catch_up_max=conf.CRON_CATCH_UP_MAX)
+                if added:
+                    logger.debug("enqueued %d periodic jobs worker=%s", added, self.name)
+            except RedisError as exc:
+                logger.warning("periodic scheduling failed worker=%s error=%s", self.name, exc)
+            self._stop.wait(interval)
 
     def _register_queues(self) -> None:
         try:

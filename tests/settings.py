@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 from tests.redis_server import session_redis_url
@@ -76,6 +77,8 @@ DELAYQ = {
     "RETRY_BACKOFF": 0.05,
     "RETRY_BACKOFF_MAX": 0.2,
 }
+# More DELAYQ settings (a JSON object) for worker processes a test starts.
+DELAYQ.update(json.loads(os.environ.get("DELAYQ_TEST_SETTINGS", "{}")))
 
 LOGGING = {
     "version": 1,

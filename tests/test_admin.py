@@ -229,6 +229,31 @@ def test_run_now_action(admin_client):
         wait_until(lambda: later.refresh().status == "completed", message="run now to run")
 
 
+def test_buttons_of_the_job_page(admin_client, client):
+    job = tasks.record.using(delay=3600).enqueue("b")
+    mirror()
+    url = change_url(job.id)
+    pk = Job.objects.get(job_id=job.id).pk
+    page = admin_client.get(url).content.decode()
+    assert "dq-act-cancel" in page
+    assert "dq-act-run-now" in page
+    act_url = reverse("admin:django_delayq_job_act", args=[pk, "cancel"])
+    assert admin_client.get(act_url).status_code == 405
+    response = admin_client.post(act_url, follow=True)
+    assert response.redirect_chain[-1][0] == url
+    assert f"1 job(s) cancelled: {job.id}" in response.content.decode()
+    assert job.refresh().status == "cancelled"
+    response = admin_client.post(reverse("admin:django_delayq_job_act", args=[pk, "retry"]),
+                                 follow=True)
+    assert f"1 job(s) retried: {job.id}" in response.content.decode()
+    assert job.refresh().status == "ready"
+    assert admin_client.post(reverse("admin:django_delayq_job_act",
+                                     args=[pk, "explode"])).status_code == 404
+    client.force_login(staff("viewer", "view_job"))
+    assert "dq-act-cancel" not in client.get(url).content.decode()
+    assert client.post(act_url).status_code == 403
+
+
 def test_action_with_redis_down_says_so_without_the_url(admin_client):
     job = tasks.record.using(delay=3600).enqueue("x")
     mirror()

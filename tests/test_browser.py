@@ -56,7 +56,7 @@ def page(browser: Any, live_server: Any, django_user_model: Any, settings: Any) 
     """A page logged into the admin as a superuser; records every JS dialog."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast
     django_user_model.objects.create_superuser("admin", "admin@example.com", "admin")
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context = browser.new_context(viewport={"width": 1680, "height": 1000})
     tab = context.new_page()
     tab.dialogs = []
 

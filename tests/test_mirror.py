@@ -11,18 +11,19 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import pytest
 import redis
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import OperationalError, connection, connections
 from django.test import override_settings
 from django.utils import timezone
 
 from django_delayq import Job as EngineJob
 from django_delayq import Queue
-from django_delayq.connection import engine_config
+from django_delayq.connection import engine_config, get_broker
 from django_delayq.engine import Broker
 from django_delayq.engine.keys import QueueKeys
 from django_delayq.mirror import GROUP, PAUSE_BEFORE_ACK_ENV, Mirror
@@ -156,11 +157,24 @@ def test_garbled_events_are_skipped_acked_and_do_not_stop_the_rest(redis_client,
     assert "skipping garbled event" in caplog.text
 
 
+@pytest.mark.django_db
+def test_a_job_the_database_refuses_is_skipped_and_the_rest_mirrored(redis_client, caplog):
+    good = tasks.record.using(delay=3600).enqueue("good")
+    bad = tasks.record.using(delay=3600).enqueue("bad")
+    redis_client.hset(KEYS.job(bad.id), "args", "[NaN]")  # valid to Python, not to a JSON column
+    redis_client.xadd(KEYS.events, {"event": "enqueued", "job": "x" * 200, "ts": "1"})
+    mirror = mirror_all()
+    assert list(Job.objects.values_list("job_id", flat=True)) == [good.id]
+    assert mirror.skipped == 2
+    assert pending(redis_client) == 0
+    assert f"mirror skipped a job the database refused queue=default job={bad.id}" in caplog.text
+
+
 class FailingMirror(Mirror):
     """A mirror whose database is down: every write fails."""
 
     def _write(self, keys: QueueKeys, by_job: dict[str, Any]) -> None:
-        raise DatabaseError("database is down")
+        raise OperationalError("database is down")
 
 
 @pytest.mark.django_db
@@ -180,7 +194,7 @@ def test_database_outage_loses_no_event(redis_client, caplog):
 @pytest.mark.django_db
 def test_a_dead_consumers_pending_events_are_taken_over(redis_client):
     jobs = [tasks.record.using(delay=3600).enqueue(f"t{i}") for i in range(3)]
-    with pytest.raises(DatabaseError):
+    with pytest.raises(OperationalError):
         FailingMirror(block=0.1, name="dead").step()
     assert pending(redis_client) == 3
     mirror_all(name="other", claim_idle=3600)  # not idle long enough: left alone
@@ -206,6 +220,51 @@ def test_redis_outage_is_logged_and_retried_without_raising(caplog):
         assert list(Job.objects.values_list("job_id", flat=True)) == [job_id]
     finally:
         server.cleanup()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mirror_thread_survives_a_lost_database_connection(caplog):
+    seen: dict[str, Any] = {}
+
+    class Recording(Mirror):
+        def _write(self, keys: QueueKeys, by_job: dict[str, Any]) -> None:
+            seen.setdefault("connection", connections["default"])  # the mirror thread's own
+            super()._write(keys, by_job)
+
+    mirror = Recording(block=0.1)
+
+    def run() -> None:
+        try:
+            mirror.run()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        first = tasks.record.using(delay=3600).enqueue("before")
+        wait_until(lambda: Job.objects.filter(job_id=first.id).exists(), message="first row")
+        lost = seen["connection"]
+        if lost.vendor == "postgresql":  # the server drops the mirror's connection
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)",
+                               [lost.connection.info.backend_pid])
+            second = tasks.record.using(delay=3600).enqueue("after")
+        else:  # an in-memory SQLite cannot lose its connection: take the table away
+            with connection.cursor() as cursor:
+                cursor.execute("ALTER TABLE django_delayq_job RENAME TO delayq_away")
+            second = tasks.record.using(delay=3600).enqueue("after")
+            wait_until(lambda: "cannot write to the database" in caplog.text,
+                       message="the mirror to notice")
+            with connection.cursor() as cursor:
+                cursor.execute("ALTER TABLE delayq_away RENAME TO django_delayq_job")
+        wait_until(lambda: Job.objects.filter(job_id=second.id).exists(), message="second row")
+    finally:
+        mirror.request_stop()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert "mirror cannot write to the database" in caplog.text
+    assert pending(get_broker().client) == 0
 
 
 @pytest.mark.django_db
@@ -314,12 +373,16 @@ def test_mirror_tests_pass_on_postgresql():
         pytest.fail("run this test with the default (SQLite) settings; it starts PostgreSQL runs")
     import psycopg
 
+    host = os.environ.get("DELAYQ_TEST_PG_HOST", "127.0.0.1")
+    port = os.environ.get("DELAYQ_TEST_PG_PORT", "5432")
+    user = os.environ.get("DELAYQ_TEST_PG_USER", "postgres")
     try:
-        psycopg.connect("host=127.0.0.1 port=5432 user=postgres dbname=postgres",
+        psycopg.connect(host=host, port=port, user=user, dbname="postgres",
                         connect_timeout=5).close()
     except psycopg.OperationalError as exc:
-        pytest.fail(f"PostgreSQL is not reachable at 127.0.0.1:5432 as user postgres "
-                    f"(trust auth); start it (scripts/system-deps.sh) to run these tests: {exc}")
+        pytest.fail(f"PostgreSQL is not reachable at {host}:{port} as user {user} (trust "
+                    f"auth), and the mirror tests must also pass on PostgreSQL: start it, or "
+                    f"point DELAYQ_TEST_PG_HOST/PORT/USER at one. {exc}")
     env = worker_env(DJANGO_SETTINGS_MODULE="tests.settings_postgres")
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "--ds=tests.settings_postgres", "-p", "no:cacheprovider",

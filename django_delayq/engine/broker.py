@@ -23,9 +23,21 @@ from .codec import encode_arguments
 from .config import EngineConfig
 from .errors import DelayQConnectionError
 from .keys import GlobalKeys, QueueKeys
+from .limits import RateLimit
+from .reservations import claim_reserved
 from .scripts import Batch, call
 
 ENQUEUE_FIELDS = 8
+CLAIM_HEADER = 5
+
+
+def is_cluster_client(client: Any) -> bool:
+    """Whether ``client`` talks to a Redis Cluster (a script then reaches one slot)."""
+    try:
+        from redis.cluster import RedisCluster
+    except ImportError:  # pragma: no cover - redis-py always has it
+        return False
+    return isinstance(client, RedisCluster)
 
 
 def new_job_id() -> str:
@@ -65,6 +77,10 @@ class BulkResult:
     enqueued: int = 0
     duplicates: int = 0
     job_ids: list[str] = field(default_factory=list)
+    #: Ids that were not added because a job with that id exists (or came earlier).
+    duplicate_ids: list[str] = field(default_factory=list)
+    #: Round trips to Redis (one per chunk).
+    chunks: int = 0
 
 
 @dataclass(slots=True)
@@ -98,6 +114,8 @@ class ClaimResult:
     paused: bool
     orphans: int
     jobs: list[ClaimedJob]
+    #: ms until the queue's start-rate window lets another job start (None: not held).
+    limit_wait_ms: int | None = None
 
 
 def _describe(client: Any) -> str:
@@ -120,9 +138,28 @@ class Broker:
         self.config = config or EngineConfig()
         self.global_keys = GlobalKeys(self.config.prefix)
         self._known_queues: set[str] = set()
+        self.is_cluster = is_cluster_client(client)
         self._shard_keys: dict[str, list[QueueKeys]] = {}
 
     # -- keys ---------------------------------------------------------------------
+
+    def rate_limit(self, queue: str) -> RateLimit | None:
+        """The start limit of ``queue`` (rate limit or interval), if it has one."""
+        return self.config.limits.get(queue)
+
+    def limit_key(self, queue: str) -> str:
+        """The one start-rate window of ``queue``, shared by all its shards."""
+        return QueueKeys(self.config.prefix, queue).limit
+
+    def reserves_starts(self, queue: str) -> bool:
+        """Whether claims on ``queue`` reserve starts first (see :meth:`reserve`).
+
+        True for a limited queue whose shards sit in other cluster slots than its
+        window; elsewhere the claim script counts starts in the window itself.
+        """
+        return self.is_cluster and self.shard_count(queue) > 1 and (
+            self.rate_limit(queue) is not None
+        )
 
     def shard_count(self, queue: str) -> int:
         return max(1, int(self.config.shards.get(queue, 1)))
@@ -230,23 +267,32 @@ class Broker:
         *,
         chunk_size: int = 1_000,
         results: list[EnqueueResult] | None = None,
+        total: BulkResult | None = None,
     ) -> BulkResult:
         """Enqueue many jobs: each chunk of ``chunk_size`` is one round trip.
 
         Every request is validated and encoded before anything of its chunk is sent, so
-        a bad request raises without enqueuing its chunk. Duplicate ids are skipped and
-        counted. Pass a list as ``results`` to receive one :class:`EnqueueResult` each.
+        a bad request raises without enqueuing its chunk; the error names how many jobs
+        earlier chunks enqueued. Duplicate ids are skipped, counted and listed. Pass a
+        list as ``results`` to receive one :class:`EnqueueResult` each, and ``total`` to
+        have the totals filled in even when an error interrupts the call.
         """
-        total = BulkResult()
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be at least 1, not {chunk_size}")
+        total = BulkResult() if total is None else total
         chunk: list[list[Any]] = []
         with self.connection_errors():
             if queue not in self._known_queues:
                 self._remember_queue(queue)
-            for request in requests:
-                chunk.append(self._job_argv(request))
-                if len(chunk) >= chunk_size:
-                    self._send_chunk(queue, chunk, total, results)
-                    chunk = []
+            try:
+                for request in requests:
+                    chunk.append(self._job_argv(request))
+                    if len(chunk) >= chunk_size:
+                        self._send_chunk(queue, chunk, total, results)
+                        chunk = []
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"{exc} (enqueue_many stopped: {total.enqueued} jobs of "
+                                f"earlier chunks were enqueued, this chunk was not)") from exc
             if chunk:
                 self._send_chunk(queue, chunk, total, results)
         return total
@@ -264,6 +310,7 @@ class Broker:
         batch = self.batch()
         order = [(self.add_enqueue(batch, keys, argvs), argvs) for keys, argvs in by_shard.items()]
         replies = batch.run()
+        total.chunks += 1
         for index, argvs in order:
             reply = replies[index]
             for i, argv in enumerate(argvs):
@@ -272,6 +319,7 @@ class Broker:
                     total.enqueued += 1
                 else:
                     total.duplicates += 1
+                    total.duplicate_ids.append(argv[0])
                 total.job_ids.append(argv[0])
                 if results is not None:
                     results.append(EnqueueResult(argv[0], bool(added), status, int(run_at_ms),
@@ -280,35 +328,51 @@ class Broker:
     # -- the worker protocol ------------------------------------------------------
 
     def add_claim(
-        self, batch: Batch, keys: QueueKeys, count: int, worker: str, lease_ms: int | None = None
+        self, batch: Batch, keys: QueueKeys, count: int, worker: str, lease_ms: int | None = None,
+        *, reserved: bool = False,
     ) -> int:
-        """Add a claim of up to ``count`` jobs on the shard ``keys`` to ``batch``."""
+        """Add a claim of up to ``count`` jobs on the shard ``keys`` to ``batch``.
+
+        The queue's start limit is enforced by the script unless ``reserved`` says the
+        starts were already granted by :meth:`reserve`.
+        """
+        limit = None if reserved else self.rate_limit(keys.queue)
+        if limit is not None and not self.reserves_starts(keys.queue):
+            limit_key, limit_args = self.limit_key(keys.queue), [limit.limit, limit.period_ms]
+        else:
+            limit_key, limit_args = keys.limit, [0, 0]
         return batch.add(
             "claim",
             [keys.scheduled, keys.ready, keys.active, keys.marker, keys.events, keys.seq,
-             keys.paused, keys.job_prefix],
+             keys.paused, keys.job_prefix, limit_key],
             [count, lease_ms or self.config.lease_ms, worker, self.config.promote_batch,
-             self.config.events_maxlen],
+             self.config.events_maxlen, *limit_args],
         )
 
     @staticmethod
     def parse_claim(keys: QueueKeys, reply: list[Any]) -> ClaimResult:
-        now, next_due, paused, orphans = (int(x) for x in reply[:4])
+        now, next_due, paused, orphans, limit_wait = (int(x) for x in reply[:CLAIM_HEADER])
         jobs = [
             ClaimedJob(keys, reply[i], reply[i + 1], reply[i + 2], reply[i + 3],
                        int(reply[i + 4]), int(reply[i + 5]), int(reply[i + 6]),
                        int(reply[i + 7]), int(reply[i + 8]), now)
-            for i in range(4, len(reply), 9)
+            for i in range(CLAIM_HEADER, len(reply), 9)
         ]
         return ClaimResult(keys, now, None if next_due < 0 else next_due, bool(paused), orphans,
-                           jobs)
+                           jobs, None if limit_wait < 0 else limit_wait)
 
     def claim(
         self, queue: str, count: int, worker: str, lease_ms: int | None = None
     ) -> list[ClaimResult]:
-        """Claim up to ``count`` jobs from each shard of ``queue`` in one round trip."""
-        batch = self.batch()
+        """Claim up to ``count`` jobs from each shard of ``queue``.
+
+        One round trip, or for a limited queue sharded over a cluster, a reservation
+        first and then the shards one by one until the granted starts are used.
+        """
         shards = self.shards(queue)
+        if self.reserves_starts(queue):
+            return claim_reserved(self, queue, shards, count, worker, lease_ms)
+        batch = self.batch()
         for keys in shards:
             self.add_claim(batch, keys, count, worker, lease_ms)
         return [self.parse_claim(k, r) for k, r in zip(shards, batch.run(), strict=True)]

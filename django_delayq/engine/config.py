@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .codec import JSONEncoder
+from .limits import RateLimit
 
 DAY_MS = 86_400_000
 
@@ -37,3 +38,5 @@ class EngineConfig:
     json_encoder: type[json.JSONEncoder] = JSONEncoder
     #: Number of shards per queue name; queues not listed have one.
     shards: Mapping[str, int] = field(default_factory=dict)
+    #: Start limits per queue name (rate limits and intervals); queues not listed have none.
+    limits: Mapping[str, RateLimit] = field(default_factory=dict)

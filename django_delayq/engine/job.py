@@ -219,6 +219,10 @@ class Job:
             ahead = broker.client.zcount(keys.scheduled, "-inf", f"({run_at}")
         return int(ready_count) + int(ahead)
 
+    def estimated_start(self) -> dt.datetime | None:
+        """Estimated start on a rate-limited or interval queue (see :func:`estimated_start`)."""
+        return estimated_start(self)
+
 
 def _decode_or_raw(text: str | None, default: Any) -> Any:
     """Decode stored JSON; a corrupted value is returned as its raw text, not raised."""
@@ -228,3 +232,35 @@ def _decode_or_raw(text: str | None, default: Any) -> Any:
         return decode(text)
     except (ValueError, RecursionError):
         return text
+
+
+def estimated_start(job: Job) -> dt.datetime | None:
+    """When a job of a rate-limited or interval queue should start, if workers keep up.
+
+    The jobs ahead of it (its position, times the shard count for a sharded queue, as
+    shards are drained evenly) start at the queue's limit: the free room of the current
+    window first, then ``limit`` per window. None for a job that started or finished,
+    or on a queue with no limit (its start then depends on worker throughput).
+    """
+    broker = job._broker
+    limit = broker.rate_limit(job.queue)
+    if limit is None:
+        return None
+    ahead = job.position()
+    if ahead is None:
+        return None
+    ahead *= broker.shard_count(job.queue)
+    key = broker.limit_key(job.queue)
+    with broker.connection_errors():
+        now = broker.server_time_ms()
+        starts = broker.client.zrange(key, 0, -1, withscores=True)
+    # Replay the window: each start waits until the start `limit` places before it
+    # has left the window (the same rule the claim script applies).
+    times = sorted(int(s) for _, s in starts if s > now - limit.period_ms)
+    start = now
+    for _ in range(min(ahead, 1_000_000) + 1):
+        earlier = times[-limit.limit] if len(times) >= limit.limit else None
+        start = now if earlier is None else max(now, earlier + limit.period_ms)
+        times.append(start)
+    run_at = check.run_at_ms(job.run_at) if job.run_at is not None else 0
+    return from_ms(max(start, run_at, now))

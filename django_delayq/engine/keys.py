@@ -139,3 +139,8 @@ class GlobalKeys:
     def worker(self, worker_id: str) -> str:
         """HASH describing one worker (host, pid, queues, started, jobs done)."""
         return f"{self.prefix}:worker:{worker_id}"
+
+    @property
+    def schedules(self) -> str:
+        """HASH task name -> the latest occurrence (ms) of that periodic task enqueued."""
+        return f"{self.prefix}:schedules"

@@ -27,6 +27,8 @@ SCRIPT_NAMES = (
     "reschedule",
     "retry",
     "purge",
+    "reserve",
+    "advance_schedule",
 )
 
 
@@ -97,5 +99,7 @@ class Batch:
     def _send(self, calls: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
         pipe = self._client.pipeline(transaction=False)
         for name, keys, args in calls:
-            pipe.evalsha(load_script(name).sha, len(keys), *keys, *args)
+            # execute_command, not evalsha(): redis-py's cluster pipeline refuses the
+            # evalsha() method but routes an EVALSHA command by its keys' slot.
+            pipe.execute_command("EVALSHA", load_script(name).sha, len(keys), *keys, *args)
         return list(pipe.execute(raise_on_error=False))

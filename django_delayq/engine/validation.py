@@ -56,7 +56,8 @@ def run_at_ms(run_at: Any) -> int:
             f"run_at {run_at.isoformat()} is a naive datetime: pass an aware one, e.g. "
             "django.utils.timezone.now() + timedelta(...) or datetime(..., tzinfo=UTC)"
         )
-    return math.ceil(run_at.timestamp() * 1000)
+    # round to whole microseconds first: float noise must not push an exact ms up by one
+    return math.ceil(round(run_at.timestamp() * 1000, 3))
 
 
 def delay_ms(delay: Any) -> int:

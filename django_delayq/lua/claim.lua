@@ -1,5 +1,6 @@
 -- Claim a batch: promote due scheduled jobs, pop ready jobs by priority then FIFO, and
--- lease them to a worker. Nothing is claimed while the queue is paused.
+-- lease them to a worker. Nothing is claimed while the queue is paused, and no more
+-- jobs start than the queue's start-rate window allows.
 --
 -- KEYS[1] scheduled  ZSET  job ids by run_at (ms)
 -- KEYS[2] ready      ZSET  job ids by ready score
@@ -9,21 +10,27 @@
 -- KEYS[6] seq        STRING FIFO counter
 -- KEYS[7] paused     STRING present while the queue is paused
 -- KEYS[8] job key prefix (job keys are KEYS[8] .. id; same hash tag)
+-- KEYS[9] limit      ZSET  start times in the current window (the queue's one window,
+--                          shared by its shards; unused when ARGV[6] is 0)
 --
 -- ARGV[1] most jobs to claim
 -- ARGV[2] lease (ms)
 -- ARGV[3] worker id
 -- ARGV[4] most scheduled jobs to promote in this call
 -- ARGV[5] events stream max length (0: no events)
+-- ARGV[6] most starts per window (0: no limit here)
+-- ARGV[7] window length (ms)
 --
 -- Returns {now ms, next due run_at ms (-1: none scheduled), paused (0/1),
---          orphan ids dropped (ids with no job hash), then per claimed job 9 values:
+--          orphan ids dropped (ids with no job hash), ms until the window lets the
+--          next job start (-1: not held by the limit), then per claimed job 9 values:
 --          id, task, args, kwargs, attempt, max_attempts, priority, run_at, enqueued_at}
 
 local scheduled, ready, active, marker = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local events, seq_key, job_prefix = KEYS[5], KEYS[6], KEYS[8]
 local want, lease, worker = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local promote_max, maxlen = tonumber(ARGV[4]), tonumber(ARGV[5])
+local limit_key, limit, period = KEYS[9], tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0
 local now = now_ms()
 local orphans = 0
 
@@ -55,10 +62,14 @@ if head[2] then
 end
 
 if redis.call('EXISTS', KEYS[7]) == 1 then
-  return {now, next_due, 1, orphans}
+  return {now, next_due, 1, orphans, -1}
 end
 
-local out = {now, next_due, 0, orphans}
+if limit > 0 and want > 0 then
+  want = math.min(want, limit_room(limit_key, limit, period, now))
+end
+
+local out = {now, next_due, 0, orphans, -1}
 if want > 0 then
   local popped = redis.call('ZPOPMIN', ready, want)
   local deadline = now + lease
@@ -75,6 +86,9 @@ if want > 0 then
       redis.call('HSET', job_key, 'attempts', attempt, 'status', 'active',
         'started_at', now, 'worker', worker)
       redis.call('ZADD', active, deadline, job_id)
+      if limit > 0 then
+        limit_take(limit_key, period, now, job_id .. '@' .. now)
+      end
       emit(events, maxlen, 'started', job_id, now, 'attempt', attempt, 'worker', worker)
       out[#out + 1] = job_id
       out[#out + 1] = f[1] or ''
@@ -93,8 +107,13 @@ if want > 0 then
   out[4] = orphans
 end
 
--- Work left behind: wake another idle worker for it.
+-- Work left behind: wake another idle worker for it, unless the window is full; then
+-- say when it opens, so workers sleep until then instead of asking again.
 if redis.call('ZCARD', ready) > 0 then
-  redis.call('ZADD', marker, 0, '0')
+  if limit > 0 and limit_room(limit_key, limit, period, now) == 0 then
+    out[5] = limit_next_slot(limit_key, limit, period, now) - now
+  else
+    redis.call('ZADD', marker, 0, '0')
+  end
 end
 return out

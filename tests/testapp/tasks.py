@@ -64,6 +64,21 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+@task
+def count_run(tag: str) -> None:
+    """Count a run in the hash ``test:count`` (a field per tag)."""
+    _client().hincrby("test:count", tag, 1)
+
+
+if os.environ.get("DELAYQ_TEST_PERIODIC"):
+    # Only in the worker processes of the periodic-task tests: every other worker would
+    # otherwise schedule it too.
+    @task(name="tests.periodic_tick", queue="periodic",
+          every=float(os.environ["DELAYQ_TEST_PERIODIC"]))
+    def periodic_tick() -> None:
+        _note("periodic_tick")
+
+
 # Tasks written against Django's Tasks API, found by workers through this module, and the
 # tasks of the fault and bad-input tests.
 from . import fault_tasks, standard_tasks  # noqa: E402, F401

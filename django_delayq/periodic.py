@@ -1,0 +1,173 @@
+"""Periodic tasks: ``@task(cron=...)`` and ``@task(every=...)``, with no beat process.
+
+Every worker runs :func:`schedule_due` now and then for the periodic tasks of the
+queues it serves. It enqueues each occurrence due within ``CRON_LOOKAHEAD`` seconds as
+an ordinary scheduled job whose id is derived from the task and the occurrence time
+(``cron:<task>:<epoch ms>``), so many workers computing the same occurrence enqueue it
+once: enqueue skips an id that exists. A mark per task (``GlobalKeys.schedules``)
+records the latest occurrence enqueued; occurrences between that mark and now were
+missed (no worker ran) and are handled by the ``CRON_MISSED`` policy.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import math
+import zoneinfo
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from .engine import Broker, EnqueueRequest
+from .engine.keys import JOB_ID_RE
+from .engine.scripts import call
+
+if TYPE_CHECKING:
+    from .task import Task
+
+logger = logging.getLogger("django_delayq.periodic")
+
+MISSED_POLICIES = ("latest", "all", "skip")
+
+
+def _croniter() -> Any:
+    try:
+        from croniter import croniter
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            "@task(cron=...) needs croniter: pip install 'django-delayq[cron]'"
+        ) from exc
+    return croniter
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When a periodic task runs: a cron expression in a time zone, or a fixed period.
+
+    A period (``every``) is aligned on the Unix epoch, so every worker computes the
+    same occurrences: ``every=timedelta(minutes=5)`` runs at :00, :05, ... UTC.
+    """
+
+    cron: str | None = None
+    tz: str = "UTC"
+    every_ms: int | None = None
+
+    @classmethod
+    def build(cls, cron: str | None, every: Any, tz: str | None) -> Schedule | None:
+        """Validate ``@task`` options; None when the task is not periodic."""
+        if cron is None and every is None:
+            if tz is not None:
+                raise ValueError("tz= only applies with cron=")
+            return None
+        if cron is not None and every is not None:
+            raise ValueError("give cron or every, not both")
+        if every is not None:
+            if tz is not None:
+                raise ValueError("tz= only applies with cron=; every= is aligned on UTC")
+            seconds = every.total_seconds() if isinstance(every, dt.timedelta) else every
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not (
+                math.isfinite(seconds) and seconds >= 0.1
+            ):
+                raise ValueError(f"every must be a timedelta or seconds of at least 0.1, "
+                                 f"not {every!r}")
+            return cls(every_ms=round(seconds * 1000))
+        if not isinstance(cron, str) or not _croniter().is_valid(cron):
+            raise ValueError(f"invalid cron expression {cron!r}")
+        try:
+            zoneinfo.ZoneInfo(tz or "UTC")
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {tz!r}") from exc
+        return cls(cron=cron, tz=tz or "UTC")
+
+    def _at(self, ms: int) -> dt.datetime:
+        return dt.datetime.fromtimestamp(ms / 1000, tz=zoneinfo.ZoneInfo(self.tz))
+
+    def next_after(self, ms: int) -> int:
+        """The first occurrence strictly after ``ms`` (epoch ms)."""
+        if self.every_ms is not None:
+            return (ms // self.every_ms + 1) * self.every_ms
+        nxt: dt.datetime = _croniter()(self.cron, self._at(ms)).get_next(dt.datetime)
+        return math.ceil(nxt.timestamp() * 1000)
+
+    def latest_at_or_before(self, ms: int) -> int:
+        """The last occurrence at or before ``ms``."""
+        if self.every_ms is not None:
+            return ms // self.every_ms * self.every_ms
+        prev: dt.datetime = _croniter()(self.cron, self._at(ms + 1)).get_prev(dt.datetime)
+        return math.ceil(prev.timestamp() * 1000)
+
+    def describe(self) -> str:
+        if self.every_ms is not None:
+            return f"every {self.every_ms / 1000:g}s"
+        return f"cron {self.cron!r} ({self.tz})"
+
+
+def occurrence_id(task_name: str, at_ms: int) -> str:
+    """The job id of one occurrence: the same in every worker, hence enqueued once."""
+    job_id = f"cron:{task_name}:{at_ms}"
+    if JOB_ID_RE.match(job_id):
+        return job_id
+    digest = hashlib.sha1(task_name.encode()).hexdigest()[:20]
+    return f"cron:{digest}:{at_ms}"
+
+
+def plan(schedule: Schedule, last_ms: int | None, now_ms: int, lookahead_ms: int, *,
+         missed: str = "latest", catch_up_max: int = 100, limit: int = 10_000) -> list[int]:
+    """The occurrences to enqueue now, oldest first.
+
+    Upcoming ones: every occurrence after ``max(last_ms, now_ms)`` up to ``now_ms +
+    lookahead_ms`` (at most ``limit``). Missed ones, in ``(last_ms, now_ms]``: the most
+    recent (``"latest"``), up to ``catch_up_max`` most recent (``"all"``) or none
+    (``"skip"``). A task never marked before has missed nothing.
+    """
+    if missed not in MISSED_POLICIES:
+        raise ValueError(f"missed must be one of {MISSED_POLICIES}, not {missed!r}")
+    late: list[int] = []
+    if last_ms is not None and missed != "skip":
+        keep = 1 if missed == "latest" else catch_up_max
+        at = schedule.latest_at_or_before(now_ms)
+        while at > last_ms and len(late) < keep:
+            late.append(at)
+            at = schedule.latest_at_or_before(at - 1)
+        late.reverse()
+    upcoming: list[int] = []
+    at = schedule.next_after(max(now_ms, last_ms or now_ms))
+    while at <= now_ms + lookahead_ms and len(upcoming) < limit:
+        upcoming.append(at)
+        at = schedule.next_after(at)
+    return late + upcoming
+
+
+def schedule_due(broker: Broker, tasks: list[Task[Any, Any]], *, lookahead_ms: int,
+                 missed: str = "latest", catch_up_max: int = 100) -> int:
+    """Enqueue the upcoming (and missed) occurrences of ``tasks``; returns how many
+    new jobs this call added (0 when another worker was first)."""
+    added = 0
+    marks_key = broker.global_keys.schedules
+    now_ms = broker.server_time_ms()
+    names = [t.name for t in tasks]
+    marks = broker.client.hmget(marks_key, names) if names else []
+    for task, mark in zip(tasks, marks, strict=True):
+        schedule = task.schedule
+        assert schedule is not None
+        last = int(mark) if mark is not None else None
+        times = plan(schedule, last, now_ms, lookahead_ms, missed=missed,
+                     catch_up_max=catch_up_max)
+        if last is not None and times and times[0] <= now_ms:
+            logger.info("running missed occurrence(s) task=%s count=%d policy=%s",
+                        task.name, sum(1 for t in times if t <= now_ms), missed)
+        if times:
+            requests = [
+                EnqueueRequest(task=task.name, run_at=dt.datetime.fromtimestamp(t / 1000,
+                                                                                 tz=dt.UTC),
+                               priority=task.priority, job_id=occurrence_id(task.name, t),
+                               max_attempts=task.attempts_allowed)
+                for t in times
+            ]
+            added += broker.enqueue_many(task.queue_name, requests).enqueued
+        newest = max(times, default=schedule.latest_at_or_before(now_ms))
+        call(broker.client, "advance_schedule", [marks_key], [task.name, newest])
+    return added

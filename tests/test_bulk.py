@@ -1,0 +1,72 @@
+"""Bulk enqueue: per-item options, dedupe, reports, and one round trip per chunk."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from django_delayq import Call, Job, Queue
+from django_delayq.engine import EnqueueResult
+from tests.testapp import tasks
+
+
+def evalsha_calls(client) -> int:
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def test_calls_carry_their_own_options_and_fall_back_to_the_task(redis_client):
+    run_at = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    results: list[EnqueueResult] = []
+    bulk = tasks.record.using(priority=5).enqueue_many([
+        Call(["a"], job_id="bulk-a", priority=50),
+        Call(["b"], {"extra": 1}, run_at=run_at),
+        tasks.record.using(job_id="bulk-c", delay=600).bind("c"),
+        ["d"],
+        {"tag": "e"},
+        (["f"], {"extra": 2}),
+    ], results=results)
+    assert (bulk.enqueued, bulk.duplicates, bulk.chunks) == (6, 0, 1)
+    assert [r.status for r in results] == ["ready", "scheduled", "scheduled", "ready",
+                                           "ready", "ready"]
+    a = Job.fetch("bulk-a")
+    assert (a.priority, a.args) == (50, ["a"])
+    b = Job.fetch(bulk.job_ids[1])
+    assert (b.priority, b.kwargs) == (5, {"extra": 1})
+    assert dt.timedelta(0) <= b.run_at - run_at < dt.timedelta(milliseconds=1)
+    c = Job.fetch("bulk-c")
+    assert c.status == "scheduled"
+    assert c.priority == 0
+
+
+def test_duplicate_ids_are_skipped_and_reported_within_and_across_calls(redis_client):
+    tasks.record.using(job_id="dup-1").enqueue("first")
+    bulk = tasks.record.enqueue_many([
+        Call(["x"], job_id="dup-1"), Call(["y"], job_id="dup-2"), Call(["z"], job_id="dup-2"),
+    ])
+    assert (bulk.enqueued, bulk.duplicates) == (1, 2)
+    assert bulk.duplicate_ids == ["dup-1", "dup-2"]
+    assert Job.fetch("dup-1").args == ["first"]
+    assert Job.fetch("dup-2").args == ["y"]
+    assert Queue("default").counts()["ready"] == 2
+
+
+def test_a_bad_item_stops_before_its_chunk_and_says_what_was_sent(redis_client):
+    items = [Call([f"ok{i}"]) for i in range(5)] + [Call([], {"nope": 1})]
+    with pytest.raises(TypeError, match=r"item 5: .*4 jobs of earlier chunks were enqueued"):
+        tasks.record.enqueue_many(items, chunk_size=2)
+    assert Queue("default").counts()["ready"] == 4
+    with pytest.raises(ValueError, match="run_at or delay"):
+        Call(["x"], delay=1, run_at=dt.datetime.now(dt.UTC))
+    with pytest.raises(TypeError, match="list or tuple"):
+        Call("abc")
+
+
+@pytest.mark.slow
+def test_one_hundred_thousand_jobs_take_one_round_trip_per_chunk(broker, redis_client):
+    tasks.add.enqueue_many([[0, 0]])  # the script is loaded: no NOSCRIPT retry below
+    before = evalsha_calls(redis_client)
+    bulk = tasks.add.enqueue_many(([i, i] for i in range(100_000)), chunk_size=1_000)
+    assert evalsha_calls(redis_client) - before == 100 == bulk.chunks
+    assert bulk.enqueued == 100_000
+    assert Queue("default").counts()["ready"] == 100_001

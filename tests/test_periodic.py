@@ -1,0 +1,123 @@
+"""Periodic tasks: occurrences planned the same by every worker, each enqueued once."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from django_delayq import Job, Queue, task
+from django_delayq.periodic import Schedule, occurrence_id, plan, schedule_due
+from tests.conftest import ran, wait_until
+from tests.test_flow_control import start_workers, stop_workers
+
+MINUTE = 60_000
+
+
+def test_every_is_aligned_on_the_epoch_and_plans_the_lookahead():
+    every = Schedule.build(None, dt.timedelta(seconds=15), None)
+    assert plan(every, None, 100_000, 40_000) == [105_000, 120_000, 135_000]
+    # already enqueued up to 120 s: only what lies beyond the mark
+    assert plan(every, 120_000, 100_000, 40_000) == [135_000]
+
+
+def test_cron_follows_its_time_zone():
+    paris = Schedule.build("0 9 * * *", None, "Europe/Paris")
+    winter = dt.datetime(2026, 1, 10, 12, tzinfo=dt.UTC)
+    nxt = paris.next_after(int(winter.timestamp() * 1000))
+    assert dt.datetime.fromtimestamp(nxt / 1000, dt.UTC) == dt.datetime(2026, 1, 11, 8,
+                                                                        tzinfo=dt.UTC)
+    summer = dt.datetime(2026, 7, 10, 12, tzinfo=dt.UTC)
+    nxt = paris.next_after(int(summer.timestamp() * 1000))
+    assert dt.datetime.fromtimestamp(nxt / 1000, dt.UTC) == dt.datetime(2026, 7, 11, 7,
+                                                                        tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize(("policy", "expected_late"), [
+    ("latest", [9 * MINUTE]), ("all", [7 * MINUTE, 8 * MINUTE, 9 * MINUTE]), ("skip", []),
+])
+def test_missed_occurrences_follow_the_policy(policy, expected_late):
+    every_minute = Schedule.build("* * * * *", None, None)
+    # enqueued up to minute 4, no worker ran until 9:30
+    got = plan(every_minute, 4 * MINUTE, 9 * MINUTE + 30_000, 45_000, missed=policy,
+               catch_up_max=3)
+    assert got == [*expected_late, 10 * MINUTE]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"cron": "* * *"}, "invalid cron"), ({"every": 0}, "at least 0.1"),
+    ({"cron": "* * * * *", "every": 5}, "not both"), ({"every": 5, "tz": "UTC"}, "tz="),
+    ({"cron": "* * * * *", "tz": "Mars/Olympus"}, "unknown time zone"),
+])
+def test_bad_schedules_are_refused_at_declaration(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        task(name="tests.bad_schedule", **kwargs)(lambda: None)
+
+
+def test_cron_without_croniter_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "croniter", None)
+    with pytest.raises(ImproperlyConfigured, match=r"django-delayq\[cron\]"):
+        task(name="tests.needs_croniter", cron="*/5 * * * *")(lambda: None)
+
+
+def test_occurrence_ids_are_valid_job_ids_for_any_task_name():
+    assert occurrence_id("shop.tasks.report", 60_000) == "cron:shop.tasks.report:60000"
+    odd = occurrence_id("shop tasks/rapport été", 60_000)
+    assert odd.startswith("cron:")
+    assert odd.endswith(":60000")
+    assert " " not in odd
+
+
+def _tick_task():
+    def tick() -> None:
+        pass
+    tick.__qualname__ = "tick"
+    return task(name="tests.tick_every_minute", queue="periodic",
+                every=dt.timedelta(minutes=1))(tick)
+
+
+def test_schedule_step_runs_a_missed_occurrence_once_and_plans_ahead(broker, redis_client):
+    from django_delayq.task import registry
+
+    tick = _tick_task()
+    try:
+        now = broker.server_time_ms()
+        # the last occurrence enqueued was an hour ago: 59 or 60 were missed since
+        redis_client.hset(broker.global_keys.schedules, tick.name, now - 60 * MINUTE)
+        added = schedule_due(broker, [tick], lookahead_ms=3 * MINUTE, missed="latest")
+        again = schedule_due(broker, [tick], lookahead_ms=3 * MINUTE, missed="latest")
+    finally:
+        registry.unregister(tick.name)
+    assert (added, again) == (4, 0), "the missed one plus three ahead, then nothing new"
+    counts = Queue("periodic").counts()
+    assert (counts["ready"], counts["scheduled"]) == (1, 3)
+    latest_missed = now // MINUTE * MINUTE
+    job = Job.fetch(occurrence_id(tick.name, latest_missed), "periodic")
+    assert job.status == "ready"
+    assert job.args == []
+    assert job.task_name == tick.name
+
+
+@pytest.mark.slow
+def test_three_workers_run_each_occurrence_exactly_once(settings, redis_client):
+    period_ms = 250
+    settings.DELAYQ = {**settings.DELAYQ, "QUEUES": {}}
+    procs = start_workers(3, "periodic", {"CRON_LOOKAHEAD": 1.5},
+                          extra_env={"DELAYQ_TEST_PERIODIC": str(period_ms / 1000)})
+    try:
+        wait_until(lambda: len(ran(redis_client)) >= 36, timeout=40,
+                   message="36 occurrences of a 0.25 s periodic task")
+    finally:
+        stop_workers(procs)
+    runs = [r for r in ran(redis_client) if r["task"] == "periodic_tick"]
+    done = Queue("periodic").jobs("completed", limit=10_000)
+    times = sorted(int(j.id.rsplit(":", 1)[1]) for j in done)
+    assert all(j.id.startswith("cron:tests.periodic_tick:") for j in done)
+    assert len(runs) == len(done) >= 36, "one run per occurrence"
+    assert times == list(range(times[0], times[-1] + 1, period_ms)), "no gap, no duplicate"
+    for job in done:
+        assert job.attempts == 1
+        assert job.started_at >= job.run_at
+    assert len({r["pid"] for r in runs}) >= 2, "several workers ran them"
