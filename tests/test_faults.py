@@ -338,3 +338,31 @@ def test_enqueue_to_a_server_that_never_answers_times_out(unreachable):
         # The server answers again: nothing half-written blocks the next enqueue.
         job = record.enqueue("thawed")
         assert job.refresh().status == "ready"
+
+
+@pytest.mark.parametrize("operation", [
+    "enqueue_many", "fetch", "counts", "pause", "purge", "jobs", "all", "throughput",
+    "cancel", "reschedule",
+])
+def test_every_public_operation_raises_delayq_connection_error(unreachable, operation):
+    from django_delayq import DelayQConnectionError, Job, Queue
+    from django_delayq.testing import free_port
+    from tests.testapp.tasks import record
+
+    job = Job(id="some-job", queue="default")
+    calls = {
+        "enqueue_many": lambda: record.enqueue_many([("a",), ("b",)]),
+        "fetch": lambda: Job.fetch("some-job"),
+        "counts": lambda: Queue("default").counts(),
+        "pause": lambda: Queue("default").pause(),
+        "purge": lambda: Queue("default").purge(),
+        "jobs": lambda: Queue("default").jobs("ready"),
+        "all": Queue.all,
+        "throughput": lambda: Queue("default").throughput(5),
+        "cancel": job.cancel,
+        "reschedule": lambda: job.reschedule(delay=5),
+    }
+    unreachable(f"redis://:s3cret@127.0.0.1:{free_port()}/0")
+    with pytest.raises(DelayQConnectionError, match="unreachable") as info:
+        calls[operation]()
+    assert "s3cret" not in str(info.value)
