@@ -181,6 +181,39 @@ def test_redis_crash_with_aof_keeps_jobs_and_workers_reconnect(spawned, fault_re
             assert proc.wait(timeout=30) == 0, out.text
 
 
+@pytest.mark.slow
+def test_redis_restart_without_persistence_loses_the_queue_but_not_the_worker(spawned,
+                                                                             fault_report):
+    with RedisServer() as server:
+        client = client_for(server.url)
+        broker = Broker(client, EngineConfig())
+        keys = broker.shards("chaos")[0]
+        proc, out = spawned("chaos", "-c", "4", "--lease", "2", redis_url=server.url)
+        out.wait_for("worker started")
+        before = broker.enqueue_many("chaos", [
+            EnqueueRequest(task=count_run.name, args=[f"v{i}"], job_id=f"v{i}")
+            for i in range(5_000)]).job_ids
+        wait_until(lambda: client.hlen(RUNS) > 100, message="the run to be under way")
+        ran = client.hlen(RUNS)
+        server.kill()
+        out.wait_for("redis unavailable", timeout=30)
+        server.start()  # empty: no AOF, no RDB
+        assert client.dbsize() == 0
+        after = broker.enqueue_many("chaos", [
+            EnqueueRequest(task=count_run.name, args=[f"w{i}"], job_id=f"w{i}")
+            for i in range(200)]).job_ids
+        wait_until(lambda: statuses(client, keys, after).count("completed") == len(after),
+                   timeout=30, message=f"jobs after the restart:\n{out.text[-3000:]}")
+        assert proc.poll() is None, "acks of jobs that vanished must not stop the worker"
+        assert statuses(client, keys, before).count(None) == len(before), (
+            "without persistence the queue is gone: use AOF")
+        # Jobs that had not run by the crash (about: a few more may have run since).
+        fault_report("Redis restarted WITHOUT persistence (loss expected)", len(before),
+                     len(before) - ran, 0)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, out.text[-3000:]
+
+
 def test_worker_backs_off_while_redis_is_down_then_resumes(spawned, fault_report):
     server = RedisServer()
     try:
