@@ -172,9 +172,10 @@ def test_mirror_threads_sigkilled_every_second_leave_every_row_right(redis_clien
         found = rows(name)
         wrong = [j for j in job_ids if found.get(j) != "completed"]
         runs = redis_client.hgetall("test:runs")
+        duplicated = sum(1 for j in job_ids if int(runs.get(j, 0)) > 1)
         fault_report(f"runworker + mirror thread SIGKILLed every 1 s ({kills} kills, "
-                     "PostgreSQL)", total, len(wrong),
-                     sum(1 for j in job_ids if int(runs.get(j, 0)) > 1))
+                     "PostgreSQL)", total, len(wrong), duplicated)
+        assert duplicated <= kills * (4 + 4), "at most concurrency + prefetch per kill"
         assert len(found) == total, "one row per job, none twice"
         assert not wrong, f"{len(wrong)} rows not completed, e.g. {wrong[:5]}"
         assert pending(redis_client, keys.events) == 0
