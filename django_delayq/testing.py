@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 
 def find_redis_server() -> str:
@@ -148,27 +149,22 @@ class RedisServer:
         self.cleanup()
 
 
-def find_redis_cli() -> str:
-    """The path of ``redis-cli`` (it creates clusters), or a clear error."""
-    found = shutil.which("redis-cli")
-    if found:
-        return found
-    raise RuntimeError("no redis-cli found: install Redis (apt-get install redis-server "
-                       "redis-tools); a Redis Cluster is created with redis-cli --cluster")
+CLUSTER_SLOTS = 16384
 
 
 class RedisCluster:
     """A throwaway Redis Cluster of ``masters`` primaries (no replicas) on loopback.
 
     ``url`` is a ``redis+cluster://`` URL for ``DELAYQ["REDIS_URL"]``. The nodes keep no
-    data on disk; ``cleanup()`` stops them and removes their directories.
+    data on disk; ``cleanup()`` stops them and removes their directories. Any
+    ``redis-server`` :class:`RedisServer` finds will do (redis-cli is not needed).
     """
 
-    def __init__(self, masters: int = 3) -> None:
+    def __init__(self, masters: int = 3, *, binary: str | None = None) -> None:
         if masters < 3:
             raise ValueError("a Redis Cluster needs at least 3 primaries")
         self.nodes = [
-            RedisServer(port=free_cluster_port(),
+            RedisServer(port=free_cluster_port(), binary=binary,
                         extra_args=("--cluster-enabled", "yes", "--cluster-config-file",
                                     "nodes.conf", "--cluster-node-timeout", "5000"))
             for _ in range(masters)
@@ -183,33 +179,42 @@ class RedisCluster:
         return [node.port for node in self.nodes]
 
     def start(self) -> RedisCluster:
+        """Start the nodes, split the 16384 slots between them, join them, and wait
+        for ``cluster_state:ok`` (what ``redis-cli --cluster create`` does, without
+        needing redis-cli)."""
+        import redis
+
         try:
             for node in self.nodes:
                 node.start()
-            subprocess.run(
-                [find_redis_cli(), "--cluster", "create",
-                 *(f"127.0.0.1:{port}" for port in self.ports),
-                 "--cluster-replicas", "0", "--cluster-yes"],
-                check=True, capture_output=True, timeout=60,
-            )
-            self._wait_ok()
+            clients = [redis.Redis(port=port, decode_responses=True) for port in self.ports]
+            try:
+                per_node = -(-CLUSTER_SLOTS // len(clients))
+                for i, client in enumerate(clients):
+                    client.execute_command("CLUSTER SET-CONFIG-EPOCH", i + 1)
+                    slots = range(i * per_node, min(CLUSTER_SLOTS, (i + 1) * per_node))
+                    client.execute_command("CLUSTER ADDSLOTS", *slots)
+                for port in self.ports[1:]:
+                    clients[0].execute_command("CLUSTER MEET", "127.0.0.1", port)
+                self._wait_ok(clients)
+            finally:
+                for client in clients:
+                    client.close()
         except BaseException:
             self.cleanup()
             raise
         return self
 
-    def _wait_ok(self, timeout: float = 30.0) -> None:
+    def _wait_ok(self, clients: list[Any], timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
-        cli = find_redis_cli()
         while time.monotonic() < deadline:
-            states = [
-                subprocess.run([cli, "-p", str(port), "cluster", "info"], capture_output=True,
-                               text=True, timeout=5).stdout
-                for port in self.ports
-            ]
-            if all("cluster_state:ok" in s for s in states):
+            # redis-py parses CLUSTER INFO into a dict
+            infos = [client.execute_command("CLUSTER INFO") for client in clients]
+            if all(info.get("cluster_state") == "ok"
+                   and int(info.get("cluster_known_nodes", 0)) == len(clients)
+                   for info in infos):
                 return
-            time.sleep(0.1)
+            time.sleep(0.05)
         raise RuntimeError(f"the Redis Cluster on ports {self.ports} did not reach "
                            f"cluster_state:ok in {timeout}s")
 

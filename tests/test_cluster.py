@@ -32,8 +32,8 @@ def cluster() -> Iterator[RedisCluster]:
     try:
         server = RedisCluster().start()
     except (RuntimeError, OSError) as exc:
-        pytest.fail(f"could not start a local Redis Cluster (redis-server and redis-cli "
-                    f"are needed): {exc}")
+        pytest.fail(f"could not start a local Redis Cluster of 3 redis-server processes: "
+                    f"{exc}")
     yield server
     server.cleanup()
 

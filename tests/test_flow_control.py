@@ -62,6 +62,10 @@ def stop_workers(procs: list[tuple[subprocess.Popen[str], OutputReader]]) -> Non
         finally:
             if proc.poll() is None:
                 proc.kill()
+                proc.wait()
+            reader._thread.join(timeout=5)
+            if proc.stdout is not None:
+                proc.stdout.close()
 
 
 # -- parsing and checks -------------------------------------------------------------

@@ -222,6 +222,16 @@ def test_redis_outage_is_logged_and_retried_without_raising(caplog):
         server.cleanup()
 
 
+def rename_table(old: str, new: str) -> bool:
+    """Rename a table; False while another connection holds the database's lock."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {old} RENAME TO {new}")
+    except OperationalError:
+        return False
+    return True
+
+
 @pytest.mark.django_db(transaction=True)
 def test_mirror_thread_survives_a_lost_database_connection(caplog):
     seen: dict[str, Any] = {}
@@ -251,13 +261,14 @@ def test_mirror_thread_survives_a_lost_database_connection(caplog):
                                [lost.connection.info.backend_pid])
             second = tasks.record.using(delay=3600).enqueue("after")
         else:  # an in-memory SQLite cannot lose its connection: take the table away
-            with connection.cursor() as cursor:
-                cursor.execute("ALTER TABLE django_delayq_job RENAME TO delayq_away")
+            wait_until(lambda: rename_table("django_delayq_job", "delayq_away"),
+                       message="the table renamed away")
             second = tasks.record.using(delay=3600).enqueue("after")
             wait_until(lambda: "cannot write to the database" in caplog.text,
                        message="the mirror to notice")
-            with connection.cursor() as cursor:
-                cursor.execute("ALTER TABLE delayq_away RENAME TO django_delayq_job")
+            # The mirror thread may hold the shared in-memory database's lock for a moment.
+            wait_until(lambda: rename_table("delayq_away", "django_delayq_job"),
+                       message="the table renamed back")
         wait_until(lambda: Job.objects.filter(job_id=second.id).exists(), message="second row")
     finally:
         mirror.request_stop()

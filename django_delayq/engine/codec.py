@@ -7,7 +7,6 @@ import decimal
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from functools import cache
 from typing import Any
 
 from .errors import PayloadTooLarge
@@ -39,10 +38,15 @@ class JSONEncoder(json.JSONEncoder):
         return super().default(o)
 
 
-@cache
+_ENCODERS: dict[type[json.JSONEncoder], json.JSONEncoder] = {}
+
+
 def _encoder(cls: type[json.JSONEncoder]) -> json.JSONEncoder:
     # One instance per class: encode() keeps no state between calls, so threads share it.
-    return cls(separators=(",", ":"), allow_nan=False)
+    encoder = _ENCODERS.get(cls)
+    if encoder is None:
+        encoder = _ENCODERS[cls] = cls(separators=(",", ":"), allow_nan=False)
+    return encoder
 
 
 def _dumps(value: Any, encoder: type[json.JSONEncoder]) -> str:

@@ -1,4 +1,4 @@
-"""The worker: claims jobs in batches, runs them on threads, acks them in batches.
+"""The :class:`Worker`: claims jobs in batches, runs them on threads, acks in batches.
 
 Threads of one :class:`Worker`:
 
@@ -21,30 +21,28 @@ management command's business, not the worker's.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue as stdlib_queue
 import socket
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from django.db import close_old_connections
 from redis.exceptions import RedisError
 
-from .conf import conf
-from .connection import get_broker
-from .current import running
-from .engine import Broker, ClaimedJob, ClaimResult, QueueKeys, UnknownTask, encode_result
-from .engine.reservations import claim_reserved
-from .markers import MarkerWatch
-from .periodic import schedule_due
-from .task import TaskRegistry, registry
+from ..conf import conf
+from ..connection import get_broker
+from ..engine import Broker, ClaimedJob, ClaimResult, QueueKeys
+from ..engine.reservations import claim_reserved
+from ..markers import MarkerWatch
+from ..periodic import schedule_due
+from ..task import TaskRegistry, registry
+from .acks import by_shard, send_outcomes
+from .execution import Outcome, execute
+from .liveness import forget, record_alive
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -60,18 +58,6 @@ MAX_BACKOFF = 5.0
 #: Adaptive prefetch holds about this many seconds of work per thread, up to MAX_PREFETCH.
 PREFETCH_WINDOW = 0.05
 MAX_PREFETCH = 500
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What happened to one job, waiting to be acked."""
-
-    job: ClaimedJob
-    ok: bool
-    result_json: str = ""
-    error: str = ""
-    traceback: str = ""
-    retry_delay_ms: int = -1
 
 
 class Worker:
@@ -174,7 +160,7 @@ class Worker:
         self._done.set()
         acker.join(timeout=10)
         heartbeat.join(timeout=10)
-        self._unregister()
+        forget(self.broker, self.name)
         logger.info("worker stopped worker=%s processed=%d failed=%d", self.name,
                     self.processed, self.failed)
         return code
@@ -368,7 +354,8 @@ class Worker:
                 self._running.add(key)
             began = time.perf_counter()
             try:
-                outcome = self._execute(job)
+                outcome = execute(job, self.tasks, self.broker.config.json_encoder,
+                                  self.name)
             finally:
                 took = time.perf_counter() - began
                 with self._capacity:
@@ -380,58 +367,6 @@ class Worker:
             with self._lock:
                 self._outcomes.append(outcome)
             self._outcome_ready.set()
-
-    def _execute(self, job: ClaimedJob) -> Outcome:
-        log = {"job": job.id, "queue": job.queue, "task": job.task, "attempt": job.attempt}
-        started = time.perf_counter()
-        close_old_connections()
-        try:
-            if not job.task:
-                return self._failure(job, CorruptPayload("the job has no task name"), log,
-                                     retry=False)
-            try:
-                task = self.tasks.get(job.task)
-            except UnknownTask as exc:
-                return self._failure(job, exc, log, retry=True)
-            try:
-                args = json.loads(job.args_json)
-                kwargs = {} if job.kwargs_json == "{}" else json.loads(job.kwargs_json)
-                if not isinstance(args, list) or not isinstance(kwargs, dict):
-                    raise ValueError("args must be a JSON array and kwargs a JSON object")
-            except (ValueError, RecursionError) as exc:
-                return self._failure(job, CorruptPayload(f"undecodable arguments: {exc}"), log,
-                                     retry=False)
-            try:
-                with running(job, self.name):
-                    value = task.func(*args, **kwargs)
-            except Exception as exc:
-                delay = task.retry_delay(job.attempt)
-                return self._failure(job, exc, log, retry=True, delay=delay)
-            try:
-                result_json = encode_result(value, self.broker.config.json_encoder)
-            except TypeError as exc:
-                return self._failure(job, exc, log, retry=False)
-        finally:
-            close_old_connections()
-        logger.info("job completed job=%s queue=%s task=%s attempt=%d duration_ms=%.1f",
-                    job.id, job.queue, job.task, job.attempt,
-                    (time.perf_counter() - started) * 1000)
-        return Outcome(job, True, result_json=result_json)
-
-    def _failure(self, job: ClaimedJob, exc: BaseException, log: dict[str, Any], *,
-                 retry: bool, delay: float = 1.0) -> Outcome:
-        error = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
-        tb = "".join(traceback.format_exception(exc))
-        will_retry = retry and job.attempt < job.max_attempts
-        logger.log(
-            logging.WARNING if will_retry else logging.ERROR,
-            "job %s job=%s queue=%s task=%s attempt=%d/%d error=%s",
-            "failed, will retry" if will_retry else "failed", log["job"], log["queue"],
-            log["task"], job.attempt, job.max_attempts, error,
-            exc_info=not will_retry and not isinstance(exc, UnknownTask | CorruptPayload),
-        )
-        return Outcome(job, False, error=error[:2000], traceback=tb[-20000:],
-                       retry_delay_ms=int(delay * 1000) if retry else -1)
 
     # -- acking -------------------------------------------------------------------
 
@@ -456,28 +391,12 @@ class Worker:
             self._outcome_ready.clear()
         if not outcomes:
             return
-        batch = self.broker.batch()
-        completes: dict[QueueKeys, list[tuple[str, int, str]]] = {}
-        fail_calls: list[int] = []
-        for o in outcomes:
-            if o.ok:
-                completes.setdefault(o.job.keys, []).append((o.job.id, o.job.attempt,
-                                                             o.result_json))
-            else:
-                fail_calls.append(self.broker.add_fail(
-                    batch, o.job.keys, o.job.id, o.job.attempt, o.error, o.traceback,
-                    o.retry_delay_ms,
-                ))
-        complete_calls = [self.broker.add_complete(batch, keys, done)
-                          for keys, done in completes.items()]
         try:
-            replies = batch.run()
+            stale = send_outcomes(self.broker, outcomes)
         except RedisError:
             with self._lock:
                 self._outcomes[:0] = outcomes
             raise
-        stale = sum(1 for i in fail_calls if replies[i][0] == "stale")
-        stale += sum(list(replies[i]).count(0) for i in complete_calls)
         if stale:
             logger.warning("%d acks were stale: the lease had lapsed and another attempt "
                            "owns the job worker=%s", stale, self.name)
@@ -512,11 +431,8 @@ class Worker:
         with self._lock:
             held = list(self._held.values())
         batch = self.broker.batch()
-        by_shard: dict[QueueKeys, list[tuple[str, int]]] = {}
-        for job in held:
-            by_shard.setdefault(job.keys, []).append((job.id, job.attempt))
         extend_calls = [(keys, self.broker.add_extend(batch, keys, pairs, self.lease_ms))
-                        for keys, pairs in by_shard.items()]
+                        for keys, pairs in by_shard(held).items()]
         reclaim_calls = [(keys, self.broker.add_reclaim(batch, keys)) for keys in self.shards]
         replies = batch.run()
         for keys, index in extend_calls:
@@ -559,38 +475,14 @@ class Worker:
             logger.warning("could not register worker worker=%s error=%s", self.name, exc)
 
     def _record_alive(self) -> None:
-        keys = self.broker.global_keys
-        now_ms = self.broker.server_time_ms()
-        ttl = max(60, int(self.lease_ms / 1000 * 3))
-        pipe = self.broker.client.pipeline(transaction=False)
-        pipe.zadd(keys.workers, {self.name: now_ms})
-        pipe.hset(keys.worker(self.name), mapping={
-            "name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
+        record_alive(self.broker, self.name, max(60, int(self.lease_ms / 1000 * 3)), {
             "queues": ",".join(self.queues), "concurrency": self.concurrency,
             "processed": self.processed, "failed": self.failed, "busy": self._busy,
-            "heartbeat": now_ms,
         })
-        pipe.hsetnx(keys.worker(self.name), "started", now_ms)
-        pipe.expire(keys.worker(self.name), ttl)
-        pipe.zremrangebyscore(keys.workers, "-inf", now_ms - ttl * 1000)
-        pipe.execute()
-
-    def _unregister(self) -> None:
-        keys = self.broker.global_keys
-        try:
-            pipe = self.broker.client.pipeline(transaction=False)
-            pipe.zrem(keys.workers, self.name)
-            pipe.delete(keys.worker(self.name))
-            pipe.execute()
-        except RedisError:
-            pass
 
     def _release(self, jobs: list[ClaimedJob], *, started: bool) -> None:
         batch = self.broker.batch()
-        by_shard: dict[QueueKeys, list[tuple[str, int]]] = {}
-        for job in jobs:
-            by_shard.setdefault(job.keys, []).append((job.id, job.attempt))
-        for keys, pairs in by_shard.items():
+        for keys, pairs in by_shard(jobs).items():
             self.broker.add_release(batch, keys, pairs, started=started)
         try:
             batch.run()
@@ -602,8 +494,4 @@ class Worker:
             for job in jobs:
                 self._held.pop((job.keys, job.id), None)
         logger.info("handed back %d jobs worker=%s", len(jobs), self.name)
-
-
-class CorruptPayload(ValueError):
-    """A job's stored arguments could not be decoded."""
 
