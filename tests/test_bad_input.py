@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import logging
+import re
 from typing import Any
 
 import pytest
@@ -266,3 +267,63 @@ def test_ids_with_no_job_hash_are_dropped_and_reported(redis_client, caplog):
     for key in (keys.ready, keys.scheduled, keys.active):
         assert redis_client.zcard(key) == 0
     assert "dropped 2 job ids with no job data" in caplog.text
+
+
+# -- settings -------------------------------------------------------------------------
+
+#: One bad DELAYQ per system check id of checks.py (E001: DELAYQ itself is not a dict).
+CHECK_CASES: dict[str, Any] = {
+    "E001": ["REDIS_URL", "redis://"],
+    "E002": {"REDIS_URL": "http://example.com"},
+    "E003": {"CACHE_ALIAS": "no-such-cache"},
+    "E004": {"SOCKET_TIMEOUT": -1},
+    "E005": {"SOCKET_CONNECT_TIMEOUT": None},
+    "E006": {"PREFIX": "dq\n"},
+    "E007": {"DEFAULT_QUEUE": "a b"},
+    "E008": {"MAX_ATTEMPTS": True},
+    "E009": {"RETRY_BACKOFF": "2"},
+    "E010": {"RETRY_BACKOFF_MAX": -0.5},
+    "E011": {"LEASE": 0},
+    "E012": {"CONCURRENCY": 0},
+    "E013": {"GRACE_PERIOD": float("-inf")},
+    "E014": {"BLOCK_TIMEOUT": []},
+    "E015": {"RESULT_TTL": -1},
+    "E016": {"FAILED_TTL": "week"},
+    "E017": {"KEEP_COMPLETED": 1.5},
+    "E018": {"KEEP_FAILED": None},
+    "E019": {"EVENTS_MAXLEN": -1},
+    "E020": {"MAX_PAYLOAD_BYTES": "1MB"},
+    "E021": {"SHARDS": {"q": 2000}},
+    "E022": {"REDIS_ULR": "redis://127.0.0.1:6379/0"},
+    "E023": {"QUEUES": {"q": {"rate_limit": "lots"}}},
+    "E024": {"CLUSTER": "yes"},
+    "E025": {"CRON_LOOKAHEAD": 0},
+    "E026": {"CRON_MISSED": "never"},
+    "E027": {"CRON_CATCH_UP_MAX": 0},
+    "E030": {"MIRROR_RETENTION": -1},
+    "E031": {"MIRROR_BATCH_SIZE": 0},
+    "E032": {"MIRROR_CLAIM_IDLE": "1m"},
+    "E040": {"API_PERMISSION_CLASSES": ["no.such.Permission"]},
+    "E060": {"SPARK_MASTER": "local[0]"},
+}
+
+
+def test_every_check_id_of_checks_py_has_a_case():
+    from pathlib import Path
+
+    import django_delayq.checks
+
+    source = Path(django_delayq.checks.__file__).read_text()
+    found = set(re.findall(r"E\d{3}", source))
+    missing = sorted(found - set(CHECK_CASES))
+    assert not missing, f"add a case to CHECK_CASES in tests/test_bad_input.py for {missing}"
+
+
+@pytest.mark.parametrize("check_id", sorted(CHECK_CASES))
+def test_each_bad_setting_fires_its_own_check(check_id):
+    from django.core.checks import run_checks
+    from django.test import override_settings
+
+    with override_settings(DELAYQ=CHECK_CASES[check_id]):
+        found = {m.id for m in run_checks() if m.id.startswith("django_delayq.")}
+    assert found == {f"django_delayq.{check_id}"}

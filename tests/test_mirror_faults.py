@@ -122,6 +122,70 @@ def test_mirror_waits_out_a_database_outage_then_mirrors_every_event(redis_clien
             proc.wait()
 
 
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_mirror_threads_sigkilled_every_second_leave_every_row_right(redis_client, pg_database,
+                                                                     fault_report):
+    import random
+    import time
+
+    _, name = pg_database
+    broker = get_broker()
+    total = 3_000
+    job_ids = broker.enqueue_many("chaos", [
+        EnqueueRequest(task=count_run.name, args=[f"k{i}"], job_id=f"k{i}", max_attempts=100)
+        for i in range(total)]).job_ids
+    env = pg_env(name)
+    procs: list[subprocess.Popen[str]] = []
+
+    def start() -> subprocess.Popen[str]:
+        proc = subprocess.Popen([sys.executable, "-m", "django", "runworker", "chaos", "-c", "4",
+                                 "--lease", "2", "-v", "0"], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+        procs.append(proc)
+        return proc
+
+    try:
+        slots = [start() for _ in range(3)]
+        rng = random.Random(7)
+        kills = 0
+        deadline = time.monotonic() + 120
+        keys = broker.shards("chaos")[0]
+        while redis_client.hlen("test:runs") < total or redis_client.zcard(keys.active):
+            assert time.monotonic() < deadline, "the jobs did not finish"
+            time.sleep(1.0)  # the fault schedule: one SIGKILL a second
+            slot = rng.randrange(3)
+            slots[slot].kill()
+            slots[slot].wait()
+            kills += 1
+            slots[slot] = start()
+        for proc in slots:
+            proc.terminate()
+        for proc in slots:
+            proc.wait(timeout=60)
+        # The killed mirrors' unacknowledged events belong to consumers that are gone:
+        # one drain takes them over at once.
+        drain = subprocess.run([sys.executable, "-m", "django", "delayq_mirror", "--burst",
+                                "--claim-idle", "0"], cwd=ROOT, env=env, capture_output=True,
+                               text=True, timeout=120)
+        assert drain.returncode == 0, drain.stdout + drain.stderr
+        found = rows(name)
+        wrong = [j for j in job_ids if found.get(j) != "completed"]
+        runs = redis_client.hgetall("test:runs")
+        duplicated = sum(1 for j in job_ids if int(runs.get(j, 0)) > 1)
+        fault_report(f"runworker + mirror thread SIGKILLed every 1 s ({kills} kills, "
+                     "PostgreSQL)", total, len(wrong), duplicated)
+        assert duplicated <= kills * (4 + 4), "at most concurrency + prefetch per kill"
+        assert len(found) == total, "one row per job, none twice"
+        assert not wrong, f"{len(wrong)} rows not completed, e.g. {wrong[:5]}"
+        assert pending(redis_client, keys.events) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def sqlite_rows(path: str) -> dict[str, str]:
     import sqlite3
 

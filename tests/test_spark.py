@@ -203,6 +203,45 @@ def test_known_tasks_list_and_explicit_redis_url(spark: Any) -> None:
     assert Queue("elsewhere").counts()["scheduled"] == 1
 
 
+def test_sharded_queues_get_each_job_in_its_shard(spark: Any, settings: Any) -> None:
+    from django_delayq.connection import get_broker
+    from django_delayq.spark import enqueue_dataframe
+
+    settings.DELAYQ = {**settings.DELAYQ, "QUEUES": {"wide": {"shards": 4}}}
+    df = spark.range(200).selectExpr("id AS n", "concat('w-', id) AS jid")
+    summary = enqueue_dataframe(df, ADD, args=["n", "n"], job_id="jid", queue="wide",
+                                delay=600)
+    assert summary.enqueued == 200
+    assert Queue("wide").counts()["scheduled"] == 200
+    broker = get_broker()
+    shards = {broker.keys_for("wide", f"w-{i}").tag for i in range(200)}
+    assert len(shards) == 4
+    assert all(broker.client.exists(broker.keys_for("wide", f"w-{i}").job(f"w-{i}"))
+               for i in range(0, 200, 7))
+
+
+@pytest.mark.slow
+def test_enqueue_on_a_redis_cluster(spark: Any, settings: Any) -> None:
+    from django_delayq.spark import enqueue_dataframe
+    from django_delayq.testing import RedisCluster
+
+    try:
+        cluster = RedisCluster().start()
+    except (RuntimeError, OSError) as exc:
+        pytest.fail(f"could not start a local Redis Cluster (redis-server and redis-cli "
+                    f"are needed): {exc}")
+    try:
+        settings.DELAYQ = {**settings.DELAYQ, "REDIS_URL": cluster.url,
+                           "QUEUES": {"wide": {"shards": 3}}}
+        df = spark.range(300).selectExpr("id AS n")
+        first = enqueue_dataframe(df, ADD, args=["n", "n"], queue="wide", delay=600)
+        again = enqueue_dataframe(df, ADD, args=["n", "n"], queue="wide", delay=600)
+        assert (first.enqueued, again.enqueued, again.duplicates) == (300, 0, 300)
+        assert Queue("wide").counts()["scheduled"] == 300
+    finally:
+        cluster.cleanup()
+
+
 def test_executors_do_not_import_django(spark: Any) -> None:
     from django_delayq.spark.partition import EnqueuePlan, enqueue_partition
 

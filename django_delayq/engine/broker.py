@@ -121,12 +121,16 @@ class ClaimResult:
 def _describe(client: Any) -> str:
     """The Redis address of ``client`` for error messages, never with its password."""
     try:
-        kw = client.connection_pool.connection_kwargs
+        pool = client.connection_pool
+        kw = pool.connection_kwargs
     except AttributeError:
         return "the configured Redis"
     if "path" in kw:
         return f"unix://{kw['path']}?db={kw.get('db', 0)}"
-    scheme = "rediss" if kw.get("ssl") or "ssl_cert_reqs" in kw else "redis"
+    # A rediss:// URL shows in the connection class, not always in the kwargs.
+    tls = (kw.get("ssl") or any(k.startswith("ssl_") for k in kw)
+           or "SSL" in getattr(getattr(pool, "connection_class", None), "__name__", ""))
+    scheme = "rediss" if tls else "redis"
     return f"{scheme}://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 

@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from django_delayq.engine import EngineConfig
 from django_delayq.engine import validation as check
 from django_delayq.engine.errors import UnknownTask
 from django_delayq.engine.keys import JOB_ID_RE
@@ -122,6 +123,13 @@ def _registered_tasks() -> dict[str, Any] | None:
     except Exception:
         return None
     return {t.name: t for t in registry.tasks()}
+
+
+def _engine_config() -> EngineConfig:
+    """The engine settings of the project (prefix, shards per queue, limits)."""
+    from django_delayq.connection import engine_config
+
+    return engine_config()
 
 
 def _redis_url(conf: Any) -> str:
@@ -296,12 +304,14 @@ def enqueue_dataframe(
                             f"{dtype.simpleString()}")
         job_id_pos = take(col.cast("string"), job_id)
 
+    engine = _engine_config() if conf is not None else EngineConfig()
     plan = EnqueuePlan(
         redis_url=redis_url,
-        prefix=prefix or (conf.PREFIX if conf is not None else "dq"),
-        events_maxlen=conf.EVENTS_MAXLEN if conf is not None else 100_000,
-        max_payload_bytes=conf.MAX_PAYLOAD_BYTES if conf is not None else 1_048_576,
-        shards=conf.SHARDS if conf is not None else {},
+        cluster=bool(conf is not None and conf.CLUSTER),
+        prefix=prefix or engine.prefix,
+        events_maxlen=engine.events_maxlen,
+        max_payload_bytes=engine.max_payload_bytes,
+        shards=dict(engine.shards),
         socket_timeout=max(30.0, conf.SOCKET_TIMEOUT if conf is not None else 0.0),
         columns=tuple(names),
         task=task,

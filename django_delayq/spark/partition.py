@@ -32,6 +32,8 @@ class EnqueuePlan:
     """Where each field of a job comes from, as positions in the selected row."""
 
     redis_url: str
+    #: Connect with redis-py's RedisCluster (a ``redis+cluster://`` URL or CLUSTER=True).
+    cluster: bool = False
     prefix: str = "dq"
     events_maxlen: int = 100_000
     max_payload_bytes: int = 1_048_576
@@ -61,6 +63,18 @@ class EnqueuePlan:
     job_id_prefix: str = "spark-"
     chunk_size: int = 1_000
     max_rejected: int = 10_000
+
+    def client(self) -> Any:
+        """A new redis-py client for the executor (``decode_responses=True``)."""
+        kwargs = {"decode_responses": True, "socket_timeout": self.socket_timeout,
+                  "socket_connect_timeout": min(self.socket_timeout, 10.0)}
+        scheme, sep, rest = self.redis_url.partition("://")
+        if self.cluster or scheme.endswith("+cluster"):
+            from redis.cluster import RedisCluster
+
+            return RedisCluster.from_url(f"{scheme.removesuffix('+cluster')}{sep}{rest}",
+                                         **kwargs)
+        return redis.Redis.from_url(self.redis_url, **kwargs)
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(prefix=self.prefix, events_maxlen=self.events_maxlen,
@@ -149,9 +163,7 @@ def enqueue_partition(plan: EnqueuePlan, rows: Iterable[Any]) -> Iterator[Partit
     the failed attempt added (same ids) and counts them as duplicates.
     """
     result = PartitionResult()
-    client = redis.Redis.from_url(plan.redis_url, decode_responses=True,
-                                  socket_timeout=plan.socket_timeout,
-                                  socket_connect_timeout=min(plan.socket_timeout, 10.0))
+    client = plan.client()
     broker = Broker(client, plan.engine_config())
     pending: dict[str, list[EnqueueRequest]] = {}
 
