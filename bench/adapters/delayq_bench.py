@@ -11,17 +11,12 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import UTC, datetime
 from importlib.metadata import version
 
 import common
 
 SETTINGS = "delayq_bench_settings"
 THREADS = 8
-
-
-def _due(due_us: int) -> datetime:
-    return datetime.fromtimestamp(due_us / 1_000_000, tz=UTC)
 
 
 def make() -> common.Adapter:
@@ -42,7 +37,7 @@ def make() -> common.Adapter:
     def preload_late(dues: list[int]) -> None:
         broker.enqueue_many(
             late.queue_name,
-            (EnqueueRequest(task=late.name, args=[d], run_at=_due(d)) for d in dues),
+            (EnqueueRequest(task=late.name, args=[d], run_at=common.due_datetime(d)) for d in dues),
         )
 
     def start_workers(procs: int, scheduler: bool):
@@ -71,7 +66,7 @@ def make() -> common.Adapter:
         enqueue_noop=lambda: noop.enqueue(),
         bulk_noop=bulk_noop,
         preload_noop=bulk_noop,
-        enqueue_late=lambda due: late.using(run_at=_due(due)).enqueue(due),
+        enqueue_late=lambda due: late.using(run_at=common.due_datetime(due)).enqueue(due),
         preload_late=preload_late,
         start_workers=start_workers,
         notes={
