@@ -10,6 +10,7 @@ defaults (``max_jobs`` = 10), one process each.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from importlib.metadata import version
@@ -26,8 +27,14 @@ async def late(ctx, due_us: int) -> None:
     await common.async_marks().late(due_us)
 
 
+async def quiet_logs(ctx) -> None:
+    # Warnings only, as every peer worker is run: arq's CLI logs two lines per job.
+    logging.getLogger("arq").setLevel(logging.WARNING)
+
+
 class WorkerSettings:
     functions = [noop, late]
+    on_startup = quiet_logs
     redis_settings = RedisSettings.from_dsn(os.environ.get(common.URL_ENV, "redis://127.0.0.1:1/0"))
 
 
@@ -75,7 +82,8 @@ def make() -> common.Adapter:
         start_workers=start_workers,
         notes={
             "bulk_api": None,
-            "worker": "arq WorkerSettings, defaults (max_jobs=10, poll_delay=0.5 s), "
+            "worker": "arq WorkerSettings, defaults (max_jobs=10, poll_delay=0.5 s), log level "
+            "WARNING, "
             "one process each",
             "delayed_api": "enqueue_job(..., _defer_until=datetime)",
         },

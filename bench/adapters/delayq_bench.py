@@ -53,6 +53,9 @@ def make() -> common.Adapter:
             SETTINGS,
             # The peers have no database mirror; it can run as its own process.
             "--no-mirror",
+            # Warnings only, as every peer worker is run: no log line per job.
+            "--verbosity",
+            "0",
         ]
         return [common.start_process(argv, f"delayq-{i}") for i in range(procs)]
 
@@ -71,7 +74,7 @@ def make() -> common.Adapter:
         start_workers=start_workers,
         notes={
             "bulk_api": "Task.enqueue_many (one Lua call per chunk of 1,000)",
-            "worker": f"runworker bench --concurrency {THREADS} --no-mirror, one process each "
+            "worker": f"runworker bench --concurrency {THREADS} --no-mirror -v 0, one process each "
             "(the model mirror can run on its own as delayq_mirror)",
             "delayed_api": "task.using(run_at=datetime).enqueue(...)",
         },
