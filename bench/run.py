@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -160,9 +161,11 @@ def _median(values: list[Any]) -> float | None:
 
 def summarize(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
     """The median over runs of each figure, and the errors seen."""
-    errors = sorted(
-        {f"{k}: {v.get('error')}" for r in runs for k, v in r.items() if not v.get("ok")}
+    failures = Counter(
+        f"{k}: {v.get('error')}" for r in runs for k, v in r.items() if not v.get("ok")
     )
+    # The figure of a workload that failed in some runs is the median of the others.
+    errors = sorted(f"{e} ({n} of {len(runs)} runs)" for e, n in failures.items())
 
     def pick(key: str, field: str) -> list[Any]:
         return [r[key].get(field) for r in runs if r[key].get("ok")]
