@@ -55,7 +55,9 @@ def sizes_for(scale: float) -> dict[str, int]:
     sizes = {k: max(1, round(v * scale)) for k, v in BASE_SIZES.items()}
     sizes["growth_measure_n"] = max(2, sizes["growth_measure_n"])
     sizes["lateness_n"] = max(2, sizes["lateness_n"])
-    sizes["memory_n"] = max(sizes["memory_n"], sizes["growth_small_n"] + sizes["growth_measure_n"])
+    sizes["memory_n"] = max(
+        sizes["memory_n"], sizes["growth_small_n"] + 2 * sizes["growth_measure_n"]
+    )
     sizes["growth_large_n"] = max(sizes["growth_large_n"], sizes["memory_n"] + 1)
     return sizes
 
@@ -183,30 +185,24 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
     return result, errors
 
 
-def measure_ceiling(url: str, n: int, runs: int) -> dict[str, Any]:
-    """redis-py ZADD one call at a time, and pipelined in 1,000s, on the same Redis."""
+def measure_ceiling(url: str, n: int) -> tuple[float, float]:
+    """redis-py ZADD one call at a time, and pipelined in 1,000s: one run of each."""
     r = redis.Redis.from_url(url)
-    single, piped = [], []
-    for _ in range(runs):
-        r.flushall()
-        t0 = time.perf_counter()
-        for i in range(n):
-            r.zadd("bench:ceiling", {f"job-{i}": i})
-        single.append(n / (time.perf_counter() - t0))
-        r.flushall()
-        t0 = time.perf_counter()
-        for start in range(0, n, 1000):
-            pipe = r.pipeline(transaction=False)
-            for i in range(start, min(n, start + 1000)):
-                pipe.zadd("bench:ceiling", {f"job-{i}": i})
-            pipe.execute()
-        piped.append(n / (time.perf_counter() - t0))
     r.flushall()
-    return {
-        "zadd_single_per_s": statistics.median(single),
-        "zadd_pipelined_per_s": statistics.median(piped),
-        "n": n,
-    }
+    t0 = time.perf_counter()
+    for i in range(n):
+        r.zadd("bench:ceiling", {f"job-{i}": i})
+    single = n / (time.perf_counter() - t0)
+    r.flushall()
+    t0 = time.perf_counter()
+    for start in range(0, n, 1000):
+        pipe = r.pipeline(transaction=False)
+        for i in range(start, min(n, start + 1000)):
+            pipe.zadd("bench:ceiling", {f"job-{i}": i})
+        pipe.execute()
+    piped = n / (time.perf_counter() - t0)
+    r.flushall()
+    return single, piped
 
 
 def cpu_model() -> str:
@@ -280,12 +276,23 @@ def main(argv: list[str] | None = None) -> int:
         runner = Runner(url, interp)
         info = {lib: runner.call(lib, "info", {}, 120) for lib in args.libraries}
         raw: dict[str, list[dict[str, Any]]] = {lib: [] for lib in args.libraries}
+        ceilings = []
         for run in range(args.runs):
+            # The ceiling is measured in every run, so it sees the same machine load as
+            # the libraries it is compared with.
+            ceilings.append(measure_ceiling(url, sizes["ceiling_n"]))
+            log(
+                f"run {run + 1}/{args.runs}: ceiling {ceilings[-1][0]:,.0f}/s single, "
+                f"{ceilings[-1][1]:,.0f}/s pipelined"
+            )
             for lib in args.libraries:
                 log(f"run {run + 1}/{args.runs}: {lib}")
                 raw[lib].append(measure_library(runner, lib, sizes))
-        log("ceiling")
-        ceiling = measure_ceiling(url, sizes["ceiling_n"], args.runs)
+        ceiling = {
+            "zadd_single_per_s": statistics.median(c[0] for c in ceilings),
+            "zadd_pipelined_per_s": statistics.median(c[1] for c in ceilings),
+            "n": sizes["ceiling_n"],
+        }
         redis_info = runner.client.info("server")
     finally:
         if server is not None:
