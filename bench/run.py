@@ -205,6 +205,27 @@ def measure_ceiling(url: str, n: int) -> tuple[float, float]:
     return single, piped
 
 
+def start_own_redis() -> Any:
+    """A throwaway redis-server (``--save "" --appendonly no``, loopback, free port).
+
+    Checks that the server answering is the one started: a port picked as free can be
+    taken by another process's throwaway Redis before ours binds it, and that server
+    may vanish mid-run.
+    """
+    from django_delayq.testing import RedisServer
+
+    for _ in range(5):
+        server = RedisServer().start()
+        try:
+            pid = int(redis.Redis.from_url(server.url).info("server")["process_id"])
+        except redis.RedisError:
+            pid = -1
+        if server.process is not None and pid == server.process.pid:
+            return server
+        server.cleanup()
+    raise RuntimeError("could not start a redis-server of our own on a free port")
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -266,9 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     url = args.redis_url
     if url is None:
-        from django_delayq.testing import RedisServer
-
-        server = RedisServer().start()  # --save "" --appendonly no, loopback
+        server = start_own_redis()
         url = server.url
     started = time.monotonic()
     load_before = os.getloadavg()

@@ -10,45 +10,41 @@ defaults (``max_jobs`` = 10), one process each.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
-from datetime import UTC, datetime
 from importlib.metadata import version
 
 import common
 from arq.connections import RedisSettings, create_pool
 
-_marks: common.AsyncMarks | None = None
-
-
-def _get_marks() -> common.AsyncMarks:
-    global _marks
-    if _marks is None:
-        _marks = common.AsyncMarks()
-    return _marks
-
 
 async def noop(ctx) -> None:
-    await _get_marks().done()
+    await common.async_marks().done()
 
 
 async def late(ctx, due_us: int) -> None:
-    await _get_marks().late(due_us)
+    await common.async_marks().late(due_us)
+
+
+async def quiet_logs(ctx) -> None:
+    # Warnings only, as every peer worker is run: arq's CLI logs two lines per job.
+    logging.getLogger("arq").setLevel(logging.WARNING)
 
 
 class WorkerSettings:
     functions = [noop, late]
+    on_startup = quiet_logs
     redis_settings = RedisSettings.from_dsn(os.environ.get(common.URL_ENV, "redis://127.0.0.1:1/0"))
-
-
-def _due(due_us: int) -> datetime:
-    return datetime.fromtimestamp(due_us / 1_000_000, tz=UTC)
 
 
 def make() -> common.Adapter:
     loop = asyncio.new_event_loop()
     pool = loop.run_until_complete(create_pool(RedisSettings.from_dsn(common.redis_url())))
     run = loop.run_until_complete
+
+    def enqueue_late_async(due: int):
+        return pool.enqueue_job("late", due, _defer_until=common.due_datetime(due))
 
     def preload_noop(n: int) -> None:
         async def go() -> None:
@@ -60,9 +56,7 @@ def make() -> common.Adapter:
     def preload_late(dues: list[int]) -> None:
         async def go() -> None:
             for i in range(0, len(dues), 1000):
-                await asyncio.gather(
-                    *(pool.enqueue_job("late", d, _defer_until=_due(d)) for d in dues[i : i + 1000])
-                )
+                await asyncio.gather(*(enqueue_late_async(d) for d in dues[i : i + 1000]))
 
         run(go())
 
@@ -83,12 +77,13 @@ def make() -> common.Adapter:
         enqueue_noop=lambda: run(pool.enqueue_job("noop")),
         bulk_noop=None,
         preload_noop=preload_noop,
-        enqueue_late=lambda due: run(pool.enqueue_job("late", due, _defer_until=_due(due))),
+        enqueue_late=lambda due: run(enqueue_late_async(due)),
         preload_late=preload_late,
         start_workers=start_workers,
         notes={
             "bulk_api": None,
-            "worker": "arq WorkerSettings, defaults (max_jobs=10, poll_delay=0.5 s), "
+            "worker": "arq WorkerSettings, defaults (max_jobs=10, poll_delay=0.5 s), log level "
+            "WARNING, "
             "one process each",
             "delayed_api": "enqueue_job(..., _defer_until=datetime)",
         },

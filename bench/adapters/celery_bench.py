@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import UTC, datetime
 from importlib.metadata import version
 
 import common
@@ -37,10 +36,6 @@ def noop() -> None:
 @app.task(name="bench.late")
 def late(due_us: int) -> None:
     common.mark_late(due_us)
-
-
-def _due(due_us: int) -> datetime:
-    return datetime.fromtimestamp(due_us / 1_000_000, tz=UTC)
 
 
 def make() -> common.Adapter:
@@ -70,7 +65,7 @@ def make() -> common.Adapter:
                 for i in range(0, len(dues), 1000):
                     pipe = client.pipeline(transaction=False)
                     for d in dues[i : i + 1000]:
-                        late.apply_async((d,), eta=_due(d), producer=producer)
+                        late.apply_async((d,), eta=common.due_datetime(d), producer=producer)
                     pipe.execute()
             finally:
                 del channel._put
@@ -113,7 +108,7 @@ def make() -> common.Adapter:
         enqueue_noop=lambda: noop.delay(),
         bulk_noop=bulk_noop,
         preload_noop=bulk_noop,
-        enqueue_late=lambda due: late.apply_async((due,), eta=_due(due)),
+        enqueue_late=lambda due: late.apply_async((due,), eta=common.due_datetime(due)),
         preload_late=preload_late,
         start_workers=start_workers,
         notes={

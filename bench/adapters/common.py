@@ -31,6 +31,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,11 @@ def mark_late(due_us: int) -> None:
     _sync_scripts["late"](keys=[LATE_KEY], args=[due_s, due_frac])
 
 
+def due_datetime(due_us: int) -> datetime:
+    """An epoch in microseconds as the aware UTC datetime the scheduling APIs take."""
+    return datetime.fromtimestamp(due_us / 1_000_000, tz=UTC)
+
+
 class AsyncMarks:
     """The same two task bodies for asyncio workers (arq, SAQ), on redis.asyncio."""
 
@@ -114,6 +120,17 @@ class AsyncMarks:
     async def late(self, due_us: int) -> None:
         due_s, due_frac = divmod(int(due_us), 1_000_000)
         await self.late_script(keys=[LATE_KEY], args=[due_s, due_frac])
+
+
+_async_marks: AsyncMarks | None = None
+
+
+def async_marks() -> AsyncMarks:
+    """The asyncio task bodies, created on first use inside the worker's event loop."""
+    global _async_marks
+    if _async_marks is None:
+        _async_marks = AsyncMarks()
+    return _async_marks
 
 
 # --- worker processes ------------------------------------------------------------------

@@ -11,17 +11,12 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import UTC, datetime
 from importlib.metadata import version
 
 import common
 
 SETTINGS = "delayq_bench_settings"
 THREADS = 8
-
-
-def _due(due_us: int) -> datetime:
-    return datetime.fromtimestamp(due_us / 1_000_000, tz=UTC)
 
 
 def make() -> common.Adapter:
@@ -42,7 +37,7 @@ def make() -> common.Adapter:
     def preload_late(dues: list[int]) -> None:
         broker.enqueue_many(
             late.queue_name,
-            (EnqueueRequest(task=late.name, args=[d], run_at=_due(d)) for d in dues),
+            (EnqueueRequest(task=late.name, args=[d], run_at=common.due_datetime(d)) for d in dues),
         )
 
     def start_workers(procs: int, scheduler: bool):
@@ -58,6 +53,9 @@ def make() -> common.Adapter:
             SETTINGS,
             # The peers have no database mirror; it can run as its own process.
             "--no-mirror",
+            # Warnings only, as every peer worker is run: no log line per job.
+            "--verbosity",
+            "0",
         ]
         return [common.start_process(argv, f"delayq-{i}") for i in range(procs)]
 
@@ -71,12 +69,12 @@ def make() -> common.Adapter:
         enqueue_noop=lambda: noop.enqueue(),
         bulk_noop=bulk_noop,
         preload_noop=bulk_noop,
-        enqueue_late=lambda due: late.using(run_at=_due(due)).enqueue(due),
+        enqueue_late=lambda due: late.using(run_at=common.due_datetime(due)).enqueue(due),
         preload_late=preload_late,
         start_workers=start_workers,
         notes={
             "bulk_api": "Task.enqueue_many (one Lua call per chunk of 1,000)",
-            "worker": f"runworker bench --concurrency {THREADS} --no-mirror, one process each "
+            "worker": f"runworker bench --concurrency {THREADS} --no-mirror -v 0, one process each "
             "(the model mirror can run on its own as delayq_mirror)",
             "delayed_api": "task.using(run_at=datetime).enqueue(...)",
         },

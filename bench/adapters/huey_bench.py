@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import UTC, datetime
 from importlib.metadata import version
 
 import common
@@ -31,7 +30,7 @@ def late(due_us: int) -> None:
 
 
 def _enqueue_late(due_us: int) -> None:
-    late.schedule(args=(due_us,), eta=datetime.fromtimestamp(due_us / 1_000_000, tz=UTC))
+    late.schedule(args=(due_us,), eta=common.due_datetime(due_us))
 
 
 def make() -> common.Adapter:

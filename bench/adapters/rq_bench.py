@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import UTC, datetime
 from importlib.metadata import version
 
 import common
@@ -25,10 +24,6 @@ def noop() -> None:
 
 def late(due_us: int) -> None:
     common.mark_late(due_us)
-
-
-def _due(due_us: int) -> datetime:
-    return datetime.fromtimestamp(due_us / 1_000_000, tz=UTC)
 
 
 def make() -> common.Adapter:
@@ -46,13 +41,13 @@ def make() -> common.Adapter:
             q.enqueue_many([Queue.prepare_data(noop) for _ in range(size)])
 
     def enqueue_late(due_us: int) -> None:
-        q.enqueue_at(_due(due_us), late, due_us)
+        q.enqueue_at(common.due_datetime(due_us), late, due_us)
 
     def preload_late(dues: list[int]) -> None:
         for i in range(0, len(dues), 1000):
             with conn.pipeline() as pipe:
                 for due in dues[i : i + 1000]:
-                    q.enqueue_at(_due(due), late, due, pipeline=pipe)
+                    q.enqueue_at(common.due_datetime(due), late, due, pipeline=pipe)
                 pipe.execute()
 
     def start_workers(procs: int, scheduler: bool):

@@ -17,22 +17,13 @@ from importlib.metadata import version
 import common
 from saq import Queue
 
-_marks: common.AsyncMarks | None = None
-
-
-def _get_marks() -> common.AsyncMarks:
-    global _marks
-    if _marks is None:
-        _marks = common.AsyncMarks()
-    return _marks
-
 
 async def noop(ctx) -> None:
-    await _get_marks().done()
+    await common.async_marks().done()
 
 
 async def late(ctx, *, due_us: int) -> None:
-    await _get_marks().late(due_us)
+    await common.async_marks().late(due_us)
 
 
 queue = Queue.from_url(os.environ.get(common.URL_ENV, "redis://127.0.0.1:1/0"), name="bench")
