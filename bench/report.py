@@ -73,8 +73,10 @@ def _reference(data: dict[str, Any], target: dict[str, Any]) -> tuple[float | No
     if ref.startswith("best_peer:"):
         metric = ref.split(":", 1)[1]
         better_low = target["op"] in ("<", "<=")
+        among = target.get("peers")  # optional: only these libraries count
         peers = {
-            lib: get(res, metric) for lib, res in data["results"].items() if lib != "django_delayq"
+            lib: get(res, metric) for lib, res in data["results"].items()
+            if lib != "django_delayq" and (among is None or lib in among)
         }
         peers = {k: v for k, v in peers.items() if v is not None}
         if not peers:

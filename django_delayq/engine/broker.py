@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import validation as check
+from .bulk import ChunkSender
 from .codec import encode_arguments
 from .config import EngineConfig
 from .errors import DelayQConnectionError
@@ -288,17 +289,22 @@ class Broker:
         with self.connection_errors():
             if queue not in self._known_queues:
                 self._remember_queue(queue)
+            # Chunk n is sent while chunk n + 1 is encoded (one round trip per chunk).
+            sender = ChunkSender(lambda c: self._send_chunk(queue, c, total, results))
             try:
                 for request in requests:
                     chunk.append(self._job_argv(request))
                     if len(chunk) >= chunk_size:
-                        self._send_chunk(queue, chunk, total, results)
+                        sender.send(chunk)
                         chunk = []
+                if chunk:
+                    sender.send(chunk)
             except (TypeError, ValueError) as exc:
+                sender.finish()
                 raise type(exc)(f"{exc} (enqueue_many stopped: {total.enqueued} jobs of "
                                 f"earlier chunks were enqueued, this chunk was not)") from exc
-            if chunk:
-                self._send_chunk(queue, chunk, total, results)
+            finally:
+                sender.finish()
         return total
 
     def _send_chunk(

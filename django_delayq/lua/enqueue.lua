@@ -20,6 +20,7 @@ local scheduled, ready, marker, events, seq_key = KEYS[1], KEYS[2], KEYS[3], KEY
 local out = {}
 local n = (#ARGV - 1) / 8
 local head = nil  -- earliest scheduled run_at, read once per call
+local seq = nil  -- the FIFO number of the last ready job
 local wake_at = nil
 local any_ready = false
 for i = 1, n do
@@ -49,7 +50,11 @@ for i = 1, n do
     local status
     if run_at <= now then
       status = 'ready'
-      local seq = redis.call('INCR', seq_key)
+      if seq == nil then
+        -- one INCRBY per call: numbers for every job of the call (gaps are harmless)
+        seq = redis.call('INCRBY', seq_key, n) - n
+      end
+      seq = seq + 1
       redis.call('ZADD', ready, ready_score(priority, seq), job_id)
       fields[#fields + 1] = 'seq'
       fields[#fields + 1] = seq

@@ -71,7 +71,8 @@ def execute(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder
             return failure(job, exc, retry=False)
     finally:
         close_old_connections()
-    logger.info("job completed job=%s queue=%s task=%s attempt=%d duration_ms=%.1f",
+    # DEBUG, not INFO: a line per job costs more than a no-op job itself (-v 2 shows it).
+    logger.debug("job completed job=%s queue=%s task=%s attempt=%d duration_ms=%.1f",
                 job.id, job.queue, job.task, job.attempt,
                 (time.perf_counter() - started) * 1000)
     return Outcome(job, True, result_json=result_json)
