@@ -198,7 +198,9 @@ def test_redis_restart_without_persistence_loses_the_queue_but_not_the_worker(sp
         server.kill()
         out.wait_for("redis unavailable", timeout=30)
         server.start()  # empty: no AOF, no RDB
-        assert client.dbsize() == 0
+        # No job is left (the reconnecting worker may have re-registered itself, and a task
+        # that was running may have counted its run on the new server already).
+        assert list(client.scan_iter(match=keys.job_prefix + "*")) == []
         after = broker.enqueue_many("chaos", [
             EnqueueRequest(task=count_run.name, args=[f"w{i}"], job_id=f"w{i}")
             for i in range(200)]).job_ids
