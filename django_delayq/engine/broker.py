@@ -222,14 +222,19 @@ class Broker:
         )
         return [job_id, task, args_json, kwargs_json, priority, run_at, delay, max_attempts]
 
-    def add_enqueue(self, batch: Batch, keys: QueueKeys, argvs: list[list[Any]]) -> int:
-        """Add one enqueue call for ``argvs`` (all on the shard ``keys``) to ``batch``."""
+    def _enqueue_call(self, keys: QueueKeys, argvs: list[list[Any]]) -> tuple[list[str],
+                                                                             list[Any]]:
+        """KEYS and ARGV of one enqueue script call for ``argvs`` (all on the shard ``keys``)."""
         script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq]
         script_keys += [keys.job(argv[0]) for argv in argvs]
         args: list[Any] = [self.config.events_maxlen]
         for argv in argvs:
             args += argv
-        return batch.add("enqueue", script_keys, args)
+        return script_keys, args
+
+    def add_enqueue(self, batch: Batch, keys: QueueKeys, argvs: list[list[Any]]) -> int:
+        """Add one enqueue call for ``argvs`` (all on the shard ``keys``) to ``batch``."""
+        return batch.add("enqueue", *self._enqueue_call(keys, argvs))
 
     def enqueue(
         self,
@@ -250,14 +255,12 @@ class Broker:
                                  delay=delay, priority=priority, job_id=job_id,
                                  max_attempts=max_attempts)
         argv = self._job_argv(request, arg_names)
-        keys = self.keys_for(queue, argv[0])
-        script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq,
-                       keys.job(argv[0])]
+        script_keys, script_args = self._enqueue_call(self.keys_for(queue, argv[0]), [argv])
         with self.connection_errors():
             if queue not in self._known_queues:
                 self._remember_queue(queue)
             added, status, run_at_ms, enqueued_at_ms = call(
-                self.client, "enqueue", script_keys, [self.config.events_maxlen, *argv]
+                self.client, "enqueue", script_keys, script_args
             )
         return EnqueueResult(argv[0], bool(added), status, int(run_at_ms), int(enqueued_at_ms))
 
