@@ -247,24 +247,28 @@ class Mirror:
         ids = [entry_id for entry_id, _ in entries]
         by_job: dict[str, list[Event]] = {}
         for entry_id, fields in entries:
-            event = parse_entry(keys, entry_id, fields)
-            if event is None:
+            events = parse_entry(keys, entry_id, fields)
+            if not events:
                 self.skipped += 1
-                continue
-            by_job.setdefault(event.job_id, []).append(event)
+            for event in events:
+                by_job.setdefault(event.job_id, []).append(event)
         logger.debug("mirror read batch stream=%s entries=%d jobs=%d", keys.events,
                      len(entries), len(by_job))
-        if by_job:
-            for events in by_job.values():
-                events.sort(key=lambda e: e.order)
+        for events in by_job.values():
+            events.sort(key=lambda e: e.order)
+        # Bulk enqueues name up to 1,000 jobs per entry: write batch_size jobs per
+        # transaction (each write is idempotent, so a crash before the ack is harmless).
+        jobs = list(by_job.items())
+        for start in range(0, len(jobs), self.batch_size):
+            part = dict(jobs[start:start + self.batch_size])
             try:
-                self._write(keys, by_job)
+                self._write(keys, part)
             except (OperationalError, InterfaceError):
                 raise  # the database is away: retry the whole batch later
             except DatabaseError as exc:
                 logger.warning("mirror batch refused, writing job by job stream=%s error=%s",
                                keys.events, exc)
-                self._write_one_by_one(keys, by_job)
+                self._write_one_by_one(keys, part)
         if self._pause_before_ack:
             logger.info("mirror wrote batch, pausing before ack stream=%s entries=%d",
                         keys.events, len(entries))

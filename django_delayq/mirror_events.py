@@ -48,26 +48,29 @@ class Event:
         return from_ms(self.fields.get("ts"))
 
 
-def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None) -> Event | None:
-    """Decode a stream entry; None (after a warning) when it is garbled or trimmed."""
+def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None) -> list[Event]:
+    """Decode a stream entry into its events: one per job it names (a bulk enqueue names
+    many in ``jobs``). Empty, after a warning, when the entry is garbled or trimmed."""
     if fields is None:
         logger.warning("event trimmed from the stream before it was mirrored stream=%s id=%s",
                        keys.events, entry_id)
-        return None
+        return []
     try:
         stream_id(entry_id)
-        event, job_id = fields["event"], fields["job"]  # type: ignore[index]
-        int(fields.get("ts", "0"))  # type: ignore[union-attr]
-        if not event or not job_id:
+        event = fields["event"]
+        job_ids = fields["jobs"].split(" ") if "jobs" in fields else [fields["job"]]
+        int(fields.get("ts", "0"))
+        if not event or not all(job_ids):
             raise ValueError("empty event or job")
         # An id no job can have would fail its row's insert (PostgreSQL enforces the
         # column length): a poison entry that would stall the stream.
-        validate_job_id(job_id)
-    except (KeyError, TypeError, ValueError) as exc:
+        for job_id in job_ids:
+            validate_job_id(job_id)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
         logger.warning("skipping garbled event stream=%s id=%s fields=%r error=%s",
                        keys.events, entry_id, fields, exc)
-        return None
-    return Event(keys, entry_id, event, job_id, dict(fields))
+        return []
+    return [Event(keys, entry_id, event, job_id, dict(fields)) for job_id in job_ids]
 
 
 def storable_text(text: str) -> str:

@@ -8,6 +8,7 @@ import pytest
 
 from django_delayq import Call, Job, Queue
 from django_delayq.engine import EnqueueResult
+from django_delayq.engine.keys import QueueKeys
 from tests.testapp import tasks
 
 
@@ -70,3 +71,35 @@ def test_one_hundred_thousand_jobs_take_one_round_trip_per_chunk(broker, redis_c
     assert evalsha_calls(redis_client) - before == 100 == bulk.chunks
     assert bulk.enqueued == 100_000
     assert Queue("default").counts()["ready"] == 100_001
+
+
+def test_a_bulk_call_writes_one_event_for_its_jobs_and_keeps_fifo(redis_client):
+    keys = QueueKeys("dq", "default")
+    bulk = tasks.record.enqueue_many([[f"j{i}"] for i in range(5)])
+    entries = redis_client.xrange(keys.events)
+    assert len(entries) == 1
+    assert entries[0][1]["event"] == "enqueued"
+    assert entries[0][1]["jobs"].split(" ") == bulk.job_ids
+    assert redis_client.zrange(keys.ready, 0, -1) == bulk.job_ids  # FIFO within a priority
+
+
+def test_dedupe_holds_across_slices_of_a_large_call(redis_client):
+    tasks.record.using(job_id="late-dup").enqueue("first")
+    calls = [Call([i], job_id=f"s{i}") for i in range(2_400)] + [Call(["x"], job_id="late-dup")]
+    bulk = tasks.record.enqueue_many(calls, chunk_size=5_000)
+    assert (bulk.chunks, bulk.enqueued, bulk.duplicates) == (1, 2_400, 1)
+    assert bulk.duplicate_ids == ["late-dup"]
+    assert Job.fetch("late-dup").args == ["first"]
+    assert Queue("default").counts()["ready"] == 2_401
+
+
+def test_the_earliest_delayed_job_of_a_bulk_call_wakes_a_worker(redis_client):
+    keys = QueueKeys("dq", "default")
+    tasks.record.using(delay=600).enqueue("later")
+    redis_client.delete(keys.marker)
+    results: list[EnqueueResult] = []
+    bulk = tasks.record.enqueue_many([Call([1], delay=900), Call([2], delay=60),
+                                      Call([3], delay=300)], results=results)
+    assert bulk.enqueued == 3
+    earliest = min(r.run_at_ms for r in results)
+    assert redis_client.zrange(keys.marker, 0, -1, withscores=True) == [("1", earliest)]
