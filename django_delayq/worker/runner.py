@@ -60,6 +60,22 @@ PREFETCH_WINDOW = 0.05
 MAX_PREFETCH = 500
 
 
+class Backoff:
+    """The pause between retries while Redis fails: 0.1 s, doubling up to MAX_BACKOFF."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._stop = stop
+        self.delay = 0.1
+
+    def reset(self) -> None:
+        self.delay = 0.1
+
+    def wait(self) -> None:
+        """Sleep the current delay (cut short by ``stop``), then double it."""
+        self._stop.wait(self.delay)
+        self.delay = min(MAX_BACKOFF, self.delay * 2)
+
+
 class Worker:
     """Runs jobs of the given queues (default: every queue with registered tasks)."""
 
@@ -216,7 +232,7 @@ class Worker:
         return max(1, min(prefetch, (self.concurrency + prefetch) // 2))
 
     def _fetch_loop(self) -> None:
-        backoff = 0.1
+        backoff = Backoff(self._stop)
         while not self._stop.is_set():
             with self._capacity:
                 while (not self._stop.is_set() and self._busy
@@ -227,21 +243,19 @@ class Worker:
                 break
             try:
                 claimed, wait = self._claim(free)
-                backoff = 0.1
+                backoff.reset()
             except RedisError as exc:
                 logger.warning("redis unavailable, retrying in %.1fs worker=%s error=%s",
-                               backoff, self.name, exc)
-                self._stop.wait(backoff)
-                backoff = min(MAX_BACKOFF, backoff * 2)
+                               backoff.delay, self.name, exc)
+                backoff.wait()
                 continue
             except Exception:
                 # A reply this worker cannot read must not end the fetcher (the worker
                 # would live on without claiming): jobs of the lost reply are leased and
                 # come back when their leases lapse.
-                logger.exception("claim failed, retrying in %.1fs worker=%s", backoff,
+                logger.exception("claim failed, retrying in %.1fs worker=%s", backoff.delay,
                                  self.name)
-                self._stop.wait(backoff)
-                backoff = min(MAX_BACKOFF, backoff * 2)
+                backoff.wait()
                 continue
             if claimed:
                 continue
@@ -260,8 +274,7 @@ class Worker:
                 self._wait_for_work(wait)
             except RedisError as exc:
                 logger.warning("redis unavailable while idle worker=%s error=%s", self.name, exc)
-                self._stop.wait(backoff)
-                backoff = min(MAX_BACKOFF, backoff * 2)
+                backoff.wait()
 
     def _claim(self, free: int) -> tuple[int, float]:
         """Claim up to about ``free`` jobs over all shards, fairly, in one round trip.
@@ -371,17 +384,16 @@ class Worker:
     # -- acking -------------------------------------------------------------------
 
     def _ack_loop(self) -> None:
-        backoff = 0.1
+        backoff = Backoff(self._done)
         while not self._done.is_set():
             self._outcome_ready.wait(timeout=0.5)
             try:
                 self._flush_acks()
-                backoff = 0.1
+                backoff.reset()
             except RedisError as exc:
                 logger.warning("acks not sent, retrying in %.1fs worker=%s error=%s",
-                               backoff, self.name, exc)
-                self._done.wait(backoff)
-                backoff = min(MAX_BACKOFF, backoff * 2)
+                               backoff.delay, self.name, exc)
+                backoff.wait()
         self._flush_acks_until_done(time.monotonic() + 5)
 
     def _flush_acks(self) -> None:
