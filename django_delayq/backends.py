@@ -59,7 +59,7 @@ except ImportError:
         from django_tasks.signals import task_enqueued, task_finished, task_started
 
         try:
-            from django_tasks.exceptions import InvalidTask
+            from django_tasks.exceptions import InvalidTask  # type: ignore[attr-defined,unused-ignore]
         except ImportError:  # django-tasks < 0.13 names it InvalidTaskError
             from django_tasks.exceptions import InvalidTaskError as InvalidTask
     except ImportError as exc:

