@@ -10,8 +10,9 @@ a free list; each call pops one, sends the command, reads the reply and pushes i
 
 It stays as safe as the client path: a forked child drops the parent's connections; a
 connection that raised anything but an error reply is disconnected and never reused;
-a connection or timeout error falls back to the client, whose retry policy applies;
-health checks and reply decoding are the connection's own, as on the client path.
+a connection error (or a timeout, if the client retries them) falls back to the
+client path, whose retry policy applies; health checks and reply decoding are the
+connection's own, as on the client path.
 Commands sent this way are not counted by redis-py's optional metrics.
 """
 
@@ -70,12 +71,16 @@ class HeldConnections:
         except ResponseError:
             self._give_back(conn)  # an error reply leaves the connection in step
             raise
-        except (RedisConnectionError, RedisTimeoutError):
+        except RedisConnectionError:
+            # A socket the server closed (a restart) shows here, where the pool's checkout
+            # would have replaced it: the client path connects again, with its retries.
+            self._discard(conn)
+            return self._client.execute_command(*args)
+        except RedisTimeoutError:
             self._discard(conn)
             if conn.retry.get_retries() == 0:
                 raise
-            # A stale socket (Redis restarted) shows here; the client retries per policy.
-            return self._client.execute_command(*args)
+            return self._client.execute_command(*args)  # retried, as the client would
         except BaseException:
             self._discard(conn)  # a reply may be half read: never reuse this socket
             raise
