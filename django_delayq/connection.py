@@ -110,7 +110,7 @@ def reset() -> None:
     with _lock:
         for broker in _brokers.values():
             with contextlib.suppress(Exception):
-                broker.client.close()
+                broker.close()
         _brokers.clear()
 
 

@@ -166,3 +166,11 @@ def test_cluster_flag_with_a_plain_url_and_one_worker_on_two_queues(settings, cl
         wait_until(lambda: second.refresh().status == "completed", message="both queues")
     assert first.refresh().status == "completed"
     assert second.started_at >= second.run_at
+
+
+def test_single_enqueues_on_a_cluster_keep_the_client_path(on_cluster):
+    broker = on_cluster
+    assert broker._held is None  # a cluster client routes each call by its keys' slot
+    jobs = [tasks.record.using(queue="sharded").enqueue(f"c{i}") for i in range(20)]
+    assert all(job.created for job in jobs)
+    assert {Job.fetch(job.id, queue="sharded").status for job in jobs} == {"ready"}

@@ -70,6 +70,38 @@ def test_wrong_arguments_are_refused_before_anything_is_sent(redis_client):
     assert sum(Queue("default").counts().values()) == 0
 
 
+def _three(a, b, c=3):  # only its signature matters
+    pass
+
+
+def _varargs(a, *rest, key=None):
+    pass
+
+
+@pytest.mark.parametrize("func", [_three, _varargs])
+@pytest.mark.parametrize(("args", "kwargs"), [
+    ((), {}), ((1,), {}), ((1, 2), {}), ((1, 2, 3), {}), ((1, 2, 3, 4), {}),
+    ((), {"a": 1, "b": 2}), ((1,), {"b": 2}), ((1,), {"c": 2}), ((1,), {"a": 2, "b": 3}),
+    ((1, 2), {"c": 3}), ((1, 2), {"d": 3}), ((1, 2), {"key": 3}), ((), {"b": 1, "c": 2}),
+    ((1,), {1: 2}),
+])
+def test_argument_check_agrees_with_signature_bind(func, args, kwargs):
+    import inspect
+
+    try:
+        inspect.signature(func).bind(*args, **kwargs)
+        expected = None
+    except TypeError as exc:
+        expected = f"tests.check: {exc}"
+    checked = Task(func=func, name="tests.check")
+    if expected is None:
+        checked.check_arguments(args, kwargs)
+    else:
+        with pytest.raises(TypeError) as info:
+            checked.check_arguments(args, kwargs)
+        assert str(info.value) == expected
+
+
 def test_naive_datetimes_are_refused():
     with pytest.raises(ValueError, match="naive datetime"):
         tasks.add.using(run_at=dt.datetime(2030, 1, 1))

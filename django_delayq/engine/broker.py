@@ -8,8 +8,9 @@ with the ``add_*`` methods so acks and the next claim share one round trip.
 
 from __future__ import annotations
 
-import secrets
+import os
 import zlib
+from base64 import urlsafe_b64encode
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,12 +24,15 @@ from .bulk import ChunkSender
 from .codec import encode_arguments
 from .config import EngineConfig
 from .errors import DelayQConnectionError
+from .held import HeldConnections
 from .keys import GlobalKeys, QueueKeys
 from .limits import RateLimit
 from .reservations import claim_reserved
 from .scripts import Batch, call
 
 ENQUEUE_FIELDS = 8
+ID_BYTES = 12
+ID_CHARS = 16
 CLAIM_HEADER = 5
 
 
@@ -43,7 +47,28 @@ def is_cluster_client(client: Any) -> bool:
 
 def new_job_id() -> str:
     """A random job id: 96 bits in 16 URL-safe characters (short ids save Redis memory)."""
-    return secrets.token_urlsafe(12)
+    return urlsafe_b64encode(os.urandom(ID_BYTES)).decode()
+
+
+def new_job_ids(batch: int) -> Iterator[str]:
+    """Endless job ids like :func:`new_job_id`'s, ``batch`` from each ``os.urandom`` call."""
+    while True:
+        # 12 bytes are exactly 16 base64 characters, so one encoding slices into ids.
+        text = urlsafe_b64encode(os.urandom(ID_BYTES * batch)).decode()
+        yield from (text[i:i + ID_CHARS] for i in range(0, len(text), ID_CHARS))
+
+
+def _seen_options(checked: set[tuple[Any, Any, Any]], task: Any, priority: Any,
+                  max_attempts: Any) -> bool:
+    # Exact types only: True == 1, but priority=True must still be refused.
+    return (type(task) is str and type(priority) is int and type(max_attempts) is int
+            and (task, priority, max_attempts) in checked)
+
+
+def _remember_options(checked: set[tuple[Any, Any, Any]], task: Any, priority: Any,
+                      max_attempts: Any) -> None:
+    if type(task) is str and type(priority) is int and type(max_attempts) is int:
+        checked.add((task, priority, max_attempts))
 
 
 @dataclass(slots=True, kw_only=True)
@@ -145,6 +170,8 @@ class Broker:
         self._known_queues: set[str] = set()
         self.is_cluster = is_cluster_client(client)
         self._shard_keys: dict[str, list[QueueKeys]] = {}
+        # Single script calls skip redis-py's per-call pool checkout (see held.py).
+        self._held = None if self.is_cluster else HeldConnections.for_client(client)
 
     # -- keys ---------------------------------------------------------------------
 
@@ -195,23 +222,45 @@ class Broker:
         try:
             yield
         except (RedisConnectionError, RedisTimeoutError) as exc:
-            raise DelayQConnectionError(
-                f"Redis at {_describe(self.client)} is unreachable: {exc}"
-            ) from exc
+            raise self._unreachable(exc) from exc
+
+    def _unreachable(self, exc: Exception) -> DelayQConnectionError:
+        return DelayQConnectionError(f"Redis at {_describe(self.client)} is unreachable: {exc}")
+
+    def close(self) -> None:
+        """Close the client's connections (held ones included); later calls reconnect."""
+        if self._held is not None:
+            self._held.close()
+        self.client.close()
 
     # -- producing ----------------------------------------------------------------
 
-    def _job_argv(self, request: EnqueueRequest, arg_names: Sequence[str] = ()) -> list[Any]:
-        task = check.check_task_name(request.task)
-        priority = check.check_priority(request.priority)
-        max_attempts = check.check_max_attempts(request.max_attempts)
-        if request.run_at is not None and request.delay is not None:
+    def _job_argv(
+        self,
+        request: EnqueueRequest,
+        arg_names: Sequence[str] = (),
+        *,
+        checked: set[tuple[Any, Any, Any]] | None = None,
+        ids: Iterator[str] | None = None,
+    ) -> list[Any]:
+        """The ARGV of one job. ``checked`` remembers options already validated (a bulk
+        call's jobs mostly share them); ``ids`` supplies new job ids."""
+        task, priority, max_attempts = request.task, request.priority, request.max_attempts
+        if checked is None or not _seen_options(checked, task, priority, max_attempts):
+            check.check_task_name(task)
+            check.check_priority(priority)
+            check.check_max_attempts(max_attempts)
+            if checked is not None:
+                _remember_options(checked, task, priority, max_attempts)
+        run_at, delay = request.run_at, request.delay
+        if run_at is not None and delay is not None:
             raise ValueError("give run_at or delay, not both")
-        run_at = "" if request.run_at is None else check.run_at_ms(request.run_at)
-        delay = "" if request.delay is None else check.delay_ms(request.delay)
-        job_id = new_job_id() if request.job_id is None else check.validate_job_id(
-            request.job_id
-        )
+        run_at_ms = "" if run_at is None else check.run_at_ms(run_at)
+        delay_ms = "" if delay is None else check.delay_ms(delay)
+        if request.job_id is not None:
+            job_id = check.validate_job_id(request.job_id)
+        else:
+            job_id = new_job_id() if ids is None else next(ids)
         args_json, kwargs_json = encode_arguments(
             task,
             request.args,
@@ -220,7 +269,8 @@ class Broker:
             names=arg_names,
             limit=self.config.max_payload_bytes,
         )
-        return [job_id, task, args_json, kwargs_json, priority, run_at, delay, max_attempts]
+        return [job_id, task, args_json, kwargs_json, priority, run_at_ms, delay_ms,
+                max_attempts]
 
     def _enqueue_call(self, keys: QueueKeys, argvs: list[list[Any]]) -> tuple[list[str],
                                                                              list[Any]]:
@@ -256,12 +306,15 @@ class Broker:
                                  max_attempts=max_attempts)
         argv = self._job_argv(request, arg_names)
         script_keys, script_args = self._enqueue_call(self.keys_for(queue, argv[0]), [argv])
-        with self.connection_errors():
+        # try/except, not connection_errors(): this is the hot path of every producer
+        try:
             if queue not in self._known_queues:
                 self._remember_queue(queue)
             added, status, run_at_ms, enqueued_at_ms = call(
-                self.client, "enqueue", script_keys, script_args
+                self.client, "enqueue", script_keys, script_args, self._held
             )
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise self._unreachable(exc) from exc
         return EnqueueResult(argv[0], bool(added), status, int(run_at_ms), int(enqueued_at_ms))
 
     def _remember_queue(self, queue: str) -> None:
@@ -289,6 +342,8 @@ class Broker:
             raise ValueError(f"chunk_size must be at least 1, not {chunk_size}")
         total = BulkResult() if total is None else total
         chunk: list[list[Any]] = []
+        checked: set[tuple[Any, Any, Any]] = set()
+        ids = new_job_ids(min(chunk_size, 1_000))
         with self.connection_errors():
             if queue not in self._known_queues:
                 self._remember_queue(queue)
@@ -296,7 +351,7 @@ class Broker:
             sender = ChunkSender(lambda c: self._send_chunk(queue, c, total, results))
             try:
                 for request in requests:
-                    chunk.append(self._job_argv(request))
+                    chunk.append(self._job_argv(request, checked=checked, ids=ids))
                     if len(chunk) >= chunk_size:
                         sender.send(chunk)
                         chunk = []
@@ -310,6 +365,15 @@ class Broker:
                 sender.finish()
         return total
 
+    def _by_shard(self, queue: str, chunk: list[list[Any]]) -> dict[QueueKeys, list[list[Any]]]:
+        """The jobs of ``chunk`` grouped by the shard their id picks."""
+        if self.shard_count(queue) == 1:
+            return {self.keys_for(queue, ""): chunk}
+        by_shard: dict[QueueKeys, list[list[Any]]] = {}
+        for argv in chunk:
+            by_shard.setdefault(self.keys_for(queue, argv[0]), []).append(argv)
+        return by_shard
+
     def _send_chunk(
         self,
         queue: str,
@@ -317,26 +381,28 @@ class Broker:
         total: BulkResult,
         results: list[EnqueueResult] | None,
     ) -> None:
-        by_shard: dict[QueueKeys, list[list[Any]]] = {}
-        for argv in chunk:
-            by_shard.setdefault(self.keys_for(queue, argv[0]), []).append(argv)
         batch = self.batch()
-        order = [(self.add_enqueue(batch, keys, argvs), argvs) for keys, argvs in by_shard.items()]
+        order = [(self.add_enqueue(batch, keys, argvs), argvs)
+                 for keys, argvs in self._by_shard(queue, chunk).items()]
         replies = batch.run()
         total.chunks += 1
         for index, argvs in order:
             reply = replies[index]
-            for i, argv in enumerate(argvs):
-                added, status, run_at_ms, enqueued_at_ms = reply[4 * i: 4 * i + 4]
-                if added:
-                    total.enqueued += 1
-                else:
-                    total.duplicates += 1
-                    total.duplicate_ids.append(argv[0])
-                total.job_ids.append(argv[0])
-                if results is not None:
-                    results.append(EnqueueResult(argv[0], bool(added), status, int(run_at_ms),
-                                                 int(enqueued_at_ms)))
+            ids = [argv[0] for argv in argvs]
+            added = reply[0::4]
+            total.job_ids += ids
+            new = sum(1 for flag in added if flag)
+            total.enqueued += new
+            if new < len(ids):
+                duplicates = [job_id for job_id, flag in zip(ids, added, strict=True) if not flag]
+                total.duplicates += len(duplicates)
+                total.duplicate_ids += duplicates
+            if results is not None:
+                results += [
+                    EnqueueResult(job_id, bool(flag), status, int(run_at_ms), int(enqueued_at_ms))
+                    for job_id, flag, status, run_at_ms, enqueued_at_ms in zip(
+                        ids, added, reply[1::4], reply[2::4], reply[3::4], strict=True)
+                ]
 
     # -- the worker protocol ------------------------------------------------------
 

@@ -76,7 +76,8 @@ def encode_arguments(
     ``limit`` (bytes, 0 for none) bounds the size of both encodings together.
     """
     try:
-        args_json = _dumps(list(args), encoder)
+        # No arguments is common (and JSON "[]" whatever the encoder): skip the encoder.
+        args_json = _dumps(list(args), encoder) if args else "[]"
         kwargs_json = _dumps(dict(kwargs), encoder) if kwargs else "{}"
     except (TypeError, ValueError, RecursionError) as exc:
         for i, value in enumerate(args):

@@ -15,6 +15,8 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from .held import HeldConnections
+
 SCRIPT_NAMES = (
     "enqueue",
     "claim",
@@ -52,13 +54,22 @@ def load_script(name: str) -> Script:
     return Script(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 
-def call(client: Any, name: str, keys: list[str], args: list[Any]) -> Any:
-    """Run one script on ``client``, loading it first if Redis does not know it."""
+def call(
+    client: Any, name: str, keys: list[str], args: list[Any], held: HeldConnections | None = None
+) -> Any:
+    """Run one script on ``client``, loading it first if Redis does not know it.
+
+    With ``held`` (connections of ``client``'s pool), the call skips the pool checkout.
+    """
     script = load_script(name)
     try:
+        if held is not None:
+            return held.execute("EVALSHA", script.sha, len(keys), *keys, *args)
         return client.evalsha(script.sha, len(keys), *keys, *args)
     except NoScriptError:
         client.script_load(script.source)
+        if held is not None:
+            return held.execute("EVALSHA", script.sha, len(keys), *keys, *args)
         return client.evalsha(script.sha, len(keys), *keys, *args)
 
 

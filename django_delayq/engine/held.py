@@ -1,0 +1,112 @@
+"""Single commands on connections held out of a redis-py pool, without a checkout each.
+
+redis-py checks a connection out of its pool and back in for every command: a lock,
+a ``can_read()`` poll of the socket, metrics bookkeeping, then the client's retry
+wrapper. That costs about as much as the round trip of a small command, which doubles
+the Python cost of a single :meth:`~django_delayq.engine.Broker.enqueue`.
+:class:`HeldConnections` takes a few connections from the pool once and keeps them in
+a free list; each call pops one, sends the command, reads the reply and pushes it back
+(``list.pop``/``append`` are atomic, so threads never share a connection).
+
+It stays as safe as the client path: a forked child drops the parent's connections; a
+connection that raised anything but an error reply is disconnected and never reused;
+a connection error (or a timeout, if the client retries them) falls back to the
+client path, whose retry policy applies; health checks and reply decoding are the
+connection's own, as on the client path.
+Commands sent this way are not counted by redis-py's optional metrics.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+#: Connections kept idle at most; more threads at once take and give back pool ones.
+MAX_HELD = 8
+
+
+class HeldConnections:
+    """A free list of connections of one plain ``redis.Redis`` client's pool."""
+
+    def __init__(self, client: Any, max_held: int = MAX_HELD) -> None:
+        self._client = client
+        self._pool = client.connection_pool
+        self._max_held = max_held
+        self._free: list[Any] = []
+        self._pid = os.getpid()
+
+    @classmethod
+    def for_client(cls, client: Any) -> HeldConnections | None:
+        """Held connections for ``client``, or None where only the client path is right.
+
+        Only a plain ``redis.Redis`` (Sentinel pools included) qualifies: not a cluster
+        client, a single-connection client or a pool with client-side caching. Holding
+        connections takes them from the pool, so a small pool is left alone.
+        """
+        import redis
+
+        if type(client) is not redis.Redis or getattr(client, "connection", None) is not None:
+            return None
+        pool = getattr(client, "connection_pool", None)
+        if pool is None or getattr(pool, "cache", None) is not None:
+            return None
+        max_held = min(MAX_HELD, getattr(pool, "max_connections", 0) // 4)
+        return cls(client, max_held) if max_held > 0 else None
+
+    def execute(self, *args: Any) -> Any:
+        """Send one command and return its reply, decoded as the client would."""
+        if self._pid != os.getpid():
+            self._forget_parent_connections()
+        try:
+            conn = self._free.pop()
+        except IndexError:
+            conn = self._pool.get_connection()
+        try:
+            conn.send_packed_command(conn.pack_command(*args))
+            reply = conn.read_response()
+        except ResponseError:
+            self._give_back(conn)  # an error reply leaves the connection in step
+            raise
+        except RedisConnectionError:
+            # A socket the server closed (a restart) shows here, where the pool's checkout
+            # would have replaced it: the client path connects again, with its retries.
+            self._discard(conn)
+            return self._client.execute_command(*args)
+        except RedisTimeoutError:
+            self._discard(conn)
+            if conn.retry.get_retries() == 0:
+                raise
+            return self._client.execute_command(*args)  # retried, as the client would
+        except BaseException:
+            self._discard(conn)  # a reply may be half read: never reuse this socket
+            raise
+        self._give_back(conn)
+        return reply
+
+    def close(self) -> None:
+        """Hand every idle held connection back to the pool."""
+        while self._free:
+            try:
+                conn = self._free.pop()
+            except IndexError:
+                return
+            self._pool.release(conn)
+
+    def _give_back(self, conn: Any) -> None:
+        if len(self._free) < self._max_held and not conn.should_reconnect():
+            self._free.append(conn)
+        else:
+            self._pool.release(conn)
+
+    def _discard(self, conn: Any) -> None:
+        conn.disconnect()
+        self._pool.release(conn)
+
+    def _forget_parent_connections(self) -> None:
+        # The parent's sockets are not ours to use; the pool resets itself likewise.
+        self._free = []
+        self._pid = os.getpid()
