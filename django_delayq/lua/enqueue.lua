@@ -27,7 +27,7 @@ for i = 1, n do
   local a = 1 + (i - 1) * 8
   local job_id = ARGV[a + 1]
   local job_key = KEYS[5 + i]
-  local existing = redis.call('HMGET', job_key, 'status', 'run_at', 'enqueued_at')
+  local existing = redis.call('HMGET', job_key, 's', 'r', 'e')
   if existing[1] then
     out[#out + 1] = 0
     out[#out + 1] = existing[1]
@@ -36,16 +36,20 @@ for i = 1, n do
   else
     local priority = tonumber(ARGV[a + 5])
     local run_at = wanted_run_at(ARGV[a + 6], ARGV[a + 7], now)
-    -- Empty kwargs and priority 0 are not stored: readers default them (saves memory).
-    local fields = {'task', ARGV[a + 2], 'args', ARGV[a + 3], 'enqueued_at', now,
-      'run_at', run_at, 'max_attempts', ARGV[a + 8]}
+    -- Empty kwargs, priority 0 and max attempts 1 are not stored: readers default them
+    -- (saves memory).
+    local fields = {'t', ARGV[a + 2], 'a', ARGV[a + 3], 'e', now, 'r', run_at}
     if ARGV[a + 4] ~= '{}' then
-      fields[#fields + 1] = 'kwargs'
+      fields[#fields + 1] = 'k'
       fields[#fields + 1] = ARGV[a + 4]
     end
     if priority ~= 0 then
-      fields[#fields + 1] = 'priority'
+      fields[#fields + 1] = 'p'
       fields[#fields + 1] = priority
+    end
+    if ARGV[a + 8] ~= '1' then
+      fields[#fields + 1] = 'm'
+      fields[#fields + 1] = ARGV[a + 8]
     end
     local status
     if run_at <= now then
@@ -56,7 +60,7 @@ for i = 1, n do
       end
       seq = seq + 1
       redis.call('ZADD', ready, ready_score(priority, seq), job_id)
-      fields[#fields + 1] = 'seq'
+      fields[#fields + 1] = 'q'
       fields[#fields + 1] = seq
       any_ready = true
     else
@@ -70,7 +74,7 @@ for i = 1, n do
         wake_at = run_at
       end
     end
-    fields[#fields + 1] = 'status'
+    fields[#fields + 1] = 's'
     fields[#fields + 1] = status
     redis.call('HSET', job_key, unpack(fields))
     emit(events, maxlen, 'enqueued', job_id, now)
