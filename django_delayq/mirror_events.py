@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .engine.fields import logical
 from .engine.job import _decode_or_raw, from_ms
 from .engine.keys import STATUSES, QueueKeys, validate_job_id
 from .models import Job, JobStatus
@@ -107,8 +108,10 @@ def _json_field(raw: str | None, default: Any) -> Any:
     return value
 
 
-def row_from_hash(queue: str, job_id: str, data: dict[str, str]) -> Job:
-    """A model instance holding a job HASH's state."""
+def row_from_hash(queue: str, job_id: str, stored: dict[str, str]) -> Job:
+    """A model instance holding a job HASH's state (HGETALL's answer, stored names)."""
+    data = logical(stored)
+
     def num(name: str, default: int) -> int:
         try:
             return int(data.get(name, default))

@@ -13,6 +13,7 @@ from django.urls import reverse
 
 from django_delayq import Job as EngineJob
 from django_delayq import Queue
+from django_delayq.engine.fields import stored
 from django_delayq.engine.keys import GlobalKeys, QueueKeys
 from django_delayq.mirror import Mirror
 from django_delayq.models import Job
@@ -337,8 +338,8 @@ def test_unknown_queue_and_operation_are_404(admin_client):
 def test_user_data_is_escaped_everywhere(admin_client, redis_client):
     job = tasks.record.using(delay=3600).enqueue(XSS, extra={XSS: XSS})
     key = QueueKeys("dq", "default").job(job.id)
-    redis_client.hset(key, mapping={"error": XSS, "traceback": f"Traceback\n{XSS}",
-                                    "result": f'"{XSS}"', "worker": XSS})
+    damage = {"error": XSS, "traceback": f"Traceback\n{XSS}", "result": f'"{XSS}"', "worker": XSS}
+    redis_client.hset(key, mapping={stored(name): value for name, value in damage.items()})
     mirror()
     gk = GlobalKeys("dq")
     redis_client.zadd(gk.workers, {XSS: 1})

@@ -16,6 +16,7 @@ import pytest
 
 from django_delayq import PayloadTooLarge, Queue
 from django_delayq.connection import get_broker
+from django_delayq.engine.fields import logical, stored
 from tests.conftest import wait_until, worker_thread
 from tests.testapp.tasks import record
 
@@ -168,12 +169,12 @@ def test_bad_task_names_are_refused(name):
 
 
 def run_until_finished(job_ids: list[str]) -> dict[str, dict[str, str]]:
-    """Run a worker until each job is finished; returns their hashes."""
+    """Run a worker until each job is finished; returns their hashes (logical names)."""
     broker = get_broker()
     keys = broker.shards("default")[0]
 
     def hashes() -> dict[str, dict[str, str]]:
-        return {j: broker.client.hgetall(keys.job(j)) for j in job_ids}
+        return {j: logical(broker.client.hgetall(keys.job(j))) for j in job_ids}
 
     with worker_thread(queues=["default"]):
         wait_until(lambda: all(h.get("status") in ("completed", "failed")
@@ -193,14 +194,14 @@ def test_unknown_task_fails_the_job_cleanly_and_others_run(redis_client):
 
 
 def damage(field: str, value: Any | None) -> str:
-    """Enqueue a job, then overwrite (or, with None, delete) one field of its hash."""
+    """Enqueue a job, then overwrite (or, with None, delete) one (logical) field of its hash."""
     broker = get_broker()
     job_id = record.enqueue("damaged").id
     key = broker.shards("default")[0].job(job_id)
     if value is None:
-        broker.client.hdel(key, field)
+        broker.client.hdel(key, stored(field))
     else:
-        broker.client.hset(key, field, value)
+        broker.client.hset(key, stored(field), value)
     return job_id
 
 
@@ -243,7 +244,7 @@ def test_damaged_priority_of_a_scheduled_job_does_not_stop_promotion(redis_clien
     broker = get_broker()
     keys = broker.shards("default")[0]
     later = record.using(delay=0.2).enqueue("bad-priority").id
-    broker.client.hset(keys.job(later), "priority", "urgent")
+    broker.client.hset(keys.job(later), stored("priority"), "urgent")
     other = record.using(delay=0.2).enqueue("other").id
     found = run_until_finished([later, other])
     assert {found[later]["status"], found[other]["status"]} == {"completed"}

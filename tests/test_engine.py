@@ -16,6 +16,7 @@ from django_delayq.engine import (
     JobNotFound,
     Queue,
 )
+from django_delayq.engine.fields import DEFAULTS, LOGICAL, STORED, stored
 from django_delayq.engine.keys import QueueKeys
 
 
@@ -98,6 +99,66 @@ def test_cancel_only_before_start(bare):
     assert (counts["cancelled"], counts["active"], counts["scheduled"]) == (1, 1, 0)
     with pytest.raises(JobNotFound):
         Job(id="nope", queue="q", broker=bare).cancel()
+
+
+def test_a_waiting_job_hash_holds_short_names_and_no_defaults(bare, redis_client):
+    """A waiting job is mostly its hash: short field names, no field at its default."""
+    run_at = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(hours=1)
+    (job_id,) = bare.enqueue_many("q", [EnqueueRequest(
+        task="app.tasks.late", args=[1234567890123456], run_at=run_at)]).job_ids
+    raw = redis_client.hgetall(QueueKeys("t", "q").job(job_id))
+    assert set(raw) == {stored(name) for name in
+                        ("task", "args", "enqueued_at", "run_at", "status")}
+    assert all(len(name) <= 2 for name in raw)
+    job = Job.fetch(job_id, "q", broker=bare)
+    assert (job.task_name, job.status, job.args, job.kwargs, job.priority) == (
+        "app.tasks.late", "scheduled", [1234567890123456], {}, 0)
+    assert (job.attempts, job.max_attempts, job.run_at) == (0, 1, run_at)
+    assert job.enqueued_at == dt.datetime.fromtimestamp(int(raw[stored("enqueued_at")]) / 1000,
+                                                        tz=dt.UTC)
+    (listed,) = Queue("q", broker=bare).jobs("scheduled")
+    assert (listed.id, listed.task_name, listed.args, listed.run_at) == (
+        job_id, "app.tasks.late", [1234567890123456], run_at)
+
+
+def test_every_field_is_stored_short_and_read_back_by_its_name(bare, redis_client):
+    job_id = bare.enqueue("q", "t.x", [1], {"k": "v"}, priority=5, max_attempts=3).job_id
+    keys = QueueKeys("t", "q")
+    (c,) = claim_all(bare, "q")
+    batch = bare.batch()
+    bare.add_fail(batch, keys, job_id, c.attempt, "ValueError: one", "tb one", 3_600_000)
+    batch.run()
+    raw = redis_client.hgetall(keys.job(job_id))
+    assert set(raw) == set(STORED.values()) - {stored("result")}
+    job = Job.fetch(job_id, "q", broker=bare)
+    assert (job.task_name, job.status, job.args, job.kwargs, job.priority) == (
+        "t.x", "scheduled", [1], {"k": "v"}, 5)
+    assert (job.attempts, job.max_attempts, job.worker) == (1, 3, "w")
+    assert (job.error, job.traceback) == ("ValueError: one", "tb one")
+    assert None not in (job.started_at, job.finished_at, job.enqueued_at, job.run_at)
+    assert set(LOGICAL) == set(STORED.values()), "one stored name per field"
+
+
+def test_defaults_are_dropped_when_a_field_returns_to_them(bare, redis_client):
+    keys = QueueKeys("t", "q")
+    job_id = bare.enqueue("q", "t.x", priority=5).job_id
+    job = Job.fetch(job_id, "q", broker=bare)
+    job.reschedule(delay=0, priority=0)
+    assert stored("priority") not in redis_client.hgetall(keys.job(job_id))
+    (c,) = claim_all(bare, "q")
+    batch = bare.batch()
+    bare.add_release(batch, keys, [(job_id, c.attempt)], started=False)
+    batch.run()
+    assert stored("attempts") not in redis_client.hgetall(keys.job(job_id))
+    (c,) = claim_all(bare, "q")
+    assert c.attempt == 1
+    batch = bare.batch()
+    bare.add_fail(batch, keys, job_id, c.attempt, "E: x", "", 0)
+    assert batch.run()[0][0] == "failed", "max_attempts absent is 1: no retry"
+    job.retry()
+    raw = redis_client.hgetall(keys.job(job_id))
+    assert not set(raw) & {stored(name) for name in DEFAULTS}
+    assert (job.refresh().attempts, job.max_attempts, job.priority) == (0, 1, 0)
 
 
 def test_reschedule_moves_between_scheduled_and_ready(bare):

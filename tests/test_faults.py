@@ -17,6 +17,7 @@ import redis
 
 from django_delayq.connection import get_broker
 from django_delayq.engine import Broker, EngineConfig, EnqueueRequest, QueueKeys
+from django_delayq.engine.fields import stored
 from django_delayq.testing import RedisServer
 from tests.conftest import wait_until
 from tests.testapp.fault_tasks import RUNS, count_run
@@ -35,7 +36,7 @@ def client_for(url: str) -> Any:
 def statuses(client: Any, keys: QueueKeys, job_ids: list[str]) -> list[str | None]:
     pipe = client.pipeline(transaction=False)
     for job_id in job_ids:
-        pipe.hget(keys.job(job_id), "status")
+        pipe.hget(keys.job(job_id), stored("status"))
     return list(pipe.execute())
 
 
@@ -49,7 +50,7 @@ def held_by(client: Any, keys: QueueKeys, worker: str) -> list[str]:
     active = client.zrange(keys.active, 0, -1)
     pipe = client.pipeline(transaction=False)
     for job_id in active:
-        pipe.hget(keys.job(job_id), "worker")
+        pipe.hget(keys.job(job_id), stored("worker"))
     return [job_id for job_id, w in zip(active, pipe.execute(), strict=True) if w == worker]
 
 

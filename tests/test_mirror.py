@@ -25,6 +25,7 @@ from django_delayq import Job as EngineJob
 from django_delayq import Queue
 from django_delayq.connection import engine_config, get_broker
 from django_delayq.engine import Broker
+from django_delayq.engine.fields import stored
 from django_delayq.engine.keys import QueueKeys
 from django_delayq.mirror import GROUP, PAUSE_BEFORE_ACK_ENV, Mirror
 from django_delayq.models import Job
@@ -123,7 +124,7 @@ def test_an_older_event_never_overwrites_a_newer_state(broker, redis_client):
     newest = row.last_event_id
     # Redeliver the old "enqueued" event alone, with the hash reporting a fresh state.
     first_id = redis_client.xrange(KEYS.events)[0][0]
-    redis_client.hset(KEYS.job(job.id), "status", "ready")
+    redis_client.hset(KEYS.job(job.id), stored("status"), "ready")
     mirror = Mirror(block=0.1)
     mirror._apply(KEYS, [(first_id, {"event": "enqueued", "job": job.id, "ts": "1"})])
     row.refresh_from_db()
@@ -172,7 +173,8 @@ def test_garbled_events_are_skipped_acked_and_do_not_stop_the_rest(redis_client,
 def test_a_job_the_database_refuses_is_skipped_and_the_rest_mirrored(redis_client, caplog):
     good = tasks.record.using(delay=3600).enqueue("good")
     bad = tasks.record.using(delay=3600).enqueue("bad")
-    redis_client.hset(KEYS.job(bad.id), "args", "[NaN]")  # valid to Python, not to a JSON column
+    # valid to Python, not to a JSON column
+    redis_client.hset(KEYS.job(bad.id), stored("args"), "[NaN]")
     redis_client.xadd(KEYS.events, {"event": "enqueued", "job": "x" * 200, "ts": "1"})
     mirror = mirror_all()
     assert list(Job.objects.values_list("job_id", flat=True)) == [good.id]

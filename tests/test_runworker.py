@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from django_delayq import Job, Queue
+from django_delayq.engine.fields import stored
 from django_delayq.testing import RedisServer
 from tests.conftest import ROOT, ran, wait_until, worker_env
 from tests.testapp import tasks
@@ -85,13 +86,13 @@ def test_worker_survives_a_redis_restart(spawned):
         client = server_client(server.url)
         broker = make_broker(client)
         first = broker.enqueue("default", tasks.record.name, ["before"])
-        wait_until(lambda: client.hget(job_key(first.job_id), "status") == "completed",
+        wait_until(lambda: client.hget(job_key(first.job_id), stored("status")) == "completed",
                    message="job before restart")
         server.kill()
         out.wait_for("redis unavailable", timeout=30)
         server.start()
         second = broker.enqueue("default", tasks.record.name, ["after"])
-        wait_until(lambda: client.hget(job_key(second.job_id), "status") == "completed",
+        wait_until(lambda: client.hget(job_key(second.job_id), stored("status")) == "completed",
                    timeout=30, message=f"job after restart:\n{out.text}")
         assert proc.poll() is None, "the worker must recover by itself"
         proc.send_signal(signal.SIGTERM)

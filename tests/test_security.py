@@ -12,6 +12,7 @@ import pytest
 
 from django_delayq import DelayQConnectionError
 from django_delayq.connection import get_broker
+from django_delayq.engine.fields import stored
 from django_delayq.testing import RedisServer
 from tests.conftest import ROOT, wait_until, worker_thread
 from tests.testapp.tasks import record
@@ -55,7 +56,7 @@ def test_pickle_looking_arguments_are_never_unpickled(redis_client, tmp_path):
     keys = broker.shards("default")[0]
     as_text = record.enqueue(payload)
     as_field = record.enqueue("placeholder")
-    redis_client.hset(keys.job(as_field.id), "args", payload)
+    redis_client.hset(keys.job(as_field.id), stored("args"), payload)
     with worker_thread(queues=["default"]):
         wait_until(lambda: as_text.refresh().is_finished and as_field.refresh().is_finished,
                    message="both jobs to finish")
@@ -81,9 +82,9 @@ def test_a_job_naming_a_function_outside_the_registry_runs_nothing(redis_client,
     keys = broker.shards("default")[0]
     job_id = broker.enqueue("default", task_name, args).job_id
     with worker_thread(queues=["default"]):
-        wait_until(lambda: redis_client.hget(keys.job(job_id), "status") == "failed",
+        wait_until(lambda: redis_client.hget(keys.job(job_id), stored("status")) == "failed",
                    message="the job to fail")
-    error = redis_client.hget(keys.job(job_id), "error")
+    error = redis_client.hget(keys.job(job_id), stored("error"))
     assert error.startswith("django_delayq.engine.errors.UnknownTask")
     assert task_name in error
     assert not target.exists()
@@ -147,7 +148,7 @@ def test_worker_logs_never_show_the_redis_password(spawned, protected_redis):
     broker = Broker(client, EngineConfig())
     job_id = broker.enqueue("default", record.name, ["logged"]).job_id
     keys = broker.shards("default")[0]
-    wait_until(lambda: client.hget(keys.job(job_id), "status") == "completed",
+    wait_until(lambda: client.hget(keys.job(job_id), stored("status")) == "completed",
                message=f"job on the protected Redis:\n{out.text}")
     protected_redis.stop()
     out.wait_for("redis unavailable")

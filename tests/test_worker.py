@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from django_delayq import Job, Queue
+from django_delayq.engine.fields import stored
 from django_delayq.engine.keys import QueueKeys
 from tests.conftest import ran, wait_until, worker_thread
 from tests.testapp import tasks
@@ -57,7 +58,7 @@ def test_failing_job_retries_with_backoff_then_dead_letters_with_traceback(redis
 def test_unknown_task_and_corrupt_payload_fail_cleanly_and_worker_goes_on(broker, redis_client):
     unknown = broker.enqueue("default", "nowhere.to_be_found", [1], max_attempts=1).job_id
     corrupt = broker.enqueue("default", tasks.record.name, ["c"], max_attempts=3).job_id
-    redis_client.hset(QueueKeys("dq", "default").job(corrupt), "args", "[not json")
+    redis_client.hset(QueueKeys("dq", "default").job(corrupt), stored("args"), "[not json")
     good = tasks.record.enqueue("after")
     with worker_thread(queues=["default"], concurrency=1):
         wait_until(lambda: good.refresh().status == "completed", message="good job")
@@ -110,7 +111,8 @@ def test_events_stream_records_the_lifecycle(redis_client):
     events = redis_client.xrange(QueueKeys("dq", "default").events)
     assert [(e[1]["event"], e[1]["job"]) for e in events] == [
         ("enqueued", job.id), ("started", job.id), ("completed", job.id)]
-    assert json.loads(redis_client.hget(QueueKeys("dq", "default").job(job.id), "result")) == "e"
+    result = redis_client.hget(QueueKeys("dq", "default").job(job.id), stored("result"))
+    assert json.loads(result) == "e"
 
 
 def test_worker_clock_running_ahead_does_not_start_jobs_early(redis_client, monkeypatch):

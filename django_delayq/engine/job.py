@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from . import validation as check
 from .codec import decode
 from .errors import InvalidJobState, JobNotFound
+from .fields import logical
 from .scripts import call
 
 if TYPE_CHECKING:
@@ -105,7 +106,9 @@ class Job:
         self._load(data)
         return self
 
-    def _load(self, data: dict[str, str]) -> None:
+    def _load(self, stored: dict[str, str]) -> None:
+        """Take the state of the job hash ``stored`` (HGETALL's answer, stored names)."""
+        data = logical(stored)
         self.task_name = data.get("task", "")
         self.status = data.get("status", "")
         self.args = _decode_or_raw(data.get("args"), [])
@@ -124,6 +127,7 @@ class Job:
 
     @classmethod
     def from_hash(cls, queue: str, job_id: str, data: dict[str, str], broker: Broker) -> Job:
+        """The job whose hash HGETALL returned as ``data`` (keyed by stored field names)."""
         job = cls(id=job_id, queue=queue, broker=broker)
         job._load(data)
         return job

@@ -17,7 +17,7 @@
 
 local job_key, job_id = KEYS[1], ARGV[1]
 local ttl, keep, maxlen = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local status = redis.call('HGET', job_key, 'status')
+local status = redis.call('HGET', job_key, 's')
 if not status then
   return ''
 end
@@ -27,7 +27,7 @@ end
 local now = now_ms()
 redis.call('ZREM', KEYS[2], job_id)
 redis.call('ZREM', KEYS[3], job_id)
-redis.call('HSET', job_key, 'status', 'cancelled', 'finished_at', now)
+redis.call('HSET', job_key, 's', 'cancelled', 'f', now)
 redis.call('ZADD', KEYS[4], now, job_id)
 if ttl > 0 then
   redis.call('PEXPIRE', job_key, ttl)

@@ -42,12 +42,12 @@ if #due > 0 then
     local job_id = due[i]
     local job_key = job_prefix .. job_id
     redis.call('ZREM', scheduled, job_id)
-    local f = redis.call('HMGET', job_key, 'task', 'priority')
+    local f = redis.call('HMGET', job_key, 't', 'p')
     -- A damaged hash (no task, a bad priority) is promoted too: the worker fails it
     -- with a clear error, and it cannot stop the promotion of every other job.
     if f[1] or redis.call('EXISTS', job_key) == 1 then
       redis.call('ZADD', ready, ready_score(tonumber(f[2]) or 0, seq + i), job_id)
-      redis.call('HSET', job_key, 'status', 'ready', 'seq', seq + i)
+      redis.call('HSET', job_key, 's', 'ready', 'q', seq + i)
     else
       orphans = orphans + 1
       emit(events, maxlen, 'orphaned', job_id, now)
@@ -76,15 +76,13 @@ if want > 0 then
   for i = 1, #popped, 2 do
     local job_id = popped[i]
     local job_key = job_prefix .. job_id
-    local f = redis.call('HMGET', job_key, 'task', 'args', 'kwargs', 'max_attempts',
-      'priority', 'run_at', 'enqueued_at')
+    local f = redis.call('HMGET', job_key, 't', 'a', 'k', 'm', 'p', 'r', 'e')
     if f[1] or redis.call('EXISTS', job_key) == 1 then
       -- A damaged hash is leased and returned like any other (missing text as '',
       -- bad numbers as defaults) so the worker fails it with a clear error; raising
       -- here would leave this batch half-claimed and stall the queue on one job.
-      local attempt = (tonumber(redis.call('HGET', job_key, 'attempts')) or 0) + 1
-      redis.call('HSET', job_key, 'attempts', attempt, 'status', 'active',
-        'started_at', now, 'worker', worker)
+      local attempt = (tonumber(redis.call('HGET', job_key, 'n')) or 0) + 1
+      redis.call('HSET', job_key, 'n', attempt, 's', 'active', 'b', now, 'w', worker)
       redis.call('ZADD', active, deadline, job_id)
       if limit > 0 then
         limit_take(limit_key, period, now, job_id .. '@' .. now)

@@ -23,10 +23,9 @@ local done = 0
 for i = 4, #ARGV, 3 do
   local job_id, attempt = ARGV[i], ARGV[i + 1]
   local job_key = job_prefix .. job_id
-  local f = redis.call('HMGET', job_key, 'status', 'attempts')
+  local f = redis.call('HMGET', job_key, 's', 'n')
   if f[1] == 'active' and f[2] == attempt and redis.call('ZREM', active, job_id) == 1 then
-    redis.call('HSET', job_key, 'status', 'completed', 'finished_at', now,
-      'result', ARGV[i + 2])
+    redis.call('HSET', job_key, 's', 'completed', 'f', now, 'v', ARGV[i + 2])
     redis.call('ZADD', completed, now, job_id)
     expire_finished(job_key, ttl)
     emit(events, maxlen, 'completed', job_id, now, 'attempt', attempt)

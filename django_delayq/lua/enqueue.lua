@@ -43,7 +43,7 @@ for first = 6, 5 + n, SLICE do
 end
 if some_exist then
   for i = 1, n do
-    local found = redis.call('HMGET', KEYS[5 + i], 'status', 'run_at', 'enqueued_at')
+    local found = redis.call('HMGET', KEYS[5 + i], 's', 'r', 'e')
     if found[1] then
       existing[i] = found
     end
@@ -73,16 +73,20 @@ for i = 1, n do
   else
     local priority = tonumber(ARGV[a + 5])
     local run_at = wanted_run_at(ARGV[a + 6], ARGV[a + 7], now)
-    -- Empty kwargs and priority 0 are not stored: readers default them (saves memory).
-    local fields = {'task', ARGV[a + 2], 'args', ARGV[a + 3], 'enqueued_at', now,
-      'run_at', run_at, 'max_attempts', ARGV[a + 8]}
+    -- Fields equal to their default (kwargs {}, priority 0, max attempts 1) are not
+    -- stored: readers default them (saves memory).
+    local fields = {'t', ARGV[a + 2], 'a', ARGV[a + 3], 'e', now, 'r', run_at}
     if ARGV[a + 4] ~= '{}' then
-      fields[#fields + 1] = 'kwargs'
+      fields[#fields + 1] = 'k'
       fields[#fields + 1] = ARGV[a + 4]
     end
     if priority ~= 0 then
-      fields[#fields + 1] = 'priority'
+      fields[#fields + 1] = 'p'
       fields[#fields + 1] = priority
+    end
+    if ARGV[a + 8] ~= '1' then
+      fields[#fields + 1] = 'm'
+      fields[#fields + 1] = ARGV[a + 8]
     end
     local status
     if run_at <= now then
@@ -94,7 +98,7 @@ for i = 1, n do
       seq = seq + 1
       ready_pairs[#ready_pairs + 1] = ready_score(priority, seq)
       ready_pairs[#ready_pairs + 1] = job_id
-      fields[#fields + 1] = 'seq'
+      fields[#fields + 1] = 'q'
       fields[#fields + 1] = seq
     else
       status = 'scheduled'
@@ -104,7 +108,7 @@ for i = 1, n do
         earliest = run_at
       end
     end
-    fields[#fields + 1] = 'status'
+    fields[#fields + 1] = 's'
     fields[#fields + 1] = status
     redis.call('HSET', KEYS[5 + i], unpack(fields))
     added_ids[#added_ids + 1] = job_id

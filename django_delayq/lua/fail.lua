@@ -28,13 +28,13 @@ local retry_delay, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
 local keep, maxlen = tonumber(ARGV[7]), tonumber(ARGV[8])
 local now = now_ms()
 
-local f = redis.call('HMGET', job_key, 'status', 'attempts', 'max_attempts')
+local f = redis.call('HMGET', job_key, 's', 'n', 'm')
 if f[1] ~= 'active' or f[2] ~= attempt or redis.call('ZREM', active, job_id) == 0 then
   return {'stale', 0}
 end
-redis.call('HSET', job_key, 'error', ARGV[3], 'traceback', ARGV[4], 'finished_at', now)
+redis.call('HSET', job_key, 'x', ARGV[3], 'tb', ARGV[4], 'f', now)
 
-if retry_delay >= 0 and tonumber(f[2]) < tonumber(f[3]) then
+if retry_delay >= 0 and tonumber(f[2]) < (tonumber(f[3]) or 1) then
   local run_at = now + retry_delay
   schedule_job(scheduled, KEYS[5], job_key, job_id, run_at)
   emit(KEYS[6], maxlen, 'retried', job_id, now, 'attempt', attempt, 'run_at', run_at,
@@ -42,7 +42,7 @@ if retry_delay >= 0 and tonumber(f[2]) < tonumber(f[3]) then
   return {'retried', run_at}
 end
 
-redis.call('HSET', job_key, 'status', 'failed')
+redis.call('HSET', job_key, 's', 'failed')
 redis.call('ZADD', failed, now, job_id)
 if ttl > 0 then
   redis.call('PEXPIRE', job_key, ttl)

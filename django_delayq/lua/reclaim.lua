@@ -27,12 +27,12 @@ for i = 1, #expired do
   local job_id = expired[i]
   local job_key = job_prefix .. job_id
   redis.call('ZREM', active, job_id)
-  local f = redis.call('HMGET', job_key, 'attempts', 'max_attempts', 'priority', 'seq', 'worker')
+  local f = redis.call('HMGET', job_key, 'n', 'm', 'p', 'q', 'w')
   if redis.call('EXISTS', job_key) == 0 then
     emit(events, maxlen, 'orphaned', job_id, now)
   elseif (tonumber(f[1]) or 1) >= (tonumber(f[2]) or 1) then
     local err = 'LeaseExpired: worker ' .. (f[5] or '?') .. ' stopped renewing the lease'
-    redis.call('HSET', job_key, 'status', 'failed', 'error', err, 'finished_at', now)
+    redis.call('HSET', job_key, 's', 'failed', 'x', err, 'f', now)
     redis.call('ZADD', failed, now, job_id)
     if ttl > 0 then
       redis.call('PEXPIRE', job_key, ttl)
@@ -42,7 +42,7 @@ for i = 1, #expired do
     dead = dead + 1
   else
     redis.call('ZADD', ready, ready_score(tonumber(f[3]) or 0, tonumber(f[4]) or 0), job_id)
-    redis.call('HSET', job_key, 'status', 'ready')
+    redis.call('HSET', job_key, 's', 'ready')
     emit(events, maxlen, 'reclaimed', job_id, now, 'attempt', f[1], 'worker', f[5] or '')
     returned = returned + 1
   end

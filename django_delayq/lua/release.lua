@@ -20,13 +20,13 @@ local released = 0
 for i = 3, #ARGV, 2 do
   local job_id, attempt = ARGV[i], ARGV[i + 1]
   local job_key = job_prefix .. job_id
-  local f = redis.call('HMGET', job_key, 'status', 'attempts', 'priority', 'seq')
+  local f = redis.call('HMGET', job_key, 's', 'n', 'p', 'q')
   if f[1] == 'active' and f[2] == attempt and redis.call('ZREM', active, job_id) == 1 then
-    if uncount then
-      redis.call('HINCRBY', job_key, 'attempts', -1)
+    if uncount and redis.call('HINCRBY', job_key, 'n', -1) == 0 then
+      redis.call('HDEL', job_key, 'n')  -- 0 attempts is the default: not stored
     end
     redis.call('ZADD', ready, ready_score(tonumber(f[3]) or 0, tonumber(f[4]) or 0), job_id)
-    redis.call('HSET', job_key, 'status', 'ready')
+    redis.call('HSET', job_key, 's', 'ready')
     emit(events, maxlen, 'released', job_id, now, 'attempt', attempt)
     released = released + 1
   end

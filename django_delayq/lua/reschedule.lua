@@ -17,7 +17,7 @@
 -- job is moved only from 'scheduled' or 'ready'.
 
 local job_key, job_id = KEYS[1], ARGV[1]
-local f = redis.call('HMGET', job_key, 'status', 'priority', 'run_at')
+local f = redis.call('HMGET', job_key, 's', 'p', 'r')
 local status = f[1]
 if not status then
   return {'', '', 0}
@@ -29,7 +29,11 @@ local now = now_ms()
 local priority = tonumber(f[2]) or 0
 if ARGV[4] ~= '' then
   priority = tonumber(ARGV[4])
-  redis.call('HSET', job_key, 'priority', priority)
+  if priority == 0 then
+    redis.call('HDEL', job_key, 'p')  -- the default: not stored
+  else
+    redis.call('HSET', job_key, 'p', priority)
+  end
 end
 local run_at = wanted_run_at(ARGV[2], ARGV[3], now)
 redis.call('ZREM', KEYS[2], job_id)

@@ -18,7 +18,7 @@
 -- 'failed' or 'cancelled' job is retried.
 
 local job_key, job_id = KEYS[1], ARGV[1]
-local f = redis.call('HMGET', job_key, 'status', 'priority')
+local f = redis.call('HMGET', job_key, 's', 'p')
 local status = f[1]
 if not status then
   return {'', ''}
@@ -30,8 +30,9 @@ local now = now_ms()
 redis.call('ZREM', KEYS[2], job_id)
 redis.call('ZREM', KEYS[3], job_id)
 redis.call('PERSIST', job_key)
-redis.call('HDEL', job_key, 'error', 'traceback', 'finished_at', 'started_at', 'worker', 'result')
-redis.call('HSET', job_key, 'attempts', 0)
+-- error, traceback, finished_at, started_at, worker, result; and attempts, back to its
+-- default 0
+redis.call('HDEL', job_key, 'x', 'tb', 'f', 'b', 'w', 'v', 'n')
 local k = {scheduled = KEYS[4], ready = KEYS[5], marker = KEYS[6], seq = KEYS[8]}
 local run_at = wanted_run_at(ARGV[2], ARGV[3], now)
 local after = place_job(k, job_key, job_id, tonumber(f[2]) or 0, run_at, now)

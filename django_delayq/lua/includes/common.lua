@@ -1,4 +1,15 @@
 -- Shared helpers, prepended to every script by django_delayq.engine.scripts.
+--
+-- Job HASH fields ({dq:Q}:j:ID) are stored under short names (one listpack holds every
+-- name next to its value, and a waiting job is mostly its hash). The table, with the
+-- meaning of each field, is django_delayq/engine/fields.py:
+--   t task          a args          k kwargs (absent: '{}')   p priority (absent: 0)
+--   s status        r run_at        e enqueued_at              m max_attempts (absent: 1)
+--   n attempts (absent: 0)          q seq                      b started_at
+--   f finished_at   w worker        v result                   x error
+--   tb traceback
+-- A field shown with a default is not stored while it equals it: read it as
+-- `tonumber(x) or default`.
 
 -- The Redis server clock, in milliseconds: the only clock that decides what is due.
 local function now_ms()
@@ -55,7 +66,7 @@ end
 local function schedule_job(scheduled_key, marker_key, job_key, job_id, run_at)
   local head = redis.call('ZRANGE', scheduled_key, 0, 0, 'WITHSCORES')
   redis.call('ZADD', scheduled_key, run_at, job_id)
-  redis.call('HSET', job_key, 'status', 'scheduled', 'run_at', run_at)
+  redis.call('HSET', job_key, 's', 'scheduled', 'r', run_at)
   if head[2] == nil or run_at < tonumber(head[2]) then
     redis.call('ZADD', marker_key, run_at, '1')
   end
@@ -65,7 +76,7 @@ end
 local function ready_job(ready_key, seq_key, marker_key, job_key, job_id, priority)
   local seq = redis.call('INCR', seq_key)
   redis.call('ZADD', ready_key, ready_score(priority, seq), job_id)
-  redis.call('HSET', job_key, 'status', 'ready', 'seq', seq)
+  redis.call('HSET', job_key, 's', 'ready', 'q', seq)
   redis.call('ZADD', marker_key, 0, '0')
 end
 
@@ -73,7 +84,7 @@ end
 local function place_job(k, job_key, job_id, priority, run_at, now)
   if run_at <= now then
     ready_job(k.ready, k.seq, k.marker, job_key, job_id, priority)
-    redis.call('HSET', job_key, 'run_at', run_at)
+    redis.call('HSET', job_key, 'r', run_at)
     return 'ready'
   end
   schedule_job(k.scheduled, k.marker, job_key, job_id, run_at)

@@ -1,0 +1,83 @@
+"""The fields of a job HASH (``{dq:Q}:j:ID``): the one place that names them.
+
+A waiting job is mostly its hash, and Redis stores a small hash as one listpack holding
+every field name next to its value, so the names are kept to one or two characters and
+a field equal to its default is not stored at all. The Lua scripts use the stored names
+(the legend at the top of ``lua/includes/common.lua`` repeats this table); Python reads
+a hash through :func:`logical`, so ``Job`` attributes, the API, the admin and the mirror
+keep the logical names.
+
+=============  ======  ===========================================  =======
+logical name   stored  meaning                                      default
+=============  ======  ===========================================  =======
+task           ``t``   task name
+args           ``a``   positional arguments, JSON
+kwargs         ``k``   keyword arguments, JSON                      ``{}``
+priority       ``p``   priority, -100..100 (higher runs first)      ``0``
+status         ``s``   scheduled, ready, active, completed, ...
+run_at         ``r``   when it may start, ms
+enqueued_at    ``e``   when it was enqueued, ms
+max_attempts   ``m``   runs allowed, the first included             ``1``
+attempts       ``n``   runs started so far                          ``0``
+seq            ``q``   FIFO number, set when the job became ready
+started_at     ``b``   when the latest attempt began, ms
+finished_at    ``f``   when it finished (or its latest attempt), ms
+worker         ``w``   the worker of the latest attempt
+result         ``v``   return value, JSON
+error          ``x``   one line: exception class and message
+traceback      ``tb``  traceback of the latest failure
+=============  ======  ===========================================  =======
+
+A field with a default is not stored while it equals it: every script and reader takes
+an absent one as that default. The others are written whenever the job has a value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+#: Logical name -> the field name stored in the job hash.
+STORED: Final[Mapping[str, str]] = {
+    "task": "t",
+    "args": "a",
+    "kwargs": "k",
+    "priority": "p",
+    "status": "s",
+    "run_at": "r",
+    "enqueued_at": "e",
+    "max_attempts": "m",
+    "attempts": "n",
+    "seq": "q",
+    "started_at": "b",
+    "finished_at": "f",
+    "worker": "w",
+    "result": "v",
+    "error": "x",
+    "traceback": "tb",
+}
+
+#: Stored field name -> logical name.
+LOGICAL: Final[Mapping[str, str]] = {short: name for name, short in STORED.items()}
+
+#: The value every reader assumes for a field the hash does not hold.
+DEFAULTS: Final[Mapping[str, str]] = {
+    "kwargs": "{}",
+    "priority": "0",
+    "max_attempts": "1",
+    "attempts": "0",
+}
+
+
+def stored(name: str) -> str:
+    """The stored field name of the logical field ``name`` (KeyError if unknown)."""
+    return STORED[name]
+
+
+def logical(data: Mapping[str, str]) -> dict[str, str]:
+    """A job hash as HGETALL returns it, keyed by logical names.
+
+    A field the table does not name is kept under its stored name, so nothing written
+    by hand (or by a newer version) is silently lost to a reader.
+    """
+    return {LOGICAL.get(key, key): value for key, value in data.items()}
