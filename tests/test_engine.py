@@ -121,6 +121,21 @@ def test_a_waiting_job_hash_holds_short_names_and_no_defaults(bare, redis_client
         job_id, "app.tasks.late", [1234567890123456], run_at)
 
 
+def test_a_job_to_run_at_once_stores_no_run_at_and_reads_its_enqueued_at(bare, redis_client):
+    res = bare.enqueue("q", "app.tasks.now", [1])
+    raw = redis_client.hgetall(QueueKeys("t", "q").job(res.job_id))
+    assert set(raw) == {stored(name) for name in ("task", "args", "enqueued_at", "seq",
+                                                  "status")}
+    assert res.run_at_ms == res.enqueued_at_ms
+    job = Job.fetch(res.job_id, "q", broker=bare)
+    assert job.run_at == job.enqueued_at == dt.datetime.fromtimestamp(
+        res.enqueued_at_ms / 1000, tz=dt.UTC)
+    again = bare.enqueue("q", "app.tasks.now", [1], job_id=res.job_id)  # the duplicate's reply
+    assert (again.added, again.run_at_ms) == (False, res.enqueued_at_ms)
+    (claimed,) = claim_all(bare, "q")
+    assert claimed.run_at_ms == res.enqueued_at_ms
+
+
 def test_every_field_is_stored_short_and_read_back_by_its_name(bare, redis_client):
     job_id = bare.enqueue("q", "t.x", [1], {"k": "v"}, priority=5, max_attempts=3).job_id
     keys = QueueKeys("t", "q")

@@ -15,7 +15,7 @@ args           ``a``   positional arguments, JSON
 kwargs         ``k``   keyword arguments, JSON                      ``{}``
 priority       ``p``   priority, -100..100 (higher runs first)      ``0``
 status         ``s``   scheduled, ready, active, completed, ...
-run_at         ``r``   when it may start, ms
+run_at         ``r``   when it may start, ms                      enqueued_at
 enqueued_at    ``e``   when it was enqueued, ms
 max_attempts   ``m``   runs allowed, the first included             ``1``
 attempts       ``n``   runs started so far                          ``0``
@@ -29,7 +29,8 @@ traceback      ``tb``  traceback of the latest failure
 =============  ======  ===========================================  =======
 
 A field with a default is not stored while it equals it: every script and reader takes
-an absent one as that default. The others are written whenever the job has a value.
+an absent one as that default (an absent run_at is the job's enqueued_at: a job enqueued
+to run at once). The others are written whenever the job has a value.
 """
 
 from __future__ import annotations
@@ -80,4 +81,7 @@ def logical(data: Mapping[str, str]) -> dict[str, str]:
     A field the table does not name is kept under its stored name, so nothing written
     by hand (or by a newer version) is silently lost to a reader.
     """
-    return {LOGICAL.get(key, key): value for key, value in data.items()}
+    fields = {LOGICAL.get(key, key): value for key, value in data.items()}
+    if "run_at" not in fields and "enqueued_at" in fields:
+        fields["run_at"] = fields["enqueued_at"]
+    return fields

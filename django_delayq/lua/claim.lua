@@ -95,7 +95,7 @@ if want > 0 then
       out[#out + 1] = attempt
       out[#out + 1] = tonumber(f[4]) or 1
       out[#out + 1] = tonumber(f[5]) or 0
-      out[#out + 1] = tonumber(f[6]) or now
+      out[#out + 1] = tonumber(f[6] or f[7]) or now
       out[#out + 1] = tonumber(f[7]) or now
     else
       orphans = orphans + 1

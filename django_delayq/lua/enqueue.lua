@@ -63,7 +63,7 @@ for i = 1, n do
   if found then
     out[#out + 1] = 0
     out[#out + 1] = found[1]
-    out[#out + 1] = tonumber(found[2]) or 0
+    out[#out + 1] = tonumber(found[2] or found[3]) or 0
     out[#out + 1] = tonumber(found[3]) or 0
   elseif twin then
     out[#out + 1] = 0
@@ -73,9 +73,13 @@ for i = 1, n do
   else
     local priority = tonumber(ARGV[a + 5])
     local run_at = wanted_run_at(ARGV[a + 6], ARGV[a + 7], now)
-    -- Fields equal to their default (kwargs {}, priority 0, max attempts 1) are not
-    -- stored: readers default them (saves memory).
-    local fields = {'t', ARGV[a + 2], 'a', ARGV[a + 3], 'e', now, 'r', run_at}
+    -- Fields equal to their default (run_at = enqueued_at, kwargs {}, priority 0, max
+    -- attempts 1) are not stored: readers default them (saves memory and time).
+    local fields = {'t', ARGV[a + 2], 'a', ARGV[a + 3], 'e', now}
+    if run_at ~= now then
+      fields[#fields + 1] = 'r'
+      fields[#fields + 1] = run_at
+    end
     if ARGV[a + 4] ~= '{}' then
       fields[#fields + 1] = 'k'
       fields[#fields + 1] = ARGV[a + 4]

@@ -17,13 +17,13 @@
 -- job is moved only from 'scheduled' or 'ready'.
 
 local job_key, job_id = KEYS[1], ARGV[1]
-local f = redis.call('HMGET', job_key, 's', 'p', 'r')
+local f = redis.call('HMGET', job_key, 's', 'p', 'r', 'e')
 local status = f[1]
 if not status then
   return {'', '', 0}
 end
 if status ~= 'scheduled' and status ~= 'ready' then
-  return {status, status, tonumber(f[3]) or 0}
+  return {status, status, tonumber(f[3] or f[4]) or 0}
 end
 local now = now_ms()
 local priority = tonumber(f[2]) or 0

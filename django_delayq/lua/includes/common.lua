@@ -4,7 +4,8 @@
 -- name next to its value, and a waiting job is mostly its hash). The table, with the
 -- meaning of each field, is django_delayq/engine/fields.py:
 --   t task          a args          k kwargs (absent: '{}')   p priority (absent: 0)
---   s status        r run_at        e enqueued_at              m max_attempts (absent: 1)
+--   s status        r run_at (absent: e)              e enqueued_at
+--   m max_attempts (absent: 1)
 --   n attempts (absent: 0)          q seq                      b started_at
 --   f finished_at   w worker        v result                   x error
 --   tb traceback
