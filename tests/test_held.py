@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import DataError, ResponseError
+from redis.exceptions import ResponseError
 from redis.retry import Retry
 
 from django_delayq import DelayQConnectionError
@@ -34,14 +34,14 @@ def test_single_enqueues_reuse_one_connection(broker):
     record.enqueue("first")  # connects; registers the queue through the pool
     observer = redis.Redis.from_url(os.environ["DELAYQ_TEST_REDIS_URL"],
                                     decode_responses=True)
+    ours = held_client_id(broker)
     before = {int(c["id"]) for c in observer.client_list()}
-    (enqueuing,) = evalsha_clients(observer)
     for i in range(300):
         record.enqueue(f"job-{i}")
     clients = {int(c["id"]) for c in observer.client_list()}
-    assert clients <= before | {int(observer.client_id())}
-    assert evalsha_clients(observer) == {enqueuing}
-    assert held_client_id(broker) == enqueuing
+    assert clients <= before | {int(observer.client_id())}  # no new connection
+    assert ours in evalsha_clients(observer)  # ours ran the scripts...
+    assert held_client_id(broker) == ours  # ...and is still the one held
 
 
 def test_enqueues_from_many_threads_each_land_once(broker):
@@ -102,16 +102,20 @@ def test_script_flush_between_calls_loads_the_script_again(broker):
     assert job.refresh().status == "ready"
 
 
-def test_an_error_reply_keeps_the_connection_other_errors_drop_it(broker):
+def test_error_replies_and_bad_arguments_keep_the_connection_a_dead_one_is_dropped(broker):
     record.enqueue("warm up")
     first = held_client_id(broker)
     assert broker._held is not None
     with pytest.raises(ResponseError):
         broker._held.execute("NO-SUCH-COMMAND")
     assert held_client_id(broker) == first
-    with pytest.raises(DataError):
-        broker._held.execute("ECHO", object())  # fails before a byte is sent
-    assert held_client_id(broker) != first
+    with pytest.raises(TypeError):
+        broker._held.execute("ECHO", object())  # refused before a byte is sent
+    assert held_client_id(broker) == first
+    observer = redis.Redis.from_url(os.environ["DELAYQ_TEST_REDIS_URL"])
+    observer.client_kill_filter(_id=first)  # the server closes the held socket
+    assert record.enqueue("after the kill").created  # through the client path
+    assert held_client_id(broker) != first  # the dead connection was dropped
 
 
 def client_for(server: RedisServer, retries: int) -> redis.Redis:

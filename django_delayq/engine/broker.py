@@ -381,13 +381,20 @@ class Broker:
         total: BulkResult,
         results: list[EnqueueResult] | None,
     ) -> None:
-        batch = self.batch()
-        order = [(self.add_enqueue(batch, keys, argvs), argvs)
-                 for keys, argvs in self._by_shard(queue, chunk).items()]
-        replies = batch.run()
+        by_shard = self._by_shard(queue, chunk)
+        if len(by_shard) == 1 and self._held is not None:
+            # One shard: one script call on a held connection, without a pipeline.
+            ((keys, argvs),) = by_shard.items()
+            sent = [(call(self.client, "enqueue", *self._enqueue_call(keys, argvs), self._held),
+                     argvs)]
+        else:
+            batch = self.batch()
+            order = [(self.add_enqueue(batch, keys, argvs), argvs)
+                     for keys, argvs in by_shard.items()]
+            replies = batch.run()
+            sent = [(replies[index], argvs) for index, argvs in order]
         total.chunks += 1
-        for index, argvs in order:
-            reply = replies[index]
+        for reply, argvs in sent:
             ids = [argv[0] for argv in argvs]
             added = reply[0::4]
             total.job_ids += ids

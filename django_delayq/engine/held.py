@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+# redis-py's packer wraps this one in a per-argument Python loop (a dependency: redis[hiredis])
+from hiredis import pack_command
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -59,6 +61,7 @@ class HeldConnections:
 
     def execute(self, *args: Any) -> Any:
         """Send one command and return its reply, decoded as the client would."""
+        packed = [pack_command(args)]  # bad arguments raise TypeError before any I/O
         if self._pid != os.getpid():
             self._forget_parent_connections()
         try:
@@ -66,7 +69,7 @@ class HeldConnections:
         except IndexError:
             conn = self._pool.get_connection()
         try:
-            conn.send_packed_command(conn.pack_command(*args))
+            conn.send_packed_command(packed)
             reply = conn.read_response()
         except ResponseError:
             self._give_back(conn)  # an error reply leaves the connection in step
