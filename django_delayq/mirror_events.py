@@ -162,7 +162,7 @@ def apply_event(row: Job, event: Event) -> None:
         row.finished_at = None
         if f.get("manual"):
             row.attempts, row.error, row.traceback = 0, "", ""
-    elif kind in ("reclaimed", "released"):
+    elif kind in ("promoted", "reclaimed", "released"):
         row.status = JobStatus.READY
     elif kind in ("purged", "orphaned"):
         row.status = JobStatus.PURGED

@@ -97,6 +97,28 @@ def test_a_bulk_enqueue_entry_makes_a_row_per_job(redis_client):
 
 
 @pytest.mark.django_db
+def test_a_row_leaves_scheduled_when_its_job_is_promoted(broker, redis_client):
+    Queue("default").pause()  # claims promote due jobs but start none
+    jobs = [tasks.record.using(delay=0.05).enqueue(i) for i in range(3)]
+    mirror_all()
+    assert set(Job.objects.values_list("status", flat=True)) == {"scheduled"}
+    due_ms = max(job.run_at for job in jobs).timestamp() * 1000
+
+    def redis_ms() -> float:
+        seconds, micros = redis_client.time()
+        return seconds * 1000 + micros / 1000
+
+    wait_until(lambda: redis_ms() > due_ms, message="the jobs to fall due")
+    (claim,) = broker.claim("default", 10, "w")
+    assert (claim.jobs, claim.paused) == ([], True)
+    (entry,) = [fields for _, fields in redis_client.xrange(KEYS.events)
+                if fields["event"] == "promoted"]
+    assert sorted(entry["jobs"].split(" ")) == sorted(job.id for job in jobs)
+    mirror_all()
+    assert dict(Job.objects.values_list("job_id", "status")) == {j.id: "ready" for j in jobs}
+
+
+@pytest.mark.django_db
 def test_replaying_every_event_changes_nothing(redis_client):
     jobs = [tasks.record.enqueue(f"r{i}") for i in range(5)]
     with worker_thread(queues=["default"]):

@@ -34,25 +34,29 @@ local limit_key, limit, period = KEYS[9], tonumber(ARGV[6]) or 0, tonumber(ARGV[
 local now = now_ms()
 local orphans = 0
 
--- Promote due jobs in run_at order; each gets a fresh FIFO number as it becomes ready.
+-- Promote due jobs in run_at order; each gets a fresh FIFO number as it becomes ready,
+-- and one 'promoted' event names them all (the mirror's rows leave 'scheduled').
 local due = redis.call('ZRANGEBYSCORE', scheduled, '-inf', now, 'LIMIT', 0, promote_max)
 if #due > 0 then
   local seq = redis.call('INCRBY', seq_key, #due) - #due
+  local promoted = {}
+  call_sliced('ZREM', scheduled, due)
   for i = 1, #due do
     local job_id = due[i]
     local job_key = job_prefix .. job_id
-    redis.call('ZREM', scheduled, job_id)
     local f = redis.call('HMGET', job_key, 't', 'p')
     -- A damaged hash (no task, a bad priority) is promoted too: the worker fails it
     -- with a clear error, and it cannot stop the promotion of every other job.
     if f[1] or redis.call('EXISTS', job_key) == 1 then
       redis.call('ZADD', ready, ready_score(tonumber(f[2]) or 0, seq + i), job_id)
       redis.call('HSET', job_key, 's', 'ready', 'q', seq + i)
+      promoted[#promoted + 1] = job_id
     else
       orphans = orphans + 1
       emit(events, maxlen, 'orphaned', job_id, now)
     end
   end
+  emit_jobs(events, maxlen, 'promoted', promoted, now)
 end
 
 local head = redis.call('ZRANGE', scheduled, 0, 0, 'WITHSCORES')
@@ -76,12 +80,12 @@ if want > 0 then
   for i = 1, #popped, 2 do
     local job_id = popped[i]
     local job_key = job_prefix .. job_id
-    local f = redis.call('HMGET', job_key, 't', 'a', 'k', 'm', 'p', 'r', 'e')
+    local f = redis.call('HMGET', job_key, 't', 'a', 'k', 'm', 'p', 'r', 'e', 'n')
     if f[1] or redis.call('EXISTS', job_key) == 1 then
       -- A damaged hash is leased and returned like any other (missing text as '',
       -- bad numbers as defaults) so the worker fails it with a clear error; raising
       -- here would leave this batch half-claimed and stall the queue on one job.
-      local attempt = (tonumber(redis.call('HGET', job_key, 'n')) or 0) + 1
+      local attempt = (tonumber(f[8]) or 0) + 1
       redis.call('HSET', job_key, 'n', attempt, 's', 'active', 'b', now, 'w', worker)
       redis.call('ZADD', active, deadline, job_id)
       if limit > 0 then

@@ -18,19 +18,10 @@
 -- per call for all its jobs, so a bulk call of 1,000 jobs is a few commands more than
 -- 1,000 (one EXISTS, one ZADD per set, one XADD per 1,000 ids).
 
-local SLICE = 1000  -- values per unpack(): well under Lua's C stack limit
-
 local maxlen = tonumber(ARGV[1])
 local now = now_ms()
 local scheduled, ready, marker, events, seq_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local n = (#ARGV - 1) / 8
-
--- Run `command key values...` over `values` in slices (ZADD pairs stay whole: SLICE is even).
-local function call_sliced(command, key, values)
-  for first = 1, #values, SLICE do
-    redis.call(command, key, unpack(values, first, math.min(first + SLICE - 1, #values)))
-  end
-end
 
 -- Which jobs exist already: one EXISTS over every job key; per-job lookups only if any do.
 local existing = {}
@@ -142,15 +133,5 @@ if wake_at then
   redis.call('ZADD', marker, wake_at, '1')
 end
 
--- One 'enqueued' event: `job` names a single job, `jobs` several (space-separated; ids
--- hold no spaces), at most SLICE per entry.
-if #added_ids == 1 then
-  emit(events, maxlen, 'enqueued', added_ids[1], now)
-elseif #added_ids > 1 and maxlen > 0 then
-  for first = 1, #added_ids, SLICE do
-    local ids = table.concat(added_ids, ' ', first, math.min(first + SLICE - 1, #added_ids))
-    redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*',
-      'event', 'enqueued', 'jobs', ids, 'ts', now)
-  end
-end
+emit_jobs(events, maxlen, 'enqueued', added_ids, now)  -- one entry for the call's jobs
 return out

@@ -34,6 +34,29 @@ local function emit(events_key, maxlen, event, job_id, now, ...)
   end
 end
 
+-- Values per unpack(): well under the C stack limit of Redis's Lua (8,000).
+local SLICE = 1000
+
+-- Run `command key values...` over `values` in slices (ZADD pairs stay whole: SLICE is even).
+local function call_sliced(command, key, values)
+  for first = 1, #values, SLICE do
+    redis.call(command, key, unpack(values, first, math.min(first + SLICE - 1, #values)))
+  end
+end
+
+-- One event for the jobs `ids`: `job` names a single one, `jobs` several (space-separated;
+-- ids hold no spaces), at most 1,000 per entry.
+local function emit_jobs(events_key, maxlen, event, ids, now)
+  if #ids == 1 then
+    emit(events_key, maxlen, event, ids[1], now)
+  elseif #ids > 1 and maxlen > 0 then
+    for first = 1, #ids, SLICE do
+      redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'event', event,
+        'jobs', table.concat(ids, ' ', first, math.min(first + SLICE - 1, #ids)), 'ts', now)
+    end
+  end
+end
+
 -- Count a finished job in the per-minute stats hash and forget minutes over 2 h old.
 local function count_minute(stats_key, kind, now, n)
   local minute = math.floor(now / 60000)
