@@ -50,8 +50,12 @@ class Event:
 
 
 def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None) -> list[Event]:
-    """Decode a stream entry into its events: one per job it names (a bulk enqueue names
-    many in ``jobs``). Empty, after a warning, when the entry is garbled or trimmed."""
+    """Decode a stream entry into its events: one per job it names.
+
+    An entry for several jobs (a bulk enqueue, a claim, an ack) names them in ``jobs`` and
+    may give each its attempt in ``attempts``, in the same order. Empty, after a warning,
+    when the entry is garbled or trimmed.
+    """
     if fields is None:
         logger.warning("event trimmed from the stream before it was mirrored stream=%s id=%s",
                        keys.events, entry_id)
@@ -59,7 +63,14 @@ def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None) -
     try:
         stream_id(entry_id)
         event = fields["event"]
-        job_ids = fields["jobs"].split(" ") if "jobs" in fields else [fields["job"]]
+        if "jobs" not in fields:
+            job_ids, attempts = [fields["job"]], [fields.get("attempt")]
+        else:
+            job_ids = fields["jobs"].split(" ")
+            attempts = (fields["attempts"].split(" ") if "attempts" in fields
+                        else [None] * len(job_ids))
+            if len(attempts) != len(job_ids):
+                raise ValueError("jobs and attempts differ in length")
         int(fields.get("ts", "0"))
         if not event or not all(job_ids):
             raise ValueError("empty event or job")
@@ -71,7 +82,10 @@ def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None) -
         logger.warning("skipping garbled event stream=%s id=%s fields=%r error=%s",
                        keys.events, entry_id, fields, exc)
         return []
-    return [Event(keys, entry_id, event, job_id, dict(fields)) for job_id in job_ids]
+    common = {k: v for k, v in fields.items() if k not in ("jobs", "attempts", "attempt")}
+    return [Event(keys, entry_id, event, job_id,
+                  common if attempt is None else {**common, "attempt": attempt})
+            for job_id, attempt in zip(job_ids, attempts, strict=True)]
 
 
 def storable_text(text: str) -> str:

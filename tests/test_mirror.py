@@ -169,6 +169,27 @@ def test_event_of_an_expired_job_still_updates_status_and_times(redis_client):
 
 
 @pytest.mark.django_db
+def test_a_claim_and_an_ack_of_several_jobs_write_one_entry_each(broker, redis_client):
+    jobs = [tasks.record.enqueue(i) for i in range(3)]
+    (claim,) = broker.claim("default", 10, "w1")
+    assert [j.id for j in claim.jobs] == [j.id for j in jobs]
+    batch = broker.batch()
+    broker.add_complete(batch, KEYS, [(j.id, j.attempt, "null") for j in claim.jobs])
+    assert batch.run() == [[1, 1, 1]]
+    kinds = [f["event"] for _, f in redis_client.xrange(KEYS.events)]
+    assert kinds == ["enqueued"] * 3 + ["started", "completed"]  # one entry per call
+    started = redis_client.xrange(KEYS.events)[3][1]
+    assert (started["jobs"], started["attempts"], started["worker"]) == (
+        " ".join(j.id for j in jobs), "1 1 1", "w1")
+    for job in jobs:
+        redis_client.delete(KEYS.job(job.id))  # as the result TTL would: events alone
+    mirror_all()
+    rows = {row.job_id: row for row in Job.objects.all()}
+    assert {(r.status, r.attempts, r.worker) for r in rows.values()} == {("completed", 1, "w1")}
+    assert all(r.started_at and r.finished_at for r in rows.values())
+
+
+@pytest.mark.django_db
 def test_purged_jobs_are_marked_purged(redis_client):
     job = tasks.record.using(delay=3600).enqueue("p")
     mirror_all()

@@ -77,6 +77,7 @@ local out = {now, next_due, 0, orphans, -1}
 if want > 0 then
   local popped = redis.call('ZPOPMIN', ready, want)
   local deadline = now + lease
+  local leases, started, attempts = {}, {}, {}
   for i = 1, #popped, 2 do
     local job_id = popped[i]
     local job_key = job_prefix .. job_id
@@ -87,11 +88,13 @@ if want > 0 then
       -- here would leave this batch half-claimed and stall the queue on one job.
       local attempt = (tonumber(f[8]) or 0) + 1
       redis.call('HSET', job_key, 'n', attempt, 's', 'active', 'b', now, 'w', worker)
-      redis.call('ZADD', active, deadline, job_id)
+      leases[#leases + 1] = deadline
+      leases[#leases + 1] = job_id
+      started[#started + 1] = job_id
+      attempts[#attempts + 1] = attempt
       if limit > 0 then
         limit_take(limit_key, period, now, job_id .. '@' .. now)
       end
-      emit(events, maxlen, 'started', job_id, now, 'attempt', attempt, 'worker', worker)
       out[#out + 1] = job_id
       out[#out + 1] = f[1] or ''
       out[#out + 1] = f[2] or ''
@@ -106,6 +109,8 @@ if want > 0 then
       emit(events, maxlen, 'orphaned', job_id, now)
     end
   end
+  call_sliced('ZADD', active, leases)
+  emit_jobs(events, maxlen, 'started', started, now, attempts, 'worker', worker)
   out[4] = orphans
 end
 

@@ -19,24 +19,27 @@ local active, completed, events, stats, job_prefix = KEYS[1], KEYS[2], KEYS[3], 
 local ttl, keep, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
 local out = {}
-local done = 0
+local finished, ids, attempts = {}, {}, {}
 for i = 4, #ARGV, 3 do
   local job_id, attempt = ARGV[i], ARGV[i + 1]
   local job_key = job_prefix .. job_id
   local f = redis.call('HMGET', job_key, 's', 'n')
   if f[1] == 'active' and f[2] == attempt and redis.call('ZREM', active, job_id) == 1 then
     redis.call('HSET', job_key, 's', 'completed', 'f', now, 'v', ARGV[i + 2])
-    redis.call('ZADD', completed, now, job_id)
     expire_finished(job_key, ttl)
-    emit(events, maxlen, 'completed', job_id, now, 'attempt', attempt)
-    done = done + 1
+    finished[#finished + 1] = now
+    finished[#finished + 1] = job_id
+    ids[#ids + 1] = job_id
+    attempts[#attempts + 1] = attempt
     out[#out + 1] = 1
   else
     out[#out + 1] = 0
   end
 end
-if done > 0 then
-  count_minute(stats, 'c', now, done)
+if #ids > 0 then
+  call_sliced('ZADD', completed, finished)
+  emit_jobs(events, maxlen, 'completed', ids, now, attempts)
+  count_minute(stats, 'c', now, #ids)
   trim_finished(completed, now, ttl, keep)
 end
 return out
