@@ -41,7 +41,7 @@ ADAPTER_FILES = {lib: ADAPTERS / f"{lib.removeprefix('django_')}_bench.py" for l
 BASE_SIZES = {
     "enqueue_n": 5_000,
     "bulk_n": 10_000,
-    "process_n": 5_000,
+    "process_n": 10_000,
     "lateness_n": 2_000,
     "memory_n": 100_000,
     "growth_small_n": 1_000,
