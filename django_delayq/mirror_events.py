@@ -63,12 +63,15 @@ def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None) -
     try:
         stream_id(entry_id)
         event = fields["event"]
+        attempts: list[str | None]
         if "jobs" not in fields:
             job_ids, attempts = [fields["job"]], [fields.get("attempt")]
         else:
             job_ids = fields["jobs"].split(" ")
-            attempts = (fields["attempts"].split(" ") if "attempts" in fields
-                        else [None] * len(job_ids))
+            if "attempts" in fields:
+                attempts = list(fields["attempts"].split(" "))
+            else:
+                attempts = [None] * len(job_ids)
             if len(attempts) != len(job_ids):
                 raise ValueError("jobs and attempts differ in length")
         int(fields.get("ts", "0"))

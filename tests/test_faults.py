@@ -278,8 +278,9 @@ def stale_acks(lines: list[str]) -> int:
 
 
 def events_of(client: Any, keys: QueueKeys, job_id: str) -> list[str]:
+    """The events that name ``job_id``, oldest first (an entry may name several jobs)."""
     return [fields["event"] for _, fields in client.xrange(keys.events)
-            if fields["job"] == job_id]
+            if job_id in (fields.get("jobs") or fields.get("job", "")).split(" ")]
 
 
 def test_frozen_worker_late_ack_and_failure_do_not_overwrite_the_newer_run(
