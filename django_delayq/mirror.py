@@ -37,6 +37,7 @@ from django.utils import timezone
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
+from .backoff import Backoff
 from .conf import conf
 from .connection import get_broker
 from .engine import Broker, Queue
@@ -109,38 +110,35 @@ class Mirror:
         ``timeout`` bounds the run in seconds. Returns the number of events applied.
         """
         logger.info("mirror started consumer=%s group=%s burst=%s", self.name, GROUP, burst)
-        backoff = 0.5
+        backoff = Backoff(self._stop, first=0.5, cap=30.0)
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._stop.is_set():
             if deadline is not None and time.monotonic() > deadline:
                 break
             try:
                 done = self.step(block=not burst)
-                backoff = 0.5
+                backoff.reset()
                 if burst and done == 0:
                     break
             except (RedisError, DelayQConnectionError) as exc:
                 logger.warning("mirror cannot reach Redis, retrying in %.1fs error=%s",
-                               backoff, exc)
+                               backoff.delay, exc)
                 self._ready.clear()
                 self._recovered.clear()
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                backoff.wait()
             except DatabaseError as exc:
                 logger.warning("mirror cannot write to the database, retrying in %.1fs "
-                               "error=%s", backoff, exc)
+                               "error=%s", backoff.delay, exc)
                 # The failed batch is pending on this consumer: read it again next round,
                 # not only once another consumer's claim_idle has run out.
                 self._recovered.clear()
                 if not connection.in_atomic_block:
                     connection.close()  # drop a possibly broken connection; reconnect next round
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                backoff.wait()
             except Exception:
-                logger.exception("mirror round failed, retrying in %.1fs", backoff)
+                logger.exception("mirror round failed, retrying in %.1fs", backoff.delay)
                 self._recovered.clear()
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                backoff.wait()
         logger.info("mirror stopped consumer=%s mirrored=%d", self.name, self.mirrored)
         return self.mirrored
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from ..backoff import Backoff
 from ..conf import conf
 from ..connection import get_broker
 from ..engine import Broker, ClaimedJob, ClaimResult, QueueKeys
@@ -53,27 +54,12 @@ EXIT_FORCED = 1
 #: Seconds below which the fetcher waits for a due job on its own clock: Redis checks
 #: blocking timeouts only every 1/hz s (100 ms by default), too coarse for a due time.
 PRECISE_WAIT = 0.25
-#: Longest pause between retries while Redis is unreachable.
+#: Pauses between retries while Redis is unreachable: the first, and the longest.
+FIRST_BACKOFF = 0.1
 MAX_BACKOFF = 5.0
 #: Adaptive prefetch holds about this many seconds of work per thread, up to MAX_PREFETCH.
 PREFETCH_WINDOW = 0.05
 MAX_PREFETCH = 500
-
-
-class Backoff:
-    """The pause between retries while Redis fails: 0.1 s, doubling up to MAX_BACKOFF."""
-
-    def __init__(self, stop: threading.Event) -> None:
-        self._stop = stop
-        self.delay = 0.1
-
-    def reset(self) -> None:
-        self.delay = 0.1
-
-    def wait(self) -> None:
-        """Sleep the current delay (cut short by ``stop``), then double it."""
-        self._stop.wait(self.delay)
-        self.delay = min(MAX_BACKOFF, self.delay * 2)
 
 
 class Worker:
@@ -232,7 +218,7 @@ class Worker:
         return max(1, min(prefetch, (self.concurrency + prefetch) // 2))
 
     def _fetch_loop(self) -> None:
-        backoff = Backoff(self._stop)
+        backoff = Backoff(self._stop, first=FIRST_BACKOFF, cap=MAX_BACKOFF)
         while not self._stop.is_set():
             with self._capacity:
                 while (not self._stop.is_set() and self._busy
@@ -384,7 +370,7 @@ class Worker:
     # -- acking -------------------------------------------------------------------
 
     def _ack_loop(self) -> None:
-        backoff = Backoff(self._done)
+        backoff = Backoff(self._done, first=FIRST_BACKOFF, cap=MAX_BACKOFF)
         while not self._done.is_set():
             self._outcome_ready.wait(timeout=0.5)
             try:

@@ -1,0 +1,24 @@
+"""The pause between retries of a loop whose Redis or database keeps failing."""
+
+from __future__ import annotations
+
+import threading
+
+
+class Backoff:
+    """Waits ``first`` seconds, doubling after each wait up to ``cap``; :meth:`reset`
+    starts over. A wait is cut short when ``stop`` is set."""
+
+    def __init__(self, stop: threading.Event, *, first: float, cap: float) -> None:
+        self._stop = stop
+        self._first = first
+        self._cap = cap
+        self.delay = first
+
+    def reset(self) -> None:
+        self.delay = self._first
+
+    def wait(self) -> None:
+        """Sleep the current delay (cut short by ``stop``), then double it."""
+        self._stop.wait(self.delay)
+        self.delay = min(self._cap, self.delay * 2)
