@@ -13,6 +13,7 @@ from django.core.signals import setting_changed
 
 from .conf import conf
 from .engine import Broker, EngineConfig
+from .engine.broker import client_from_url
 from .engine.limits import queue_options
 
 _lock = threading.Lock()
@@ -77,16 +78,7 @@ def make_client(socket_timeout: float | None = None) -> Any:
         return redis.Redis(
             connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
         )
-    url = conf.REDIS_URL
-    scheme, sep, rest = url.partition("://")
-    if scheme.endswith("+cluster") or conf.CLUSTER:
-        from redis.cluster import RedisCluster
-
-        url = f"{scheme.removesuffix('+cluster')}{sep}{rest}"
-        kwargs = _client_kwargs(timeout)
-        kwargs.pop("health_check_interval")
-        return RedisCluster.from_url(url, **kwargs)
-    return redis.Redis.from_url(url, **_client_kwargs(timeout))
+    return client_from_url(conf.REDIS_URL, cluster=conf.CLUSTER, **_client_kwargs(timeout))
 
 
 def get_broker(*, socket_timeout: float | None = None) -> Broker:

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -45,6 +46,19 @@ def is_cluster_client(client: Any) -> bool:
     return isinstance(client, RedisCluster)
 
 
+def client_from_url(url: str, *, cluster: bool = False, **kwargs: Any) -> Any:
+    """A redis-py client for ``url`` (``kwargs`` go to ``from_url``): a ``RedisCluster``
+    for a ``redis+cluster://`` or ``rediss+cluster://`` URL or with ``cluster``, else a
+    ``Redis``."""
+    scheme, sep, rest = url.partition("://")
+    if cluster or scheme.endswith("+cluster"):
+        from redis.cluster import RedisCluster
+
+        kwargs.pop("health_check_interval", None)  # not an option of RedisCluster
+        return RedisCluster.from_url(f"{scheme.removesuffix('+cluster')}{sep}{rest}", **kwargs)
+    return redis.Redis.from_url(url, **kwargs)
+
+
 def new_job_id() -> str:
     """A random job id: 96 bits in 16 URL-safe characters (short ids save Redis memory)."""
     return urlsafe_b64encode(os.urandom(ID_BYTES)).decode()
@@ -58,17 +72,12 @@ def new_job_ids(batch: int) -> Iterator[str]:
         yield from (text[i:i + ID_CHARS] for i in range(0, len(text), ID_CHARS))
 
 
-def _seen_options(checked: set[tuple[Any, Any, Any]], task: Any, priority: Any,
-                  max_attempts: Any) -> bool:
-    # Exact types only: True == 1, but priority=True must still be refused.
-    return (type(task) is str and type(priority) is int and type(max_attempts) is int
-            and (task, priority, max_attempts) in checked)
-
-
-def _remember_options(checked: set[tuple[Any, Any, Any]], task: Any, priority: Any,
-                      max_attempts: Any) -> None:
+def _options_key(task: Any, priority: Any, max_attempts: Any) -> tuple[str, int, int] | None:
+    """The options as a key of a bulk call's already-validated set, or None if their
+    types are not exact (True == 1, but priority=True must still be refused)."""
     if type(task) is str and type(priority) is int and type(max_attempts) is int:
-        checked.add((task, priority, max_attempts))
+        return task, priority, max_attempts
+    return None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -240,18 +249,19 @@ class Broker:
         request: EnqueueRequest,
         arg_names: Sequence[str] = (),
         *,
-        checked: set[tuple[Any, Any, Any]] | None = None,
+        checked: set[tuple[str, int, int]] | None = None,
         ids: Iterator[str] | None = None,
     ) -> list[Any]:
         """The ARGV of one job. ``checked`` remembers options already validated (a bulk
         call's jobs mostly share them); ``ids`` supplies new job ids."""
         task, priority, max_attempts = request.task, request.priority, request.max_attempts
-        if checked is None or not _seen_options(checked, task, priority, max_attempts):
+        key = _options_key(task, priority, max_attempts)
+        if checked is None or key is None or key not in checked:
             check.check_task_name(task)
             check.check_priority(priority)
             check.check_max_attempts(max_attempts)
-            if checked is not None:
-                _remember_options(checked, task, priority, max_attempts)
+            if checked is not None and key is not None:
+                checked.add(key)
         run_at, delay = request.run_at, request.delay
         if run_at is not None and delay is not None:
             raise ValueError("give run_at or delay, not both")
@@ -342,7 +352,7 @@ class Broker:
             raise ValueError(f"chunk_size must be at least 1, not {chunk_size}")
         total = BulkResult() if total is None else total
         chunk: list[list[Any]] = []
-        checked: set[tuple[Any, Any, Any]] = set()
+        checked: set[tuple[str, int, int]] = set()
         ids = new_job_ids(min(chunk_size, 1_000))
         with self.connection_errors():
             if queue not in self._known_queues:

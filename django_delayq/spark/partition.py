@@ -16,10 +16,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
 from django_delayq.engine import Broker, EngineConfig, EnqueueRequest, encode_arguments
 from django_delayq.engine import validation as check
+from django_delayq.engine.broker import client_from_url
 from django_delayq.engine.errors import PayloadTooLarge
 
 from .convert import Rejected, Spec, display, run_at_from_micros, run_at_from_text, to_json_value
@@ -66,15 +65,9 @@ class EnqueuePlan:
 
     def client(self) -> Any:
         """A new redis-py client for the executor (``decode_responses=True``)."""
-        kwargs = {"decode_responses": True, "socket_timeout": self.socket_timeout,
-                  "socket_connect_timeout": min(self.socket_timeout, 10.0)}
-        scheme, sep, rest = self.redis_url.partition("://")
-        if self.cluster or scheme.endswith("+cluster"):
-            from redis.cluster import RedisCluster
-
-            return RedisCluster.from_url(f"{scheme.removesuffix('+cluster')}{sep}{rest}",
-                                         **kwargs)
-        return redis.Redis.from_url(self.redis_url, **kwargs)
+        return client_from_url(self.redis_url, cluster=self.cluster, decode_responses=True,
+                               socket_timeout=self.socket_timeout,
+                               socket_connect_timeout=min(self.socket_timeout, 10.0))
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(prefix=self.prefix, events_maxlen=self.events_maxlen,
