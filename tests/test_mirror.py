@@ -103,12 +103,7 @@ def test_a_row_leaves_scheduled_when_its_job_is_promoted(broker, redis_client):
     mirror_all()
     assert set(Job.objects.values_list("status", flat=True)) == {"scheduled"}
     due_ms = max(job.run_at for job in jobs).timestamp() * 1000
-
-    def redis_ms() -> float:
-        seconds, micros = redis_client.time()
-        return seconds * 1000 + micros / 1000
-
-    wait_until(lambda: redis_ms() > due_ms, message="the jobs to fall due")
+    wait_until(lambda: broker.server_time_ms() > due_ms, message="the jobs to fall due")
     (claim,) = broker.claim("default", 10, "w")
     assert (claim.jobs, claim.paused) == ([], True)
     (entry,) = [fields for _, fields in redis_client.xrange(KEYS.events)

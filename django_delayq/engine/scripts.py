@@ -62,15 +62,13 @@ def call(
     With ``held`` (connections of ``client``'s pool), the call skips the pool checkout.
     """
     script = load_script(name)
+    # EVALSHA through execute_command: a cluster client routes it by its keys' slot.
+    run = client.execute_command if held is None else held.execute
     try:
-        if held is not None:
-            return held.execute("EVALSHA", script.sha, len(keys), *keys, *args)
-        return client.evalsha(script.sha, len(keys), *keys, *args)
+        return run("EVALSHA", script.sha, len(keys), *keys, *args)
     except NoScriptError:
         client.script_load(script.source)
-        if held is not None:
-            return held.execute("EVALSHA", script.sha, len(keys), *keys, *args)
-        return client.evalsha(script.sha, len(keys), *keys, *args)
+        return run("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
 class Batch:

@@ -3,12 +3,12 @@
 -- Job HASH fields ({dq:Q}:j:ID) are stored under short names (one listpack holds every
 -- name next to its value, and a waiting job is mostly its hash). The table, with the
 -- meaning of each field, is django_delayq/engine/fields.py:
---   t task          a args          k kwargs (absent: '{}')   p priority (absent: 0)
---   s status        r run_at (absent: e)              e enqueued_at
---   m max_attempts (absent: 1)
---   n attempts (absent: 0)          q seq                      b started_at
---   f finished_at   w worker        v result                   x error
---   tb traceback
+--   t task                 a args                 k kwargs (absent: '{}')
+--   p priority (absent: 0) s status               r run_at (absent: e)
+--   e enqueued_at          m max_attempts (absent: 1)
+--   n attempts (absent: 0) q seq                  b started_at
+--   f finished_at          w worker               v result
+--   x error                tb traceback
 -- A field shown with a default is not stored while it equals it: read it as
 -- `tonumber(x) or default`.
 
