@@ -127,3 +127,34 @@ def test_worker_clock_running_ahead_does_not_start_jobs_early(redis_client, monk
     assert job.started_at >= job.run_at
     (note,) = ran(redis_client)
     assert note["redis_ms"] >= job.run_at.timestamp() * 1000
+
+
+def test_heartbeat_reports_lost_leases_but_not_jobs_whose_ack_just_landed(redis_client, caplog):
+    from django_delayq.worker import Worker
+    from django_delayq.worker.acks import send_outcomes
+    from django_delayq.worker.execution import Outcome
+
+    keys = QueueKeys("dq", "default")
+    acked = tasks.record.enqueue("acked")
+    lapsed = tasks.record.enqueue("lapsed")
+    worker = Worker(["default"], concurrency=2, burst=True)
+    assert worker._claim(2)[0] == 2
+    jobs = {job.id: job for job in worker._held.values()}
+    # One job ran and its ack landed; the acker has not heard back yet.
+    outcome = Outcome(jobs[acked.id], True, result_json='"acked"')
+    worker._finish(outcome)
+    assert send_outcomes(worker.broker, [outcome]) == 0
+    # The other one's lease is gone (lapsed and reclaimed elsewhere).
+    redis_client.zrem(keys.active, lapsed.id)
+    with caplog.at_level("WARNING", logger="django_delayq.worker"):
+        worker._heartbeat()
+    lost = [r.getMessage() for r in caplog.records if "lease lost" in r.getMessage()]
+    assert len(lost) == 1
+    assert lapsed.id in lost[0]
+    assert acked.id not in lost[0]
+    assert (keys, lapsed.id) not in worker._held
+    assert (keys, acked.id) in worker._held  # the acker settles it
+    worker._flush_acks()
+    assert (keys, acked.id) not in worker._held
+    assert not worker._finished
+    assert acked.refresh().status == "completed"

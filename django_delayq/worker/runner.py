@@ -60,6 +60,10 @@ MAX_BACKOFF = 5.0
 #: Adaptive prefetch holds about this many seconds of work per thread, up to MAX_PREFETCH.
 PREFETCH_WINDOW = 0.05
 MAX_PREFETCH = 500
+#: The acker lingers this long for more outcomes when fewer than ACK_BATCH are pending
+#: and jobs are still running: one round trip and one script call then ack many jobs.
+ACK_LINGER = 0.002
+ACK_BATCH = 64
 
 
 class Worker:
@@ -108,6 +112,7 @@ class Worker:
         self._busy = 0  # claimed and not yet finished running
         self._held: dict[tuple[QueueKeys, str], ClaimedJob] = {}  # leased until acked
         self._running: set[tuple[QueueKeys, str]] = set()
+        self._finished: set[tuple[QueueKeys, str]] = set()  # ran, ack not yet confirmed
         self._inbox: stdlib_queue.SimpleQueue[ClaimedJob | None] = stdlib_queue.SimpleQueue()
         self._outcomes: list[Outcome] = []
         self._outcome_ready = threading.Event()
@@ -363,16 +368,23 @@ class Worker:
                     self._busy -= 1
                     if self._free_slots() >= self._low_water or not self._busy:
                         self._capacity.notify()
-            with self._lock:
-                self._outcomes.append(outcome)
-            self._outcome_ready.set()
+            self._finish(outcome)
+
+    def _finish(self, outcome: Outcome) -> None:
+        """Queue ``outcome`` for the acker."""
+        with self._lock:
+            self._outcomes.append(outcome)
+            self._finished.add((outcome.job.keys, outcome.job.id))
+        self._outcome_ready.set()
 
     # -- acking -------------------------------------------------------------------
 
     def _ack_loop(self) -> None:
         backoff = Backoff(self._done, first=FIRST_BACKOFF, cap=MAX_BACKOFF)
         while not self._done.is_set():
-            self._outcome_ready.wait(timeout=0.5)
+            if self._outcome_ready.wait(timeout=0.5) and self._busy and (
+                    len(self._outcomes) < ACK_BATCH):
+                self._done.wait(ACK_LINGER)
             try:
                 self._flush_acks()
                 backoff.reset()
@@ -401,6 +413,7 @@ class Worker:
         with self._lock:
             for o in outcomes:
                 self._held.pop((o.job.keys, o.job.id), None)
+                self._finished.discard((o.job.keys, o.job.id))
                 if o.ok:
                     self.processed += 1
                 else:
@@ -434,13 +447,16 @@ class Worker:
         reclaim_calls = [(keys, self.broker.add_reclaim(batch, keys)) for keys in self.shards]
         replies = batch.run()
         for keys, index in extend_calls:
-            lost = replies[index]
+            with self._lock:
+                # A finished job's ack may have landed between the snapshot and the
+                # extension: the acker settles those (and reports a stale ack).
+                lost = [job_id for job_id in replies[index]
+                        if (keys, job_id) not in self._finished]
+                for job_id in lost:
+                    self._held.pop((keys, job_id), None)
             if lost:
                 logger.warning("lease lost for %d jobs queue=%s jobs=%s worker=%s", len(lost),
                                keys.queue, ",".join(lost[:10]), self.name)
-                with self._lock:
-                    for job_id in lost:
-                        self._held.pop((keys, job_id), None)
         for keys, index in reclaim_calls:
             returned, dead = replies[index]
             if returned or dead:
