@@ -175,6 +175,8 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
 
     result = {
         "enqueue_per_s": _median(pick("enqueue", "per_s")),
+        # enqueue rate / redis-py single ZADD rate, timed in alternating blocks of 100
+        "enqueue_vs_zadd": _median(pick("enqueue", "vs_zadd")),
         "bulk_enqueue_per_s": _median(pick("bulk", "per_s")),
         "process_per_s_1proc": _median(pick("process_1", "per_s")),
         "process_per_s_2proc": _median(pick("process_2", "per_s")),
@@ -182,6 +184,7 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
         "early": _median(pick("lateness", "early")),
         "redis_bytes_per_delayed_job": _median(pick("storage", "redis_bytes_per_delayed_job")),
         "enqueue_growth_ratio": _median(pick("storage", "enqueue_growth_ratio")),
+        "enqueue_growth_ratio_vs_zadd": _median(pick("storage", "enqueue_growth_ratio_vs_zadd")),
     }
     if result["early"] is not None:
         result["early"] = round(result["early"])

@@ -28,6 +28,8 @@ LIBRARY_KEYS = {
     "early",
     "redis_bytes_per_delayed_job",
     "enqueue_growth_ratio",
+    "enqueue_vs_zadd",
+    "enqueue_growth_ratio_vs_zadd",
 }
 
 
@@ -71,3 +73,17 @@ def test_markdown_table_and_chart(bench_output: Path) -> None:
     assert "## Targets" in md
     if importlib.util.find_spec("matplotlib") is not None or PEERS_PYTHON.exists():
         assert (bench_output / "latest.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_window_opens_once_every_worker_process_runs() -> None:
+    sys.path.insert(0, str(ROOT / "bench" / "adapters"))
+    try:
+        import common
+    finally:
+        sys.path.pop(0)
+    # The second process ran its first job after job lo: the window opens there. A third
+    # one that started after job hi took no part in the window.
+    firsts = [(1, 9.5), (1_500, 10.2), (9_500, 11.0)]
+    assert common.steady_start((1_000, 10.0), 9_000, firsts) == (1_500, 10.2, 2)
+    # Every process was running before job lo: the window opens at lo.
+    assert common.steady_start((1_000, 10.0), 9_000, [(1, 9.5), (3, 9.6)]) == (1_000, 10.0, 2)

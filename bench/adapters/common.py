@@ -21,6 +21,7 @@ This module imports only the standard library and redis-py, which both virtualen
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -44,12 +45,15 @@ LAST_KEY = "bench:last"
 WINDOW_KEY = "bench:window"  # HASH lo, hi: the job counts that open and close the window
 WINDOW_LO_KEY = "bench:window:lo"
 WINDOW_HI_KEY = "bench:window:hi"
-DONE_KEYS = [COUNT_KEY, FIRST_KEY, LAST_KEY, WINDOW_KEY, WINDOW_LO_KEY, WINDOW_HI_KEY]
+FIRSTS_KEY = "bench:firsts"  # HASH pid -> "count stamp" of that process's first job
+DONE_KEYS = [COUNT_KEY, FIRST_KEY, LAST_KEY, WINDOW_KEY, WINDOW_LO_KEY, WINDOW_HI_KEY,
+             FIRSTS_KEY]
 LATE_KEY = "bench:late"
 URL_ENV = "BENCH_REDIS_URL"
 
 # KEYS: count, first, last, window, window lo, window hi (stamped by the jobs whose count
-# is the window's lo and hi). Returns the new count. Times are "seconds.micros" strings
+# is the window's lo and hi), firsts. ARGV: the pid of the process running the job, whose
+# first job is recorded in firsts. Returns the new count. Times are "seconds.micros" strings
 # because Lua's number formatting would round a microsecond epoch.
 DONE_LUA = """
 local c = redis.call('INCR', KEYS[1])
@@ -60,6 +64,7 @@ redis.call('SET', KEYS[3], stamp)
 local w = redis.call('HMGET', KEYS[4], 'lo', 'hi')
 if tonumber(w[1]) == c then redis.call('SET', KEYS[5], stamp) end
 if tonumber(w[2]) == c then redis.call('SET', KEYS[6], stamp) end
+redis.call('HSETNX', KEYS[7], ARGV[1], c .. ' ' .. stamp)
 return c
 """
 
@@ -98,7 +103,7 @@ def _client() -> redis.Redis:
 
 def mark_done() -> None:
     _client()
-    _sync_scripts["done"](keys=DONE_KEYS)
+    _sync_scripts["done"](keys=DONE_KEYS, args=[os.getpid()])
 
 
 def mark_late(due_us: int) -> None:
@@ -123,7 +128,7 @@ class AsyncMarks:
         self.late_script = self.client.register_script(LATE_LUA)
 
     async def done(self) -> None:
-        await self.done_script(keys=DONE_KEYS)
+        await self.done_script(keys=DONE_KEYS, args=[os.getpid()])
 
     async def late(self, due_us: int) -> None:
         due_s, due_frac = divmod(int(due_us), 1_000_000)
@@ -238,13 +243,36 @@ def redis_now_us(r: redis.Redis) -> int:
     return int(s) * 1_000_000 + int(us)
 
 
+REF_KEY = "bench:ref"
+REF_BLOCK = 100
+
+
+def interleaved(calls: Sequence[Callable[[], None]], r: redis.Redis) -> tuple[float, float]:
+    """Time ``calls`` in blocks of REF_BLOCK, each block followed by as many redis-py
+    ``ZADD`` calls on ``r`` (the reference, the single-call ceiling): returns the rate of
+    each. Round trips on a shared machine drift over seconds; measured block by block in
+    one window, their ratio does not."""
+    lib_s = ref_s = 0.0
+    for start in range(0, len(calls), REF_BLOCK):
+        block = calls[start:start + REF_BLOCK]
+        t0 = time.perf_counter()
+        for call in block:
+            call()
+        t1 = time.perf_counter()
+        for i in range(start, start + len(block)):
+            r.zadd(REF_KEY, {f"job-{i}": i})
+        lib_s += t1 - t0
+        ref_s += time.perf_counter() - t1
+    r.delete(REF_KEY)
+    return _rate(len(calls), lib_s), _rate(len(calls), ref_s)
+
+
 def op_enqueue(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
     n = int(p["n"])
     a.enqueue_noop()  # warm connections and script caches outside the clock
-    t0 = time.perf_counter()
-    for _ in range(n):
-        a.enqueue_noop()
-    return {"per_s": _rate(n, time.perf_counter() - t0)}
+    r.zadd(REF_KEY, {"warm": 0})
+    per_s, ref_per_s = interleaved([a.enqueue_noop] * n, r)
+    return {"per_s": per_s, "zadd_per_s": ref_per_s, "vs_zadd": per_s / ref_per_s}
 
 
 def op_bulk(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
@@ -269,19 +297,44 @@ def _wait_for(check: Callable[[], bool], timeout: float, procs: list[subprocess.
 
 
 def process_window(n: int) -> tuple[int, int]:
-    """The jobs (by completion count) between which throughput is measured: the middle
-    80 %, so worker start-up (processes ready at different moments) and the last
-    stragglers do not decide the figure."""
+    """The jobs (by completion count) between which throughput is measured at most: the
+    middle 80 %, so worker start-up and the last stragglers do not decide the figure."""
     if n < 3:
         raise ValueError("a process workload needs at least 3 jobs")
     lo = max(1, n // 10)
     return lo, max(lo + 1, n - n // 10)
 
 
+def steady_start(lo: tuple[int, float], hi: int, firsts: Iterable[tuple[int, float]]
+                 ) -> tuple[int, float, int]:
+    """Where the measured window opens: at job ``lo`` or, if later, at the first job of
+    the last worker process to start one, so that every process is running throughout.
+
+    ``lo`` and each of ``firsts`` are (completion count, Redis time). A process whose
+    first job came at or after job ``hi`` took no part in the window and is ignored.
+    Returns (count, time, processes that ran jobs in the window).
+    """
+    count, stamp = lo
+    seen = 0
+    for first_count, first_stamp in firsts:
+        if first_count >= hi:
+            continue
+        seen += 1
+        if first_stamp > stamp:
+            count, stamp = first_count, first_stamp
+    return count, stamp, seen
+
+
 def op_process(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
+    """Processing rate of a preloaded backlog, over the steady part of the run.
+
+    Worker processes become ready at different moments (a second one may start a few
+    hundred ms after the first), so the window opens once every process has run a job
+    (and not before the lo-th job), and closes at the hi-th (:func:`process_window`).
+    """
     n, procs_n = int(p["n"]), int(p["procs"])
     lo, hi = process_window(n)
-    r.delete(WINDOW_LO_KEY, WINDOW_HI_KEY)
+    r.delete(WINDOW_LO_KEY, WINDOW_HI_KEY, FIRSTS_KEY)
     r.hset(WINDOW_KEY, mapping={"lo": lo, "hi": hi})
     a.preload_noop(n)
     procs = a.start_workers(procs_n, False)
@@ -290,10 +343,13 @@ def op_process(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
     finally:
         stop_processes(procs)
     first, last = _stamp(r.get(FIRST_KEY)), _stamp(r.get(LAST_KEY))
-    start, end = _stamp(r.get(WINDOW_LO_KEY)), _stamp(r.get(WINDOW_HI_KEY))
-    done = int(r.get(COUNT_KEY) or 0)
-    return {"per_s": _rate(hi - lo, end - start), "seconds": end - start, "done": done,
-            "first_to_last_per_s": _rate(n, last - first)}
+    end = _stamp(r.get(WINDOW_HI_KEY))
+    firsts = [(int(c), float(t)) for c, t in
+              (v.split() for v in r.hgetall(FIRSTS_KEY).values())]
+    start_n, start, seen = steady_start((lo, _stamp(r.get(WINDOW_LO_KEY))), hi, firsts)
+    return {"per_s": _rate(hi - start_n, end - start), "seconds": end - start,
+            "window_jobs": hi - start_n, "pids_in_window": seen,
+            "done": int(r.get(COUNT_KEY) or 0), "first_to_last_per_s": _rate(n, last - first)}
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -358,14 +414,12 @@ def op_storage(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
             a.preload_late(_far_dues(r, target - waiting, waiting))
             waiting = target
 
-    def timed_single() -> float:
+    def timed_single() -> tuple[float, float]:
         nonlocal waiting
         dues = _far_dues(r, measure_n, waiting)
-        t0 = time.perf_counter()
-        for due in dues:
-            a.enqueue_late(due)
+        rates = interleaved([functools.partial(a.enqueue_late, due) for due in dues], r)
         waiting += measure_n
-        return _rate(measure_n, time.perf_counter() - t0)
+        return rates
 
     fill(small_n)
     # Warm the single-enqueue path (connections, caches) so the first timed batch
@@ -374,16 +428,19 @@ def op_storage(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
     for due in _far_dues(r, warm_n, waiting):
         a.enqueue_late(due)
     waiting += warm_n
-    rate_small = timed_single()
+    rate_small, ref_small = timed_single()
     fill(memory_n)
     mem1 = int(r.info("memory")["used_memory"])
     fill(large_n - measure_n)
-    rate_large = timed_single()
+    rate_large, ref_large = timed_single()
     return {
         "redis_bytes_per_delayed_job": (mem1 - mem0) / memory_n,
         "enqueue_per_s_small": rate_small,
         "enqueue_per_s_large": rate_large,
         "enqueue_growth_ratio": rate_large / rate_small,
+        # The same ratio with each rate taken relative to the ZADD blocks interleaved
+        # with it: machine drift between the two measurements cancels out.
+        "enqueue_growth_ratio_vs_zadd": (rate_large / ref_large) / (rate_small / ref_small),
     }
 
 
