@@ -10,8 +10,9 @@ It prints exactly one JSON line on stdout (``{"ok": true, ...}`` or ``{"ok": fal
 The measurement code lives here, so every library is timed the same way. An adapter
 only says how its library enqueues a job and how its worker is started:
 
-* ``noop`` task: calls :func:`mark_done` (one EVALSHA: INCR a counter, stamp the Redis
-  time of the first and of the latest call).
+* ``noop`` task: calls :func:`mark_done` (one EVALSHA, sent prebuilt over a plain
+  socket so that it costs every library the same: INCR a counter, stamp the Redis time
+  of the first and latest call, of the window's ends and of each process's first job).
 * ``late(due_us)`` task: calls :func:`mark_late` (one EVALSHA: Redis ``TIME`` minus the
   due time, pushed onto a list), so lateness is read on the Redis clock for everyone.
 
@@ -20,14 +21,18 @@ This module imports only the standard library and redis-py, which both virtualen
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 
@@ -42,29 +48,32 @@ ADAPTERS_DIR = Path(__file__).resolve().parent
 COUNT_KEY = "bench:count"
 FIRST_KEY = "bench:first"
 LAST_KEY = "bench:last"
-WINDOW_KEY = "bench:window"  # HASH lo, hi: the job counts that open and close the window
+WINDOW_KEY = "bench:window"  # "lo hi n": the job counts that open and close the window, all
 WINDOW_LO_KEY = "bench:window:lo"
 WINDOW_HI_KEY = "bench:window:hi"
 FIRSTS_KEY = "bench:firsts"  # HASH pid -> "count stamp" of that process's first job
-DONE_KEYS = [COUNT_KEY, FIRST_KEY, LAST_KEY, WINDOW_KEY, WINDOW_LO_KEY, WINDOW_HI_KEY,
-             FIRSTS_KEY]
+DONE_KEYS = [COUNT_KEY, FIRST_KEY, LAST_KEY, WINDOW_LO_KEY, WINDOW_HI_KEY, FIRSTS_KEY]
 LATE_KEY = "bench:late"
 URL_ENV = "BENCH_REDIS_URL"
 
-# KEYS: count, first, last, window, window lo, window hi (stamped by the jobs whose count
-# is the window's lo and hi), firsts. ARGV: the pid of the process running the job, whose
-# first job is recorded in firsts. Returns the new count. Times are "seconds.micros" strings
-# because Lua's number formatting would round a microsecond epoch.
+# KEYS: count, first, last, window lo, window hi, firsts. ARGV: the pid of the process
+# running the job, 1 if this is that process's first job (else 0), the counts lo, hi and
+# n. Counts, and reads Redis TIME only for the jobs whose count is 1, lo, hi or n or that
+# are their process's first: it stamps those. Returns the new count. Times are
+# "seconds.micros" strings because Lua's number formatting would round a microsecond epoch.
 DONE_LUA = """
 local c = redis.call('INCR', KEYS[1])
-local t = redis.call('TIME')
-local stamp = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
-if c == 1 then redis.call('SET', KEYS[2], stamp) end
-redis.call('SET', KEYS[3], stamp)
-local w = redis.call('HMGET', KEYS[4], 'lo', 'hi')
-if tonumber(w[1]) == c then redis.call('SET', KEYS[5], stamp) end
-if tonumber(w[2]) == c then redis.call('SET', KEYS[6], stamp) end
-redis.call('HSETNX', KEYS[7], ARGV[1], c .. ' ' .. stamp)
+local lo, hi, n = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local first_here = ARGV[2] == '1'
+if c == 1 or c == lo or c == hi or c == n or first_here then
+  local t = redis.call('TIME')
+  local stamp = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+  if c == 1 then redis.call('SET', KEYS[2], stamp) end
+  if c == n then redis.call('SET', KEYS[3], stamp) end
+  if c == lo then redis.call('SET', KEYS[4], stamp) end
+  if c == hi then redis.call('SET', KEYS[5], stamp) end
+  if first_here then redis.call('HSETNX', KEYS[6], ARGV[1], c .. ' ' .. stamp) end
+end
 return c
 """
 
@@ -85,6 +94,86 @@ def redis_url() -> str:
 
 
 # --- task bodies (run inside the peer workers) ----------------------------------------
+#
+# The no-op task's one call (DONE_LUA) goes over a plain socket with a prebuilt command,
+# not through redis-py: the two virtualenvs hold different redis-py versions (the peers
+# need an older one), whose per-call costs differ by tens of microseconds, and the task
+# body must cost every library the same. The lateness task, not a throughput figure,
+# uses redis-py.
+
+
+def resp_command(*parts: Any) -> bytes:
+    """One Redis command in the protocol's wire format."""
+    out = [b"*%d\r\n" % len(parts)]
+    for part in parts:
+        data = part if isinstance(part, bytes) else str(part).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def _address() -> tuple[str, int, int]:
+    url = urlsplit(redis_url())
+    return url.hostname or "127.0.0.1", url.port or 6379, int(url.path.strip("/") or 0)
+
+
+# Each connection first selects the database, loads the script and reads the window.
+def _done_setup() -> list[bytes]:
+    db = _address()[2]
+    return ([resp_command("SELECT", db)] if db else []) + [
+        resp_command("SCRIPT", "LOAD", DONE_LUA), resp_command("GET", WINDOW_KEY)]
+
+
+def _done_calls(window: bytes) -> tuple[bytes, bytes]:
+    """The call for a process's first job, and for every other, with ``window``'s counts."""
+    lo, hi, n = [*window.split(), b"0", b"0", b"0"][:3]
+    sha = hashlib.sha1(DONE_LUA.encode()).hexdigest()
+    head = ("EVALSHA", sha, len(DONE_KEYS), *DONE_KEYS, os.getpid())
+    return resp_command(*head, 1, lo, hi, n), resp_command(*head, 0, lo, hi, n)
+
+
+def _reply_value(line: bytes, rest: Callable[[], bytes]) -> bytes:
+    """The value of a simple, integer or bulk reply line (b"" for nil); errors raise."""
+    if line[:1] == b"-" or not line.endswith(b"\r\n"):
+        raise RuntimeError(f"redis: {line[1:].strip().decode(errors='replace') or 'closed'}")
+    if line.startswith(b"$-1"):
+        return b""
+    if line[:1] == b"$":
+        return rest()[:-2]
+    return line[1:-2]
+
+
+_first_lock = threading.Lock()
+_first_pid = 0
+
+
+def _first_in_process() -> bool:
+    """True once per process: for the first job it runs."""
+    global _first_pid
+    if _first_pid == os.getpid():
+        return False
+    with _first_lock:
+        first, _first_pid = _first_pid != os.getpid(), os.getpid()
+    return first
+
+
+_done_local = threading.local()
+
+
+def mark_done() -> None:
+    conn = getattr(_done_local, "conn", None)
+    if conn is None or conn[0] != os.getpid():
+        host, port, _ = _address()
+        sock = socket.create_connection((host, port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        rfile = sock.makefile("rb")
+        for command in _done_setup():
+            sock.sendall(command)
+            window = _reply_value(rfile.readline(), rfile.readline)
+        conn = _done_local.conn = (os.getpid(), sock, rfile, *_done_calls(window))
+    _, sock, rfile, first_call, call = conn
+    sock.sendall(first_call if _first_in_process() else call)
+    _reply_value(rfile.readline(), rfile.readline)
+
 
 _sync_client: redis.Redis | None = None
 _sync_pid = 0
@@ -96,14 +185,8 @@ def _client() -> redis.Redis:
     if _sync_client is None or _sync_pid != os.getpid():
         _sync_client = redis.Redis.from_url(redis_url())
         _sync_pid = os.getpid()
-        _sync_scripts["done"] = _sync_client.register_script(DONE_LUA)
         _sync_scripts["late"] = _sync_client.register_script(LATE_LUA)
     return _sync_client
-
-
-def mark_done() -> None:
-    _client()
-    _sync_scripts["done"](keys=DONE_KEYS, args=[os.getpid()])
 
 
 def mark_late(due_us: int) -> None:
@@ -118,17 +201,32 @@ def due_datetime(due_us: int) -> datetime:
 
 
 class AsyncMarks:
-    """The same two task bodies for asyncio workers (arq, SAQ), on redis.asyncio."""
+    """The same two task bodies for asyncio workers (arq, SAQ): the no-op's call on one
+    plain connection (calls take turns), the lateness task's on redis.asyncio."""
 
     def __init__(self) -> None:
         import redis.asyncio as aredis
 
         self.client = aredis.Redis.from_url(redis_url())
-        self.done_script = self.client.register_script(DONE_LUA)
         self.late_script = self.client.register_script(LATE_LUA)
+        self._lock = asyncio.Lock()
+        self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes, bytes] | None = None
 
     async def done(self) -> None:
-        await self.done_script(keys=DONE_KEYS, args=[os.getpid()])
+        async with self._lock:
+            if self._conn is None:
+                host, port, _ = _address()
+                reader, writer = await asyncio.open_connection(host, port)
+                for command in _done_setup():
+                    writer.write(command)
+                    line = await reader.readline()
+                    bulk = line[:1] == b"$" and not line.startswith(b"$-1")
+                    rest = await reader.readline() if bulk else b""
+                    window = _reply_value(line, lambda rest=rest: rest)
+                self._conn = (reader, writer, *_done_calls(window))
+            reader, writer, first_call, call = self._conn
+            writer.write(first_call if _first_in_process() else call)
+            _reply_value(await reader.readline(), lambda: b"\r\n")
 
     async def late(self, due_us: int) -> None:
         due_s, due_frac = divmod(int(due_us), 1_000_000)
@@ -335,7 +433,7 @@ def op_process(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
     n, procs_n = int(p["n"]), int(p["procs"])
     lo, hi = process_window(n)
     r.delete(WINDOW_LO_KEY, WINDOW_HI_KEY, FIRSTS_KEY)
-    r.hset(WINDOW_KEY, mapping={"lo": lo, "hi": hi})
+    r.set(WINDOW_KEY, f"{lo} {hi} {n}")
     a.preload_noop(n)
     procs = a.start_workers(procs_n, False)
     try:
