@@ -44,6 +44,18 @@ COLUMNS = [
 ]
 
 
+CPU_COLUMNS = [
+    ("enqueue: client µs/call", "enqueue_cpu_us.client", "{:,.1f}"),
+    ("Redis µs/call", "enqueue_cpu_us.redis", "{:,.1f}"),
+    ("1 proc: workers µs/job", "process_cpu_us_per_job_1proc.workers", "{:,.1f}"),
+    ("Redis µs/job", "process_cpu_us_per_job_1proc.redis", "{:,.1f}"),
+    ("cores busy", "cores_busy_1proc", "{:.2f}"),
+    ("2 procs: workers µs/job", "process_cpu_us_per_job_2proc.workers", "{:,.1f}"),
+    ("Redis µs/job", "process_cpu_us_per_job_2proc.redis", "{:,.1f}"),
+    ("cores busy", "cores_busy_2proc", "{:.2f}"),
+]
+
+
 def get(obj: Any, path: str) -> Any:
     for part in path.split("."):
         if not isinstance(obj, dict) or part not in obj:
@@ -167,6 +179,25 @@ def markdown(data: dict[str, Any]) -> str:
             )
         lines.append("")
     lines += [
+        "## Where the CPU goes",
+        "",
+        "| library | " + " | ".join(c[0] for c in CPU_COLUMNS) + " |",
+        "|---|" + "---:|" * len(CPU_COLUMNS),
+    ]
+    for lib, res in results.items():
+        cells = [fmt(get(res, path), spec) for _, path, spec in CPU_COLUMNS]
+        lines.append(f"| {LABELS.get(lib, lib)} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "CPU time (user + system) per enqueue call, of the calling process and of Redis "
+        "(`INFO cpu`), over a further untimed pass of single enqueues; per processed job, "
+        "of every process of the workers' process groups (threads and pool children "
+        "included) and of Redis, over the measured window of the processing runs. Redis "
+        "time includes reading and answering the calls, and for a processed job the "
+        "benchmark's own call from the task. **cores busy** is the processing rate times "
+        f"the CPU per job: on {env['cores']} cores, a run near {env['cores']} cannot go "
+        "faster without spending less CPU per job.",
+        "",
         "## How each figure is measured",
         "",
         "- **enqueue/s**: immediate no-op jobs, one call at a time, one process. "

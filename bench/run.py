@@ -188,7 +188,31 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
     }
     if result["early"] is not None:
         result["early"] = round(result["early"])
+    result.update(cpu_figures(runs, result))
     return result, errors
+
+
+def cpu_figures(runs: list[dict[str, Any]], result: dict[str, Any]) -> dict[str, Any]:
+    """Where the CPU goes (medians over runs, microseconds): per enqueue call in the
+    client process and in Redis; per processed job in the worker processes and in
+    Redis; and how many cores a processing run kept busy (rate x CPU per job)."""
+
+    def cpu(key: str, part: str) -> float | None:
+        return _median([(r[key].get("cpu_us") or {}).get(part) for r in runs if r[key].get("ok")])
+
+    out: dict[str, Any] = {
+        "enqueue_cpu_us": {"client": cpu("enqueue", "client"), "redis": cpu("enqueue", "redis")}
+    }
+    for procs in ("1proc", "2proc"):
+        per_job = {"workers": cpu(f"process_{procs[0]}", "workers"),
+                   "redis": cpu(f"process_{procs[0]}", "redis")}
+        rate = result[f"process_per_s_{procs}"]
+        out[f"process_cpu_us_per_job_{procs}"] = per_job
+        out[f"cores_busy_{procs}"] = (
+            None if rate is None or None in per_job.values()
+            else rate * (per_job["workers"] + per_job["redis"]) / 1e6
+        )
+    return out
 
 
 def measure_ceiling(url: str, n: int) -> tuple[float, float]:

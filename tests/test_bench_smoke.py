@@ -31,6 +31,13 @@ LIBRARY_KEYS = {
     "enqueue_vs_zadd",
     "enqueue_growth_ratio_vs_zadd",
 }
+CPU_KEYS = {
+    "enqueue_cpu_us",
+    "process_cpu_us_per_job_1proc",
+    "process_cpu_us_per_job_2proc",
+    "cores_busy_1proc",
+    "cores_busy_2proc",
+}
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +63,21 @@ def test_json_has_every_figure_for_each_library(bench_output: Path) -> None:
     assert env["errors"] == {}
     assert "django_delayq" in data["results"]
     for lib, res in data["results"].items():
-        assert set(res) == LIBRARY_KEYS, lib
+        assert set(res) == LIBRARY_KEYS | CPU_KEYS, lib
         for key in LIBRARY_KEYS - {"lateness_ms", "early"}:
             assert res[key] > 0, (lib, key)
         assert set(res["lateness_ms"]) == {"p50", "p95", "p99", "max"}
         # Lateness may be negative only if jobs start early, which `early` counts.
         assert res["early"] >= 0
         assert all(isinstance(v, float) for v in res["lateness_ms"].values())
+        # Every enqueue costs CPU on both sides; a tiny backlog may drain between two
+        # samples of the processing run, which then has no per-job figure.
+        assert res["enqueue_cpu_us"]["client"] > 0
+        assert res["enqueue_cpu_us"]["redis"] > 0
+        for procs in ("1proc", "2proc"):
+            per_job = res[f"process_cpu_us_per_job_{procs}"]
+            assert set(per_job) == {"workers", "redis"}
+            assert all(v is None or v > 0 for v in per_job.values()), (lib, per_job)
     assert data["ceiling"]["zadd_single_per_s"] > 0
     assert data["ceiling"]["zadd_pipelined_per_s"] > 0
 
@@ -75,15 +90,42 @@ def test_markdown_table_and_chart(bench_output: Path) -> None:
         assert (bench_output / "latest.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_window_opens_once_every_worker_process_runs() -> None:
+def _common():
     sys.path.insert(0, str(ROOT / "bench" / "adapters"))
     try:
         import common
     finally:
         sys.path.pop(0)
+    return common
+
+
+def test_window_opens_once_every_worker_process_runs() -> None:
+    common = _common()
     # The second process ran its first job after job lo: the window opens there. A third
     # one that started after job hi took no part in the window.
     firsts = [(1, 9.5), (1_500, 10.2), (9_500, 11.0)]
     assert common.steady_start((1_000, 10.0), 9_000, firsts) == (1_500, 10.2, 2)
     # Every process was running before job lo: the window opens at lo.
     assert common.steady_start((1_000, 10.0), 9_000, [(1, 9.5), (3, 9.6)]) == (1_000, 10.0, 2)
+
+
+def test_cpu_per_job_is_read_between_the_window_samples() -> None:
+    common = _common()
+    sampler = common.CpuSampler(None, [])
+    # (completion count, Redis CPU s, workers CPU s): the window is jobs 100 to 900.
+    sampler.samples = [(0, 1.0, 1.0), (120, 1.01, 1.02), (500, 1.03, 1.05),
+                       (880, 1.05, 1.08), (1_000, 2.0, 2.0)]
+    per_job = sampler.per_job_us(100, 900)
+    assert per_job["jobs"] == 760
+    assert abs(per_job["redis"] - 1e6 * 0.04 / 760) < 1e-6
+    assert abs(per_job["workers"] - 1e6 * 0.06 / 760) < 1e-6
+    # One sample inside the window says nothing about a rate of CPU use.
+    assert sampler.per_job_us(400, 600) is None
+
+
+def test_cpu_of_a_process_group_is_read_from_proc() -> None:
+    common = _common()
+    group, cpu = common._stat(str(os.getpid()))
+    assert group == os.getpgid(0)
+    assert cpu >= 0
+    assert common._stat("999999999") is None

@@ -27,6 +27,7 @@ import functools
 import hashlib
 import json
 import os
+import resource
 import signal
 import socket
 import statistics
@@ -294,6 +295,73 @@ def _signal_group(p: subprocess.Popen, sig: int) -> None:
         os.killpg(p.pid, sig)
 
 
+# --- CPU accounting --------------------------------------------------------------------
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+GROUP_RESCAN = 1.0  # seconds between scans of /proc for the worker groups' processes
+
+
+def own_cpu_s() -> float:
+    """CPU seconds (user + system) this process has used."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def redis_cpu_s(r: redis.Redis) -> float:
+    """CPU seconds (user + system) the Redis server has used (``INFO cpu``)."""
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def _stat(pid: str) -> tuple[int, float] | None:
+    """(process group, CPU seconds) of ``pid`` from ``/proc``, or None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Fields after the command name (which may hold spaces): state ppid pgrp ... utime stime
+    fields = text.rsplit(")", 1)[1].split()
+    return int(fields[2]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+class CpuSampler:
+    """CPU used by the worker processes (every process of their process groups, threads
+    and pool children included) and by Redis, sampled with the completion count while a
+    backlog drains, so that the CPU per job can be read over the measured window."""
+
+    def __init__(self, r: redis.Redis, procs: Sequence[subprocess.Popen]) -> None:
+        self.r = r
+        self.groups = {p.pid for p in procs}  # start_process gives each its own group
+        self.members: list[str] = []
+        self.scanned = -GROUP_RESCAN
+        self.samples: list[tuple[int, float, float]] = []  # (count, redis s, workers s)
+
+    def _workers_cpu(self) -> float:
+        now = time.monotonic()
+        if now - self.scanned >= GROUP_RESCAN:
+            self.scanned = now
+            self.members = [pid for pid in os.listdir("/proc") if pid.isdigit()
+                            and (st := _stat(pid)) is not None and st[0] in self.groups]
+        return sum(st[1] for pid in self.members if (st := _stat(pid)) is not None)
+
+    def sample(self) -> int:
+        """Record one sample; returns the completion count."""
+        count = int(self.r.get(COUNT_KEY) or 0)
+        self.samples.append((count, redis_cpu_s(self.r), self._workers_cpu()))
+        return count
+
+    def per_job_us(self, lo: int, hi: int) -> dict[str, float] | None:
+        """Microseconds of CPU per job between the first and the last sample taken with
+        the count in [lo, hi] (None when fewer than two samples fall there)."""
+        inside = [s for s in self.samples if lo <= s[0] <= hi]
+        if len(inside) < 2 or inside[-1][0] == inside[0][0]:
+            return None
+        (c0, r0, w0), (c1, r1, w1) = inside[0], inside[-1]
+        jobs = c1 - c0
+        return {"workers": 1e6 * (w1 - w0) / jobs, "redis": 1e6 * (r1 - r0) / jobs,
+                "jobs": jobs}
+
+
 # --- measurements ----------------------------------------------------------------------
 
 
@@ -343,6 +411,7 @@ def redis_now_us(r: redis.Redis) -> int:
 
 REF_KEY = "bench:ref"
 REF_BLOCK = 100
+CPU_PASS = 2000  # enqueue calls of the CPU pass
 
 
 def interleaved(calls: Sequence[Callable[[], None]], r: redis.Redis) -> tuple[float, float]:
@@ -370,7 +439,15 @@ def op_enqueue(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
     a.enqueue_noop()  # warm connections and script caches outside the clock
     r.zadd(REF_KEY, {"warm": 0})
     per_s, ref_per_s = interleaved([a.enqueue_noop] * n, r)
-    return {"per_s": per_s, "zadd_per_s": ref_per_s, "vs_zadd": per_s / ref_per_s}
+    # Where a call's time goes: CPU of this process and of Redis over more calls, untimed.
+    m = min(n, CPU_PASS)
+    redis0, own0 = redis_cpu_s(r), own_cpu_s()
+    for _ in range(m):
+        a.enqueue_noop()
+    own1, redis1 = own_cpu_s(), redis_cpu_s(r)
+    return {"per_s": per_s, "zadd_per_s": ref_per_s, "vs_zadd": per_s / ref_per_s,
+            "cpu_us": {"client": 1e6 * (own1 - own0) / m, "redis": 1e6 * (redis1 - redis0) / m,
+                       "calls": m}}
 
 
 def op_bulk(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
@@ -384,6 +461,7 @@ def op_bulk(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _wait_for(check: Callable[[], bool], timeout: float, procs: list[subprocess.Popen]) -> None:
+    """Poll ``check`` every 20 ms until it holds; raise if a worker exits or on timeout."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
@@ -436,8 +514,9 @@ def op_process(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
     r.set(WINDOW_KEY, f"{lo} {hi} {n}")
     a.preload_noop(n)
     procs = a.start_workers(procs_n, False)
+    cpu = CpuSampler(r, procs)
     try:
-        _wait_for(lambda: int(r.get(COUNT_KEY) or 0) >= n, float(p.get("timeout", 300)), procs)
+        _wait_for(lambda: cpu.sample() >= n, float(p.get("timeout", 300)), procs)
     finally:
         stop_processes(procs)
     first, last = _stamp(r.get(FIRST_KEY)), _stamp(r.get(LAST_KEY))
@@ -447,6 +526,7 @@ def op_process(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
     start_n, start, seen = steady_start((lo, _stamp(r.get(WINDOW_LO_KEY))), hi, firsts)
     return {"per_s": _rate(hi - start_n, end - start), "seconds": end - start,
             "window_jobs": hi - start_n, "pids_in_window": seen,
+            "cpu_us": cpu.per_job_us(start_n, hi),
             "done": int(r.get(COUNT_KEY) or 0), "first_to_last_per_s": _rate(n, last - first)}
 
 
