@@ -194,7 +194,8 @@ def markdown(data: dict[str, Any]) -> str:
         "of every process of the workers' process groups (threads and pool children "
         "included) and of Redis, over the measured window of the processing runs. Redis "
         "time includes reading and answering the calls, and for a processed job the "
-        "benchmark's own call from the task. **cores busy** is the processing rate times "
+        "benchmark's count reports (one call per worker process every 2 ms). **cores busy** "
+        "is the processing rate times "
         f"the CPU per job: on {env['cores']} cores, a run near {env['cores']} cannot go "
         "faster without spending less CPU per job.",
         "",
@@ -209,9 +210,10 @@ def markdown(data: dict[str, Any]) -> str:
         f"- **process/s**: a backlog of {env['sizes']['process_n']:,} no-op jobs drained by 1 "
         "or 2 worker processes, measured on the Redis clock over its middle 80 % (from the "
         "job that finishes 10 % of the backlog to the one that finishes 90 %), or from the "
-        "first job of the last worker process to start one if that comes later (every task "
-        "INCRs one counter, stamps Redis `TIME` at those counts and notes the first job of "
-        "each process).",
+        "first report of the last worker process to start if that comes later (every task "
+        "counts itself in its process; a thread per process adds the count to a Redis "
+        "counter every 2 ms, and the report that passes each of those counts stores the "
+        "count reached and the Redis `TIME`).",
         f"- **lateness**: {env['sizes']['lateness_n']:,} jobs due "
         f"{env['lateness_window_s'][0]:g}-{env['lateness_window_s'][1]:g} s out, evenly "
         "spread, one worker process; each job reads Redis `TIME` when it starts and "

@@ -37,11 +37,11 @@ LIBRARIES = ["django_delayq", "rq", "celery", "dramatiq", "huey", "arq", "saq"]
 PEERS = [lib for lib in LIBRARIES if lib != "django_delayq"]
 ADAPTER_FILES = {lib: ADAPTERS / f"{lib.removeprefix('django_')}_bench.py" for lib in LIBRARIES}
 
-# Workload sizes at --scale 1, chosen so a full run takes about 27 minutes on 2 cores.
+# Workload sizes at --scale 1, chosen so a full run takes about 35 minutes on 2 cores.
 BASE_SIZES = {
     "enqueue_n": 5_000,
     "bulk_n": 10_000,
-    "process_n": 10_000,
+    "process_n": 20_000,
     "lateness_n": 2_000,
     "memory_n": 100_000,
     "growth_small_n": 1_000,
@@ -50,12 +50,16 @@ BASE_SIZES = {
     "ceiling_n": 20_000,
 }
 LATENESS_WINDOW_S = (2.0, 6.0)
+MIN_PROCESS_N = 2_000
 
 
 def sizes_for(scale: float) -> dict[str, int]:
     sizes = {k: max(1, round(v * scale)) for k, v in BASE_SIZES.items()}
     sizes["growth_measure_n"] = max(2, sizes["growth_measure_n"])
     sizes["lateness_n"] = max(2, sizes["lateness_n"])
+    # Jobs are counted in reports of up to 2 ms of work: a smaller backlog may drain in
+    # too few reports to time its window.
+    sizes["process_n"] = max(MIN_PROCESS_N, sizes["process_n"])
     sizes["memory_n"] = max(
         sizes["memory_n"], sizes["growth_small_n"] + 2 * sizes["growth_measure_n"]
     )

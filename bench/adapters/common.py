@@ -10,9 +10,12 @@ It prints exactly one JSON line on stdout (``{"ok": true, ...}`` or ``{"ok": fal
 The measurement code lives here, so every library is timed the same way. An adapter
 only says how its library enqueues a job and how its worker is started:
 
-* ``noop`` task: calls :func:`mark_done` (one EVALSHA, sent prebuilt over a plain
-  socket so that it costs every library the same: INCR a counter, stamp the Redis time
-  of the first and latest call, of the window's ends and of each process's first job).
+* ``noop`` task: calls :func:`mark_done`, which only counts the job in the process.
+  A thread of each worker process reports the count every few milliseconds (one
+  EVALSHA over a plain socket: INCRBY the shared counter and stamp the Redis time and
+  the count when it passes the start, the ends of the measured window or the total, and
+  on each process's first report). A no-op job thus costs no Redis call of its own, and
+  costs every library the same.
 * ``late(due_us)`` task: calls :func:`mark_late` (one EVALSHA: Redis ``TIME`` minus the
   due time, pushed onto a list), so lateness is read on the Redis clock for everyone.
 
@@ -21,10 +24,8 @@ This module imports only the standard library and redis-py, which both virtualen
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
-import hashlib
 import json
 import os
 import resource
@@ -57,23 +58,26 @@ DONE_KEYS = [COUNT_KEY, FIRST_KEY, LAST_KEY, WINDOW_LO_KEY, WINDOW_HI_KEY, FIRST
 LATE_KEY = "bench:late"
 URL_ENV = "BENCH_REDIS_URL"
 
-# KEYS: count, first, last, window lo, window hi, firsts. ARGV: the pid of the process
-# running the job, 1 if this is that process's first job (else 0), the counts lo, hi and
-# n. Counts, and reads Redis TIME only for the jobs whose count is 1, lo, hi or n or that
-# are their process's first: it stamps those. Returns the new count. Times are
-# "seconds.micros" strings because Lua's number formatting would round a microsecond epoch.
+# KEYS: count, first, last, window lo, window hi, firsts. ARGV: the pid of the reporting
+# process, 1 on its first report (else 0), the jobs it finished since its last report,
+# the counts lo, hi and n. Adds the jobs to the count and, when the count passes 1, lo, hi
+# or n or on a process's first report, stores "count seconds.micros" (the count reached
+# and the Redis time; Lua's number formatting would round a microsecond epoch).
 DONE_LUA = """
-local c = redis.call('INCR', KEYS[1])
-local lo, hi, n = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local d = tonumber(ARGV[3])
+local c = redis.call('INCRBY', KEYS[1], d)
+local b = c - d
+local lo, hi, n = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local function passed(x) return b < x and x <= c end
 local first_here = ARGV[2] == '1'
-if c == 1 or c == lo or c == hi or c == n or first_here then
+if passed(1) or passed(lo) or passed(hi) or passed(n) or first_here then
   local t = redis.call('TIME')
-  local stamp = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
-  if c == 1 then redis.call('SET', KEYS[2], stamp) end
-  if c == n then redis.call('SET', KEYS[3], stamp) end
-  if c == lo then redis.call('SET', KEYS[4], stamp) end
-  if c == hi then redis.call('SET', KEYS[5], stamp) end
-  if first_here then redis.call('HSETNX', KEYS[6], ARGV[1], c .. ' ' .. stamp) end
+  local mark = c .. ' ' .. t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+  if passed(1) then redis.call('SET', KEYS[2], mark) end
+  if passed(n) then redis.call('SET', KEYS[3], mark) end
+  if passed(lo) then redis.call('SET', KEYS[4], mark) end
+  if passed(hi) then redis.call('SET', KEYS[5], mark) end
+  if first_here then redis.call('HSETNX', KEYS[6], ARGV[1], mark) end
 end
 return c
 """
@@ -96,11 +100,12 @@ def redis_url() -> str:
 
 # --- task bodies (run inside the peer workers) ----------------------------------------
 #
-# The no-op task's one call (DONE_LUA) goes over a plain socket with a prebuilt command,
-# not through redis-py: the two virtualenvs hold different redis-py versions (the peers
-# need an older one), whose per-call costs differ by tens of microseconds, and the task
-# body must cost every library the same. The lateness task, not a throughput figure,
-# uses redis-py.
+# The no-op task only counts; the count reaches Redis from a reporter thread per
+# process, over a plain socket with a command built here, not through redis-py (the two
+# virtualenvs hold different redis-py versions, and the task must cost every library the
+# same). The lateness task, not a throughput figure, calls Redis itself, via redis-py.
+
+REPORT_EVERY_S = 0.002  # how long a report waits for more jobs once one is counted
 
 
 def resp_command(*parts: Any) -> bytes:
@@ -117,21 +122,6 @@ def _address() -> tuple[str, int, int]:
     return url.hostname or "127.0.0.1", url.port or 6379, int(url.path.strip("/") or 0)
 
 
-# Each connection first selects the database, loads the script and reads the window.
-def _done_setup() -> list[bytes]:
-    db = _address()[2]
-    return ([resp_command("SELECT", db)] if db else []) + [
-        resp_command("SCRIPT", "LOAD", DONE_LUA), resp_command("GET", WINDOW_KEY)]
-
-
-def _done_calls(window: bytes) -> tuple[bytes, bytes]:
-    """The call for a process's first job, and for every other, with ``window``'s counts."""
-    lo, hi, n = [*window.split(), b"0", b"0", b"0"][:3]
-    sha = hashlib.sha1(DONE_LUA.encode()).hexdigest()
-    head = ("EVALSHA", sha, len(DONE_KEYS), *DONE_KEYS, os.getpid())
-    return resp_command(*head, 1, lo, hi, n), resp_command(*head, 0, lo, hi, n)
-
-
 def _reply_value(line: bytes, rest: Callable[[], bytes]) -> bytes:
     """The value of a simple, integer or bulk reply line (b"" for nil); errors raise."""
     if line[:1] == b"-" or not line.endswith(b"\r\n"):
@@ -143,37 +133,71 @@ def _reply_value(line: bytes, rest: Callable[[], bytes]) -> bytes:
     return line[1:-2]
 
 
-_first_lock = threading.Lock()
-_first_pid = 0
+class DoneReporter:
+    """Counts the no-op jobs of this process; a daemon thread adds them to the shared
+    count in Redis at most every REPORT_EVERY_S while jobs finish."""
 
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pending = 0
+        self.wake = threading.Event()
+        threading.Thread(target=self._run, name="bench-done", daemon=True).start()
 
-def _first_in_process() -> bool:
-    """True once per process: for the first job it runs."""
-    global _first_pid
-    if _first_pid == os.getpid():
-        return False
-    with _first_lock:
-        first, _first_pid = _first_pid != os.getpid(), os.getpid()
-    return first
+    def add(self) -> None:
+        with self.lock:
+            self.pending += 1
+            if self.pending == 1:
+                self.wake.set()
 
-
-_done_local = threading.local()
-
-
-def mark_done() -> None:
-    conn = getattr(_done_local, "conn", None)
-    if conn is None or conn[0] != os.getpid():
-        host, port, _ = _address()
+    def _run(self) -> None:
+        host, port, db = _address()
         sock = socket.create_connection((host, port))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         rfile = sock.makefile("rb")
-        for command in _done_setup():
-            sock.sendall(command)
-            window = _reply_value(rfile.readline(), rfile.readline)
-        conn = _done_local.conn = (os.getpid(), sock, rfile, *_done_calls(window))
-    _, sock, rfile, first_call, call = conn
-    sock.sendall(first_call if _first_in_process() else call)
-    _reply_value(rfile.readline(), rfile.readline)
+
+        def call(*parts: Any) -> bytes:
+            sock.sendall(resp_command(*parts))
+            return _reply_value(rfile.readline(), rfile.readline)
+
+        if db:
+            call("SELECT", db)
+        sha = call("SCRIPT", "LOAD", DONE_LUA).decode()
+        lo, hi, n = [*call("GET", WINDOW_KEY).split(), b"0", b"0", b"0"][:3]
+        first = 1
+        while True:
+            self.wake.wait()
+            time.sleep(REPORT_EVERY_S)
+            with self.lock:
+                jobs, self.pending = self.pending, 0
+                self.wake.clear()
+            call("EVALSHA", sha, len(DONE_KEYS), *DONE_KEYS, os.getpid(), first, jobs, lo, hi, n)
+            first = 0
+
+
+_reporter: DoneReporter | None = None
+_reporter_lock = threading.Lock()
+
+
+def _forget_reporter() -> None:
+    # A forked child has none of its parent's threads: it starts a reporter of its own.
+    global _reporter, _reporter_lock
+    _reporter, _reporter_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_reporter)
+
+
+def mark_done() -> None:
+    """The no-op task's body: count one finished job (no I/O)."""
+    global _reporter
+    reporter = _reporter
+    if reporter is None:
+        with _reporter_lock:
+            if _reporter is None:
+                _reporter = DoneReporter()
+            reporter = _reporter
+    reporter.add()
 
 
 _sync_client: redis.Redis | None = None
@@ -202,32 +226,17 @@ def due_datetime(due_us: int) -> datetime:
 
 
 class AsyncMarks:
-    """The same two task bodies for asyncio workers (arq, SAQ): the no-op's call on one
-    plain connection (calls take turns), the lateness task's on redis.asyncio."""
+    """The same two task bodies for asyncio workers (arq, SAQ): the lateness task's
+    call goes through redis.asyncio."""
 
     def __init__(self) -> None:
         import redis.asyncio as aredis
 
         self.client = aredis.Redis.from_url(redis_url())
         self.late_script = self.client.register_script(LATE_LUA)
-        self._lock = asyncio.Lock()
-        self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes, bytes] | None = None
 
     async def done(self) -> None:
-        async with self._lock:
-            if self._conn is None:
-                host, port, _ = _address()
-                reader, writer = await asyncio.open_connection(host, port)
-                for command in _done_setup():
-                    writer.write(command)
-                    line = await reader.readline()
-                    bulk = line[:1] == b"$" and not line.startswith(b"$-1")
-                    rest = await reader.readline() if bulk else b""
-                    window = _reply_value(line, lambda rest=rest: rest)
-                self._conn = (reader, writer, *_done_calls(window))
-            reader, writer, first_call, call = self._conn
-            writer.write(first_call if _first_in_process() else call)
-            _reply_value(await reader.readline(), lambda: b"\r\n")
+        mark_done()
 
     async def late(self, due_us: int) -> None:
         due_s, due_frac = divmod(int(due_us), 1_000_000)
@@ -386,10 +395,12 @@ class Adapter:
     close: Callable[[], None] = lambda: None
 
 
-def _stamp(value: bytes | str | None) -> float:
+def _mark(value: bytes | str | None) -> tuple[int, float]:
+    """A "count seconds.micros" mark of DONE_LUA as (count, Redis time)."""
     if value is None:
         raise RuntimeError("no job recorded a time")
-    return float(value)
+    count, stamp = value.split()
+    return int(count), float(stamp)
 
 
 def _rate(n: int, seconds: float) -> float:
@@ -505,8 +516,10 @@ def op_process(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
     """Processing rate of a preloaded backlog, over the steady part of the run.
 
     Worker processes become ready at different moments (a second one may start a few
-    hundred ms after the first), so the window opens once every process has run a job
-    (and not before the lo-th job), and closes at the hi-th (:func:`process_window`).
+    hundred ms after the first), so the window opens once every process has reported
+    its first jobs (and not before the report that passes the lo-th job), and closes at
+    the report that passes the hi-th (:func:`process_window`). Each mark holds the count
+    reached with its time, so the rate is exact whatever a report carries.
     """
     n, procs_n = int(p["n"]), int(p["procs"])
     lo, hi = process_window(n)
@@ -519,15 +532,18 @@ def op_process(a: Adapter, r: redis.Redis, p: dict[str, Any]) -> dict[str, Any]:
         _wait_for(lambda: cpu.sample() >= n, float(p.get("timeout", 300)), procs)
     finally:
         stop_processes(procs)
-    first, last = _stamp(r.get(FIRST_KEY)), _stamp(r.get(LAST_KEY))
-    end = _stamp(r.get(WINDOW_HI_KEY))
-    firsts = [(int(c), float(t)) for c, t in
-              (v.split() for v in r.hgetall(FIRSTS_KEY).values())]
-    start_n, start, seen = steady_start((lo, _stamp(r.get(WINDOW_LO_KEY))), hi, firsts)
-    return {"per_s": _rate(hi - start_n, end - start), "seconds": end - start,
-            "window_jobs": hi - start_n, "pids_in_window": seen,
-            "cpu_us": cpu.per_job_us(start_n, hi),
-            "done": int(r.get(COUNT_KEY) or 0), "first_to_last_per_s": _rate(n, last - first)}
+    (first_n, first), (last_n, last) = _mark(r.get(FIRST_KEY)), _mark(r.get(LAST_KEY))
+    end_n, end = _mark(r.get(WINDOW_HI_KEY))
+    firsts = [_mark(v) for v in r.hgetall(FIRSTS_KEY).values()]
+    start_n, start, seen = steady_start(_mark(r.get(WINDOW_LO_KEY)), end_n, firsts)
+    if end_n <= start_n:
+        raise RuntimeError(f"the measured window of {n} jobs fell in one report: use a "
+                           "larger backlog")
+    return {"per_s": _rate(end_n - start_n, end - start), "seconds": end - start,
+            "window_jobs": end_n - start_n, "pids_in_window": seen,
+            "cpu_us": cpu.per_job_us(start_n, end_n),
+            "done": int(r.get(COUNT_KEY) or 0),
+            "first_to_last_per_s": _rate(last_n - first_n, last - first)}
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
