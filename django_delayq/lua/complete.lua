@@ -1,6 +1,8 @@
 -- Acknowledge finished jobs. A job is completed only by the attempt that holds its
 -- lease: a late ack from a worker whose lease lapsed (and whose job was reclaimed or
--- re-run) changes nothing.
+-- re-run) changes nothing. A job is in the active set exactly while its hash says
+-- 'active' (claim sets both, every script that takes it out changes the status), so the
+-- status and attempt decide, and the acked jobs leave the set in one ZREM.
 --
 -- KEYS[1] active     ZSET  leased job ids by lease deadline (ms)
 -- KEYS[2] completed  ZSET  completed job ids by finish time (ms)
@@ -24,7 +26,7 @@ for i = 4, #ARGV, 3 do
   local job_id, attempt = ARGV[i], ARGV[i + 1]
   local job_key = job_prefix .. job_id
   local f = redis.call('HMGET', job_key, 's', 'n')
-  if f[1] == 'active' and f[2] == attempt and redis.call('ZREM', active, job_id) == 1 then
+  if f[1] == 'active' and f[2] == attempt then
     redis.call('HSET', job_key, 's', 'completed', 'f', now, 'v', ARGV[i + 2])
     expire_finished(job_key, ttl)
     finished[#finished + 1] = now
@@ -37,6 +39,7 @@ for i = 4, #ARGV, 3 do
   end
 end
 if #ids > 0 then
+  call_sliced('ZREM', active, ids)
   call_sliced('ZADD', completed, finished)
   emit_jobs(events, maxlen, 'completed', ids, now, attempts)
   count_minute(stats, 'c', now, #ids)
