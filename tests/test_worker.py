@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from django_delayq import Job, Queue
 from django_delayq.engine.fields import stored
 from django_delayq.engine.keys import QueueKeys
@@ -158,3 +160,24 @@ def test_heartbeat_reports_lost_leases_but_not_jobs_whose_ack_just_landed(redis_
     assert (keys, acked.id) not in worker._held
     assert not worker._finished
     assert acked.refresh().status == "completed"
+
+
+@pytest.mark.django_db
+def test_django_connections_are_checked_before_a_job_unless_its_thread_just_did() -> None:
+    from django.db import connection
+
+    from django_delayq.engine import ClaimedJob
+    from django_delayq.task import registry
+    from django_delayq.worker.execution import execute
+
+    connection.ensure_connection()
+    job = ClaimedJob(keys=QueueKeys("dq", "default"), id="j", attempt=1, max_attempts=1,
+                     task=tasks.connection_health_checked.name, args_json="[]",
+                     kwargs_json="{}", priority=0, run_at_ms=0, enqueued_at_ms=0,
+                     started_at_ms=0)
+    # close_old_connections() marks an open connection as due for a health check.
+    for check_first, seen_in_job in ((True, False), (False, True)):
+        connection.health_check_done = True
+        outcome = execute(job, registry, json.JSONEncoder, "w", check_connections=check_first)
+        assert json.loads(outcome.result_json) is seen_in_job
+        assert connection.health_check_done is False  # checked after the job either way

@@ -109,6 +109,8 @@ def encode_arguments(
 
 def encode_result(value: Any, encoder: type[json.JSONEncoder] = JSONEncoder) -> str:
     """Encode a task's return value; raises ``TypeError`` when it is not JSON."""
+    if value is None:  # most tasks return nothing: skip the encoder
+        return "null"
     try:
         return _dumps(value, encoder)
     except (TypeError, ValueError, RecursionError) as exc:

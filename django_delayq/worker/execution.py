@@ -38,14 +38,18 @@ class Outcome:
 
 
 def execute(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder],
-            worker: str) -> Outcome:
-    """Run ``job`` with Django's ``close_old_connections()`` around it.
+            worker: str, *, check_connections: bool = True) -> Outcome:
+    """Run ``job`` with Django's ``close_old_connections()`` around it, as Django does
+    around a request.
 
+    ``check_connections=False`` skips the call before the job: for a thread whose
+    previous job has just made the call after itself, nothing has happened since.
     An unknown task and an exception of the task are retried (while attempts remain);
     undecodable data and a return value that is not JSON are not.
     """
     started = time.perf_counter()
-    close_old_connections()
+    if check_connections:
+        close_old_connections()
     try:
         if not job.task:
             return failure(job, CorruptPayload("the job has no task name"), retry=False)

@@ -64,6 +64,9 @@ MAX_PREFETCH = 500
 #: and jobs are still running: one round trip and one script call then ack many jobs.
 ACK_LINGER = 0.002
 ACK_BATCH = 64
+#: A thread idle longer than this checks Django's connections (close_old_connections)
+#: before its next job too, not only after each job (CONN_MAX_AGE may have passed).
+IDLE_CONNECTION_CHECK = 1.0
 
 
 class Worker:
@@ -349,6 +352,7 @@ class Worker:
     # -- executing ----------------------------------------------------------------
 
     def _execute_loop(self) -> None:
+        last_done = -IDLE_CONNECTION_CHECK  # when this thread's previous job ended
         while True:
             job = self._inbox.get()
             if job is None:
@@ -358,10 +362,14 @@ class Worker:
                 self._running.add(key)
             began = time.perf_counter()
             try:
+                # Django's connections were checked as the previous job ended; check
+                # again first only if they may have aged or broken while this thread idled.
                 outcome = execute(job, self.tasks, self.broker.config.json_encoder,
-                                  self.name)
+                                  self.name,
+                                  check_connections=began - last_done > IDLE_CONNECTION_CHECK)
             finally:
-                took = time.perf_counter() - began
+                last_done = time.perf_counter()
+                took = last_done - began
                 with self._capacity:
                     self._avg_run_time += (took - self._avg_run_time) * 0.05
                     self._running.discard(key)

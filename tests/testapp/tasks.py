@@ -82,3 +82,11 @@ if os.environ.get("DELAYQ_TEST_PERIODIC"):
 # Tasks written against Django's Tasks API, found by workers through this module, and the
 # tasks of the fault and bad-input tests.
 from . import fault_tasks, standard_tasks  # noqa: E402, F401
+
+
+@task
+def connection_health_checked() -> bool:
+    """Whether Django's default connection counts as health-checked when the job starts."""
+    from django.db import connection
+
+    return connection.health_check_done
