@@ -208,7 +208,10 @@ def markdown(data: dict[str, Any]) -> str:
         "measured apart in time carries that drift, this one does not).",
         "- **bulk enqueue/s**: the library's bulk API (below); n/a where it has none.",
         f"- **process/s**: a backlog of {env['sizes']['process_n']:,} no-op jobs drained by 1 "
-        "or 2 worker processes, measured on the Redis clock over its middle 80 % (from the "
+        "or 2 worker processes (for 2, at least "
+        f"{env['sizes'].get('two_process_min_ms', 0) / 1000:g} s of work at the library's "
+        "1-process rate: the two start up to half a second apart), measured on the Redis "
+        "clock over its middle 80 % (from the "
         "job that finishes 10 % of the backlog to the one that finishes 90 %), or from the "
         "first report of the last worker process to start if that comes later (every task "
         "counts itself in its process; a thread per process adds the count to a Redis "
