@@ -37,7 +37,7 @@ LIBRARIES = ["django_delayq", "rq", "celery", "dramatiq", "huey", "arq", "saq"]
 PEERS = [lib for lib in LIBRARIES if lib != "django_delayq"]
 ADAPTER_FILES = {lib: ADAPTERS / f"{lib.removeprefix('django_')}_bench.py" for lib in LIBRARIES}
 
-# Workload sizes at --scale 1, chosen so a full run takes about 35 minutes on 2 cores.
+# Workload sizes at --scale 1, chosen so a full run takes about 30 minutes on 2 cores.
 BASE_SIZES = {
     "enqueue_n": 5_000,
     "bulk_n": 10_000,
