@@ -352,7 +352,7 @@ class Worker:
     # -- executing ----------------------------------------------------------------
 
     def _execute_loop(self) -> None:
-        last_done = -IDLE_CONNECTION_CHECK  # when this thread's previous job ended
+        last_done: float | None = None  # when this thread's previous job ended
         while True:
             job = self._inbox.get()
             if job is None:
@@ -364,9 +364,9 @@ class Worker:
             try:
                 # Django's connections were checked as the previous job ended; check
                 # again first only if they may have aged or broken while this thread idled.
+                idled = last_done is None or began - last_done > IDLE_CONNECTION_CHECK
                 outcome = execute(job, self.tasks, self.broker.config.json_encoder,
-                                  self.name,
-                                  check_connections=began - last_done > IDLE_CONNECTION_CHECK)
+                                  self.name, check_connections=idled)
             finally:
                 last_done = time.perf_counter()
                 took = last_done - began
