@@ -70,8 +70,8 @@ def test_json_has_every_figure_for_each_library(bench_output: Path) -> None:
         # Lateness may be negative only if jobs start early, which `early` counts.
         assert res["early"] >= 0
         assert all(isinstance(v, float) for v in res["lateness_ms"].values())
-        # Every enqueue costs CPU on both sides; a tiny backlog may drain between two
-        # samples of the processing run, which then has no per-job figure.
+        # Every enqueue costs CPU on both sides; a tiny backlog drains too fast for CPU
+        # counted in clock ticks, and its processing run then has no per-job figure.
         assert res["enqueue_cpu_us"]["client"] > 0
         assert res["enqueue_cpu_us"]["redis"] > 0
         for procs in ("1proc", "2proc"):
@@ -112,15 +112,17 @@ def test_window_opens_once_every_worker_process_runs() -> None:
 def test_cpu_per_job_is_read_between_the_window_samples() -> None:
     common = _common()
     sampler = common.CpuSampler(None, [])
-    # (completion count, Redis CPU s, workers CPU s): the window is jobs 100 to 900.
-    sampler.samples = [(0, 1.0, 1.0), (120, 1.01, 1.02), (500, 1.03, 1.05),
-                       (880, 1.05, 1.08), (1_000, 2.0, 2.0)]
+    # (completion count, monotonic s, Redis CPU s, workers CPU s); the window: jobs 100-900.
+    sampler.samples = [(0, 0.0, 1.0, 1.0), (120, 0.1, 1.01, 1.02), (500, 0.25, 1.03, 1.05),
+                       (880, 0.5, 1.05, 1.08), (1_000, 0.6, 2.0, 2.0)]
     per_job = sampler.per_job_us(100, 900)
     assert per_job["jobs"] == 760
     assert abs(per_job["redis"] - 1e6 * 0.04 / 760) < 1e-6
     assert abs(per_job["workers"] - 1e6 * 0.06 / 760) < 1e-6
-    # One sample inside the window says nothing about a rate of CPU use.
+    # One sample inside the window says nothing about a rate of CPU use, and samples
+    # closer than a few clock ticks apart say too little.
     assert sampler.per_job_us(400, 600) is None
+    assert sampler.per_job_us(100, 500) is None
 
 
 def test_cpu_of_a_process_group_is_read_from_proc() -> None:

@@ -308,6 +308,8 @@ def _signal_group(p: subprocess.Popen, sig: int) -> None:
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 GROUP_RESCAN = 1.0  # seconds between scans of /proc for the worker groups' processes
+# /proc counts CPU in clock ticks (10 ms): a shorter span between samples gives no figure.
+MIN_CPU_SPAN_S = 0.2
 
 
 def own_cpu_s() -> float:
@@ -343,7 +345,8 @@ class CpuSampler:
         self.groups = {p.pid for p in procs}  # start_process gives each its own group
         self.members: list[str] = []
         self.scanned = -GROUP_RESCAN
-        self.samples: list[tuple[int, float, float]] = []  # (count, redis s, workers s)
+        # (count, monotonic s, Redis CPU s, workers CPU s)
+        self.samples: list[tuple[int, float, float, float]] = []
 
     def _workers_cpu(self) -> float:
         now = time.monotonic()
@@ -356,16 +359,19 @@ class CpuSampler:
     def sample(self) -> int:
         """Record one sample; returns the completion count."""
         count = int(self.r.get(COUNT_KEY) or 0)
-        self.samples.append((count, redis_cpu_s(self.r), self._workers_cpu()))
+        self.samples.append((count, time.monotonic(), redis_cpu_s(self.r), self._workers_cpu()))
         return count
 
     def per_job_us(self, lo: int, hi: int) -> dict[str, float] | None:
         """Microseconds of CPU per job between the first and the last sample taken with
-        the count in [lo, hi] (None when fewer than two samples fall there)."""
+        the count in [lo, hi]; None when those samples are less than MIN_CPU_SPAN_S
+        apart (or the count did not move), too short for CPU counted in clock ticks."""
         inside = [s for s in self.samples if lo <= s[0] <= hi]
         if len(inside) < 2 or inside[-1][0] == inside[0][0]:
             return None
-        (c0, r0, w0), (c1, r1, w1) = inside[0], inside[-1]
+        (c0, t0, r0, w0), (c1, t1, r1, w1) = inside[0], inside[-1]
+        if t1 - t0 < MIN_CPU_SPAN_S:
+            return None
         jobs = c1 - c0
         return {"workers": 1e6 * (w1 - w0) / jobs, "redis": 1e6 * (r1 - r0) / jobs,
                 "jobs": jobs}
