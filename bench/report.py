@@ -136,6 +136,18 @@ def load_targets() -> list[dict[str, Any]]:
 # --- markdown ------------------------------------------------------------------------
 
 
+def _table(results: dict[str, Any], columns: list[tuple[str, str, str]]) -> list[str]:
+    """A markdown table with a row per library and a column per (title, path, format)."""
+    lines = [
+        "| library | " + " | ".join(c[0] for c in columns) + " |",
+        "|---|" + "---:|" * len(columns),
+    ]
+    for lib, res in results.items():
+        cells = [fmt(get(res, path), spec) for _, path, spec in columns]
+        lines.append(f"| {LABELS.get(lib, lib)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(data: dict[str, Any]) -> str:
     env, results, ceiling = data["environment"], data["results"], data["ceiling"]
     lines = [
@@ -149,13 +161,7 @@ def markdown(data: dict[str, Any]) -> str:
         f"{_load(env, 'load_average_end')}: anything above the core count means the "
         "figures share the CPU with other work.",
         "",
-        "| library | " + " | ".join(c[0] for c in COLUMNS) + " |",
-        "|---|" + "---:|" * len(COLUMNS),
-    ]
-    for lib, res in results.items():
-        cells = [fmt(get(res, path), spec) for _, path, spec in COLUMNS]
-        lines.append(f"| {LABELS.get(lib, lib)} | " + " | ".join(cells) + " |")
-    lines += [
+        *_table(results, COLUMNS),
         "",
         f"Ceiling (redis-py on the same Redis): ZADD one call at a time "
         f"{ceiling['zadd_single_per_s']:,.0f}/s, pipelined in 1,000s "
@@ -181,13 +187,7 @@ def markdown(data: dict[str, Any]) -> str:
     lines += [
         "## Where the CPU goes",
         "",
-        "| library | " + " | ".join(c[0] for c in CPU_COLUMNS) + " |",
-        "|---|" + "---:|" * len(CPU_COLUMNS),
-    ]
-    for lib, res in results.items():
-        cells = [fmt(get(res, path), spec) for _, path, spec in CPU_COLUMNS]
-        lines.append(f"| {LABELS.get(lib, lib)} | " + " | ".join(cells) + " |")
-    lines += [
+        *_table(results, CPU_COLUMNS),
         "",
         "CPU time (user + system) per enqueue call, of the calling process and of Redis "
         "(`INFO cpu`), over a further untimed pass of single enqueues; per processed job, "

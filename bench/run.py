@@ -225,9 +225,8 @@ def cpu_figures(runs: list[dict[str, Any]], result: dict[str, Any]) -> dict[str,
     out: dict[str, Any] = {
         "enqueue_cpu_us": {"client": cpu("enqueue", "client"), "redis": cpu("enqueue", "redis")}
     }
-    for procs in ("1proc", "2proc"):
-        per_job = {"workers": cpu(f"process_{procs[0]}", "workers"),
-                   "redis": cpu(f"process_{procs[0]}", "redis")}
+    for procs, run in (("1proc", "process_1"), ("2proc", "process_2")):
+        per_job = {"workers": cpu(run, "workers"), "redis": cpu(run, "redis")}
         rate = result[f"process_per_s_{procs}"]
         out[f"process_cpu_us_per_job_{procs}"] = per_job
         out[f"cores_busy_{procs}"] = (

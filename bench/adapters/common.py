@@ -500,11 +500,11 @@ def process_window(n: int) -> tuple[int, int]:
 
 def steady_start(lo: tuple[int, float], hi: int, firsts: Iterable[tuple[int, float]]
                  ) -> tuple[int, float, int]:
-    """Where the measured window opens: at job ``lo`` or, if later, at the first job of
-    the last worker process to start one, so that every process is running throughout.
+    """Where the measured window opens: at job ``lo`` or, if later, at the first report
+    of the last worker process to start, so that every process is running throughout.
 
     ``lo`` and each of ``firsts`` are (completion count, Redis time). A process whose
-    first job came at or after job ``hi`` took no part in the window and is ignored.
+    first report came at or after job ``hi`` took no part in the window and is ignored.
     Returns (count, time, processes that ran jobs in the window).
     """
     count, stamp = lo
