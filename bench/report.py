@@ -53,6 +53,7 @@ CPU_COLUMNS = [
     ("2 procs: workers µs/job", "process_cpu_us_per_job_2proc.workers", "{:,.1f}"),
     ("Redis µs/job", "process_cpu_us_per_job_2proc.redis", "{:,.1f}"),
     ("cores busy", "cores_busy_2proc", "{:.2f}"),
+    ("2 procs at most (x 1 proc)", "process_2proc_cpu_bound_x", "{:.2f}"),
 ]
 
 
@@ -148,6 +149,21 @@ def _table(results: dict[str, Any], columns: list[tuple[str, str, str]]) -> list
     return lines
 
 
+def _floor(ceiling: dict[str, Any]) -> list[str]:
+    """The paragraph on the cheapest enqueue calls, if the run measured them."""
+    floor = ceiling.get("redis_cpu_us_per_call")
+    if not floor:
+        return []
+    return [
+        "",
+        f"The cheapest one-round-trip enqueues cost Redis {floor['lpush']:.1f} µs per call "
+        f"for an `LPUSH` and {floor['evalsha_return_1']:.1f} µs for an `EVALSHA` of "
+        "`return 1` with the 6 keys and 9 arguments of django-delayq's enqueue script (one "
+        "call at a time, same Redis): a library's Redis µs per enqueue call beyond these "
+        "is the work its enqueue does in Redis.",
+    ]
+
+
 def markdown(data: dict[str, Any]) -> str:
     env, results, ceiling = data["environment"], data["results"], data["ceiling"]
     lines = [
@@ -197,7 +213,10 @@ def markdown(data: dict[str, Any]) -> str:
         "benchmark's count reports (one call per worker process every 2 ms). **cores busy** "
         "is the processing rate times "
         f"the CPU per job: on {env['cores']} cores, a run near {env['cores']} cannot go "
-        "faster without spending less CPU per job.",
+        "faster without spending less CPU per job. **2 procs at most** is the 2-process "
+        f"rate that would keep all {env['cores']} cores busy at the 2-process CPU per job, "
+        "as a multiple of the 1-process rate: no 2-process run can beat it.",
+        *_floor(ceiling),
         "",
         "## How each figure is measured",
         "",

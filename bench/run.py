@@ -29,9 +29,10 @@ import redis
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 ADAPTERS = BENCH_DIR / "adapters"
-sys.path.insert(0, str(BENCH_DIR))
+sys.path[:0] = [str(BENCH_DIR), str(ADAPTERS)]
 
 import report  # noqa: E402 - bench/ is not a package; report.py sits beside this file
+from common import redis_cpu_s  # noqa: E402 - the adapters' helpers (bench/adapters)
 
 LIBRARIES = ["django_delayq", "rq", "celery", "dramatiq", "huey", "arq", "saq"]
 PEERS = [lib for lib in LIBRARIES if lib != "django_delayq"]
@@ -210,14 +211,16 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
     }
     if result["early"] is not None:
         result["early"] = round(result["early"])
-    result.update(cpu_figures(runs, result))
+    result.update(cpu_figures(runs, result, os.cpu_count() or 1))
     return result, errors
 
 
-def cpu_figures(runs: list[dict[str, Any]], result: dict[str, Any]) -> dict[str, Any]:
+def cpu_figures(runs: list[dict[str, Any]], result: dict[str, Any], cores: int) -> dict[str, Any]:
     """Where the CPU goes (medians over runs, microseconds): per enqueue call in the
     client process and in Redis; per processed job in the worker processes and in
-    Redis; and how many cores a processing run kept busy (rate x CPU per job)."""
+    Redis; how many cores a processing run kept busy (rate x CPU per job); and the most
+    two processes could reach, as a multiple of one, with every core busy at the CPU
+    per job of the 2-process run (``cores / (CPU per job x 1-process rate)``)."""
 
     def cpu(key: str, part: str) -> float | None:
         return _median([(r[key].get("cpu_us") or {}).get(part) for r in runs if r[key].get("ok")])
@@ -233,6 +236,11 @@ def cpu_figures(runs: list[dict[str, Any]], result: dict[str, Any]) -> dict[str,
             None if rate is None or None in per_job.values()
             else rate * (per_job["workers"] + per_job["redis"]) / 1e6
         )
+    per_job, one = out["process_cpu_us_per_job_2proc"], result["process_per_s_1proc"]
+    out["process_2proc_cpu_bound_x"] = (
+        None if one is None or None in per_job.values()
+        else cores * 1e6 / (per_job["workers"] + per_job["redis"]) / one
+    )
     return out
 
 
@@ -254,6 +262,31 @@ def measure_ceiling(url: str, n: int) -> tuple[float, float]:
     piped = n / (time.perf_counter() - t0)
     r.flushall()
     return single, piped
+
+
+def measure_call_floor(url: str, n: int) -> dict[str, float]:
+    """Redis CPU (µs, ``INFO cpu``) per call of the cheapest one-round-trip enqueues, one
+    call at a time: an ``LPUSH`` of a 100-byte message, and an ``EVALSHA`` of
+    ``return 1`` given the 6 keys and 9 arguments of django-delayq's enqueue script.
+    What a library's enqueue costs Redis beyond these is the work it does there."""
+    r = redis.Redis.from_url(url)
+    sha = r.script_load("return 1")
+    message = "x" * 100
+    calls = {
+        "lpush": ("LPUSH", "bench:floor", message),
+        "evalsha_return_1": ("EVALSHA", sha, 6, *(f"{{dq:bench}}:{k}" for k in "srmeqj"),
+                             "10000", "0123456789abcdef", "bench.noop", "[]", "{}", "0", "",
+                             "", "1"),
+    }
+    out = {}
+    for name, call in calls.items():
+        r.execute_command(*call)  # the connection is open before the count starts
+        before = redis_cpu_s(r)
+        for _ in range(n):
+            r.execute_command(*call)
+        out[name] = (redis_cpu_s(r) - before) / n * 1e6
+    r.flushall()
+    return out
 
 
 def start_own_redis() -> Any:
@@ -346,11 +379,12 @@ def main(argv: list[str] | None = None) -> int:
         runner = Runner(url, interp)
         info = {lib: runner.call(lib, "info", {}, 120) for lib in args.libraries}
         raw: dict[str, list[dict[str, Any]]] = {lib: [] for lib in args.libraries}
-        ceilings = []
+        ceilings, floors = [], []
         for run in range(args.runs):
             # The ceiling is measured in every run, so it sees the same machine load as
             # the libraries it is compared with.
             ceilings.append(measure_ceiling(url, sizes["ceiling_n"]))
+            floors.append(measure_call_floor(url, sizes["ceiling_n"]))
             log(
                 f"run {run + 1}/{args.runs}: ceiling {ceilings[-1][0]:,.0f}/s single, "
                 f"{ceilings[-1][1]:,.0f}/s pipelined"
@@ -361,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
         ceiling = {
             "zadd_single_per_s": statistics.median(c[0] for c in ceilings),
             "zadd_pipelined_per_s": statistics.median(c[1] for c in ceilings),
+            "redis_cpu_us_per_call": {
+                name: statistics.median(f[name] for f in floors) for name in floors[0]
+            },
             "n": sizes["ceiling_n"],
         }
         redis_info = runner.client.info("server")

@@ -37,6 +37,7 @@ CPU_KEYS = {
     "process_cpu_us_per_job_2proc",
     "cores_busy_1proc",
     "cores_busy_2proc",
+    "process_2proc_cpu_bound_x",
 }
 
 
@@ -80,6 +81,9 @@ def test_json_has_every_figure_for_each_library(bench_output: Path) -> None:
             assert all(v is None or v > 0 for v in per_job.values()), (lib, per_job)
     assert data["ceiling"]["zadd_single_per_s"] > 0
     assert data["ceiling"]["zadd_pipelined_per_s"] > 0
+    floor = data["ceiling"]["redis_cpu_us_per_call"]
+    assert set(floor) == {"lpush", "evalsha_return_1"}
+    assert all(v > 0 for v in floor.values()), floor
 
 
 def test_markdown_table_and_chart(bench_output: Path) -> None:
@@ -131,3 +135,25 @@ def test_cpu_of_a_process_group_is_read_from_proc() -> None:
     assert group == os.getpgid(0)
     assert cpu >= 0
     assert common._stat("999999999") is None
+
+
+def test_two_process_bound_is_what_every_core_busy_allows() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import run
+    finally:
+        sys.path.pop(0)
+
+    def process(workers: float, redis: float) -> dict:
+        return {"ok": True, "cpu_us": {"workers": workers, "redis": redis}}
+
+    runs = [{"enqueue": {"ok": True, "cpu_us": {"client": 30.0, "redis": 40.0}},
+             "process_1": process(14.0, 12.0), "process_2": process(15.0, 10.0)}]
+    rates = {"process_per_s_1proc": 40_000.0, "process_per_s_2proc": 60_000.0}
+    figures = run.cpu_figures(runs, rates, 2)
+    # 2 cores at 25 µs per job allow 80,000 jobs/s: twice the 1-process rate.
+    assert abs(figures["process_2proc_cpu_bound_x"] - 2.0) < 1e-9
+    assert abs(figures["cores_busy_2proc"] - 1.5) < 1e-9
+    # Without a 2-process CPU figure there is no bound either.
+    runs[0]["process_2"] = {"ok": True, "cpu_us": None}
+    assert run.cpu_figures(runs, rates, 2)["process_2proc_cpu_bound_x"] is None
