@@ -6,12 +6,14 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
+import redis
 
 from django_delayq import Call, Job, Queue
-from django_delayq.engine import Broker
+from django_delayq.engine import Broker, PartialClaimError
 from django_delayq.testing import RedisCluster
 from tests.conftest import ran, wait_until, worker_thread
 from tests.test_flow_control import most_in_any_window, start_workers, stop_workers
@@ -36,6 +38,32 @@ def cluster() -> Iterator[RedisCluster]:
                     f"{exc}")
     yield server
     server.cleanup()
+
+
+@contextmanager
+def slot_moving(cluster: RedisCluster, client: Any, slot: int) -> Iterator[None]:
+    """Hold ``slot`` half-way through a move to another node (MIGRATING on its owner,
+    IMPORTING on the target, as ``redis-cli --cluster reshard`` leaves it while it
+    copies keys), then finish the move: every key MIGRATEd, the slot the target's on
+    every node."""
+    source_port = client.nodes_manager.get_node_from_slot(slot).port
+    target_port = next(port for port in cluster.ports if port != source_port)
+    nodes = {port: redis.Redis(port=port, decode_responses=True) for port in cluster.ports}
+    ids = {port: node.execute_command("CLUSTER MYID") for port, node in nodes.items()}
+    source, target = nodes[source_port], nodes[target_port]
+    try:
+        target.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[source_port])
+        source.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", ids[target_port])
+        yield
+        while keys := source.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
+            source.execute_command("MIGRATE", "127.0.0.1", target_port, "", 0, 5000,
+                                   "KEYS", *keys)
+        others = [port for port in cluster.ports if port not in (source_port, target_port)]
+        for port in [target_port, source_port, *others]:
+            nodes[port].execute_command("CLUSTER SETSLOT", slot, "NODE", ids[target_port])
+    finally:
+        for node in nodes.values():
+            node.close()
 
 
 @pytest.fixture
@@ -174,3 +202,102 @@ def test_single_enqueues_on_a_cluster_keep_the_client_path(on_cluster):
     jobs = [tasks.record.using(queue="sharded").enqueue(f"c{i}") for i in range(20)]
     assert all(job.created for job in jobs)
     assert {Job.fetch(job.id, queue="sharded").status for job in jobs} == {"ready"}
+
+
+def test_a_claim_keeps_what_the_other_shards_leased_while_one_slot_moves(on_cluster, cluster):
+    broker = on_cluster
+    tasks.record.using(queue="sharded").enqueue_many(
+        [Call([f"p{i}"], job_id=f"p{i}") for i in range(40)])
+    shards = broker.shards("sharded")
+    moving = shards[0]
+    on_moving = {f"p{i}" for i in range(40) if broker.keys_for("sharded", f"p{i}") == moving}
+    assert 0 < len(on_moving) < 40
+    # The moving shard answers TRYAGAIN (its keys are split between two nodes); the jobs
+    # the other shards leased in the same round trip are handed over anyway.
+    with (slot_moving(cluster, broker.client, broker.client.keyslot(moving.ready)),
+          pytest.raises(PartialClaimError) as caught):
+        broker.claim("sharded", 100, "w")
+    assert caught.value.failed == 1
+    assert {r.keys for r in caught.value.results} == set(shards[1:])
+    leased = {job.id for r in caught.value.results for job in r.jobs}
+    assert leased == {f"p{i}" for i in range(40)} - on_moving
+    # Once the slot has moved, its jobs are claimed from the node that now holds them.
+    claimed = broker.claim("sharded", 100, "w")
+    assert {job.id for r in claimed for job in r.jobs} == on_moving
+    assert Queue("sharded").counts()["active"] == 40
+
+
+def test_a_worker_runs_the_other_shards_while_one_slot_moves_and_loses_nothing(
+        on_cluster, cluster):
+    n = 1200
+    client = on_cluster.client
+    tasks.count_run.using(queue="drain").enqueue_many(
+        Call([f"m{i}"], job_id=f"m{i}") for i in range(n))
+    moving = on_cluster.shards("drain")[0]
+    every = {f"m{i}" for i in range(n)}
+    on_moving = {job_id for job_id in every if on_cluster.keys_for("drain", job_id) == moving}
+    procs = []
+    try:
+        with slot_moving(cluster, client, client.keyslot(moving.ready)):
+            procs = start_workers(1, "drain", {"QUEUES": QUEUES}, redis_url=cluster.url)
+            # Well within the 30 s lease: a claim whose answers were dropped for the one
+            # refusing shard would leave these jobs leased and idle until it lapsed.
+            wait_until(lambda: client.hlen("test:count") >= n - len(on_moving), timeout=20,
+                       interval=0.1, message="the jobs of the shards that are not moving")
+            assert set(client.hkeys("test:count")) == every - on_moving
+        wait_until(lambda: Queue("drain").counts()["completed"] == n, timeout=60,
+                   interval=0.1, message="every job, the moved shard's included")
+    finally:
+        stop_workers(procs)
+    assert set(client.hvals("test:count")) == {"1"}, "every job ran exactly once"
+    assert Queue("drain").counts()["active"] == 0
+
+
+def test_acks_to_the_other_shards_land_while_one_slot_moves(on_cluster, cluster):
+    from django_delayq.worker.acks import send_outcomes
+    from django_delayq.worker.execution import Outcome
+
+    broker = on_cluster
+    tasks.record.using(queue="sharded").enqueue_many(
+        [Call([f"a{i}"], job_id=f"a{i}") for i in range(40)])
+    jobs = [job for r in broker.claim("sharded", 100, "w") for job in r.jobs]
+    assert len(jobs) == 40
+    moving = broker.shards("sharded")[0]
+    outcomes = [Outcome(job, True, result_json="null") for job in jobs]
+    with slot_moving(cluster, broker.client, broker.client.keyslot(moving.ready)):
+        sent = send_outcomes(broker, outcomes)
+    # Only the refused shard's acks are left to send again; the others landed once.
+    assert {o.job.id for o in sent.unsent} == {job.id for job in jobs if job.keys == moving}
+    assert sent.error is not None
+    assert sent.stale == 0
+    assert Queue("sharded").counts()["completed"] == 40 - len(sent.unsent)
+    again = send_outcomes(broker, sent.unsent)
+    assert (again.unsent, again.stale) == ([], 0)
+    assert Queue("sharded").counts()["completed"] == 40
+
+
+def test_enqueues_to_a_moving_slot_raise_a_clear_error_and_bulk_counts_what_landed(
+        on_cluster, cluster):
+    from django_delayq import DelayQConnectionError
+    from django_delayq.engine import BulkResult, EnqueueRequest
+
+    broker = on_cluster
+    moving = broker.shards("sharded")[0]
+    ids = [f"e{i}" for i in range(40)]
+    on_moving = {job_id for job_id in ids if broker.keys_for("sharded", job_id) == moving}
+    total = BulkResult()
+    with slot_moving(cluster, broker.client, broker.client.keyslot(moving.ready)):
+        with pytest.raises(DelayQConnectionError, match="TRYAGAIN"):
+            tasks.record.using(queue="sharded", job_id=min(on_moving)).enqueue("x")
+        with pytest.raises(DelayQConnectionError):
+            broker.enqueue_many("sharded", [EnqueueRequest(task="tests.testapp.tasks.record",
+                                                           job_id=job_id) for job_id in ids],
+                                total=total)
+    # The other shards' jobs were added, and the totals say so; the moving shard's not.
+    assert set(total.job_ids) == set(ids) - on_moving
+    assert total.enqueued == len(ids) - len(on_moving)
+    assert Queue("sharded").counts()["ready"] == total.enqueued
+    # Sent again once the slot has moved, the call adds exactly the missing jobs.
+    again = broker.enqueue_many("sharded", [EnqueueRequest(task="tests.testapp.tasks.record",
+                                                           job_id=job_id) for job_id in ids])
+    assert (again.enqueued, again.duplicates) == (len(on_moving), len(ids) - len(on_moving))

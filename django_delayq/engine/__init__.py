@@ -19,6 +19,7 @@ from .errors import (
     DelayQError,
     InvalidJobState,
     JobNotFound,
+    PartialClaimError,
     PayloadTooLarge,
     UnknownTask,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "JSONEncoder",
     "Job",
     "JobNotFound",
+    "PartialClaimError",
     "PayloadTooLarge",
     "Queue",
     "QueueKeys",

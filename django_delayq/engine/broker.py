@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.exceptions import ClusterError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -24,7 +25,7 @@ from . import validation as check
 from .bulk import ChunkSender
 from .codec import encode_arguments
 from .config import EngineConfig
-from .errors import DelayQConnectionError
+from .errors import DelayQConnectionError, PartialClaimError
 from .held import HeldConnections
 from .keys import GlobalKeys, QueueKeys
 from .limits import RateLimit
@@ -35,6 +36,8 @@ ENQUEUE_FIELDS = 8
 ID_BYTES = 12
 ID_CHARS = 16
 CLAIM_HEADER = 5
+#: redis-py errors that mean Redis did not serve a call, not that the call was wrong.
+UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainError)
 
 
 def is_cluster_client(client: Any) -> bool:
@@ -230,10 +233,15 @@ class Broker:
         """Turn redis-py connection failures into :class:`DelayQConnectionError`."""
         try:
             yield
-        except (RedisConnectionError, RedisTimeoutError) as exc:
+        except UNAVAILABLE as exc:
             raise self._unreachable(exc) from exc
 
     def _unreachable(self, exc: Exception) -> DelayQConnectionError:
+        if isinstance(exc, ClusterError | TryAgainError):
+            return DelayQConnectionError(
+                f"the Redis Cluster at {_describe(self.client)} did not serve the call (a "
+                f"slot moving between nodes answers TRYAGAIN until the move ends; a failover "
+                f"takes seconds): {exc}")
         return DelayQConnectionError(f"Redis at {_describe(self.client)} is unreachable: {exc}")
 
     def close(self) -> None:
@@ -323,7 +331,7 @@ class Broker:
             added, status, run_at_ms, enqueued_at_ms = call(
                 self.client, "enqueue", script_keys, script_args, self._held
             )
-        except (RedisConnectionError, RedisTimeoutError) as exc:
+        except UNAVAILABLE as exc:
             raise self._unreachable(exc) from exc
         return EnqueueResult(argv[0], bool(added), status, int(run_at_ms), int(enqueued_at_ms))
 
@@ -401,10 +409,15 @@ class Broker:
             batch = self.batch()
             order = [(self.add_enqueue(batch, keys, argvs), argvs)
                      for keys, argvs in by_shard.items()]
-            replies = batch.run()
+            # A shard that refuses its call (its cluster slot is moving) must not hide what
+            # the others added: they are counted in ``total`` before the error is raised.
+            replies = batch.run(raise_on_error=False)
             sent = [(replies[index], argvs) for index, argvs in order]
         total.chunks += 1
+        failure = next((reply for reply, _ in sent if isinstance(reply, Exception)), None)
         for reply, argvs in sent:
+            if isinstance(reply, Exception):
+                continue
             ids = [argv[0] for argv in argvs]
             added = reply[0::4]
             total.job_ids += ids
@@ -420,6 +433,8 @@ class Broker:
                     for job_id, flag, status, run_at_ms, enqueued_at_ms in zip(
                         ids, added, reply[1::4], reply[2::4], reply[3::4], strict=True)
                 ]
+        if failure is not None:
+            raise failure
 
     # -- the worker protocol ------------------------------------------------------
 
@@ -471,7 +486,25 @@ class Broker:
         batch = self.batch()
         for keys in shards:
             self.add_claim(batch, keys, count, worker, lease_ms)
-        return [self.parse_claim(k, r) for k, r in zip(shards, batch.run(), strict=True)]
+        return self.run_claims(batch, shards)
+
+    def run_claims(self, batch: Batch, shards: Sequence[QueueKeys]) -> list[ClaimResult]:
+        """Run ``batch``, one claim per shard of ``shards`` in order, and parse the replies.
+
+        If claims fail (a cluster slot on the move, a node out of memory), raises
+        :class:`PartialClaimError` holding the answers of the others (and the jobs they
+        leased), or the first failure if no shard answered.
+        """
+        replies = batch.run(raise_on_error=False)
+        failures = [r for r in replies if isinstance(r, Exception)]
+        results = [self.parse_claim(keys, reply)
+                   for keys, reply in zip(shards, replies, strict=True)
+                   if not isinstance(reply, Exception)]
+        if failures:
+            if results:
+                raise PartialClaimError(results, len(failures)) from failures[0]
+            raise failures[0]
+        return results
 
     def add_complete(
         self, batch: Batch, keys: QueueKeys, done: Sequence[tuple[str, int, str]]

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from redis.exceptions import RedisError
+
+if TYPE_CHECKING:
+    from .broker import ClaimResult
+
 
 class DelayQError(Exception):
     """Base class of every django-delayq error."""
@@ -25,3 +32,20 @@ class PayloadTooLarge(DelayQError, ValueError):
 
 class UnknownTask(DelayQError, LookupError):
     """No task with this name is registered."""
+
+
+class PartialClaimError(DelayQError, RedisError):
+    """A claim over several shards failed on some of them and not on the others.
+
+    ``results`` holds the answers of the others: their jobs are leased to the caller,
+    who should run them (or release them) rather than let the leases lapse. The first
+    failure is the ``__cause__``; a Redis Cluster answers ``TRYAGAIN`` for a shard
+    whose slot is moving to another node, for example.
+    """
+
+    def __init__(self, results: list[ClaimResult], failed: int) -> None:
+        self.results = results
+        self.failed = failed
+        leased = sum(len(r.jobs) for r in results)
+        super().__init__(f"the claim failed on {failed} shard(s); {leased} job(s) leased "
+                         "from the others are in .results")

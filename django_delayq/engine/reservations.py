@@ -15,6 +15,9 @@ import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from redis.exceptions import RedisError
+
+from .errors import PartialClaimError
 from .scripts import call
 
 if TYPE_CHECKING:
@@ -73,7 +76,7 @@ def claim_reserved(
         batch = broker.batch()
         for keys in shards:
             broker.add_claim(batch, keys, 0, worker, lease_ms, reserved=True)
-        results = [broker.parse_claim(k, r) for k, r in zip(shards, batch.run(), strict=True)]
+        results = broker.run_claims(batch, shards)
     else:
         started: list[int] = []
         try:
@@ -81,7 +84,12 @@ def claim_reserved(
                 batch = broker.batch()
                 broker.add_claim(batch, keys, granted - len(started), worker, lease_ms,
                                  reserved=True)
-                result = broker.parse_claim(keys, batch.run()[0])
+                try:
+                    (result,) = broker.run_claims(batch, [keys])
+                except RedisError as exc:
+                    if results:  # never drop the answers (and jobs) already in hand
+                        raise PartialClaimError(results, 1) from exc
+                    raise
                 started += [result.now_ms] * len(result.jobs)
                 results.append(result)
                 if len(started) >= granted:

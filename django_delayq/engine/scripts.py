@@ -89,7 +89,10 @@ class Batch:
         self._calls.append((name, keys, args))
         return len(self._calls) - 1
 
-    def run(self) -> list[Any]:
+    def run(self, *, raise_on_error: bool = True) -> list[Any]:
+        """The replies in call order. With ``raise_on_error`` False, a call that failed
+        leaves its exception in its place instead of raising it (the other calls have
+        run: a caller that must not lose their effects reads them)."""
         if not self._calls:
             return []
         results = self._send(self._calls)
@@ -100,9 +103,10 @@ class Batch:
             again = self._send([self._calls[i] for i in missing])
             for i, result in zip(missing, again, strict=True):
                 results[i] = result
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
+        if raise_on_error:
+            for result in results:
+                if isinstance(result, Exception):
+                    raise result
         return results
 
     def _send(self, calls: list[tuple[str, list[str], list[Any]]]) -> list[Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 from ..engine import Broker, ClaimedJob, QueueKeys
 from .execution import Outcome
@@ -16,24 +17,49 @@ def by_shard(jobs: Iterable[ClaimedJob]) -> dict[QueueKeys, list[tuple[str, int]
     return grouped
 
 
-def send_outcomes(broker: Broker, outcomes: Sequence[Outcome]) -> int:
+@dataclass(slots=True)
+class SentAcks:
+    """What became of a round trip of acks."""
+
+    #: Acks the engine ignored: the lease had lapsed and another attempt owns the job.
+    stale: int = 0
+    #: Outcomes whose call failed (its shard refused it): to send again.
+    unsent: list[Outcome] = field(default_factory=list)
+    #: The first of those failures.
+    error: Exception | None = None
+
+
+def send_outcomes(broker: Broker, outcomes: Sequence[Outcome]) -> SentAcks:
     """Ack ``outcomes`` in one round trip: completions batched per shard, failures each.
 
-    Returns how many acks were stale (the lease had lapsed and another attempt owns the
-    job: the engine ignored them). Redis errors propagate; nothing is lost by them, as
-    the caller keeps the outcomes to send again.
+    A call that fails (a Redis Cluster shard whose slot is moving answers TRYAGAIN) only
+    leaves its own outcomes unsent; the others landed and are not sent twice. If the
+    round trip itself fails, the Redis error propagates and nothing is known to have
+    landed: the caller keeps every outcome to send again (an ack that did land is then
+    ignored as stale, never applied twice).
     """
     batch = broker.batch()
-    completes: dict[QueueKeys, list[tuple[str, int, str]]] = {}
-    fail_calls: list[int] = []
+    completes: dict[QueueKeys, list[Outcome]] = {}
+    calls: list[tuple[int, list[Outcome]]] = []
     for o in outcomes:
         if o.ok:
-            completes.setdefault(o.job.keys, []).append((o.job.id, o.job.attempt,
-                                                         o.result_json))
+            completes.setdefault(o.job.keys, []).append(o)
         else:
-            fail_calls.append(broker.add_fail(batch, o.job.keys, o.job.id, o.job.attempt,
-                                              o.error, o.traceback, o.retry_delay_ms))
-    complete_calls = [broker.add_complete(batch, keys, done) for keys, done in completes.items()]
-    replies = batch.run()
-    stale = sum(1 for i in fail_calls if replies[i][0] == "stale")
-    return stale + sum(list(replies[i]).count(0) for i in complete_calls)
+            calls.append((broker.add_fail(batch, o.job.keys, o.job.id, o.job.attempt,
+                                          o.error, o.traceback, o.retry_delay_ms), [o]))
+    for keys, done in completes.items():
+        index = broker.add_complete(batch, keys,
+                                    [(o.job.id, o.job.attempt, o.result_json) for o in done])
+        calls.append((index, done))
+    replies = batch.run(raise_on_error=False)
+    sent = SentAcks()
+    for index, sent_outcomes in calls:
+        reply = replies[index]
+        if isinstance(reply, Exception):
+            sent.unsent += sent_outcomes
+            sent.error = sent.error or reply
+        elif sent_outcomes[0].ok:
+            sent.stale += list(reply).count(0)
+        elif reply[0] == "stale":
+            sent.stale += 1
+    return sent

@@ -36,7 +36,7 @@ from redis.exceptions import RedisError
 from ..backoff import Backoff
 from ..conf import conf
 from ..connection import get_broker
-from ..engine import Broker, ClaimedJob, ClaimResult, QueueKeys
+from ..engine import Broker, ClaimedJob, ClaimResult, PartialClaimError, QueueKeys
 from ..engine.reservations import claim_reserved
 from ..markers import MarkerWatch
 from ..periodic import schedule_due
@@ -57,6 +57,9 @@ PRECISE_WAIT = 0.25
 #: Pauses between retries while Redis is unreachable: the first, and the longest.
 FIRST_BACKOFF = 0.1
 MAX_BACKOFF = 5.0
+#: A shard that refuses a claim its siblings answered (a Redis Cluster slot on the move
+#: says TRYAGAIN) is left out of claims for this long, so the others run at full speed.
+SHARD_PAUSE = 1.0
 #: Adaptive prefetch holds about this many seconds of work per thread, up to MAX_PREFETCH.
 PREFETCH_WINDOW = 0.05
 MAX_PREFETCH = 500
@@ -120,6 +123,7 @@ class Worker:
         self._outcomes: list[Outcome] = []
         self._outcome_ready = threading.Event()
         self._rotation = 0
+        self._paused_shards: dict[QueueKeys, float] = {}  # refused a claim: until when
         self._watch: MarkerWatch | None = None
         if self.blocking_broker.is_cluster and len({k.tag for k in self.shards}) > 1:
             self._watch = MarkerWatch(self.blocking_broker.client,
@@ -283,12 +287,17 @@ class Worker:
         self._rotation += 1
         order = self.shards[start:] + self.shards[:start]
         reserving = [q for q in self.queues if self.broker.reserves_starts(q)]
-        plain = [k for k in order if k.queue not in reserving]
+        sent = time.monotonic()
+        paused = self._paused_shards
+        plain = [k for k in order if k.queue not in reserving and paused.get(k, 0.0) <= sent]
         with self._capacity:
             idle = max(0, self.concurrency - self._busy)
         self._starved = idle == 0 and bool(self._limited)
-        sent = time.monotonic()
         results: list[ClaimResult] = []
+        # A shard that fails (a cluster slot on the move) must not cost the jobs the
+        # others leased: they run, and it sits out claims for SHARD_PAUSE. A failure of
+        # the reservation path is raised afterwards, for the fetcher's backoff.
+        failure: RedisError | None = None
         if plain:
             per_shard = max(1, -(-free // len(plain)))
             batch = self.broker.batch()
@@ -296,14 +305,33 @@ class Worker:
                 # a count of 0 still promotes due jobs and reports the next due time
                 count = min(per_shard, idle) if keys.queue in self._limited else per_shard
                 self.broker.add_claim(batch, keys, count, self.name, self.lease_ms)
-            results = [self.broker.parse_claim(keys, reply)
-                       for keys, reply in zip(plain, batch.run(), strict=True)]
+            try:
+                results = self.broker.run_claims(batch, plain)
+            except PartialClaimError as exc:
+                results = exc.results
+                answered = {r.keys for r in results}
+                refused = [k for k in plain if k not in answered]
+                for keys in refused:
+                    paused[keys] = sent + SHARD_PAUSE
+                logger.warning("claim refused by %d shard(s), left out for %.1fs worker=%s "
+                               "shards=%s error=%s", len(refused), SHARD_PAUSE, self.name,
+                               ",".join(k.tag for k in refused), exc.__cause__)
+            for result in results:
+                paused.pop(result.keys, None)
         for queue in reserving:
-            results += claim_reserved(
-                self.broker, queue, [k for k in order if k.queue == queue], idle, self.name,
-                self.lease_ms,
-            )
+            try:
+                results += claim_reserved(
+                    self.broker, queue, [k for k in order if k.queue == queue], idle,
+                    self.name, self.lease_ms,
+                )
+            except PartialClaimError as exc:
+                results += exc.results
+                failure = failure or exc
+            except RedisError as exc:
+                failure = failure or exc
         wait = self.block_timeout
+        if paused:
+            wait = min(wait, min(paused.values()) - sent)
         total = 0
         for result in results:
             keys = result.keys
@@ -323,6 +351,8 @@ class Worker:
                     self._held[(job.keys, job.id)] = job
             for job in result.jobs:
                 self._inbox.put(job)
+        if failure is not None:
+            raise failure
         return total, wait - (time.monotonic() - sent)
 
     def _wait_for_work(self, wait: float) -> None:
@@ -410,22 +440,28 @@ class Worker:
         if not outcomes:
             return
         try:
-            stale = send_outcomes(self.broker, outcomes)
+            sent = send_outcomes(self.broker, outcomes)
         except RedisError:
             with self._lock:
                 self._outcomes[:0] = outcomes
             raise
-        if stale:
+        if sent.stale:
             logger.warning("%d acks were stale: the lease had lapsed and another attempt "
-                           "owns the job worker=%s", stale, self.name)
+                           "owns the job worker=%s", sent.stale, self.name)
+        unsent = {id(o) for o in sent.unsent}
         with self._lock:
+            self._outcomes[:0] = sent.unsent  # only the refused calls go again
             for o in outcomes:
+                if id(o) in unsent:
+                    continue
                 self._held.pop((o.job.keys, o.job.id), None)
                 self._finished.discard((o.job.keys, o.job.id))
                 if o.ok:
                     self.processed += 1
                 else:
                     self.failed += 1
+        if sent.error is not None:
+            raise sent.error
 
     def _flush_acks_until_done(self, deadline: float) -> None:
         while time.monotonic() < deadline:
