@@ -228,18 +228,18 @@ def cpu_figures(runs: list[dict[str, Any]], result: dict[str, Any], cores: int) 
     out: dict[str, Any] = {
         "enqueue_cpu_us": {"client": cpu("enqueue", "client"), "redis": cpu("enqueue", "redis")}
     }
+    both: dict[str, float | None] = {}  # workers + Redis CPU per job, by run
     for procs, run in (("1proc", "process_1"), ("2proc", "process_2")):
         per_job = {"workers": cpu(run, "workers"), "redis": cpu(run, "redis")}
-        rate = result[f"process_per_s_{procs}"]
         out[f"process_cpu_us_per_job_{procs}"] = per_job
+        both[procs] = None if None in per_job.values() else sum(per_job.values())
+        rate = result[f"process_per_s_{procs}"]
         out[f"cores_busy_{procs}"] = (
-            None if rate is None or None in per_job.values()
-            else rate * (per_job["workers"] + per_job["redis"]) / 1e6
+            None if rate is None or both[procs] is None else rate * both[procs] / 1e6
         )
-    per_job, one = out["process_cpu_us_per_job_2proc"], result["process_per_s_1proc"]
+    one, per_job_2 = result["process_per_s_1proc"], both["2proc"]
     out["process_2proc_cpu_bound_x"] = (
-        None if one is None or None in per_job.values()
-        else cores * 1e6 / (per_job["workers"] + per_job["redis"]) / one
+        None if one is None or per_job_2 is None else cores * 1e6 / per_job_2 / one
     )
     return out
 

@@ -94,13 +94,17 @@ def test_markdown_table_and_chart(bench_output: Path) -> None:
         assert (bench_output / "latest.png").read_bytes().startswith(b"\x89PNG")
 
 
-def _common():
-    sys.path.insert(0, str(ROOT / "bench" / "adapters"))
+def _bench_module(name: str, folder: Path = ROOT / "bench"):
+    """A module of bench/ (not a package), imported from its folder."""
+    sys.path.insert(0, str(folder))
     try:
-        import common
+        return importlib.import_module(name)
     finally:
         sys.path.pop(0)
-    return common
+
+
+def _common():
+    return _bench_module("common", ROOT / "bench" / "adapters")
 
 
 def test_window_opens_once_every_worker_process_runs() -> None:
@@ -138,11 +142,7 @@ def test_cpu_of_a_process_group_is_read_from_proc() -> None:
 
 
 def test_two_process_bound_is_what_every_core_busy_allows() -> None:
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import run
-    finally:
-        sys.path.pop(0)
+    run = _bench_module("run")
 
     def process(workers: float, redis: float) -> dict:
         return {"ok": True, "cpu_us": {"workers": workers, "redis": redis}}
