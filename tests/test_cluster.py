@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -273,6 +274,38 @@ def test_acks_to_the_other_shards_land_while_one_slot_moves(on_cluster, cluster)
     assert Queue("sharded").counts()["completed"] == 40 - len(sent.unsent)
     again = send_outcomes(broker, sent.unsent)
     assert (again.unsent, again.stale) == ([], 0)
+    assert Queue("sharded").counts()["completed"] == 40
+
+
+def test_a_worker_keeps_acking_the_other_shards_while_one_slot_moves(on_cluster, cluster):
+    from django_delayq.worker import Worker
+    from django_delayq.worker.execution import Outcome
+
+    broker = on_cluster
+    tasks.record.using(queue="sharded").enqueue_many(
+        [Call([f"k{i}"], job_id=f"k{i}") for i in range(40)])
+    jobs = [job for r in broker.claim("sharded", 100, "w") for job in r.jobs]
+    moving = broker.shards("sharded")[0]
+    on_moving = [job for job in jobs if job.keys == moving]
+    first, later = jobs[:20], jobs[20:]
+    assert any(job.keys == moving for job in first)
+    worker = Worker(["sharded"], broker=broker)
+    worker._outcomes = [Outcome(job, True, result_json="null") for job in first]
+    with slot_moving(cluster, broker.client, broker.client.keyslot(moving.ready)):
+        # Some shards took their acks: no error for the acker's backoff, which would hold
+        # back every shard's next acks too.
+        worker._flush_acks()
+        assert worker.processed == sum(job.keys != moving for job in first)
+        # The refusing shard's acks wait out its pause; the others' go at once.
+        worker._outcomes += [Outcome(job, True, result_json="null") for job in later]
+        worker._flush_acks()
+        assert worker.processed == 40 - len(on_moving)
+        assert {o.job.id for o in worker._outcomes} == {job.id for job in on_moving}
+        worker._flush_acks()  # only held-back acks are pending: nothing is sent
+        assert Queue("sharded").counts()["completed"] == 40 - len(on_moving)
+    # Slot moved. At shutdown the held-back acks are sent, pause or not.
+    worker._flush_acks_until_done(time.monotonic() + 5)
+    assert (worker.processed, worker._outcomes) == (40, [])
     assert Queue("sharded").counts()["completed"] == 40
 
 

@@ -124,6 +124,7 @@ class Worker:
         self._outcome_ready = threading.Event()
         self._rotation = 0
         self._paused_shards: dict[QueueKeys, float] = {}  # refused a claim: until when
+        self._paused_acks: dict[QueueKeys, float] = {}  # refused acks: until when
         self._watch: MarkerWatch | None = None
         if self.blocking_broker.is_cluster and len({k.tag for k in self.shards}) > 1:
             self._watch = MarkerWatch(self.blocking_broker.client,
@@ -420,7 +421,7 @@ class Worker:
     def _ack_loop(self) -> None:
         backoff = Backoff(self._done, first=FIRST_BACKOFF, cap=MAX_BACKOFF)
         while not self._done.is_set():
-            if self._outcome_ready.wait(timeout=0.5) and self._busy and (
+            if self._outcome_ready.wait(timeout=self._ack_wait()) and self._busy and (
                     len(self._outcomes) < ACK_BATCH):
                 self._done.wait(ACK_LINGER)
             try:
@@ -432,25 +433,46 @@ class Worker:
                 backoff.wait()
         self._flush_acks_until_done(time.monotonic() + 5)
 
-    def _flush_acks(self) -> None:
-        """Send every pending outcome in one round trip (kept for a retry on failure)."""
+    def _ack_wait(self) -> float:
+        """Seconds the acker may wait for outcomes: less if a paused shard's acks are due."""
+        until = min(self._paused_acks.values(), default=None)
+        return 0.5 if until is None else min(0.5, max(0.0, until - time.monotonic()))
+
+    def _flush_acks(self, *, ignore_pauses: bool = False) -> None:
+        """Send every pending outcome in one round trip (kept for a retry on failure).
+
+        A shard that refuses its acks while others take theirs (a Redis Cluster slot on
+        the move says TRYAGAIN) keeps its outcomes back for SHARD_PAUSE; the other
+        shards' acks go on landing meanwhile. If every call is refused, or the round
+        trip fails, the error is raised for the acker's backoff.
+        """
+        now = time.monotonic()
+        paused = self._paused_acks
         with self._lock:
-            outcomes, self._outcomes = self._outcomes, []
+            pending, self._outcomes = self._outcomes, []
             self._outcome_ready.clear()
+        for keys, until in list(paused.items()):
+            if until <= now or ignore_pauses:
+                paused.pop(keys, None)
+        outcomes, held_back = pending, []
+        if paused:
+            outcomes = [o for o in pending if o.job.keys not in paused]
+            held_back = [o for o in pending if o.job.keys in paused]
         if not outcomes:
+            self._keep_outcomes(held_back)
             return
         try:
             sent = send_outcomes(self.broker, outcomes)
         except RedisError:
-            with self._lock:
-                self._outcomes[:0] = outcomes
+            self._keep_outcomes(pending)
             raise
         if sent.stale:
             logger.warning("%d acks were stale: the lease had lapsed and another attempt "
                            "owns the job worker=%s", sent.stale, self.name)
+        refused = {o.job.keys for o in sent.unsent}
         unsent = {id(o) for o in sent.unsent}
         with self._lock:
-            self._outcomes[:0] = sent.unsent  # only the refused calls go again
+            self._outcomes[:0] = sent.unsent + held_back  # only the refused calls go again
             for o in outcomes:
                 if id(o) in unsent:
                     continue
@@ -460,17 +482,36 @@ class Worker:
                     self.processed += 1
                 else:
                     self.failed += 1
-        if sent.error is not None:
+        if sent.error is None:
+            return
+        if len(sent.unsent) == len(outcomes):
             raise sent.error
+        for keys in refused:
+            paused[keys] = now + SHARD_PAUSE
+        logger.warning("acks refused by %d shard(s), held back for %.1fs worker=%s "
+                       "shards=%s error=%s", len(refused), SHARD_PAUSE, self.name,
+                       ",".join(k.tag for k in refused), sent.error)
+
+    def _keep_outcomes(self, outcomes: list[Outcome]) -> None:
+        """Put ``outcomes`` back at the head of the pending ones, to send again."""
+        if outcomes:
+            with self._lock:
+                self._outcomes[:0] = outcomes
 
     def _flush_acks_until_done(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
+        """At shutdown: send every pending outcome, paused shards' too, until ``deadline``."""
+        while True:
             try:
-                self._flush_acks()
-                return
+                self._flush_acks(ignore_pauses=True)
             except RedisError as exc:
                 logger.warning("acks not sent at shutdown worker=%s error=%s", self.name, exc)
-                time.sleep(0.2)
+            if not self._outcomes:
+                return
+            if time.monotonic() >= deadline:
+                logger.warning("%d acks not sent at shutdown: their jobs run again once "
+                               "their leases lapse worker=%s", len(self._outcomes), self.name)
+                return
+            time.sleep(0.2)
 
     # -- leases, reclaim, liveness -------------------------------------------------
 
