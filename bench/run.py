@@ -1,10 +1,12 @@
 """Benchmark orchestrator: django-delayq against RQ, Celery, Dramatiq, Huey, arq and SAQ.
 
 Runs under the project's virtualenv. It starts a throwaway Redis on a free loopback port,
-then, for each run and each library, calls that library's adapter
-(``bench/adapters/<lib>_bench.py``) as a subprocess with the library's own interpreter,
-one workload per call, with a FLUSHALL before each. Each figure is the median over
-``--runs`` runs. Writes ``results/latest.json``, ``latest.md`` and ``latest.png``.
+then, for each run, measures the ceiling, every library's single enqueues back to back,
+then each library's other workloads (libraries in an order that rotates each run). Each
+workload is one call of the library's adapter (``bench/adapters/<lib>_bench.py``) as a
+subprocess with the library's own interpreter, with a FLUSHALL before each. Each figure
+is the median over ``--runs`` runs. Writes ``results/latest.json``, ``latest.md`` and
+``latest.png``.
 
     python bench/run.py [--scale 1] [--runs 3] [--libraries django_delayq,rq,...]
 """
@@ -131,11 +133,31 @@ def two_process_backlog(sizes: dict[str, int], one_process: dict[str, Any]) -> i
     return min(MAX_PROCESS_N, max(sizes["process_n"], wanted))
 
 
+def run_order(libraries: list[str], run: int) -> list[str]:
+    """The libraries in the order run ``run`` (0-based) measures them: rotated by one each
+    run, so no library is always first (the machine may speed up or slow down)."""
+    shift = run % len(libraries) if libraries else 0
+    return libraries[shift:] + libraries[:shift]
+
+
+def measure_enqueues(runner: Runner, libraries: list[str], sizes: dict[str, int]
+                     ) -> dict[str, dict[str, Any]]:
+    """The single-enqueue workload of every library, back to back. Single enqueues are
+    round-trip bound, and round trips drift over minutes: measured in one stretch, a
+    library's rate is compared with its peers' as the machine was for all of them."""
+    raw = {}
+    for lib in libraries:
+        t0 = time.monotonic()
+        raw[lib] = runner.call(lib, "enqueue", {"n": sizes["enqueue_n"]}, 600)
+        log(f"{lib} enqueue: {_brief(raw[lib])} ({time.monotonic() - t0:.1f}s)")
+    return raw
+
+
 def measure_library(runner: Runner, lib: str, sizes: dict[str, int]) -> dict[str, Any]:
-    """One run of every workload for one library: the raw figures of that run."""
+    """One run of every workload for one library but single enqueues (see
+    ``measure_enqueues``): the raw figures of that run."""
     start, end = LATENESS_WINDOW_S
     calls: list[tuple[str, str, dict[str, Any], float]] = [
-        ("enqueue", "enqueue", {"n": sizes["enqueue_n"]}, 600),
         ("bulk", "bulk", {"n": sizes["bulk_n"]}, 600),
         ("process_1", "process", {"n": sizes["process_n"], "procs": 1, "timeout": 300}, 420),
         ("process_2", "process", {"procs": 2, "timeout": 300}, 420),  # n: from process_1
@@ -389,9 +411,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"run {run + 1}/{args.runs}: ceiling {ceilings[-1][0]:,.0f}/s single, "
                 f"{ceilings[-1][1]:,.0f}/s pipelined"
             )
-            for lib in args.libraries:
+            order = run_order(args.libraries, run)
+            enqueues = measure_enqueues(runner, order, sizes)
+            for lib in order:
                 log(f"run {run + 1}/{args.runs}: {lib}")
-                raw[lib].append(measure_library(runner, lib, sizes))
+                raw[lib].append({"enqueue": enqueues[lib], **measure_library(runner, lib, sizes)})
         ceiling = {
             "zadd_single_per_s": statistics.median(c[0] for c in ceilings),
             "zadd_pipelined_per_s": statistics.median(c[1] for c in ceilings),

@@ -157,3 +157,31 @@ def test_two_process_bound_is_what_every_core_busy_allows() -> None:
     # Without a 2-process CPU figure there is no bound either.
     runs[0]["process_2"] = {"ok": True, "cpu_us": None}
     assert run.cpu_figures(runs, rates, 2)["process_2proc_cpu_bound_x"] is None
+
+
+def test_each_run_starts_with_another_library_and_measures_every_one() -> None:
+    run = _bench_module("run")
+    libraries = ["a", "b", "c"]
+    orders = [run.run_order(libraries, i) for i in range(3)]
+    assert [order[0] for order in orders] == ["a", "b", "c"]
+    assert all(sorted(order) == libraries for order in orders)
+    assert run.run_order(libraries, 3) == libraries
+
+
+def test_lateness_client_is_ready_before_the_first_due_job(redis_client, monkeypatch) -> None:
+    common = _common()
+    kwargs = redis_client.connection_pool.connection_kwargs
+    monkeypatch.setenv(common.URL_ENV, f"redis://{kwargs['host']}:{kwargs['port']}/9")
+    monkeypatch.setattr(common, "_sync_client", None)
+    redis_client.script_flush()
+    clients_before = len(redis_client.client_list())
+    client = common._client()
+    try:
+        # The script is loaded and the connections opened: a worker thread's first job
+        # sends its EVALSHA at once, on a connection of its own.
+        assert redis_client.script_exists(common._sync_scripts["late"].sha) == [True]
+        assert len(redis_client.client_list()) - clients_before == common.WARM_CONNECTIONS
+        assert common._client() is client
+    finally:
+        client.close()
+        client.connection_pool.disconnect()
