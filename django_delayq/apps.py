@@ -17,4 +17,16 @@ class DelayQConfig(AppConfig):
         from .engine import set_default_broker
 
         set_default_broker(get_broker)
+        _bind_task_decorator()
         autodiscover_modules("tasks")
+
+
+def _bind_task_decorator() -> None:
+    """Make ``django_delayq.task`` the decorator again. Importing the submodule
+    ``django_delayq.task`` before anyone asked for the decorator (the admin, loaded by
+    an earlier app's ready(), does) binds the module to that name instead."""
+    import django_delayq
+
+    from .task import task
+
+    django_delayq.task = task

@@ -6,9 +6,15 @@
         "default": {
             "BACKEND": "django_delayq.backends.DelayQBackend",
             "QUEUES": ["default", "emails"],          # [] accepts any queue name
-            "OPTIONS": {"MAX_ATTEMPTS": 1},
+            "OPTIONS": {"MAX_ATTEMPTS": 1, "OUTBOX": False},
         }
     }
+
+``"OUTBOX": True`` makes ``enqueue()`` write the job into the transactional outbox
+(:meth:`django_delayq.task.Task.enqueue_in_transaction`): it exists if and only if the
+current database transaction commits, and reaches Redis right after the commit (or
+through the relay when Redis was unreachable). ``get_result`` answers READY for a job
+still in the outbox.
 
 Code written against the standard API (``@task(priority=..., queue_name=...)``,
 ``.using(run_after=...)``, ``.enqueue()``, ``get_result()``) then runs on delayq workers.
@@ -27,6 +33,7 @@ import dataclasses
 import datetime as dt
 import functools
 import inspect
+import json
 import logging
 import threading
 import traceback
@@ -41,6 +48,7 @@ from django.utils.module_loading import import_string
 from .engine import DelayQError, JobNotFound
 from .engine import Job as EngineJob
 from .engine.keys import QUEUE_NAME_RE
+from .engine.status import Status
 from .task import Task as DelayQTask
 from .task import registry
 
@@ -75,16 +83,18 @@ __all__ = ["DelayQBackend", "JobCancelled", "make_result_id", "parse_result_id"]
 logger = logging.getLogger("django_delayq.backends")
 
 #: How delayq statuses show in Django's Tasks API.
-STATUS_MAP = {
-    "scheduled": TaskResultStatus.READY,
-    "ready": TaskResultStatus.READY,
-    "active": TaskResultStatus.RUNNING,
-    "completed": TaskResultStatus.SUCCESSFUL,
-    "failed": TaskResultStatus.FAILED,
-    "cancelled": TaskResultStatus.FAILED,
+STATUS_MAP: dict[str, TaskResultStatus] = {
+    "outbox": TaskResultStatus.READY,  # written in a transaction, not yet in Redis
+    Status.SCHEDULED: TaskResultStatus.READY,
+    Status.READY: TaskResultStatus.READY,
+    Status.CLAIMED: TaskResultStatus.READY,  # leased by a worker, waiting for a thread
+    Status.ACTIVE: TaskResultStatus.RUNNING,
+    Status.COMPLETED: TaskResultStatus.SUCCESSFUL,
+    Status.FAILED: TaskResultStatus.FAILED,
+    Status.CANCELLED: TaskResultStatus.FAILED,
 }
 
-OPTIONS = {"MAX_ATTEMPTS"}
+OPTIONS = {"MAX_ATTEMPTS", "OUTBOX"}
 
 
 class JobCancelled(DelayQError):
@@ -117,13 +127,14 @@ class DelayQBackend(BaseTaskBackend):
     supports_defer = True
     supports_priority = True
     supports_get_result = True
-    supports_async_task = False
+    supports_async_task = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         attempts = self.options.get("MAX_ATTEMPTS", 1)
         valid = isinstance(attempts, int) and not isinstance(attempts, bool) and attempts >= 1
         self.max_attempts: int = attempts if valid else 1  # else: check E041 reports it
+        self.outbox: bool = self.options.get("OUTBOX", False) is True
 
     # -- declaring ----------------------------------------------------------------
 
@@ -165,8 +176,12 @@ class DelayQBackend(BaseTaskBackend):
         run_at = task.run_after
         if run_at is not None and timezone.is_naive(run_at):  # only when USE_TZ is off
             run_at = timezone.make_aware(run_at)
-        job = dq_task.using(queue=task.queue_name, priority=task.priority, run_at=run_at,
-                            max_attempts=self.max_attempts).enqueue(*args, **kwargs)
+        configured = dq_task.using(queue=task.queue_name, priority=task.priority,
+                                   run_at=run_at, max_attempts=self.max_attempts)
+        if self.outbox:
+            job: EngineJob = configured.enqueue_in_transaction(*args, **kwargs)
+        else:
+            job = configured.enqueue(*args, **kwargs)
         result = TaskResult(
             task=task, id=make_result_id(job.queue, job.id), status=TaskResultStatus.READY,
             enqueued_at=job.enqueued_at, started_at=None, finished_at=None,
@@ -193,6 +208,9 @@ class DelayQBackend(BaseTaskBackend):
             except (JobNotFound, ValueError):
                 continue
             return self._result(job, make_result_id(name, job_id))
+        waiting = _waiting_in_outbox(job_id, queues) if self.outbox else None
+        if waiting is not None:
+            return self._result(waiting, make_result_id(waiting.queue, job_id))
         raise TaskResultDoesNotExist(result_id)
 
     def _result(self, job: EngineJob, result_id: str) -> TaskResult:
@@ -213,6 +231,10 @@ class DelayQBackend(BaseTaskBackend):
             errors.append(checks.Error(
                 f"TASKS[{self.alias!r}]['OPTIONS'] has unknown keys: {', '.join(unknown)}.",
                 hint=f"Known options: {', '.join(sorted(OPTIONS))}.", id="django_delayq.E041"))
+        if not isinstance(self.options.get("OUTBOX", False), bool):
+            errors.append(checks.Error(
+                f"TASKS[{self.alias!r}]['OPTIONS']['OUTBOX'] must be True or False, not "
+                f"{self.options['OUTBOX']!r}.", id="django_delayq.E041"))
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             errors.append(checks.Error(
                 f"TASKS[{self.alias!r}]['OPTIONS']['MAX_ATTEMPTS'] must be an int >= 1, "
@@ -222,6 +244,28 @@ class DelayQBackend(BaseTaskBackend):
                 f"TASKS[{self.alias!r}]['QUEUES'] has invalid queue names: {bad_queues!r}.",
                 hint="Use 1-64 characters from A-Z a-z 0-9 _ . -", id="django_delayq.E041"))
         return errors
+
+
+def _waiting_in_outbox(job_id: str, queues: Iterable[str]) -> EngineJob | None:
+    """The job ``job_id`` as its outbox row describes it (status ``"outbox"``), if a row
+    of one of ``queues`` (any queue when empty) waits for the relay."""
+    from .models import OutboxEntry
+    from .outbox import OUTBOX
+
+    rows = OutboxEntry.objects.filter(job_id=job_id)
+    names = list(queues)
+    if names:
+        rows = rows.filter(queue__in=names)
+    row = rows.first()
+    if row is None:
+        return None
+    try:
+        args, kwargs = json.loads(row.args), json.loads(row.kwargs)
+    except ValueError:
+        args, kwargs = [], {}
+    return EngineJob(id=row.job_id, queue=row.queue, task_name=row.task_name, status=OUTBOX,
+                     args=args, kwargs=kwargs, priority=row.priority, run_at=row.run_at,
+                     max_attempts=row.max_attempts)
 
 
 def _django_task(name: str) -> Task | None:
@@ -247,7 +291,7 @@ def build_result(task: Task, job: EngineJob, result_id: str, alias: str) -> Task
     if job.error:
         path = job.error.split(":", 1)[0].strip()
         errors.append(TaskError(exception_class_path=path, traceback=job.traceback or job.error))
-    if job.status == "cancelled":
+    if job.status == Status.CANCELLED:
         errors.append(TaskError(exception_class_path=_CANCELLED_PATH,
                                 traceback="The job was cancelled before it ran.\n"))
     status = STATUS_MAP.get(job.status, TaskResultStatus.READY)
@@ -257,11 +301,20 @@ def build_result(task: Task, job: EngineJob, result_id: str, alias: str) -> Task
         last_attempted_at=job.started_at, args=list(job.args) if isinstance(job.args, list)
         else [], kwargs=dict(job.kwargs) if isinstance(job.kwargs, dict) else {},
         backend=alias, errors=errors,
-        worker_ids=[job.worker] * job.attempts if job.worker else [],
+        worker_ids=_worker_ids(job),
     )
     if status == TaskResultStatus.SUCCESSFUL:
         object.__setattr__(result, "_return_value", job.result)
     return result
+
+
+def _worker_ids(job: EngineJob) -> list[str]:
+    """The worker of each attempt, oldest first: the attempt log, plus the running one."""
+    ids = [entry["worker"] for entry in job.attempt_log]
+    logged = {entry["attempt"] for entry in job.attempt_log}
+    if job.status == Status.ACTIVE and job.worker and job.attempts not in logged:
+        ids.append(job.worker)
+    return ids
 
 
 def _running_result(task: Task, running: RunningJob | None, args: tuple[Any, ...],
@@ -287,6 +340,22 @@ def _running_result(task: Task, running: RunningJob | None, args: tuple[Any, ...
     )
 
 
+def _send_finished(sender: type, result: TaskResult, outcome: Any) -> None:
+    """Send ``task_finished`` for a job's final ``outcome`` (a worker ``Outcome``):
+    SUCCESSFUL, FAILED when no retry follows, else READY (it will run again)."""
+    if outcome.ok:
+        status = TaskResultStatus.SUCCESSFUL
+        object.__setattr__(result, "_return_value", json.loads(outcome.result_json))
+    else:
+        status = TaskResultStatus.FAILED if outcome.final else TaskResultStatus.READY
+        result.errors.append(TaskError(
+            exception_class_path=outcome.error.split(":", 1)[0].strip(),
+            traceback=outcome.traceback or outcome.error))
+    object.__setattr__(result, "status", status)
+    object.__setattr__(result, "finished_at", timezone.now())
+    task_finished.send(sender, task_result=result)
+
+
 def _runner(task: Task) -> Callable[..., Any]:
     """The function a delayq worker calls for ``task``: the task's own, with its context
     (``takes_context``) and the Tasks signals ``task_started``/``task_finished``."""
@@ -297,27 +366,28 @@ def _runner(task: Task) -> Callable[..., Any]:
         result = _running_result(task, running, args, kwargs)
         sender = type(task.get_backend())
         task_started.send(sender, task_result=result)
+        if running is not None:
+            # On a worker, task_finished waits for the job's final outcome: after the
+            # return value is encoded, and for whatever the task raises.
+            running.on_finished.append(functools.partial(_send_finished, sender, result))
+            if task.takes_context:
+                return func(TaskContext(task_result=result), *args, **kwargs)
+            return func(*args, **kwargs)
         try:
             if task.takes_context:
                 value = func(TaskContext(task_result=result), *args, **kwargs)
             else:
                 value = func(*args, **kwargs)
         except Exception as exc:
-            last = running is None or running.job.attempt >= running.job.max_attempts
-            object.__setattr__(result, "status",
-                               TaskResultStatus.FAILED if last else TaskResultStatus.READY)
-            object.__setattr__(result, "finished_at", timezone.now())
-            result.errors.append(TaskError(
-                exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
-                traceback="".join(traceback.format_exception(exc))))
+            _failed(result, running, exc)
             task_finished.send(sender, task_result=result)
             raise
-        object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-        object.__setattr__(result, "finished_at", timezone.now())
-        object.__setattr__(result, "_return_value", value)
+        _succeeded(result, value)
         task_finished.send(sender, task_result=result)
         return value
 
+    if inspect.iscoroutinefunction(func):
+        run = _async_runner(task)
     functools.update_wrapper(run, func)
     if task.takes_context:  # the caller's arguments exclude the leading ``context``
         sig = inspect.signature(func)
@@ -325,3 +395,46 @@ def _runner(task: Task) -> Callable[..., Any]:
             parameters=list(sig.parameters.values())[1:])
     return run
 
+
+
+def _async_runner(task: Task) -> Callable[..., Any]:
+    """:func:`_runner` for an ``async def`` task: awaited on the worker's event loop,
+    its signals sent with ``asend`` (sync receivers run through ``sync_to_async``)."""
+    func = task.func
+
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        running = current_job()
+        result = _running_result(task, running, args, kwargs)
+        sender = type(task.get_backend())
+        await task_started.asend(sender, task_result=result)
+        try:
+            if task.takes_context:
+                value = await func(TaskContext(task_result=result), *args, **kwargs)
+            else:
+                value = await func(*args, **kwargs)
+        except Exception as exc:
+            _failed(result, running, exc)
+            await task_finished.asend(sender, task_result=result)
+            raise
+        _succeeded(result, value)
+        await task_finished.asend(sender, task_result=result)
+        return value
+
+    return run
+
+
+def _failed(result: TaskResult, running: RunningJob | None, exc: Exception) -> None:
+    """Mark ``result`` as failed by ``exc`` (READY again while attempts remain)."""
+    last = running is None or running.job.attempt >= running.job.max_attempts
+    status = TaskResultStatus.FAILED if last else TaskResultStatus.READY
+    object.__setattr__(result, "status", status)
+    object.__setattr__(result, "finished_at", timezone.now())
+    result.errors.append(TaskError(
+        exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+        traceback="".join(traceback.format_exception(exc))))
+
+
+def _succeeded(result: TaskResult, value: Any) -> None:
+    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "finished_at", timezone.now())
+    object.__setattr__(result, "_return_value", value)

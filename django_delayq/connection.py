@@ -13,8 +13,8 @@ from django.core.signals import setting_changed
 
 from .conf import conf
 from .engine import Broker, EngineConfig
-from .engine.broker import client_from_url
 from .engine.limits import queue_options
+from .engine.urls import client_from_url, sentinel_pool_copy
 
 _lock = threading.Lock()
 _brokers: dict[float | None, Broker] = {}
@@ -45,6 +45,10 @@ def engine_config() -> EngineConfig:
         json_encoder=DjangoJSONEncoder,
         shards=shards,
         limits=limits,
+        min_replicas=conf.MIN_REPLICAS,
+        min_replicas_timeout_ms=max(1, int(conf.MIN_REPLICAS_TIMEOUT * 1000)),
+        min_replicas_acks=conf.MIN_REPLICAS_ACKS,
+        failover_retry_ms=int(conf.FAILOVER_RETRY * 1000),
     )
 
 
@@ -74,6 +78,9 @@ def make_client(socket_timeout: float | None = None) -> Any:
             ) from exc
         cache_client = get_redis_connection(alias)
         pool = cache_client.connection_pool
+        sentinel_pool = sentinel_pool_copy(pool, **_client_kwargs(timeout))
+        if sentinel_pool is not None:  # django-redis's SentinelClient
+            return redis.Redis(connection_pool=sentinel_pool)
         kwargs = {**pool.connection_kwargs, **_client_kwargs(timeout)}
         return redis.Redis(
             connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)

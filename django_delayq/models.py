@@ -7,11 +7,13 @@ rows in step from each queue's events stream.
 from __future__ import annotations
 
 from django.db import models
+from django.utils import timezone
 
 
 class JobStatus(models.TextChoices):
     SCHEDULED = "scheduled", "Scheduled"
     READY = "ready", "Ready"
+    CLAIMED = "claimed", "Claimed"
     ACTIVE = "active", "Active"
     COMPLETED = "completed", "Completed"
     FAILED = "failed", "Failed"
@@ -39,6 +41,12 @@ class Job(models.Model):
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     traceback = models.TextField(blank=True)
+    progress = models.FloatField(null=True, blank=True,
+                                 help_text="Fraction done (0 to 1) the task last reported.")
+    progress_message = models.CharField("progress message", max_length=500, blank=True)
+    #: The last attempts, oldest first, as the job hash keeps them (``engine/fields.py``):
+    #: ``{"n": attempt, "w": worker, "b": start ms, "f": end ms, "o": outcome, "x": error}``.
+    attempt_log = models.JSONField("attempt log", default=list, blank=True)
     #: Stream id of the newest event applied to this row: older events never win.
     last_event_id = models.CharField(max_length=40, blank=True)
     updated_at = models.DateTimeField("mirrored at", auto_now=True)
@@ -71,3 +79,55 @@ class Job(models.Model):
         if self.started_at and self.run_at:
             return (self.started_at - self.run_at).total_seconds()
         return None
+
+
+class QueuesDashboard(Job):
+    """No table of its own: the admin index's entry that opens the queues dashboard."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "queues dashboard"
+        verbose_name_plural = "queues dashboard"
+class OutboxEntry(models.Model):
+    """A job written in a database transaction, waiting to be sent to Redis.
+
+    ``Task.enqueue_in_transaction`` inserts it with the transaction's other changes, so
+    the job exists if and only if the transaction commits; the commit hook or the relay
+    (:mod:`django_delayq.outbox`) sends it and deletes it. A row Redis refuses is parked
+    (``parked_at`` set, with its error) for an operator to retry or delete.
+    """
+
+    job_id = models.CharField("job id", max_length=128)
+    queue = models.CharField(max_length=64)
+    task_name = models.CharField("task", max_length=200)
+    #: The arguments as the JSON text a direct enqueue sends (a JSONField would let
+    #: PostgreSQL's jsonb reorder the keys of dict arguments).
+    args = models.TextField(default="[]")
+    kwargs = models.TextField(default="{}")
+    priority = models.SmallIntegerField(default=0)
+    #: The absolute due time, fixed at the enqueue call; None: as soon as it is sent.
+    run_at = models.DateTimeField("run at", null=True, blank=True)
+    max_attempts = models.PositiveIntegerField("max attempts", default=1)
+    #: Seconds each attempt may run (None: the worker's default), as ``Task.timeout``.
+    timeout = models.FloatField(null=True, blank=True)
+    created_at = models.DateTimeField("written at", default=timezone.now)
+    #: Sends that failed because Redis was unreachable.
+    attempts = models.PositiveIntegerField("failed sends", default=0)
+    error = models.TextField(blank=True)
+    parked_at = models.DateTimeField("parked at", null=True, blank=True)
+
+    class Meta:
+        verbose_name = "job waiting in the outbox"
+        verbose_name_plural = "jobs waiting in the outbox"
+        ordering = ["id"]
+        indexes = [
+            models.Index(fields=["parked_at", "id"], name="delayq_outbox_parked_id"),
+            models.Index(fields=["job_id"], name="delayq_outbox_job_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} [{self.job_id}]"
+
+    @property
+    def is_parked(self) -> bool:
+        return self.parked_at is not None

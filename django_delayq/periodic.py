@@ -16,21 +16,34 @@ import hashlib
 import logging
 import math
 import zoneinfo
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.core.exceptions import ImproperlyConfigured
 
 from .engine import Broker, EnqueueRequest
 from .engine.keys import JOB_ID_RE
-from .engine.scripts import call
-
-if TYPE_CHECKING:
-    from .task import Task
 
 logger = logging.getLogger("django_delayq.periodic")
 
 MISSED_POLICIES = ("latest", "all", "skip")
+
+
+class PeriodicTask(Protocol):
+    """What the scheduler reads of a periodic task (a :class:`~django_delayq.task.Task`;
+    a protocol, so this module does not import the one that imports it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def schedule(self) -> Schedule | None: ...
+    @property
+    def queue_name(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def attempts_allowed(self) -> int: ...
 
 
 def _croniter() -> Any:
@@ -141,7 +154,7 @@ def plan(schedule: Schedule, last_ms: int | None, now_ms: int, lookahead_ms: int
     return late + upcoming
 
 
-def schedule_due(broker: Broker, tasks: list[Task[Any, Any]], *, lookahead_ms: int,
+def schedule_due(broker: Broker, tasks: Sequence[PeriodicTask], *, lookahead_ms: int,
                  missed: str = "latest", catch_up_max: int = 100) -> int:
     """Enqueue the upcoming (and missed) occurrences of ``tasks``; returns how many
     new jobs this call added (0 when another worker was first)."""
@@ -169,5 +182,5 @@ def schedule_due(broker: Broker, tasks: list[Task[Any, Any]], *, lookahead_ms: i
             ]
             added += broker.enqueue_many(task.queue_name, requests).enqueued
         newest = max(times, default=schedule.latest_at_or_before(now_ms))
-        call(broker.client, "advance_schedule", [marks_key], [task.name, newest])
+        broker.commands.advance_schedule(marks_key, task.name, newest)
     return added

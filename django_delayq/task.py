@@ -11,75 +11,25 @@ import datetime as dt
 import inspect
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from functools import cache, partial
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from functools import partial
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
 from .conf import conf
 from .connection import get_broker
-from .engine import BulkResult, EnqueueRequest, EnqueueResult, Job, UnknownTask
-from .engine import validation as check
-from .engine.job import from_ms
+from .engine import BulkResult, EnqueueRequest, EnqueueResult, Job, UnknownTask, validation
+from .engine.fastpaths import arg_shape, positional_names, signature
+from .engine.jobhash import reply_time
 from .periodic import Schedule
+
+if TYPE_CHECKING:
+    from .outbox import OutboxJob
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-
-@cache
-def _signature(func: Callable[..., Any]) -> inspect.Signature:
-    return inspect.signature(func)
-
-
-@cache
-def _positional_names(func: Callable[..., Any]) -> tuple[str, ...]:
-    return tuple(
-        p.name for p in _signature(func).parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    )
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _ArgShape:
-    """The parameters of a function that has only positional-or-keyword ones.
-
-    Checking a call against them is a few comparisons where ``Signature.bind`` takes
-    microseconds; a call they do not clearly accept goes to ``bind`` for its error.
-    """
-
-    names: tuple[str, ...]
-    positions: dict[str, int]  # parameter name -> position
-    required: int  # the first ``required`` parameters have no default
-
-    def accepts(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
-        given = len(args)
-        if given > len(self.names):
-            return False
-        if not kwargs:
-            return given >= self.required
-        positions = self.positions
-        for key in kwargs:
-            if positions.get(key, -1) < given:  # unknown, or given by position too
-                return False
-        return all(name in kwargs for name in self.names[given:self.required])
-
-
-@cache
-def _arg_shape(func: Callable[..., Any]) -> _ArgShape | None:
-    """The fast check for ``func``, or None when only ``Signature.bind`` will do."""
-    try:
-        params = list(_signature(func).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is not p.POSITIONAL_OR_KEYWORD for p in params):
-        return None
-    required = sum(p.default is p.empty for p in params)
-    if any(p.default is p.empty for p in params[required:]):
-        return None
-    names = tuple(p.name for p in params)
-    return _ArgShape(names, {name: i for i, name in enumerate(names)}, required)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,6 +50,11 @@ class Task(Generic[P, T]):
     max_attempts: int | None = None
     retry_backoff: float | None = None
     retry_backoff_max: float | None = None
+    #: Time limit of each attempt, seconds or a timedelta (None: ``DELAYQ["TIMEOUT"]``
+    #: or ``runworker --timeout``); at the limit ``JobTimeout`` is raised in the job.
+    timeout: float | dt.timedelta | None = None
+    #: The database alias whose transaction :meth:`enqueue_in_transaction` joins.
+    database: str | None = None
     #: Periodic tasks: a cron expression (in ``tz``) or a period; see periodic.py.
     cron: str | None = None
     tz: str | None = None
@@ -108,25 +63,30 @@ class Task(Generic[P, T]):
                                                   compare=False)
 
     def __post_init__(self) -> None:
-        check.check_task_name(self.name)
+        validation.check_task_name(self.name)
         try:
             schedule = Schedule.build(self.cron, self.every, self.tz)
         except ValueError as exc:
             raise ValueError(f"{self.name}: {exc}") from None
         object.__setattr__(self, "schedule", schedule)
         if self.queue is not None:
-            check.validate_queue_name(self.queue)
-        check.check_priority(self.priority)
+            validation.validate_queue_name(self.queue)
+        validation.check_priority(self.priority)
         if self.delay is not None:
-            check.delay_ms(self.delay)
+            validation.delay_ms(self.delay)
         if self.run_at is not None:
-            check.run_at_ms(self.run_at)
+            validation.run_at_ms(self.run_at)
         if self.delay is not None and self.run_at is not None:
             raise ValueError(f"{self.name}: give run_at or delay, not both")
         if self.job_id is not None:
-            check.validate_job_id(self.job_id)
+            validation.validate_job_id(self.job_id)
         if self.max_attempts is not None:
-            check.check_max_attempts(self.max_attempts)
+            validation.check_max_attempts(self.max_attempts)
+        if self.timeout is not None:
+            try:
+                validation.timeout_ms(self.timeout)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"{self.name}: {exc}") from None
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue_name!r}>"
@@ -140,12 +100,23 @@ class Task(Generic[P, T]):
         return self.max_attempts or conf.MAX_ATTEMPTS
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run the function now, in this process (no queue involved)."""
+        """Call the function now, in this process (an ``async def`` one returns its
+        coroutine, as calling it would)."""
         return self.func(*args, **kwargs)
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run the function now, in this process (no queue involved)."""
+        """Run the function now, in this process (no queue involved); an ``async def``
+        one runs to completion through ``async_to_sync``, as Django's ``Task.call``."""
+        if inspect.iscoroutinefunction(self.func):
+            return async_to_sync(self.func)(*args, **kwargs)
         return self.func(*args, **kwargs)
+
+    async def acall(self, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run the function now from async code: awaited if ``async def``, else in a
+        thread through ``sync_to_async``, as Django's ``Task.acall``."""
+        if inspect.iscoroutinefunction(self.func):
+            return await self.func(*args, **kwargs)
+        return await sync_to_async(self.func)(*args, **kwargs)
 
     def using(
         self,
@@ -156,8 +127,11 @@ class Task(Generic[P, T]):
         run_at: dt.datetime | None = None,
         job_id: str | None = None,
         max_attempts: int | None = None,
+        timeout: float | dt.timedelta | None = None,
+        database: str | None = None,
     ) -> Task[P, T]:
-        """A copy of this task with other enqueue options (``run_at`` replaces ``delay``)."""
+        """A copy of this task with other enqueue options (``run_at`` replaces ``delay``;
+        ``database`` is the alias :meth:`enqueue_in_transaction` writes to)."""
         changes: dict[str, Any] = {}
         if queue is not None:
             changes["queue"] = queue
@@ -171,15 +145,19 @@ class Task(Generic[P, T]):
             changes["job_id"] = job_id
         if max_attempts is not None:
             changes["max_attempts"] = max_attempts
+        if timeout is not None:
+            changes["timeout"] = timeout
+        if database is not None:
+            changes["database"] = database
         return dataclasses.replace(self, **changes)
 
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Raise ``TypeError`` if the function cannot be called with these arguments."""
-        shape = _arg_shape(self.func)
+        shape = arg_shape(self.func)
         if shape is not None and shape.accepts(args, kwargs):
             return
         try:
-            _signature(self.func).bind(*args, **kwargs)
+            signature(self.func).bind(*args, **kwargs)
         except TypeError as exc:
             raise TypeError(f"{self.name}: {exc}") from None
 
@@ -192,14 +170,21 @@ class Task(Generic[P, T]):
         has ``created=False`` and the existing job's status.
         """
         self.check_arguments(args, kwargs)
+        if conf.EAGER:
+            from .eager import run_eagerly
+
+            return run_eagerly(self, args, kwargs, positional_names(self.func))
         broker = get_broker()
         res = broker.enqueue(
             self.queue_name, self.name, args, kwargs, run_at=self.run_at, delay=self.delay,
             priority=self.priority, job_id=self.job_id, max_attempts=self.attempts_allowed,
-            arg_names=_positional_names(self.func),
+            arg_names=positional_names(self.func), timeout=self.timeout,
         )
-        enqueued_at = from_ms(res.enqueued_at_ms)
-        run_at = enqueued_at if res.run_at_ms == res.enqueued_at_ms else from_ms(res.run_at_ms)
+        # Every input was checked before the write, so these times are in range; were
+        # one not (a damaged existing job), the job is still returned, not an error.
+        enqueued_at = reply_time(res.enqueued_at_ms)
+        run_at = enqueued_at if res.run_at_ms == res.enqueued_at_ms else reply_time(
+            res.run_at_ms)
         return Job(
             id=res.job_id, queue=self.queue_name, task_name=self.name, status=res.status,
             args=list(args), kwargs=dict(kwargs), priority=self.priority, run_at=run_at,
@@ -207,13 +192,36 @@ class Task(Generic[P, T]):
             broker=broker,
         )
 
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """:meth:`enqueue` from async code (the Redis call runs in a thread)."""
+        return await sync_to_async(self.enqueue, thread_sensitive=False)(*args, **kwargs)
+
     def enqueue_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Enqueue once the current database transaction commits (at once outside one).
 
-        Arguments are checked now, so a mistake raises here rather than after commit.
+        Arguments are checked now, so a mistake raises here rather than after commit. If
+        Redis is unreachable at the commit, or the process dies first, the job is lost:
+        :meth:`enqueue_in_transaction` makes it part of the transaction instead.
         """
         self.check_arguments(args, kwargs)
         transaction.on_commit(partial(self.enqueue, *args, **kwargs))
+
+    def enqueue_in_transaction(self, *args: P.args, **kwargs: P.kwargs) -> OutboxJob:
+        """Write the job into the outbox in the current database transaction.
+
+        The job exists if and only if the transaction commits: the row is part of it.
+        After the commit, a hook sends the job to Redis at once; if Redis is unreachable
+        (or the process dies first) the row waits for the relay (a thread of
+        ``runworker``, or ``manage.py delayq_relay``). The arguments and options pass the
+        checks of :meth:`enqueue` now; the job id is assigned now and the returned job's
+        status is ``"outbox"``. A ``delay`` is turned into a due time on this process's
+        clock now, so a job relayed late keeps its time (and starts at once if due).
+        Outside a transaction (autocommit) the row is committed at once and sent at once.
+        The database is ``using(database=...)``'s alias, else ``default``.
+        """
+        from .outbox import write
+
+        return write(self, args, kwargs, self.database)
 
     def bind(self, *args: P.args, **kwargs: P.kwargs) -> Call:
         """A :class:`Call` of this task with these arguments and this copy's options
@@ -256,7 +264,8 @@ class Task(Generic[P, T]):
             if not isinstance(item, Call):
                 yield EnqueueRequest(task=self.name, args=args, kwargs=kwargs,
                                      run_at=self.run_at, delay=self.delay,
-                                     priority=self.priority, max_attempts=attempts)
+                                     priority=self.priority, max_attempts=attempts,
+                                     timeout=self.timeout)
                 continue
             run_at, delay = self.run_at, self.delay
             if item.run_at is not None or item.delay is not None:
@@ -265,7 +274,7 @@ class Task(Generic[P, T]):
                 task=self.name, args=args, kwargs=kwargs, run_at=run_at, delay=delay,
                 job_id=item.job_id,
                 priority=self.priority if item.priority is None else item.priority,
-                max_attempts=item.max_attempts or attempts,
+                max_attempts=item.max_attempts or attempts, timeout=self.timeout,
             )
 
     def retry_delay(self, attempt: int) -> float:
@@ -345,6 +354,10 @@ class TaskRegistry:
                 "installed app's tasks.py (or a module imported at start-up)?"
             ) from None
 
+    def find(self, name: str) -> Task[Any, Any] | None:
+        """The task named ``name``, or None."""
+        return self._tasks.get(name)
+
     def __contains__(self, name: object) -> bool:
         return name in self._tasks
 
@@ -389,6 +402,7 @@ def task(
     max_attempts: int | None = None,
     retry_backoff: float | None = None,
     retry_backoff_max: float | None = None,
+    timeout: float | dt.timedelta | None = None,
     cron: str | None = None,
     tz: str | None = None,
     every: float | dt.timedelta | None = None,
@@ -406,6 +420,7 @@ def task(
     max_attempts: int | None = None,
     retry_backoff: float | None = None,
     retry_backoff_max: float | None = None,
+    timeout: float | dt.timedelta | None = None,
     cron: str | None = None,
     tz: str | None = None,
     every: float | dt.timedelta | None = None,
@@ -422,8 +437,6 @@ def task(
     def decorate(func: Callable[P, T]) -> Task[P, T]:
         if not callable(func):
             raise TypeError(f"@task decorates a function, not {type(func).__name__}")
-        if inspect.iscoroutinefunction(func):
-            raise TypeError(f"{func.__qualname__}: async tasks are not supported yet")
         task_name = name or f"{func.__module__}.{func.__qualname__}"
         if name is None and "<locals>" in func.__qualname__:
             raise ValueError(
@@ -433,7 +446,8 @@ def task(
         t: Task[P, T] = Task(
             func=func, name=task_name, queue=queue, priority=priority, delay=delay,
             max_attempts=max_attempts, retry_backoff=retry_backoff,
-            retry_backoff_max=retry_backoff_max, cron=cron, tz=tz, every=every,
+            retry_backoff_max=retry_backoff_max, timeout=timeout, cron=cron, tz=tz,
+            every=every,
         )
         registry.register(t)
         return t

@@ -4,6 +4,9 @@ Run it with ``make demo``. It uses ``REDIS_URL`` when set, otherwise starts a th
 Redis; it migrates the example project's SQLite database, enqueues jobs (immediate,
 delayed a few seconds, one with a high priority, one that fails and is retried), runs
 ``manage.py runworker`` until every job is finished, and prints what happened.
+
+With ``--serve`` (``make serve``) it then leaves that Redis, a worker and ``runserver``
+running until Ctrl-C, so the admin it points to shows the demo's jobs.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ sys.path.insert(0, str(HERE))
 
 
 def main() -> int:
+    serve_after = "--serve" in sys.argv[1:]
     server = None
     if not os.environ.get("REDIS_URL"):
         from django_delayq.testing import RedisServer
@@ -30,13 +34,49 @@ def main() -> int:
         os.environ["REDIS_URL"] = server.url
         print(f"Started a throwaway Redis at {server.url}")
     try:
-        return run_demo()
+        status = run_demo(serve_after)
+        if serve_after and status == 0:
+            serve(os.environ.get("DEMO_PORT", "8000"))
+        return status
     finally:
         if server is not None:
             server.cleanup()
 
 
-def run_demo() -> int:
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def serve(port: str) -> None:
+    """A worker and ``runserver`` on the demo's Redis, until Ctrl-C (or SIGTERM)."""
+    procs = [
+        subprocess.Popen([sys.executable, "manage.py", "runworker", "--concurrency", "2"],
+                         cwd=HERE, env=dict(os.environ)),
+        subprocess.Popen([sys.executable, "manage.py", "runserver", "--noreload",
+                          f"127.0.0.1:{port}"], cwd=HERE, env=dict(os.environ)),
+    ]
+    signal.signal(signal.SIGTERM, _interrupt)
+    print(f"\nServing: http://127.0.0.1:{port}/admin/ (admin / admin), the dashboard at "
+          f"http://127.0.0.1:{port}/admin/django_delayq/job/queues/, the API at "
+          f"http://127.0.0.1:{port}/api/delayq/ (Redis at {os.environ['REDIS_URL']}). "
+          "Ctrl-C stops the worker, the server and the demo's Redis.", flush=True)
+    try:
+        while all(proc.poll() is None for proc in procs):
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def run_demo(serving: bool = False) -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
     import django
 
@@ -101,11 +141,11 @@ def run_demo() -> int:
         code = worker.wait(timeout=30)
     print(f"\nWorker stopped with exit code {code} after SIGTERM.\n")
     status = report(jobs)
-    show_admin()
+    show_admin(serving)
     return status
 
 
-def show_admin() -> None:
+def show_admin(serving: bool = False) -> None:
     """Make sure the admin user exists and tell how to open the admin."""
     from django.contrib.auth import get_user_model
 
@@ -118,7 +158,10 @@ def show_admin() -> None:
         print("Created the admin user: username 'admin', password 'admin'.")
     else:
         print("The admin user exists already (username 'admin').")
-    print("Open the admin: cd example_project && ../.venv/bin/python manage.py runserver, "
+    if serving:
+        return
+    print("Open the admin: make serve (or cd example_project && DJANGO_DEBUG=1 ../.venv/bin/python "
+          "manage.py runserver with REDIS_URL set to a Redis that outlives the demo), "
           "then http://127.0.0.1:8000/admin/ (the queues dashboard reads the Redis at "
           "REDIS_URL, default redis://127.0.0.1:6379/0).")
 

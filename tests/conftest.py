@@ -1,6 +1,8 @@
-"""Fixtures: a throwaway Redis for the session, flushed before each test, and workers.
+"""Fixtures: the services of the session (:mod:`tests.services`), a Redis database
+flushed before each test, and workers.
 
-Set ``REDIS_URL`` to run against an existing server instead (its database is flushed).
+Set ``REDIS_URL`` to run against an existing Redis instead (its database is flushed), and
+``DELAYQ_TEST_PG_URL`` to run the PostgreSQL tests on an existing server.
 """
 
 from __future__ import annotations
@@ -18,7 +20,65 @@ from typing import Any
 
 import pytest
 
+from tests import services
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    services.start(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    services.stop()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return services.header()
+
+
+#: Test modules that share one costly module-scoped fixture (a SparkSession, a browser)
+#: run on one xdist worker, so it starts once.
+SHARED_FIXTURE_MODULES = {"test_spark": "spark", "test_browser": "browser"}
+#: The heavy tests (fault injection, soaks, the benchmark smoke run) run one at a time, on
+#: one xdist worker, while the other worker runs the rest.
+HEAVY = "heavy"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the tests for ``pytest -n N --dist loadgroup``; start PostgreSQL if needed."""
+    for item in items:
+        module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+        if item.get_closest_marker("xdist_group"):
+            continue
+        if module in SHARED_FIXTURE_MODULES:
+            item.add_marker(pytest.mark.xdist_group(SHARED_FIXTURE_MODULES[module]))
+        elif item.get_closest_marker("slow") or module == "test_bench_smoke":
+            item.add_marker(pytest.mark.xdist_group(HEAVY))
+    if config.getoption("loadgroup", False) and hasattr(items[0] if items else None, "_id"):
+        _suffix_groups(items)
+    if any(item.get_closest_marker("postgres") for item in items):
+        services.start_postgres()
+
+
+def _suffix_groups(items: list[pytest.Item]) -> None:
+    """Name each grouped test ``nodeid@group``, as pytest-xdist does to schedule a group on
+    one worker. pytest-xdist 3.8 writes ``item._nodeid``, which pytest 9 no longer reads
+    (a node's id lives in ``_id``): without this, groups would be silently ignored."""
+    from _pytest.nodeid import coerce_node_id
+
+    for item in items:
+        groups = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                         for mark in item.iter_markers("xdist_group")})
+        if groups and "@" not in item.nodeid.rsplit("::", 1)[-1]:
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")
+
+
+def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+    """The PostgreSQL line, when it was started after the header was printed."""
+    session = services.SESSION
+    return [f"  {session.pg_note}"] if session.pg_note and not session.pg_in_header else []
 
 @pytest.fixture(autouse=True)
 def _clean_redis(settings: Any) -> Iterator[None]:
@@ -95,12 +155,14 @@ def worker_env(redis_url: str | None = None, **extra: str) -> dict[str, str]:
     return env
 
 
-def spawn_worker(*args: str, redis_url: str | None = None, **popen: Any) -> subprocess.Popen[str]:
-    """``manage.py runworker ARGS`` in a new process (its stderr is piped, as text)."""
+def spawn_worker(*args: str, redis_url: str | None = None, env: dict[str, str] | None = None,
+                 **popen: Any) -> subprocess.Popen[str]:
+    """``manage.py runworker ARGS`` in a new process (its stderr is piped, as text);
+    ``env`` adds environment variables (DELAYQ_TEST_SETTINGS...)."""
     return subprocess.Popen(
         [sys.executable, "-m", "django", "runworker", *args],
-        cwd=ROOT, env=worker_env(redis_url), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, **popen,
+        cwd=ROOT, env=worker_env(redis_url, **(env or {})), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, **popen,
     )
 
 
@@ -132,9 +194,9 @@ def spawned() -> Iterator[Callable[..., tuple[subprocess.Popen[str], OutputReade
     """Start worker processes; every one still running at the end is killed."""
     procs: list[subprocess.Popen[str]] = []
 
-    def start(*args: str, redis_url: str | None = None) -> tuple[subprocess.Popen[str],
-                                                                 OutputReader]:
-        proc = spawn_worker(*args, redis_url=redis_url)
+    def start(*args: str, redis_url: str | None = None,
+              env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], OutputReader]:
+        proc = spawn_worker(*args, redis_url=redis_url, env=env)
         procs.append(proc)
         return proc, OutputReader(proc)
 

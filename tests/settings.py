@@ -1,11 +1,11 @@
-"""Settings of the test project. conftest.py starts the Redis it points at."""
+"""Settings of the test project. conftest.py starts the Redis it points at (importing
+these settings starts nothing: processes the tests start are given the server's URL in
+``DELAYQ_TEST_REDIS_URL``)."""
 
 from __future__ import annotations
 
 import json
 import os
-
-from tests.redis_server import session_redis_url
 
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
@@ -25,6 +25,8 @@ INSTALLED_APPS = [
     "django_delayq",
     "tests.testapp",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
 ]
 
 try:  # Django 6 ships the Tasks framework; Django 5.2 uses the django-tasks backport
@@ -35,7 +37,7 @@ except ImportError:
 TASKS = {
     "default": {
         "BACKEND": "django_delayq.backends.DelayQBackend",
-        "QUEUES": ["default", "other"],
+        "QUEUES": ["default", "other", "async"],
     }
 }
 
@@ -71,7 +73,7 @@ DATABASES = {
 STATIC_URL = "/static/"
 
 DELAYQ = {
-    "REDIS_URL": session_redis_url(),
+    "REDIS_URL": os.environ.get("DELAYQ_TEST_REDIS_URL") or os.environ.get("REDIS_URL", ""),
     "CONCURRENCY": 4,
     "BLOCK_TIMEOUT": 1.0,
     "RETRY_BACKOFF": 0.05,

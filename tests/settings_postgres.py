@@ -1,4 +1,6 @@
-"""The test settings on PostgreSQL (127.0.0.1:5432, user postgres, trust auth).
+"""The test settings on PostgreSQL: the server of ``DELAYQ_TEST_PG_HOST/PORT/USER``, which
+the suite sets to the throwaway server it starts (tests/services.py) unless
+``DELAYQ_TEST_PG_URL`` names one; trust auth.
 
 Used by ``tests/test_mirror.py`` through ``pytest --ds=tests.settings_postgres``. The
 database name carries the process id so concurrent runs do not share a test database;

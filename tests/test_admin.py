@@ -293,10 +293,14 @@ def test_dashboard_shows_counts_state_throughput_and_workers(admin_client):
     assert 'status=failed">1</a>' in default
     assert 'status=scheduled">1</a>' in default
     assert "running" in default
-    assert "3 completed" in default
-    assert "1 failed" in default
-    assert default.count("<rect") >= 60
-    assert "<svg" in default
+    assert 'data-field="completed_last_hour">3</span> completed' in default
+    assert 'data-field="failed_last_hour">1</span> failed' in default
+    # Throughput: bars for the minutes that finished jobs, titled with their figures.
+    assert 'class="dq-ok"' in default
+    assert "completed, 1 failed</title>" in default
+    # Start lateness: 6 starts (3 jobs, and 3 attempts of the failing one).
+    assert 'aria-label="Start lateness of 6 starts' in default
+    assert 'class="dq-late"' in default
     other = page[page.index('id="queue-other"'):]
     assert "dq-paused" in other
     assert "dq-resume" in other

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.core.checks import run_checks
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -21,13 +21,17 @@ from tests.testapp.tasks import always_fails, gated, record
 pytestmark = pytest.mark.django_db
 
 API = "/api/delayq"
+JOB_PERMISSIONS = ("view_job", "add_job", "change_job")
 RECORD = "tests.testapp.tasks.record"
 
 
 @pytest.fixture
 def staff() -> APIClient:
     client = APIClient()
-    client.force_login(User.objects.create_user("staff", is_staff=True))
+    user = User.objects.create_user("staff", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(
+        content_type__app_label="django_delayq", codename__in=JOB_PERMISSIONS))
+    client.force_login(user)
     return client
 
 
@@ -142,7 +146,7 @@ def test_queue_list_has_live_counts(staff: APIClient) -> None:
     Queue("default").pause()
     body = staff.get(f"{API}/queues/").json()
     by_name = {q["name"]: q for q in body}
-    assert set(by_name) == {"default", "other"}  # "other": a registered task's queue
+    assert set(by_name) == {"async", "default", "other"}  # registered tasks' queues
     default = by_name["default"]
     assert default["counts"] == {"scheduled": 1, "ready": 1, "active": 0, "completed": 0,
                                  "failed": 0, "cancelled": 0}
@@ -250,9 +254,15 @@ def test_cancel(staff: APIClient, broker: Any) -> None:
         response = staff.post(f"{API}/jobs/default/{running.id}/cancel/")
         assert response.status_code == 409
         assert "active" in response.json()["detail"]
+        live = staff.get(f"{API}/jobs/default/{running.id}/").json()["live"]
+        assert live["status"] == "active"
+        assert live["started_at"] is not None
+        assert live["attempt_log"] == []  # the running attempt is logged once it ends
         broker.client.set("gate:api", "1")
         wait_until(lambda: Job.fetch(running.id, "default").status == "completed",
                    message="the gated job to finish")
+    [entry] = staff.get(f"{API}/jobs/default/{running.id}/").json()["live"]["attempt_log"]
+    assert (entry["attempt"], entry["outcome"], entry["error"]) == (1, "completed", "")
 
 
 def test_retry(staff: APIClient) -> None:
@@ -441,7 +451,7 @@ def test_schema_is_valid_and_lists_every_endpoint(staff: APIClient) -> None:
     page_schema = schema["components"]["schemas"][page.rsplit("/", 1)[1]]
     assert {"count", "next", "previous", "results"} <= set(page_schema["properties"])
     assert schema["components"]["schemas"]["JobStatusEnum"]["enum"] == [
-        "scheduled", "ready", "active", "completed", "failed", "cancelled"]
+        "scheduled", "ready", "claimed", "active", "completed", "failed", "cancelled"]
     assert "409" in paths[f"{API}/jobs/{{queue}}/{{job_id}}/cancel/"]["post"]["responses"]
     for path, operations in paths.items():
         for method, operation in operations.items():

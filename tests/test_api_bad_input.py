@@ -4,7 +4,7 @@ nothing enqueued or changed."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from rest_framework.test import APIClient
 
 from django_delayq import Job, Queue
@@ -13,13 +13,17 @@ from tests.testapp.tasks import record
 pytestmark = pytest.mark.django_db
 
 API = "/api/delayq"
+JOB_PERMISSIONS = ("view_job", "add_job", "change_job")
 RECORD = record.name
 
 
 @pytest.fixture
 def staff() -> APIClient:
     client = APIClient()
-    client.force_login(User.objects.create_user("staff", is_staff=True))
+    user = User.objects.create_user("staff", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(
+        content_type__app_label="django_delayq", codename__in=JOB_PERMISSIONS))
+    client.force_login(user)
     return client
 
 

@@ -301,11 +301,22 @@ CHECK_CASES: dict[str, Any] = {
     "E025": {"CRON_LOOKAHEAD": 0},
     "E026": {"CRON_MISSED": "never"},
     "E027": {"CRON_CATCH_UP_MAX": 0},
+    "E028": {"EAGER": "sometimes"},
     "E030": {"MIRROR_RETENTION": -1},
     "E031": {"MIRROR_BATCH_SIZE": 0},
     "E032": {"MIRROR_CLAIM_IDLE": "1m"},
     "E040": {"API_PERMISSION_CLASSES": ["no.such.Permission"]},
     "E060": {"SPARK_MASTER": "local[0]"},
+    "E070": {"MIN_REPLICAS": -1},
+    "E071": {"MIN_REPLICAS_TIMEOUT": 0},
+    "E072": {"MIN_REPLICAS_ACKS": "yes"},
+    "E073": {"FAILOVER_RETRY": -1},
+    "E080": {"PROCESSES": 0},
+    "E081": {"MAX_JOBS_PER_CHILD": 0},
+    "E082": {"MAX_MEMORY_PER_CHILD": "1G"},
+    "E083": {"ASYNC_CONCURRENCY": 0},
+    "E084": {"TIMEOUT": -1},
+    "E090": {"OUTBOX": {"CHUNK_SIZE": 0}},
 }
 
 
@@ -313,8 +324,10 @@ def test_every_check_id_of_checks_py_has_a_case():
     from pathlib import Path
 
     import django_delayq.checks
+    import django_delayq.conf
 
-    source = Path(django_delayq.checks.__file__).read_text()
+    source = (Path(django_delayq.checks.__file__).read_text()
+              + Path(django_delayq.conf.__file__).read_text())
     found = set(re.findall(r"E\d{3}", source))
     missing = sorted(found - set(CHECK_CASES))
     assert not missing, f"add a case to CHECK_CASES in tests/test_bad_input.py for {missing}"

@@ -57,7 +57,11 @@ def bench_output(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_json_has_every_figure_for_each_library(bench_output: Path) -> None:
     data = json.loads((bench_output / "latest.json").read_text())
-    assert set(data) == {"environment", "results", "ceiling"}
+    assert set(data) == {"environment", "results", "ceiling", "replication"}
+    replication = data["replication"]
+    for kind in ("single", "bulk"):
+        for n in (0, 1):
+            assert replication[f"{kind}_per_s_min_replicas_{n}"] > 0, (kind, n)
     env = data["environment"]
     for key in ("python", "redis_version", "cpu", "library_versions", "date"):
         assert env[key], key
@@ -90,6 +94,7 @@ def test_markdown_table_and_chart(bench_output: Path) -> None:
     md = (bench_output / "latest.md").read_text()
     assert "| django-delayq |" in md
     assert "## Targets" in md
+    assert "| single (200 jobs), jobs/s |" in md, "the MIN_REPLICAS table"
     if importlib.util.find_spec("matplotlib") is not None or PEERS_PYTHON.exists():
         assert (bench_output / "latest.png").read_bytes().startswith(b"\x89PNG")
 

@@ -16,11 +16,11 @@ from django_delayq import Queue
 from django_delayq.mirror import Mirror
 from django_delayq.models import Job
 from tests.conftest import ROOT, wait_until, worker_thread
+from tests.services import CHROMIUM
 from tests.testapp import tasks
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
@@ -98,14 +98,16 @@ def test_dashboard_pause_and_resume(page):
         row = page.locator("#queue-default")
         assert row.locator(".dq-state").inner_text() == "running"
         assert row.locator("td[data-status=completed]").inner_text() == "4"
-        assert row.locator("svg.dq-chart").count() == 1
+        assert row.locator(".dq-throughput svg.dq-chart").count() == 1
+        assert row.locator(".dq-lateness svg.dq-chart").count() == 1
         assert "browser-worker" in page.locator("#dq-workers").inner_text()
         shot(page, "queues-dashboard")
 
     row.locator("button.dq-pause").click()
     page.wait_for_selector("#queue-default .dq-paused")
     assert Queue("default").is_paused
-    assert "Queue default paused" in page.locator(".messagelist").inner_text()
+    messages = page.locator(".messagelist:not(.dq-warnings)")  # not the dashboard's warnings
+    assert "Queue default paused" in messages.inner_text()
     shot(page, "queues-dashboard-paused")
     page.locator("#queue-default button.dq-resume").click()
     page.wait_for_selector("#queue-default .dq-running")

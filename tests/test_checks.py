@@ -51,3 +51,13 @@ def test_delayq_must_be_a_dict():
     with override_settings(DELAYQ=["REDIS_URL"]):
         assert [m.id for m in run_checks() if m.id.startswith("django_delayq.")] == [
             "django_delayq.E001"]
+
+
+def test_every_setting_has_a_check_id_of_its_own():
+    from collections import Counter
+
+    from django_delayq.conf import SETTINGS
+
+    shared = {cid: n for cid, n in Counter(row.check_id for row in SETTINGS.values()).items()
+              if n > 1}
+    assert shared == {}

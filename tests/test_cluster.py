@@ -17,7 +17,13 @@ from django_delayq import Call, Job, Queue
 from django_delayq.engine import Broker, PartialClaimError
 from django_delayq.testing import RedisCluster
 from tests.conftest import ran, wait_until, worker_thread
-from tests.test_flow_control import most_in_any_window, start_workers, stop_workers
+from tests.test_flow_control import (
+    claim_times,
+    claimed_at,
+    most_in_any_window,
+    start_workers,
+    stop_workers,
+)
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.slow
@@ -112,7 +118,7 @@ def test_delayed_jobs_start_on_time_with_markers_watched_per_shard(on_cluster, r
     jobs = [tasks.count_run.using(queue="sharded", delay=0.3 + i * 0.1).enqueue(f"d{i}")
             for i in range(8)]
     with worker_thread(queues=["sharded"]) as worker:
-        assert worker._watch is not None, "one watcher per shard marker on a cluster"
+        assert worker.fetcher.watch is not None, "one watcher per shard marker on a cluster"
         wait_until(lambda: all(j.refresh().status == "completed" for j in jobs),
                    message="delayed jobs on the cluster")
     for job in jobs:
@@ -135,10 +141,11 @@ def test_thousands_of_jobs_drained_by_worker_processes_once_each_in_priority_ord
     assert len(counts) == n
     assert set(counts.values()) == {"1"}, "every job ran exactly once"
     by_shard: dict[str, list[tuple[int, int, int]]] = {}
+    claims = claim_times("drain")
     for job in Queue("drain").jobs("completed", limit=n):
         index = int(job.id[1:])
         by_shard.setdefault(on_cluster.keys_for("drain", job.id).tag, []).append(
-            (-job.priority, index, round(job.started_at.timestamp() * 1000)))
+            (-job.priority, index, claims[job.id]))
     assert len(by_shard) == 4
     for jobs in by_shard.values():
         # claim order within a shard: higher priority first, FIFO within a priority
@@ -162,8 +169,8 @@ def test_rate_limit_holds_over_all_shards_and_four_worker_processes(on_cluster, 
     in_ten_seconds = sum(1 for t in starts if t < starts[0] + 10_000)
     assert rate * 10 * 0.9 <= in_ten_seconds <= rate * 10 * 1.1, in_ten_seconds
     # the claims (the starts the limiter counts) never exceed the rate in any second
-    claims = sorted(round(j.started_at.timestamp() * 1000)
-                    for j in Queue("metered").jobs("completed", limit=1000))
+    claims = claimed_at("metered", [j.id for j in Queue("metered").jobs("completed",
+                                                                        limit=1000)])
     assert most_in_any_window(claims, 1000) <= rate
     assert len({r["pid"] for r in ran(client)}) >= 3
 
@@ -176,7 +183,7 @@ def test_sharded_interval_queue_never_starts_two_jobs_closer(on_cluster, cluster
         wait_until(lambda: on_cluster.client.llen("test:ran") == 12, timeout=30)
     finally:
         stop_workers(procs)
-    starts = sorted(round(j.refresh().started_at.timestamp() * 1000) for j in jobs)
+    starts = claimed_at("spaced", [j.id for j in jobs])
     assert min(b - a for a, b in itertools.pairwise(starts)) >= 200
 
 
@@ -191,7 +198,7 @@ def test_cluster_flag_with_a_plain_url_and_one_worker_on_two_queues(settings, cl
     first = tasks.count_run.enqueue("a")
     second = tasks.record_other.using(delay=0.5).enqueue("b")
     with worker_thread(queues=["default", "other"]) as worker:
-        assert worker._watch is not None, "two hash tags: a watcher each"
+        assert worker.fetcher.watch is not None, "two hash tags: a watcher each"
         wait_until(lambda: second.refresh().status == "completed", message="both queues")
     assert first.refresh().status == "completed"
     assert second.started_at >= second.run_at
@@ -290,22 +297,22 @@ def test_a_worker_keeps_acking_the_other_shards_while_one_slot_moves(on_cluster,
     first, later = jobs[:20], jobs[20:]
     assert any(job.keys == moving for job in first)
     worker = Worker(["sharded"], broker=broker)
-    worker._outcomes = [Outcome(job, True, result_json="null") for job in first]
+    worker.acker.outcomes = [Outcome(job, True, result_json="null") for job in first]
     with slot_moving(cluster, broker.client, broker.client.keyslot(moving.ready)):
         # Some shards took their acks: no error for the acker's backoff, which would hold
         # back every shard's next acks too.
-        worker._flush_acks()
+        worker.acker.flush()
         assert worker.processed == sum(job.keys != moving for job in first)
         # The refusing shard's acks wait out its pause; the others' go at once.
-        worker._outcomes += [Outcome(job, True, result_json="null") for job in later]
-        worker._flush_acks()
+        worker.acker.outcomes += [Outcome(job, True, result_json="null") for job in later]
+        worker.acker.flush()
         assert worker.processed == 40 - len(on_moving)
-        assert {o.job.id for o in worker._outcomes} == {job.id for job in on_moving}
-        worker._flush_acks()  # only held-back acks are pending: nothing is sent
+        assert {o.job.id for o in worker.acker.outcomes} == {job.id for job in on_moving}
+        worker.acker.flush()  # only held-back acks are pending: nothing is sent
         assert Queue("sharded").counts()["completed"] == 40 - len(on_moving)
     # Slot moved. At shutdown the held-back acks are sent, pause or not.
-    worker._flush_acks_until_done(time.monotonic() + 5)
-    assert (worker.processed, worker._outcomes) == (40, [])
+    worker.acker.flush_until_done(time.monotonic() + 5)
+    assert (worker.processed, worker.acker.outcomes) == (40, [])
     assert Queue("sharded").counts()["completed"] == 40
 
 
@@ -334,3 +341,20 @@ def test_enqueues_to_a_moving_slot_raise_a_clear_error_and_bulk_counts_what_land
     again = broker.enqueue_many("sharded", [EnqueueRequest(task="tests.testapp.tasks.record",
                                                            job_id=job_id) for job_id in ids])
     assert (again.enqueued, again.duplicates) == (len(on_moving), len(ids) - len(on_moving))
+
+
+def test_a_url_naming_several_seeds_connects_while_the_first_is_down(settings, cluster):
+    """A process starting while the node its URL names first is down (a restarted
+    worker, a deploy) reaches the cluster through the next seed."""
+    from django_delayq.connection import get_broker
+    from django_delayq.testing import free_port
+
+    dead = free_port()  # nothing listens there
+    seeds = ",".join(f"127.0.0.1:{port}" for port in [dead, *cluster.ports])
+    settings.DELAYQ = {**settings.DELAYQ, "REDIS_URL": f"redis+cluster://{seeds}/0",
+                       "QUEUES": QUEUES}
+    broker = get_broker()
+    assert broker.is_cluster
+    job = tasks.record.using(queue="sharded").enqueue("through the second seed")
+    assert Job.fetch(job.id, "sharded").args == ["through the second seed"]
+    assert {node.port for node in broker.client.get_primaries()} == set(cluster.ports)

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from django_delayq.engine import (
+    STATUSES,
     Broker,
     EngineConfig,
     EnqueueRequest,
@@ -94,7 +95,7 @@ def test_cancel_only_before_start(bare):
     claim_all(bare, "q")
     running = Job.fetch(running_id, "q", broker=bare)
     assert running.cancel() is False
-    assert running.refresh().status == "active"
+    assert running.refresh().status == "claimed"  # leased; active once a thread starts it
     counts = Queue("q", broker=bare).counts()
     assert (counts["cancelled"], counts["active"], counts["scheduled"]) == (1, 1, 0)
     with pytest.raises(JobNotFound):
@@ -137,20 +138,29 @@ def test_a_job_to_run_at_once_stores_no_run_at_and_reads_its_enqueued_at(bare, r
 
 
 def test_every_field_is_stored_short_and_read_back_by_its_name(bare, redis_client):
-    job_id = bare.enqueue("q", "t.x", [1], {"k": "v"}, priority=5, max_attempts=3).job_id
+    job_id = bare.enqueue("q", "t.x", [1], {"k": "v"}, priority=5, max_attempts=3,
+                          timeout=5).job_id
     keys = QueueKeys("t", "q")
     (c,) = claim_all(bare, "q")
     batch = bare.batch()
-    bare.add_fail(batch, keys, job_id, c.attempt, "ValueError: one", "tb one", 3_600_000)
+    bare.add_fail(batch, keys, job_id, c.attempt, "ValueError: one", "tb one", 3_600_000,
+                  c.started_at_ms)
     batch.run()
     raw = redis_client.hgetall(keys.job(job_id))
-    assert set(raw) == set(STORED.values()) - {stored("result")}
+    # Not written by this run: the result (it failed) and progress (only a task sets it).
+    assert set(raw) == set(STORED.values()) - {stored("result"), stored("progress"),
+                                               stored("progress_message")}
     job = Job.fetch(job_id, "q", broker=bare)
     assert (job.task_name, job.status, job.args, job.kwargs, job.priority) == (
         "t.x", "scheduled", [1], {"k": "v"}, 5)
     assert (job.attempts, job.max_attempts, job.worker) == (1, 3, "w")
     assert (job.error, job.traceback) == ("ValueError: one", "tb one")
     assert None not in (job.started_at, job.finished_at, job.enqueued_at, job.run_at)
+    assert job.timeout == 5.0
+    assert [(e["attempt"], e["worker"], e["outcome"], e["error"]) for e in job.attempt_log] == [
+        (1, "w", "retried", "ValueError: one")]
+    assert job.attempt_log[0]["started_at"] == job.started_at
+    assert job.attempt_log[0]["finished_at"] == job.finished_at
     assert set(LOGICAL) == set(STORED.values()), "one stored name per field"
 
 
@@ -231,7 +241,7 @@ def test_late_ack_of_a_reclaimed_job_changes_nothing(bare):
     bare.add_complete(batch, keys, [(job_id, first.attempt, '"late"')])
     bare.add_fail(batch, keys, job_id, first.attempt, "E: late", "", -1)
     assert batch.run() == [[0], ["stale", 0]]
-    assert Job.fetch(job_id, "q", broker=bare).status == "active"
+    assert Job.fetch(job_id, "q", broker=bare).status == "claimed"
     batch = bare.batch()
     bare.add_complete(batch, keys, [(job_id, second.attempt, '"fresh"')])
     assert batch.run() == [[1]]
@@ -372,3 +382,24 @@ def test_round_trips_enqueue_claim_and_ack(redis_client):
         assert batch.run() == [[1] * 500]
 
     assert trips(ack) == 1
+
+
+def test_status_groups_cover_the_lifecycle_once():
+    from django_delayq.engine.status import (
+        FINISHED,
+        JOB_STATUSES,
+        LEASED,
+        PENDING,
+        PURGEABLE,
+        RETRYABLE,
+        Status,
+    )
+    from django_delayq.models import JobStatus
+
+    assert (*PENDING, *LEASED, *FINISHED) == tuple(Status) == JOB_STATUSES
+    # claimed jobs are in the active set: no set of their own
+    assert tuple(s for s in JOB_STATUSES if s != Status.CLAIMED) == STATUSES
+    assert set(RETRYABLE) < set(FINISHED)
+    assert set(PURGEABLE) == set(Status) - set(LEASED)
+    assert all(isinstance(s, str) and not isinstance(s, Status) for s in JOB_STATUSES)
+    assert set(JobStatus.values) == {*JOB_STATUSES, "purged"}

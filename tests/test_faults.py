@@ -311,7 +311,7 @@ def test_frozen_worker_late_ack_and_failure_do_not_overwrite_the_newer_run(
     for job in jobs:
         job.refresh()
         assert (job.status, job.attempts, job.worker, job.error) == ("active", 2, "fresh", None)
-        assert events_of(redis_client, keys, job.id).count("started") == 2
+        assert events_of(redis_client, keys, job.id).count("claimed") == 2
         assert not {"completed", "failed", "retried"} & set(events_of(redis_client, keys,
                                                                        job.id))
     for tag in ("j1", "j2"):

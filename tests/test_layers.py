@@ -56,3 +56,112 @@ def test_the_code_passes_the_linter_and_the_type_checker(tool):
     done = subprocess.run([str(bin_dir / tool[0]), *tool[1:]], cwd=PACKAGE.parent,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+
+def _called_name(node: ast.Call) -> str | None:
+    if isinstance(node.func, ast.Attribute):
+        return node.func.attr
+    return node.func.id if isinstance(node.func, ast.Name) else None
+
+
+def test_only_the_commands_module_calls_a_script():
+    """KEYS and ARGV are assembled in engine/commands.py alone: no other module runs a
+    script (run_script) or adds a script call to a batch (``batch.add("claim", ...)``)."""
+    scripts = {path.stem for path in (PACKAGE / "lua").glob("*.lua")}
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.relative_to(PACKAGE).as_posix() in ("engine/commands.py", "engine/scripts.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            name = _called_name(node)
+            first = node.args[0] if node.args else None
+            adds_a_script = (name == "add" and isinstance(first, ast.Constant)
+                             and first.value in scripts)
+            if name == "run_script" or adds_a_script:
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert offenders == []
+
+
+WRITES = {"update", "bulk_create", "bulk_update", "create", "delete", "get_or_create",
+          "update_or_create"}
+
+
+#: Tables with a writer of their own: model -> the modules that may write it.
+OWN_WRITERS = {"OutboxEntry": ("outbox/", "admin/outbox.py")}
+
+
+def _root_name(node: ast.AST) -> str | None:
+    """The name a call chain starts from (``Job`` in ``Job.objects.filter(...).update``)."""
+    while True:
+        if isinstance(node, ast.Name):
+            return node.id
+        if isinstance(node, ast.Attribute):
+            node = node.value
+        elif isinstance(node, ast.Call):
+            node = node.func
+        else:
+            return None
+
+
+def test_only_the_mirror_writes_mirror_rows():
+    """The Job table mirrors Redis: the mirror (mirror/) is its one writer. (The outbox's
+    table, the one other table of the app, is written by the outbox.)"""
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.startswith(("mirror/", "migrations/")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in WRITES):
+                continue
+            chain = {a.attr for a in ast.walk(node.func.value) if isinstance(a, ast.Attribute)}
+            if "objects" not in chain:
+                continue
+            # Model.objects....update(): a write to a table
+            if relative.startswith(OWN_WRITERS.get(_root_name(node.func) or "", ())):
+                continue
+            offenders.append(f"{relative}:{node.lineno}")
+    assert offenders == []
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _package_imports() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (TYPE_CHECKING imports included)."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = here[:len(here) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in paths]
+                found.update(subs if len(subs) == len(node.names) else [target, *subs])
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+        graph[name] = {m for m in found if m in paths and m != name}
+    return graph
+
+
+def test_no_import_cycles_in_the_package():
+    graph = _package_imports()
+    cycles = []
+    for start in graph:
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    cycles.append(" -> ".join([*path, start]))
+                elif nxt not in path and len(path) < 6:
+                    stack.append((nxt, [*path, nxt]))
+    assert cycles == []

@@ -27,9 +27,10 @@ from django_delayq.connection import engine_config, get_broker
 from django_delayq.engine import Broker
 from django_delayq.engine.fields import stored
 from django_delayq.engine.keys import QueueKeys
-from django_delayq.mirror import GROUP, PAUSE_BEFORE_ACK_ENV, Mirror
+from django_delayq.mirror import GROUP, Mirror
 from django_delayq.models import Job
 from django_delayq.testing import RedisServer
+from tests import services
 from tests.conftest import ROOT, OutputReader, wait_until, worker_env, worker_thread
 from tests.testapp import tasks
 
@@ -172,10 +173,12 @@ def test_a_claim_and_an_ack_of_several_jobs_write_one_entry_each(broker, redis_c
     broker.add_complete(batch, KEYS, [(j.id, j.attempt, "null") for j in claim.jobs])
     assert batch.run() == [[1, 1, 1]]
     kinds = [f["event"] for _, f in redis_client.xrange(KEYS.events)]
-    assert kinds == ["enqueued"] * 3 + ["started", "completed"]  # one entry per call
-    started = redis_client.xrange(KEYS.events)[3][1]
-    assert (started["jobs"], started["attempts"], started["worker"]) == (
+    # one entry per call; the ack says they started (no thread's start note came first)
+    assert kinds == ["enqueued"] * 3 + ["claimed", "started", "completed"]
+    claimed, started = (f for _, f in redis_client.xrange(KEYS.events)[3:5])
+    assert (claimed["jobs"], claimed["attempts"], claimed["worker"]) == (
         " ".join(j.id for j in jobs), "1 1 1", "w1")
+    assert (started["jobs"], started["attempts"]) == (" ".join(j.id for j in jobs), "1 1 1")
     for job in jobs:
         redis_client.delete(KEYS.job(job.id))  # as the result TTL would: events alone
     mirror_all()
@@ -208,17 +211,19 @@ def test_garbled_events_are_skipped_acked_and_do_not_stop_the_rest(redis_client,
 
 
 @pytest.mark.django_db
-def test_a_job_the_database_refuses_is_skipped_and_the_rest_mirrored(redis_client, caplog):
+def test_a_job_with_json_no_database_takes_is_mirrored_as_text_and_the_rest_too(redis_client,
+                                                                                caplog):
     good = tasks.record.using(delay=3600).enqueue("good")
     bad = tasks.record.using(delay=3600).enqueue("bad")
-    # valid to Python, not to a JSON column
+    # valid to Python, not to a JSON column: kept as its text (and shown as damaged)
     redis_client.hset(KEYS.job(bad.id), stored("args"), "[NaN]")
-    redis_client.xadd(KEYS.events, {"event": "enqueued", "job": "x" * 200, "ts": "1"})
+    entry = redis_client.xadd(KEYS.events, {"event": "enqueued", "job": "x" * 200, "ts": "1"})
     mirror = mirror_all()
-    assert list(Job.objects.values_list("job_id", flat=True)) == [good.id]
-    assert mirror.skipped == 2
+    assert sorted(Job.objects.values_list("job_id", flat=True)) == sorted([good.id, bad.id])
+    assert Job.objects.get(job_id=bad.id).args == "[NaN]"
+    assert mirror.skipped == 1
     assert pending(redis_client) == 0
-    assert f"mirror skipped a job the database refused queue=default job={bad.id}" in caplog.text
+    assert f"id={entry} reason=garbled event" in caplog.text
 
 
 class FailingMirror(Mirror):
@@ -374,11 +379,6 @@ def test_runworker_mirrors_on_a_thread_unless_told_not_to(tmp_path):
 
 # -- a mirror process killed mid-batch ---------------------------------------------------
 
-def _mirror_process(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "django", "delayq_mirror", *args], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_mirror_killed_mid_batch_loses_and_doubles_nothing(broker, redis_client, tmp_path):
@@ -408,8 +408,9 @@ def test_mirror_killed_mid_batch_loses_and_doubles_nothing(broker, redis_client,
         EngineJob.fetch(f"k{i}", "default").cancel()
     events = len(redis_client.xrange(KEYS.events))
 
-    proc = _mirror_process({**env, PAUSE_BEFORE_ACK_ENV: "0.2"}, "--batch-size", "250",
-                           "--name", "doomed")
+    # A mirror that waits between its database commit and its ack (tests/slow_ack_mirror.py)
+    proc = subprocess.Popen([sys.executable, "-m", "tests.slow_ack_mirror"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = OutputReader(proc)
     try:
         out.wait_for("pausing before ack", timeout=60)
@@ -444,16 +445,12 @@ def test_mirror_tests_pass_on_postgresql():
         pytest.fail("run this test with the default (SQLite) settings; it starts PostgreSQL runs")
     import psycopg
 
-    host = os.environ.get("DELAYQ_TEST_PG_HOST", "127.0.0.1")
-    port = os.environ.get("DELAYQ_TEST_PG_PORT", "5432")
-    user = os.environ.get("DELAYQ_TEST_PG_USER", "postgres")
     try:
-        psycopg.connect(host=host, port=port, user=user, dbname="postgres",
-                        connect_timeout=5).close()
+        psycopg.connect(services.pg_admin_dsn(), connect_timeout=5).close()
     except psycopg.OperationalError as exc:
-        pytest.fail(f"PostgreSQL is not reachable at {host}:{port} as user {user} (trust "
-                    f"auth), and the mirror tests must also pass on PostgreSQL: start it, or "
-                    f"point DELAYQ_TEST_PG_HOST/PORT/USER at one. {exc}")
+        pytest.fail(f"PostgreSQL is not reachable at {services.pg_where()} (trust auth), and "
+                    f"the mirror tests must also pass on PostgreSQL: unset DELAYQ_TEST_PG_URL "
+                    f"to let the suite start its own. {exc}")
     env = worker_env(DJANGO_SETTINGS_MODULE="tests.settings_postgres")
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "--ds=tests.settings_postgres", "-p", "no:cacheprovider",
@@ -465,3 +462,27 @@ def test_mirror_tests_pass_on_postgresql():
     assert " passed" in output, output
     assert "skipped" not in output, output
     assert "failed" not in output, output
+
+
+@pytest.mark.django_db
+def test_the_mirror_shows_claimed_active_and_each_attempt(redis_client):
+    jobs = [tasks.gated.enqueue(f"m{i}", gate="gate:mirror") for i in range(3)]
+    failing = tasks.always_fails.enqueue("mirrored")
+    with worker_thread(queues=["default"], concurrency=1, prefetch=2) as worker:
+        wait_until(lambda: sorted(j.refresh().status for j in jobs)
+                   == ["active", "claimed", "claimed"], message="one started, two buffered")
+        mirror_all()
+        rows = {row.job_id: row for row in Job.objects.filter(job_id__in=[j.id for j in jobs])}
+        assert sorted(r.status for r in rows.values()) == ["active", "claimed", "claimed"]
+        for row in rows.values():
+            assert (row.started_at is None) == (row.status == "claimed")
+        redis_client.set("gate:mirror", 1)
+        wait_until(lambda: all(j.refresh().status == "completed" for j in jobs)
+                   and failing.refresh().status == "failed", timeout=30, message="all done")
+    mirror_all()
+    row = Job.objects.get(job_id=failing.id)
+    assert [(e["n"], e["w"], e["o"]) for e in row.attempt_log] == [
+        (1, worker.name, "retried"), (2, worker.name, "retried"), (3, worker.name, "failed")]
+    for job in jobs:
+        [entry] = Job.objects.get(job_id=job.id).attempt_log
+        assert (entry["n"], entry["w"], entry["o"]) == (1, worker.name, "completed")

@@ -39,7 +39,8 @@ def test_sigkill_mid_job_is_finished_by_another_worker_after_the_lease(redis_cli
     wait_until(lambda: started(redis_client, "k"), message="job start in first worker")
     victim.kill()
     victim.wait()
-    assert job.refresh().status == "active"
+    # leased: active, or claimed if the note of its start had not landed yet
+    assert job.refresh().status in ("claimed", "active")
     redis_client.set("gate:k", 1)
     survivor, out = spawned("default", "--lease", "1", "-c", "1")
     wait_until(lambda: job.refresh().status == "completed", timeout=30,
@@ -121,6 +122,14 @@ def job_key(job_id: str) -> str:
     (["bad{queue}"], "invalid queue name"),
     (["--concurrency", "0"], "--concurrency must be at least 1"),
     (["--lease", "0"], "--lease must be more than 0"),
+    (["--lease", "nan"], "--lease must be more than 0 (a finite number), not nan"),
+    (["--lease", "inf"], "--lease must be more than 0"),
+    (["--prefetch", "-1"], "--prefetch must be at least 0"),
+    (["--grace-period", "-1"], "--grace-period must be at least 0"),
+    (["--grace-period", "nan"], "--grace-period must be at least 0"),
+    (["--timeout", "0"], "--timeout must be more than 0"),
+    (["--timeout", "-1"], "--timeout must be more than 0"),
+    (["--timeout", "nan"], "--timeout must be more than 0"),
 ])
 def test_bad_arguments_are_refused(args, message):
     proc = subprocess.run([sys.executable, "-m", "django", "runworker", *args], cwd=ROOT,
@@ -137,3 +146,111 @@ def test_job_fetch_after_worker(redis_client):
                           check=False)
     assert proc.returncode == 0, proc.stderr
     assert Job.fetch(job.id).result == 4
+
+
+def test_base_exceptions_in_a_real_process_fail_their_jobs_only(redis_client):
+    failing = [tasks.raises.enqueue(kind) for kind in tasks.BASE_EXCEPTIONS]
+    after = tasks.record.enqueue("after")
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "runworker", "default", "--burst", "-c", "1"],
+        cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert after.refresh().status == "completed"
+    for job in failing:
+        assert job.refresh().status == "failed", job.error
+
+
+def test_os_exit_in_a_task_kills_the_process_and_the_job_runs_again_after_the_lease(
+        redis_client, spawned):
+    job = tasks.exits_process.enqueue("x")
+    victim, _ = spawned("default", "--lease", "1", "-c", "1")
+    assert victim.wait(timeout=60) == 7
+    assert job.refresh().status in ("claimed", "active"), "leased until the lease lapses"
+    survivor, out = spawned("default", "--lease", "1", "-c", "1")
+    wait_until(lambda: job.refresh().status == "completed", timeout=30,
+               message=f"the job to run again:\n{out.text}")
+    assert job.attempts == 2
+    pids = [r["pid"] for r in ran(redis_client) if r["task"] == "exits_process"]
+    assert pids == [victim.pid, survivor.pid]
+
+
+def test_a_job_swallowing_its_timeout_is_failed_and_the_process_asks_for_a_restart(
+        redis_client, spawned):
+    from django_delayq.worker import EXIT_RESTART
+
+    job = tasks.swallows_timeout.enqueue("hard")
+    others = [tasks.record.enqueue(f"o{i}") for i in range(3)]
+    proc, out = spawned("default", "-c", "2")
+    assert proc.wait(timeout=60) == EXIT_RESTART, out.text
+    job.refresh()
+    assert (job.status, job.attempts) == ("failed", 1)
+    assert job.error.startswith("django_delayq.engine.errors.JobTimeout: the job ran past "
+                                "its time limit of 0.5s and did not stop"), job.error
+    swallowed = [r for r in ran(redis_client) if r["task"] == "swallowed"]
+    assert swallowed, "the soft limit came first"
+    assert swallowed[0]["error"] == "JobTimeout"
+    for other in others:
+        assert other.refresh().status == "completed", "the other thread went on meanwhile"
+    assert "stopping this worker to be restarted" in out.text
+
+
+def test_runworker_timeout_limits_jobs_whose_task_sets_none(redis_client):
+    job = tasks.sleeps.enqueue(60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "runworker", "default", "--burst", "--timeout", "0.3"],
+        cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    job.refresh()
+    assert (job.status, job.attempts) == ("failed", 1)
+    assert "JobTimeout" in job.error
+
+
+def test_burst_reclaims_expired_leases_of_dead_workers(redis_client, broker):
+    from django_delayq.engine import QueueKeys
+
+    job = tasks.record.enqueue("orphan")
+    (claim,) = broker.claim("default", 1, "dead-worker", lease_ms=1)
+    assert [j.id for j in claim.jobs] == [job.id]
+    active = QueueKeys("dq", "default").active
+    wait_until(lambda: redis_client.zscore(active, job.id) < broker.server_time_ms(),
+               message="the lease to lapse")
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "runworker", "default", "--burst"],
+        cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "reclaimed expired leases queue=default returned=1" in proc.stderr
+    job.refresh()
+    assert (job.status, job.attempts) == ("completed", 2)
+    first, second = job.attempt_log
+    assert (first["attempt"], first["worker"], first["outcome"]) == (1, "dead-worker",
+                                                                      "reclaimed")
+    assert (second["attempt"], second["outcome"]) == (2, "completed")
+    assert "worker stopped" in proc.stderr
+    assert "jobs=1 completed=1 retried=0 failed=0" in proc.stderr
+
+
+@pytest.mark.parametrize("verbosity", ["1", "0"])
+def test_one_line_per_finished_job_and_a_summary_that_counts_jobs(redis_client, verbosity):
+    done = tasks.record.enqueue("line")
+    bad = tasks.returns_unjsonable.enqueue()
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "runworker", "default", "--burst", "-v", verbosity],
+        cwd=ROOT, env=worker_env(), capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    completed = [x for x in lines if f"job completed job={done.id}" in x]
+    failed = [x for x in lines if f"job failed job={bad.id}" in x]
+    assert len(failed) == 1, proc.stderr  # errors show at every verbosity
+    assert f"task={tasks.returns_unjsonable.name} queue=default attempt=1/1" in failed[0]
+    assert "error=builtins.TypeError" in failed[0]
+    if verbosity == "0":
+        assert completed == []
+        assert "worker stopped" not in proc.stderr
+        return
+    assert len(completed) == 1, proc.stderr
+    assert f"task={tasks.record.name} queue=default attempt=1/3 duration_ms=" in completed[0]
+    assert "jobs=2 completed=1 retried=0 failed=1" in proc.stderr

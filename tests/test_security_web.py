@@ -1,5 +1,5 @@
 """Who may change jobs over the web: one matrix over every state-changing API endpoint
-and admin action (staff only by default, nothing changed when refused), CSRF on
+and admin action (Django's model permissions, nothing changed when refused), CSRF on
 session-authenticated writes, and no Redis password on any page or API answer."""
 
 from __future__ import annotations
@@ -88,9 +88,9 @@ OPERATIONS: list[tuple[str, str, Callable[..., Any], Callable[[dict[str, Job]], 
 ROLES = {
     "anonymous": set(),
     "active user": set(),
-    "staff, no permissions": {"api"},
-    "staff, view_job": {"api"},
-    "staff, view_job + change_job": {"api", "admin"},
+    "staff, no permissions": set(),
+    "staff, view_job": set(),
+    "staff, view_job + add_job + change_job": {"api", "admin"},
     "superuser": {"api", "admin"},
 }
 
@@ -102,7 +102,8 @@ def client_for(role: str, **kwargs: Any) -> Client:
     user = User.objects.create_user("u", is_staff=role != "active user",
                                     is_superuser=role == "superuser")
     perms = {"staff, view_job": ["view_job"],
-             "staff, view_job + change_job": ["view_job", "change_job"]}.get(role, [])
+             "staff, view_job + add_job + change_job": ["view_job", "add_job", "change_job"],
+             }.get(role, [])
     for codename in perms:
         user.user_permissions.add(Permission.objects.get(codename=codename))
     client.force_login(user)

@@ -25,7 +25,7 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 
 from django_delayq import Job, Queue
-from django_delayq.checks import check_spark_master
+from django_delayq.checks import check_settings
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.spark
@@ -342,10 +342,10 @@ def test_spark_master_setting_and_its_check() -> None:
     assert resolve_master("spark://h:7077") == "spark://h:7077"
     with override_settings(DELAYQ={"SPARK_MASTER": "spark://cluster:7077"}):
         assert resolve_master() == "spark://cluster:7077"
-        assert check_spark_master() == []
+        assert check_settings() == []
     for bad in ("local[0]", "cluster", 7077):
         with override_settings(DELAYQ={"SPARK_MASTER": bad}):
-            assert [e.id for e in check_spark_master()] == ["django_delayq.E060"]
+            assert [e.id for e in check_settings()] == ["django_delayq.E060"]
 
 
 # -- job history report ---------------------------------------------------------------

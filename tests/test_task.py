@@ -176,8 +176,3 @@ def test_task_decorator_rules():
     assert registry.get("tests.named_local") is named
     registry.unregister("tests.named_local")
 
-    async def coro() -> None:  # pragma: no cover - never runs
-        pass
-
-    with pytest.raises(TypeError, match="async tasks"):
-        task(name="tests.coro")(coro)

@@ -232,3 +232,67 @@ def test_a_worker_process_runs_django_tasks(spawned: Any) -> None:
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL, out.text
     assert result.return_value == 42
+
+
+@pytest.mark.parametrize(("task", "args", "error_class"), [
+    (st.dj_exits, [4], "builtins.SystemExit"),
+    (st.dj_returns_unjsonable, [], "builtins.TypeError"),
+])
+def test_task_finished_says_what_the_stored_result_says(task: Any, args: list[Any],
+                                                        error_class: str) -> None:
+    """A BaseException, and a return value that is not JSON, end FAILED, and the signal
+    (sent once the outcome is final) says FAILED too."""
+    seen: list[tuple[str, list[str]]] = []
+
+    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        if task_result.task.func is task.func:
+            seen.append((str(task_result.status),
+                         [e.exception_class_path for e in task_result.errors]))
+
+    task_finished.connect(receiver)
+    try:
+        result = task.enqueue(*args)
+        with worker_thread(queues=["default"], concurrency=1):
+            wait_until(lambda: finished(result), message="the task to finish")
+    finally:
+        task_finished.disconnect(receiver)
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in result.errors] == [error_class]
+    assert seen == [("FAILED", [error_class])]
+
+
+def test_buffered_results_are_ready_then_running_then_successful(broker: Any) -> None:
+    results = [st.dj_gated.enqueue("gate:buf") for _ in range(3)]
+    with worker_thread(queues=["default"], concurrency=1, prefetch=2) as worker:
+        wait_until(lambda: Queue("default").counts()["active"] == 3, message="3 leased")
+        for result in results:
+            result.refresh()
+        wait_until(lambda: [r.refresh() or r.status for r in results].count(
+            TaskResultStatus.RUNNING) == 1, message="one to run")
+        statuses = sorted(str(r.status) for r in results)
+        assert statuses == ["READY", "READY", "RUNNING"]
+        for result in results:
+            if result.status == TaskResultStatus.READY:
+                assert (result.started_at, result.worker_ids) == (None, [])
+            else:
+                assert result.started_at is not None
+                assert result.worker_ids == [worker.name]
+        broker.client.set("gate:buf", "1")
+        wait_until(lambda: all(finished(r) for r in results), message="all to finish")
+    for result in results:
+        assert result.status == TaskResultStatus.SUCCESSFUL
+        assert result.worker_ids == [worker.name]
+        assert result.started_at <= result.finished_at
+
+
+@override_settings(TASKS={"default": {"BACKEND": "django_delayq.backends.DelayQBackend",
+                                      "QUEUES": [], "OPTIONS": {"MAX_ATTEMPTS": 2}}})
+def test_worker_ids_name_the_worker_of_each_attempt() -> None:
+    result = st.dj_fails.enqueue("ids")
+    queue, job_id = parse_result_id(result.id)
+    with worker_thread(queues=["default"], concurrency=1, name="first-worker"):
+        wait_until(lambda: len(Job.fetch(job_id, queue).attempt_log) == 1,
+                   message="the first attempt")
+    with worker_thread(queues=["default"], concurrency=1, name="second-worker"):
+        wait_until(lambda: finished(result), message="the second attempt")
+    assert result.worker_ids == ["first-worker", "second-worker"]

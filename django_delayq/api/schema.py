@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.views import SpectacularAPIView
+from rest_framework.renderers import BrowsableAPIRenderer
 
 from .. import __version__
 from .permissions import DelayQPermissionsMixin
@@ -20,7 +21,13 @@ def delayq_endpoints_only(endpoints: list[tuple[Any, ...]], **kwargs: Any) -> li
 
 
 class SchemaView(DelayQPermissionsMixin, SpectacularAPIView):
-    """The OpenAPI 3 schema (YAML by default, JSON with ``?format=json``)."""
+    """The OpenAPI 3 schema (YAML by default, JSON with ``?format=json``).
+
+    A browser (``Accept: text/html``) gets the YAML on a page of the browsable API
+    instead of a file to download.
+    """
+
+    renderer_classes = [*SpectacularAPIView.renderer_classes, BrowsableAPIRenderer]
 
     custom_settings = {
         "TITLE": "django-delayq API",
@@ -28,7 +35,7 @@ class SchemaView(DelayQPermissionsMixin, SpectacularAPIView):
         "VERSION": __version__,
         "PREPROCESSING_HOOKS": ["django_delayq.api.schema.delayq_endpoints_only"],
         "ENUM_NAME_OVERRIDES": {
-            "JobStatusEnum": "django_delayq.engine.keys.STATUSES",
+            "JobStatusEnum": "django_delayq.engine.status.JOB_STATUSES",
             "MirroredJobStatusEnum": "django_delayq.models.JobStatus",
         },
     }

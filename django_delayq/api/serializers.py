@@ -8,9 +8,10 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 from rest_framework import serializers
 
-from ..engine import STATUSES
+from ..engine import validation as check
 from ..engine.keys import validate_job_id, validate_queue_name
-from ..engine.validation import MAX_PRIORITY, MIN_PRIORITY
+from ..engine.status import JOB_STATUSES
+from ..engine.validation import MAX_ATTEMPTS, MAX_PRIORITY, MIN_PRIORITY
 from ..models import Job as MirroredJob
 from ..models import JobStatus
 from ..task import Task, registry
@@ -44,7 +45,15 @@ class ThroughputSerializer(serializers.Serializer):
     failed = serializers.IntegerField()
 
 
+class SkippedEventsSerializer(serializers.Serializer):
+    count = serializers.IntegerField(help_text="Events the model mirror could not apply.")
+    last = serializers.ListField(child=serializers.CharField(),
+                                 help_text="The newest reasons, with time and stream id.")
+
+
 class QueueDetailSerializer(QueueSerializer):
+    mirror_skipped = SkippedEventsSerializer(
+        help_text="Events the model mirror skipped (logged, acknowledged) as unusable.")
     tasks = serializers.ListField(child=serializers.CharField(),
                                   help_text="Registered tasks that send jobs to this queue.")
     throughput = ThroughputSerializer(many=True, help_text="The last 60 minutes, oldest first.")
@@ -56,7 +65,7 @@ class LiveJobSerializer(serializers.Serializer):
     id = serializers.CharField()
     queue = serializers.CharField()
     task = serializers.CharField(source="task_name")
-    status = serializers.ChoiceField(choices=STATUSES)
+    status = serializers.ChoiceField(choices=JOB_STATUSES)
     args = serializers.JSONField()
     kwargs = serializers.JSONField()
     priority = serializers.IntegerField()
@@ -70,6 +79,18 @@ class LiveJobSerializer(serializers.Serializer):
     enqueued_at = serializers.DateTimeField(allow_null=True)
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
+    progress = serializers.FloatField(allow_null=True,
+                                      help_text="Fraction done (0 to 1) the task reported.")
+    progress_message = serializers.CharField()
+    timeout = serializers.FloatField(allow_null=True,
+                                     help_text="The job's own time limit per attempt, seconds.")
+    attempt_log = serializers.ListField(
+        child=serializers.DictField(), help_text="The last attempts, oldest first: attempt, "
+        "worker, started_at, finished_at, outcome, error.")
+    damaged = serializers.DictField(
+        child=serializers.CharField(),
+        help_text="Fields of the stored record that could not be read: field -> what was "
+                  "found there (the field above then shows its default). Empty when sound.")
 
 
 class EnqueuedJobSerializer(LiveJobSerializer):
@@ -84,13 +105,14 @@ class MirroredJobSerializer(serializers.ModelSerializer):
         model = MirroredJob
         fields = ["job_id", "queue", "task_name", "status", "priority", "args", "kwargs",
                   "run_at", "enqueued_at", "started_at", "finished_at", "attempts",
-                  "max_attempts", "worker", "result", "error", "updated_at"]
+                  "max_attempts", "worker", "result", "error", "progress", "progress_message",
+                  "updated_at"]
         read_only_fields = fields
 
 
 class MirroredJobDetailSerializer(MirroredJobSerializer):
     class Meta(MirroredJobSerializer.Meta):
-        fields = [*MirroredJobSerializer.Meta.fields, "traceback"]
+        fields = [*MirroredJobSerializer.Meta.fields, "traceback", "attempt_log"]
         read_only_fields = fields
 
 
@@ -116,6 +138,12 @@ class WorkerSerializer(serializers.Serializer):
     busy = serializers.IntegerField(allow_null=True)
     started = serializers.DateTimeField(allow_null=True)
     heartbeat = serializers.DateTimeField(allow_null=True)
+    role = serializers.ChoiceField(choices=["worker", "supervisor"],
+                                   help_text="a worker, or the supervisor of a process pool")
+    supervisor = serializers.CharField(allow_null=True,
+                                       help_text="the supervisor of this worker's pool")
+    damaged = serializers.DictField(child=serializers.CharField(),
+                                    help_text="Unreadable fields: field -> what was found.")
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -148,6 +176,36 @@ class AwareDateTimeField(serializers.DateTimeField):
         return parsed
 
 
+def _engine_check(check_value: Any, value: Any) -> None:
+    """Run the engine's own check of ``value``: the API refuses what the Python API does."""
+    try:
+        check_value(value)
+    except ValueError as exc:
+        raise serializers.ValidationError(str(exc)) from None
+
+
+class SecondsField(serializers.FloatField):
+    """A delay in seconds: a number (JSON true/false are not), from 0 to 100 years."""
+
+    default_error_messages = {"not_number": "A number of seconds is required, not {value!r}."}
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool):
+            self.fail("not_number", value=data)
+        value = super().to_internal_value(data)
+        _engine_check(check.delay_ms, value)
+        return value
+
+
+class StoredDateTimeField(AwareDateTimeField):
+    """An aware date-time inside the range django-delayq stores (1970 to 9999 UTC)."""
+
+    def to_internal_value(self, value: Any) -> dt.datetime:
+        parsed = super().to_internal_value(value)
+        _engine_check(check.run_at_ms, parsed)
+        return parsed
+
+
 def _check_when(attrs: dict[str, Any], *, required: bool) -> dict[str, Any]:
     given = [name for name in ("run_at", "delay") if attrs.get(name) is not None]
     if len(given) > 1:
@@ -172,11 +230,12 @@ class EnqueueSerializer(serializers.Serializer):
     kwargs = serializers.DictField(child=serializers.JSONField(), required=False, default=dict)
     queue = serializers.CharField(required=False, help_text="Defaults to the task's queue.")
     priority = _priority_field()
-    delay = serializers.FloatField(required=False, min_value=0, help_text="Seconds from now.")
-    run_at = AwareDateTimeField(required=False, help_text="ISO 8601 with a UTC offset.")
+    delay = SecondsField(required=False, help_text="Seconds from now (at most 100 years).")
+    run_at = StoredDateTimeField(required=False, help_text="ISO 8601 with a UTC offset, "
+                                 "from 1970 to 9999.")
     job_id = serializers.CharField(required=False,
                                    help_text="Your id for the job: enqueued once per id.")
-    max_attempts = serializers.IntegerField(required=False, min_value=1)
+    max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ATTEMPTS)
 
     def validate_task(self, value: str) -> str:
         if value not in registry:
@@ -206,8 +265,8 @@ class EnqueueSerializer(serializers.Serializer):
 
 
 class RescheduleSerializer(serializers.Serializer):
-    run_at = AwareDateTimeField(required=False, help_text="ISO 8601 with a UTC offset.")
-    delay = serializers.FloatField(required=False, min_value=0, help_text="Seconds from now.")
+    run_at = StoredDateTimeField(required=False, help_text="ISO 8601 with a UTC offset.")
+    delay = SecondsField(required=False, help_text="Seconds from now.")
     priority = _priority_field()
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -215,8 +274,8 @@ class RescheduleSerializer(serializers.Serializer):
 
 
 class RetrySerializer(serializers.Serializer):
-    run_at = AwareDateTimeField(required=False, help_text="When to run again (default: now).")
-    delay = serializers.FloatField(required=False, min_value=0, help_text="Seconds from now.")
+    run_at = StoredDateTimeField(required=False, help_text="When to run again (default: now).")
+    delay = SecondsField(required=False, help_text="Seconds from now.")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         return _check_when(attrs, required=False)

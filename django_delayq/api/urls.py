@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.urls import path, register_converter
 
 from . import views
+from .docs import APIRootView, RedocView, SwaggerView
 from .schema import SchemaView
 
 
@@ -32,6 +33,7 @@ register_converter(JobIdConverter, "delayq_job")
 app_name = "delayq-api"
 
 urlpatterns = [
+    path("", APIRootView.as_view(), name="root"),
     path("queues/", views.QueueListView.as_view(), name="queue-list"),
     path("queues/<delayq_queue:queue>/", views.QueueDetailView.as_view(), name="queue-detail"),
     path("queues/<delayq_queue:queue>/pause/", views.QueuePauseView.as_view(),
@@ -49,4 +51,6 @@ urlpatterns = [
          name="job-detail"),
     path("workers/", views.WorkerListView.as_view(), name="worker-list"),
     path("schema/", SchemaView.as_view(), name="schema"),
+    path("schema/swagger/", SwaggerView.as_view(), name="swagger-ui"),
+    path("schema/redoc/", RedocView.as_view(), name="redoc"),
 ]

@@ -15,13 +15,15 @@ from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import status
 from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.generics import GenericAPIView
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from ..connection import get_broker
 from ..engine import Job, JobNotFound, Queue
-from ..engine.job import from_ms
+from ..engine.status import PENDING
+from ..engine.workers import live_workers
 from ..models import Job as MirroredJob
 from ..task import registry
 from . import serializers as s
@@ -31,7 +33,9 @@ logger = logging.getLogger("django_delayq.api")
 
 ERRORS = {
     401: OpenApiResponse(s.ErrorSerializer, description="Not authenticated."),
-    403: OpenApiResponse(s.ErrorSerializer, description="Not allowed (staff only by default)."),
+    403: OpenApiResponse(s.ErrorSerializer, description="Not allowed: by default reading "
+                         "needs django_delayq.view_job, enqueuing add_job, other writes "
+                         "change_job."),
     503: OpenApiResponse(s.ErrorSerializer, description="Redis is unreachable."),
 }
 NOT_FOUND = {404: OpenApiResponse(s.ErrorSerializer, description="Unknown queue or job.")}
@@ -55,14 +59,17 @@ def known_queue(name: str) -> Queue:
 
 
 def queue_data(queue: Queue, *, detail: bool = False) -> dict[str, Any]:
+    summary = queue.summary(throughput=detail)
     data: dict[str, Any] = {
-        "name": queue.name, "counts": queue.counts(), "paused": queue.is_paused,
-        "next_due": queue.next_due(), "shards": len(queue.broker.shards(queue.name)),
+        "name": summary.name, "counts": summary.counts, "paused": summary.paused,
+        "next_due": summary.next_due, "shards": summary.shards,
     }
     if detail:
+        skipped, reasons = queue.skipped_events()
+        data["mirror_skipped"] = {"count": skipped, "last": reasons}
         data["tasks"] = [t.name for t in registry.tasks() if t.queue_name == queue.name]
         data["throughput"] = [{"minute": m, "completed": c, "failed": f}
-                              for m, c, f in queue.throughput(60)]
+                              for m, c, f in summary.throughput]
     return data
 
 
@@ -115,9 +122,14 @@ class JobPagination(LimitOffsetPagination):
     max_limit = 500
 
 
-class JobListView(DelayQAPIView):
+class JobListView(DelayQAPIView, GenericAPIView):
     pagination_class = JobPagination
+    write_permission = "add"  # POST enqueues: django_delayq.add_job
     serializer_class = s.MirroredJobSerializer
+
+    def get_serializer_class(self) -> type[Any]:
+        """The job row for the list; the enqueue body for the browsable API's POST form."""
+        return s.EnqueueSerializer if self.request.method == "POST" else self.serializer_class
 
     def get_queryset(self) -> QuerySet[MirroredJob]:
         filters = self.parsed(s.JobFilterSerializer, self.request.query_params)
@@ -175,8 +187,7 @@ class JobDetailView(DelayQAPIView):
             live = Job.fetch(job_id, queue)
         except JobNotFound:
             live = None
-        position = live.position() if live is not None and live.status in (
-            "scheduled", "ready") else None
+        position = live.position() if live is not None and live.status in PENDING else None
         mirror = MirroredJob.objects.filter(queue=queue, job_id=job_id).first()
         if live is None and mirror is None:
             raise NotFound(f"No job {job_id!r} in queue {queue!r}.")
@@ -199,6 +210,8 @@ class JobCancelView(DelayQAPIView):
 
 
 class JobRetryView(DelayQAPIView):
+    form_serializer = s.RetrySerializer
+
     @document(summary="Retry a job", request=s.RetrySerializer,
                    responses={200: s.LiveJobSerializer, **BAD_REQUEST, **NOT_FOUND,
                               **CONFLICT, **ERRORS})
@@ -212,6 +225,8 @@ class JobRetryView(DelayQAPIView):
 
 
 class JobRescheduleView(DelayQAPIView):
+    form_serializer = s.RescheduleSerializer
+
     @document(summary="Reschedule a job", request=s.RescheduleSerializer,
                    responses={200: s.LiveJobSerializer, **BAD_REQUEST, **NOT_FOUND,
                               **CONFLICT, **ERRORS})
@@ -229,33 +244,11 @@ class JobRescheduleView(DelayQAPIView):
 # -- workers -------------------------------------------------------------------------
 
 
-def _int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
 class WorkerListView(DelayQAPIView):
     @document(summary="List live workers",
                    responses={200: s.WorkerSerializer(many=True), **ERRORS})
     def get(self, request: Request) -> Response:
-        """Workers whose heartbeat is recent (their record expires a while after they die)."""
-        broker = get_broker()
-        keys = broker.global_keys
-        with broker.connection_errors():
-            names = broker.client.zrange(keys.workers, 0, -1)
-            pipe = broker.client.pipeline(transaction=False)
-            for name in names:
-                pipe.hgetall(keys.worker(name))
-            infos = pipe.execute() if names else []
-        workers = [
-            {"name": name, "host": info.get("host", ""), "pid": _int(info.get("pid")),
-             "queues": [q for q in info.get("queues", "").split(",") if q],
-             "concurrency": _int(info.get("concurrency")),
-             "processed": _int(info.get("processed")), "failed": _int(info.get("failed")),
-             "busy": _int(info.get("busy")), "started": from_ms(info.get("started")),
-             "heartbeat": from_ms(info.get("heartbeat"))}
-            for name, info in zip(names, infos, strict=True) if info
-        ]
+        """Workers whose heartbeat is recent (their record expires a while after they die),
+        newest heartbeat first."""
+        workers = live_workers(get_broker())
         return Response(s.WorkerSerializer(workers, many=True).data)

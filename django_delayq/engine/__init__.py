@@ -4,14 +4,8 @@ It takes a redis-py client (``decode_responses=True``) and an :class:`EngineConf
 Spark executors, benchmarks and scripts can use it bare.
 """
 
-from .broker import (
-    Broker,
-    BulkResult,
-    ClaimedJob,
-    ClaimResult,
-    EnqueueRequest,
-    EnqueueResult,
-)
+from .broker import Broker, BulkResult, EnqueueRequest, EnqueueResult
+from .claims import ClaimedJob, ClaimResult
 from .codec import JSONEncoder, encode_arguments, encode_result
 from .config import EngineConfig
 from .errors import (
@@ -19,13 +13,16 @@ from .errors import (
     DelayQError,
     InvalidJobState,
     JobNotFound,
+    JobTimeout,
+    NotReplicated,
     PartialClaimError,
     PayloadTooLarge,
     UnknownTask,
 )
 from .job import Job, set_default_broker
-from .keys import STATUSES, GlobalKeys, QueueKeys
+from .keys import GlobalKeys, QueueKeys
 from .queue import Queue
+from .status import STATUSES, Status
 
 __all__ = [
     "STATUSES",
@@ -43,10 +40,13 @@ __all__ = [
     "JSONEncoder",
     "Job",
     "JobNotFound",
+    "JobTimeout",
+    "NotReplicated",
     "PartialClaimError",
     "PayloadTooLarge",
     "Queue",
     "QueueKeys",
+    "Status",
     "UnknownTask",
     "encode_arguments",
     "encode_result",

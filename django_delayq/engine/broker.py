@@ -8,7 +8,9 @@ with the ``add_*`` methods so acks and the next claim share one round trip.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 import zlib
 from base64 import urlsafe_b64encode
 from collections.abc import Iterable, Iterator, Sequence
@@ -16,28 +18,35 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-from redis.exceptions import ClusterError, TryAgainError
+from redis.exceptions import ClusterError, ReadOnlyError, RedisError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import validation as check
+from . import validation
 from .bulk import ChunkSender
+from .claims import ClaimResult, parse_claim
 from .codec import encode_arguments
+from .commands import Commands
 from .config import EngineConfig
-from .errors import DelayQConnectionError, PartialClaimError
+from .errors import DelayQConnectionError, NotReplicated, PartialClaimError
 from .held import HeldConnections
 from .keys import GlobalKeys, QueueKeys
 from .limits import RateLimit
 from .reservations import claim_reserved
-from .scripts import Batch, call
+from .scripts import Batch
+from .urls import client_from_url as client_from_url  # re-exported
 
-ENQUEUE_FIELDS = 8
 ID_BYTES = 12
 ID_CHARS = 16
-CLAIM_HEADER = 5
 #: redis-py errors that mean Redis did not serve a call, not that the call was wrong.
 UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainError)
+#: Errors after which an enqueue may be retried with the same job id: Redis did not
+#: serve it, or a demoted primary refused it (``READONLY``).
+FAILOVER = (*UNAVAILABLE, ReadOnlyError)
+#: Seconds between the tries of an enqueue through a failover.
+FAILOVER_PAUSE = 0.2
+
+logger = logging.getLogger(__name__)
 
 
 def is_cluster_client(client: Any) -> bool:
@@ -47,19 +56,6 @@ def is_cluster_client(client: Any) -> bool:
     except ImportError:  # pragma: no cover - redis-py always has it
         return False
     return isinstance(client, RedisCluster)
-
-
-def client_from_url(url: str, *, cluster: bool = False, **kwargs: Any) -> Any:
-    """A redis-py client for ``url`` (``kwargs`` go to ``from_url``): a ``RedisCluster``
-    for a ``redis+cluster://`` or ``rediss+cluster://`` URL or with ``cluster``, else a
-    ``Redis``."""
-    scheme, sep, rest = url.partition("://")
-    if cluster or scheme.endswith("+cluster"):
-        from redis.cluster import RedisCluster
-
-        kwargs.pop("health_check_interval", None)  # not an option of RedisCluster
-        return RedisCluster.from_url(f"{scheme.removesuffix('+cluster')}{sep}{rest}", **kwargs)
-    return redis.Redis.from_url(url, **kwargs)
 
 
 def new_job_id() -> str:
@@ -95,6 +91,8 @@ class EnqueueRequest:
     priority: int = 0
     job_id: str | None = None
     max_attempts: int = 1
+    #: Time limit of each attempt (seconds or a timedelta); None: the worker's default.
+    timeout: Any = None
 
 
 @dataclass(slots=True)
@@ -121,41 +119,6 @@ class BulkResult:
     chunks: int = 0
 
 
-@dataclass(slots=True)
-class ClaimedJob:
-    """A job leased to a worker. ``attempt`` is the lease token for its ack."""
-
-    keys: QueueKeys
-    id: str
-    task: str
-    args_json: str
-    kwargs_json: str
-    attempt: int
-    max_attempts: int
-    priority: int
-    run_at_ms: int
-    enqueued_at_ms: int
-    started_at_ms: int
-
-    @property
-    def queue(self) -> str:
-        return self.keys.queue
-
-
-@dataclass(slots=True)
-class ClaimResult:
-    """The answer of one claim call on one queue shard."""
-
-    keys: QueueKeys
-    now_ms: int
-    next_due_ms: int | None
-    paused: bool
-    orphans: int
-    jobs: list[ClaimedJob]
-    #: ms until the queue's start-rate window lets another job start (None: not held).
-    limit_wait_ms: int | None = None
-
-
 def _describe(client: Any) -> str:
     """The Redis address of ``client`` for error messages, never with its password."""
     try:
@@ -163,6 +126,11 @@ def _describe(client: Any) -> str:
         kw = pool.connection_kwargs
     except AttributeError:
         return "the configured Redis"
+    service = getattr(pool, "service_name", None)
+    if service is not None:  # a Sentinel pool: the service, and the primary last known
+        address = getattr(getattr(pool, "proxy", None), "master_address", None)
+        where = f" (primary {address[0]}:{address[1]})" if address else ""
+        return f"the Sentinel service {service!r}{where}, db {kw.get('db', 0)},"
     if "path" in kw:
         return f"unix://{kw['path']}?db={kw.get('db', 0)}"
     # A rediss:// URL shows in the connection class, not always in the kwargs.
@@ -184,6 +152,7 @@ class Broker:
         self._shard_keys: dict[str, list[QueueKeys]] = {}
         # Single script calls skip redis-py's per-call pool checkout (see held.py).
         self._held = None if self.is_cluster else HeldConnections.for_client(client)
+        self.commands = Commands(client, self.config, self._held)
 
     # -- keys ---------------------------------------------------------------------
 
@@ -210,7 +179,7 @@ class Broker:
 
     def shards(self, queue: str) -> list[QueueKeys]:
         """The keys of every shard of ``queue``."""
-        check.validate_queue_name(queue)
+        validation.validate_queue_name(queue)
         n = self.shard_count(queue)
         if n == 1:
             return [QueueKeys(self.config.prefix, queue)]
@@ -242,6 +211,10 @@ class Broker:
                 f"the Redis Cluster at {_describe(self.client)} did not serve the call (a "
                 f"slot moving between nodes answers TRYAGAIN until the move ends; a failover "
                 f"takes seconds): {exc}")
+        if isinstance(exc, ReadOnlyError):
+            return DelayQConnectionError(
+                f"Redis at {_describe(self.client)} is a replica now (a failover demoted "
+                f"it) and refused the write: {exc}")
         return DelayQConnectionError(f"Redis at {_describe(self.client)} is unreachable: {exc}")
 
     def close(self) -> None:
@@ -265,18 +238,19 @@ class Broker:
         task, priority, max_attempts = request.task, request.priority, request.max_attempts
         key = _options_key(task, priority, max_attempts)
         if checked is None or key is None or key not in checked:
-            check.check_task_name(task)
-            check.check_priority(priority)
-            check.check_max_attempts(max_attempts)
+            validation.check_task_name(task)
+            validation.check_priority(priority)
+            validation.check_max_attempts(max_attempts)
             if checked is not None and key is not None:
                 checked.add(key)
         run_at, delay = request.run_at, request.delay
         if run_at is not None and delay is not None:
             raise ValueError("give run_at or delay, not both")
-        run_at_ms = "" if run_at is None else check.run_at_ms(run_at)
-        delay_ms = "" if delay is None else check.delay_ms(delay)
+        run_at_ms = "" if run_at is None else validation.run_at_ms(run_at)
+        delay_ms = "" if delay is None else validation.delay_ms(delay)
+        timeout_ms = "" if request.timeout is None else validation.timeout_ms(request.timeout)
         if request.job_id is not None:
-            job_id = check.validate_job_id(request.job_id)
+            job_id = validation.validate_job_id(request.job_id)
         else:
             job_id = new_job_id() if ids is None else next(ids)
         args_json, kwargs_json = encode_arguments(
@@ -288,21 +262,17 @@ class Broker:
             limit=self.config.max_payload_bytes,
         )
         return [job_id, task, args_json, kwargs_json, priority, run_at_ms, delay_ms,
-                max_attempts]
+                max_attempts, timeout_ms]
 
-    def _enqueue_call(self, keys: QueueKeys, argvs: list[list[Any]]) -> tuple[list[str],
-                                                                             list[Any]]:
-        """KEYS and ARGV of one enqueue script call for ``argvs`` (all on the shard ``keys``)."""
-        script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq]
-        script_keys += [keys.job(argv[0]) for argv in argvs]
-        args: list[Any] = [self.config.events_maxlen]
-        for argv in argvs:
-            args += argv
-        return script_keys, args
+    def encode_request(self, request: EnqueueRequest, arg_names: Sequence[str] = ()) -> list[Any]:
+        """Validate and encode one job as :meth:`enqueue` would, without sending it.
 
-    def add_enqueue(self, batch: Batch, keys: QueueKeys, argvs: list[list[Any]]) -> int:
-        """Add one enqueue call for ``argvs`` (all on the shard ``keys``) to ``batch``."""
-        return batch.add("enqueue", *self._enqueue_call(keys, argvs))
+        Returns ``[job_id, task, args_json, kwargs_json, priority, run_at_ms, delay_ms,
+        max_attempts, timeout_ms]`` (a new id when the request has none; ``""`` for an
+        absent time). The outbox stores this, so
+        a job written in a transaction passes exactly the checks of a direct enqueue.
+        """
+        return self._job_argv(request, arg_names)
 
     def enqueue(
         self,
@@ -317,23 +287,53 @@ class Broker:
         job_id: str | None = None,
         max_attempts: int = 1,
         arg_names: Sequence[str] = (),
+        timeout: Any = None,
     ) -> EnqueueResult:
         """Enqueue one job in one round trip. A job whose id exists is not added twice."""
         request = EnqueueRequest(task=task, args=args, kwargs=kwargs or {}, run_at=run_at,
                                  delay=delay, priority=priority, job_id=job_id,
-                                 max_attempts=max_attempts)
+                                 max_attempts=max_attempts, timeout=timeout)
         argv = self._job_argv(request, arg_names)
-        script_keys, script_args = self._enqueue_call(self.keys_for(queue, argv[0]), [argv])
-        # try/except, not connection_errors(): this is the hot path of every producer
-        try:
-            if queue not in self._known_queues:
-                self._remember_queue(queue)
-            added, status, run_at_ms, enqueued_at_ms = call(
-                self.client, "enqueue", script_keys, script_args, self._held
-            )
-        except UNAVAILABLE as exc:
-            raise self._unreachable(exc) from exc
+        keys = self.keys_for(queue, argv[0])
+        wait = self.replica_wait()
+        # The job id is chosen above, before the first try: a retry through a failover
+        # finds the job if the first try landed, so it cannot add it twice.
+        deadline = None
+        while True:
+            # try/except, not connection_errors(): the hot path of every producer (fastpaths.py)
+            try:
+                if queue not in self._known_queues:
+                    self._remember_queue(queue)
+                if wait is None:
+                    reply = self.commands.enqueue(keys, [argv])
+                else:
+                    reply, confirmed = self.commands.enqueue_and_wait(keys, [argv], wait)
+                break
+            except FAILOVER as exc:
+                deadline = self._retry_or_raise(exc, deadline)
+        added, status, run_at_ms, enqueued_at_ms = reply
+        if wait is not None and confirmed < wait[0]:
+            raise NotReplicated([argv[0]], confirmed, *wait)
         return EnqueueResult(argv[0], bool(added), status, int(run_at_ms), int(enqueued_at_ms))
+
+    def replica_wait(self) -> tuple[int, int] | None:
+        """``(replicas, timeout_ms)`` for Redis WAIT after an enqueue, or None."""
+        if self.config.min_replicas <= 0:
+            return None
+        return self.config.min_replicas, self.config.min_replicas_timeout_ms
+
+    def _retry_or_raise(self, exc: Exception, deadline: float | None) -> float:
+        """After a failed try: wait a little and return the retry deadline, or raise
+        :class:`DelayQConnectionError` once ``failover_retry_ms`` has passed."""
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + self.config.failover_retry_ms / 1000
+        if now >= deadline:
+            raise self._unreachable(exc) from exc
+        logger.debug("Redis unavailable, retrying the enqueue error=%s", exc)
+        time.sleep(min(FAILOVER_PAUSE, max(0.0, deadline - now)))
+        return deadline
+
 
     def _remember_queue(self, queue: str) -> None:
         self.client.sadd(self.global_keys.queues, queue)
@@ -363,8 +363,6 @@ class Broker:
         checked: set[tuple[str, int, int]] = set()
         ids = new_job_ids(min(chunk_size, 1_000))
         with self.connection_errors():
-            if queue not in self._known_queues:
-                self._remember_queue(queue)
             # Chunk n is sent while chunk n + 1 is encoded (one round trip per chunk).
             sender = ChunkSender(lambda c: self._send_chunk(queue, c, total, results))
             try:
@@ -399,20 +397,17 @@ class Broker:
         total: BulkResult,
         results: list[EnqueueResult] | None,
     ) -> None:
-        by_shard = self._by_shard(queue, chunk)
-        if len(by_shard) == 1 and self._held is not None:
-            # One shard: one script call on a held connection, without a pipeline.
-            ((keys, argvs),) = by_shard.items()
-            sent = [(call(self.client, "enqueue", *self._enqueue_call(keys, argvs), self._held),
-                     argvs)]
-        else:
-            batch = self.batch()
-            order = [(self.add_enqueue(batch, keys, argvs), argvs)
-                     for keys, argvs in by_shard.items()]
-            # A shard that refuses its call (its cluster slot is moving) must not hide what
-            # the others added: they are counted in ``total`` before the error is raised.
-            replies = batch.run(raise_on_error=False)
-            sent = [(replies[index], argvs) for index, argvs in order]
+        by_shard = self._by_shard(queue, chunk)  # checks the queue name
+        if queue not in self._known_queues:  # once a chunk is valid: a refusal leaves no trace
+            self._remember_queue(queue)
+        wait = self.replica_wait()
+        deadline = None
+        while True:
+            try:
+                sent, confirmed = self._send_by_shard(by_shard, wait)
+                break
+            except FAILOVER as exc:  # the same ids again: a retry cannot add a job twice
+                deadline = self._retry_or_raise(exc, deadline)
         total.chunks += 1
         failure = next((reply for reply, _ in sent if isinstance(reply, Exception)), None)
         for reply, argvs in sent:
@@ -435,6 +430,28 @@ class Broker:
                 ]
         if failure is not None:
             raise failure
+        if wait is not None and confirmed is not None and confirmed < wait[0]:
+            raise NotReplicated([argv[0] for argv in chunk], confirmed, *wait)
+
+    def _send_by_shard(
+        self, by_shard: dict[QueueKeys, list[list[Any]]], wait: tuple[int, int] | None,
+    ) -> tuple[list[tuple[Any, list[list[Any]]]], int | None]:
+        """Send one enqueue call per shard (and WAIT, with ``wait``): the replies with
+        their jobs, and how many replicas confirmed them (None without ``wait``)."""
+        if len(by_shard) == 1 and self._held is not None:
+            # One shard: one script call on a held connection, without a pipeline.
+            ((keys, argvs),) = by_shard.items()
+            if wait is None:
+                return [(self.commands.enqueue(keys, argvs), argvs)], None
+            reply, confirmed = self.commands.enqueue_and_wait(keys, argvs, wait)
+            return [(reply, argvs)], confirmed
+        batch = self.batch()
+        order = [(self.commands.add_enqueue(batch, keys, argvs), argvs)
+                 for keys, argvs in by_shard.items()]
+        # A shard that refuses its call (its cluster slot is moving) must not hide what
+        # the others added: they are counted in ``total`` before the error is raised.
+        replies = batch.run(raise_on_error=False, wait=wait)
+        return [(replies[index], argvs) for index, argvs in order], batch.confirmed
 
     # -- the worker protocol ------------------------------------------------------
 
@@ -449,44 +466,64 @@ class Broker:
         """
         limit = None if reserved else self.rate_limit(keys.queue)
         if limit is not None and not self.reserves_starts(keys.queue):
-            limit_key, limit_args = self.limit_key(keys.queue), [limit.limit, limit.period_ms]
-        else:
-            limit_key, limit_args = keys.limit, [0, 0]
-        return batch.add(
-            "claim",
-            [keys.scheduled, keys.ready, keys.active, keys.marker, keys.events, keys.seq,
-             keys.paused, keys.job_prefix, limit_key],
-            [count, lease_ms or self.config.lease_ms, worker, self.config.promote_batch,
-             self.config.events_maxlen, *limit_args],
-        )
+            return self.commands.add_claim(batch, keys, count, worker,
+                                           lease_ms or self.config.lease_ms,
+                                           self.limit_key(keys.queue), limit.limit,
+                                           limit.period_ms)
+        return self.commands.add_claim(batch, keys, count, worker,
+                                       lease_ms or self.config.lease_ms, keys.limit, 0, 0)
 
-    @staticmethod
-    def parse_claim(keys: QueueKeys, reply: list[Any]) -> ClaimResult:
-        now, next_due, paused, orphans, limit_wait = (int(x) for x in reply[:CLAIM_HEADER])
-        jobs = [
-            ClaimedJob(keys, reply[i], reply[i + 1], reply[i + 2], reply[i + 3],
-                       int(reply[i + 4]), int(reply[i + 5]), int(reply[i + 6]),
-                       int(reply[i + 7]), int(reply[i + 8]), now)
-            for i in range(CLAIM_HEADER, len(reply), 9)
-        ]
-        return ClaimResult(keys, now, None if next_due < 0 else next_due, bool(paused), orphans,
-                           jobs, None if limit_wait < 0 else limit_wait)
+    parse_claim = staticmethod(parse_claim)
 
     def claim(
         self, queue: str, count: int, worker: str, lease_ms: int | None = None
     ) -> list[ClaimResult]:
-        """Claim up to ``count`` jobs from each shard of ``queue``.
+        """Claim up to ``count`` jobs from each shard of ``queue`` (see :meth:`claim_many`)."""
+        return self.claim_many([(keys, count) for keys in self.shards(queue)], worker, lease_ms)
 
-        One round trip, or for a limited queue sharded over a cluster, a reservation
-        first and then the shards one by one until the granted starts are used.
+    def claim_many(
+        self, wants: Sequence[tuple[QueueKeys, int]], worker: str, lease_ms: int | None = None
+    ) -> list[ClaimResult]:
+        """Claim up to ``count`` jobs from each ``(shard, count)`` of ``wants``, over any
+        queues, in one round trip.
+
+        A limited queue sharded over a cluster (:meth:`reserves_starts`) reserves its
+        starts first and then claims its shards one by one (more round trips); the
+        largest count of its shards is what it may start in all. If some calls fail (a
+        cluster slot on the move), raises :class:`PartialClaimError` holding the answers
+        of the others and the jobs they leased, or the first failure if none answered.
         """
-        shards = self.shards(queue)
-        if self.reserves_starts(queue):
-            return claim_reserved(self, queue, shards, count, worker, lease_ms)
-        batch = self.batch()
-        for keys in shards:
-            self.add_claim(batch, keys, count, worker, lease_ms)
-        return self.run_claims(batch, shards)
+        plain = [(keys, count) for keys, count in wants if not self.reserves_starts(keys.queue)]
+        reserving: dict[str, list[tuple[QueueKeys, int]]] = {}
+        for keys, count in wants:
+            if self.reserves_starts(keys.queue):
+                reserving.setdefault(keys.queue, []).append((keys, count))
+        results: list[ClaimResult] = []
+        failure: BaseException | None = None
+        if plain:
+            batch = self.batch()
+            for keys, count in plain:
+                self.add_claim(batch, keys, count, worker, lease_ms)
+            try:
+                results = self.run_claims(batch, [keys for keys, _ in plain])
+            except PartialClaimError as exc:
+                results, failure = exc.results, exc.__cause__ or exc
+            except RedisError as exc:
+                failure = exc
+        for queue, shards in reserving.items():
+            try:
+                results += claim_reserved(self, queue, [keys for keys, _ in shards],
+                                          max(count for _, count in shards), worker, lease_ms)
+            except PartialClaimError as exc:
+                results += exc.results
+                failure = failure or exc.__cause__ or exc
+            except RedisError as exc:
+                failure = failure or exc
+        if failure is not None:
+            if results:
+                raise PartialClaimError(results, len(wants) - len(results)) from failure
+            raise failure
+        return results
 
     def run_claims(self, batch: Batch, shards: Sequence[QueueKeys]) -> list[ClaimResult]:
         """Run ``batch``, one claim per shard of ``shards`` in order, and parse the replies.
@@ -506,18 +543,19 @@ class Broker:
             raise failures[0]
         return results
 
-    def add_complete(
-        self, batch: Batch, keys: QueueKeys, done: Sequence[tuple[str, int, str]]
+    def add_start(
+        self, batch: Batch, keys: QueueKeys, worker: str, started: Sequence[tuple[str, int, int]]
     ) -> int:
-        """Add acks of ``(job_id, attempt, result_json)`` on the shard ``keys`` to ``batch``."""
-        args: list[Any] = [self.config.result_ttl_ms, self.config.keep_completed,
-                           self.config.events_maxlen]
-        for job_id, attempt, result in done:
-            args += [job_id, attempt, result]
-        return batch.add(
-            "complete", [keys.active, keys.completed, keys.events, keys.stats, keys.job_prefix],
-            args,
-        )
+        """Add a note that ``(job_id, attempt, start ms)`` claimed jobs started running."""
+        return self.commands.add_start(batch, keys, worker, started)
+
+    def add_complete(
+        self, batch: Batch, keys: QueueKeys,
+        done: Sequence[tuple[str, int, str] | tuple[str, int, str, int]],
+    ) -> int:
+        """Add acks of ``(job_id, attempt, result_json[, start ms])`` on the shard ``keys``
+        (the start time, for the attempt log, when the job's own is not recorded)."""
+        return self.commands.add_complete(batch, keys, done)
 
     def add_fail(
         self,
@@ -528,45 +566,28 @@ class Broker:
         error: str,
         traceback: str,
         retry_delay_ms: int,
+        started_ms: int = 0,
     ) -> int:
         """Add a failed attempt to ``batch``; ``retry_delay_ms`` -1 forbids a retry."""
-        return batch.add(
-            "fail",
-            [keys.job(job_id), keys.active, keys.scheduled, keys.failed, keys.marker,
-             keys.events, keys.stats],
-            [job_id, attempt, error, traceback, retry_delay_ms, self.config.failed_ttl_ms,
-             self.config.keep_failed, self.config.events_maxlen],
-        )
+        return self.commands.add_fail(batch, keys, job_id, attempt, error, traceback,
+                                      retry_delay_ms, started_ms)
 
     def add_extend(
-        self, batch: Batch, keys: QueueKeys, held: Sequence[tuple[str, int]], lease_ms: int
+        self, batch: Batch, keys: QueueKeys, leases: Sequence[tuple[str, int]], lease_ms: int
     ) -> int:
         """Add a lease extension of ``(job_id, attempt)`` pairs to ``batch``."""
-        args: list[Any] = [lease_ms]
-        for job_id, attempt in held:
-            args += [job_id, attempt]
-        return batch.add("extend", [keys.active, keys.job_prefix], args)
+        return self.commands.add_extend(batch, keys, leases, lease_ms)
 
     def add_reclaim(self, batch: Batch, keys: QueueKeys, limit: int = 1_000) -> int:
         """Add a reclaim of expired leases on the shard ``keys`` to ``batch``."""
-        return batch.add(
-            "reclaim",
-            [keys.active, keys.ready, keys.failed, keys.marker, keys.events, keys.stats,
-             keys.job_prefix],
-            [limit, self.config.failed_ttl_ms, self.config.keep_failed,
-             self.config.events_maxlen],
-        )
+        return self.commands.add_reclaim(batch, keys, limit)
 
     def add_release(
-        self, batch: Batch, keys: QueueKeys, held: Sequence[tuple[str, int]], *, started: bool
+        self, batch: Batch, keys: QueueKeys, leases: Sequence[tuple[str, int]], *,
+        started: bool,
     ) -> int:
         """Add a hand-back of leased jobs to ``batch`` (their attempt counts if ``started``)."""
-        args: list[Any] = [self.config.events_maxlen, 0 if started else 1]
-        for job_id, attempt in held:
-            args += [job_id, attempt]
-        return batch.add(
-            "release", [keys.active, keys.ready, keys.marker, keys.events, keys.job_prefix], args
-        )
+        return self.commands.add_release(batch, keys, leases, started=started)
 
     def reclaim(self, queue: str, limit: int = 1_000) -> tuple[int, int]:
         """Reclaim expired leases of ``queue``: (returned to ready, dead-lettered)."""

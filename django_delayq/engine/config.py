@@ -40,3 +40,13 @@ class EngineConfig:
     shards: Mapping[str, int] = field(default_factory=dict)
     #: Start limits per queue name (rate limits and intervals); queues not listed have none.
     limits: Mapping[str, RateLimit] = field(default_factory=dict)
+    #: Replicas that must confirm each enqueue (Redis WAIT) before it returns; 0: none.
+    min_replicas: int = 0
+    #: How long an enqueue waits for those confirmations, in ms (then NotReplicated).
+    min_replicas_timeout_ms: int = 1_000
+    #: Whether worker acks wait for the replicas too (they are resent if not confirmed).
+    min_replicas_acks: bool = False
+    #: How long an enqueue keeps retrying through a failover (connection lost,
+    #: READONLY, no primary yet), in ms, with the same job id so a retry cannot
+    #: duplicate it; 0 leaves retries to the client's own policy.
+    failover_retry_ms: int = 0

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
 if TYPE_CHECKING:
-    from .broker import ClaimResult
+    from .claims import ClaimResult
 
 
 class DelayQError(Exception):
@@ -18,12 +19,53 @@ class DelayQConnectionError(DelayQError, ConnectionError):
     """Redis could not be reached (or answered too slowly) for a queue operation."""
 
 
+class NotReplicated(DelayQError):
+    """Fewer replicas than ``MIN_REPLICAS`` confirmed a write within the timeout.
+
+    The write reached the primary (an enqueue: the job exists there and runs unless
+    that primary fails before a replica copies it); if the primary fails over first,
+    the job may or may not survive. Enqueuing the same job ids again is safe: an
+    existing id is not added twice.
+    """
+
+    def __init__(self, job_ids: list[str], confirmed: int, wanted: int,
+                 timeout_ms: int) -> None:
+        self.job_ids = job_ids
+        self.confirmed = confirmed
+        self.wanted = wanted
+        shown = ", ".join(job_ids[:5]) + (f" and {len(job_ids) - 5} more"
+                                          if len(job_ids) > 5 else "")
+        super().__init__(
+            f"{len(job_ids)} job(s) ({shown}) written to the Redis primary, but only "
+            f"{confirmed} of the {wanted} replica(s) required (MIN_REPLICAS) confirmed "
+            f"them within {timeout_ms} ms: they may or may not survive a failover. "
+            f"Enqueuing the same job ids again is safe (an existing id is not added twice).")
+
+
 class JobNotFound(DelayQError, LookupError):
     """No job with this id exists in this queue (never enqueued, or expired)."""
 
 
 class InvalidJobState(DelayQError):
-    """The job's status does not allow the operation (cancelling a running job, say)."""
+    """The job's status does not allow the operation (cancelling a running job, say).
+
+    The reason is data: ``job_id``, its ``status``, the ``operation`` refused and the
+    statuses it ``allowed``; :attr:`reason` says it in words, without the job id.
+    """
+
+    def __init__(self, job_id: str, status: str, operation: str,
+                 allowed: Sequence[str]) -> None:
+        self.job_id, self.status, self.operation = job_id, status, operation
+        self.allowed = tuple(allowed)
+        super().__init__(f"job {job_id!r} is {self.reason}")
+
+    @property
+    def reason(self) -> str:
+        """e.g. ``"active: only a scheduled or ready job can be cancelled"``."""
+        names = [str(status) for status in self.allowed]
+        either = " or ".join(names) if len(names) < 3 else (
+            f"{', '.join(names[:-1])} or {names[-1]}")
+        return f"{self.status}: only a {either} job can be {self.operation}"
 
 
 class PayloadTooLarge(DelayQError, ValueError):
@@ -32,6 +74,18 @@ class PayloadTooLarge(DelayQError, ValueError):
 
 class UnknownTask(DelayQError, LookupError):
     """No task with this name is registered."""
+
+
+class JobTimeout(BaseException):
+    """Raised inside a job's thread when the job overruns its time limit.
+
+    A ``BaseException`` (like ``KeyboardInterrupt``), so that a task's ``except
+    Exception`` does not swallow it by accident. A job that has not returned a grace
+    period later is failed with this error all the same (see docs/guarantees.md).
+    """
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(args or ("the job ran past its time limit",)))
 
 
 class PartialClaimError(DelayQError, RedisError):

@@ -26,7 +26,17 @@ worker         ``w``   the worker of the latest attempt
 result         ``v``   return value, JSON
 error          ``x``   one line: exception class and message
 traceback      ``tb``  traceback of the latest failure
+progress       ``g``   fraction done, 0..1, as the task reported it
+timeout        ``o``   time limit of each attempt, ms               none
+attempt_log    ``h``   the last 25 attempts, JSON (see below)       ``[]``
 =============  ======  ===========================================  =======
+
+``attempt_log`` is a JSON array of ``{"n": attempt, "w": worker, "b": start ms,
+"f": end ms, "o": outcome, "x": error}``, oldest first, capped at the last
+:data:`ATTEMPT_LOG_SIZE` attempts. ``o`` is ``completed``, ``retried``, ``failed`` or
+``reclaimed`` (the worker's lease lapsed).
+
+``gm`` (logical name ``progress_message``) holds the message reported with the progress.
 
 A field with a default is not stored while it equals it: every script and reader takes
 an absent one as that default (an absent run_at is the job's enqueued_at: a job enqueued
@@ -56,7 +66,14 @@ STORED: Final[Mapping[str, str]] = {
     "result": "v",
     "error": "x",
     "traceback": "tb",
+    "progress": "g",
+    "progress_message": "gm",
+    "timeout": "o",
+    "attempt_log": "h",
 }
+
+#: Attempts kept in a job's ``attempt_log``.
+ATTEMPT_LOG_SIZE = 25
 
 #: Stored field name -> logical name.
 LOGICAL: Final[Mapping[str, str]] = {short: name for name, short in STORED.items()}

@@ -13,7 +13,8 @@ connection that raised anything but an error reply is disconnected and never reu
 a connection error (or a timeout, if the client retries them) falls back to the
 client path, whose retry policy applies; health checks and reply decoding are the
 connection's own, as on the client path.
-Commands sent this way are not counted by redis-py's optional metrics.
+Commands sent this way are not counted by redis-py's optional metrics. The redis-py
+internals this relies on are listed, and reached, in :mod:`.fastpaths`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from hiredis import pack_command
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .fastpaths import HAS_SHOULD_RECONNECT, checkout, retries
 
 #: Connections kept idle at most; more threads at once take and give back pool ones.
 MAX_HELD = 8
@@ -62,12 +65,7 @@ class HeldConnections:
     def execute(self, *args: Any) -> Any:
         """Send one command and return its reply, decoded as the client would."""
         packed = [pack_command(args)]  # bad arguments raise TypeError before any I/O
-        if self._pid != os.getpid():
-            self._forget_parent_connections()
-        try:
-            conn = self._free.pop()
-        except IndexError:
-            conn = self._pool.get_connection()
+        conn = self._take()
         try:
             conn.send_packed_command(packed)
             reply = conn.read_response()
@@ -81,7 +79,7 @@ class HeldConnections:
             return self._client.execute_command(*args)
         except RedisTimeoutError:
             self._discard(conn)
-            if conn.retry.get_retries() == 0:
+            if retries(conn) == 0:
                 raise
             return self._client.execute_command(*args)  # retried, as the client would
         except BaseException:
@@ -89,6 +87,46 @@ class HeldConnections:
             raise
         self._give_back(conn)
         return reply
+
+    def execute_many(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """Send ``commands`` in one write and read their replies, in one round trip.
+
+        An error reply takes its command's place in the list (the connection stays in
+        step); a connection error falls back to a client pipeline, as :meth:`execute`
+        falls back to the client.
+        """
+        packed = [pack_command(args) for args in commands]
+        conn = self._take()
+        replies: list[Any] = []
+        try:
+            conn.send_packed_command(packed)
+            for _ in commands:
+                try:
+                    replies.append(conn.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            self._discard(conn)
+            if isinstance(exc, RedisTimeoutError) and retries(conn) == 0:
+                raise
+            pipe = self._client.pipeline(transaction=False)
+            for args in commands:
+                pipe.execute_command(*args)
+            return list(pipe.execute(raise_on_error=False))
+        except BaseException:
+            self._discard(conn)
+            raise
+        self._give_back(conn)
+        return replies
+
+    def _take(self) -> Any:
+        """A held connection, or one checked out of the pool if none is free."""
+        if self._pid != os.getpid():
+            self._forget_parent_connections()
+        try:
+            return self._free.pop()
+        except IndexError:
+            return checkout(self._pool)
 
     def close(self) -> None:
         """Hand every idle held connection back to the pool."""
@@ -100,7 +138,8 @@ class HeldConnections:
             self._pool.release(conn)
 
     def _give_back(self, conn: Any) -> None:
-        if len(self._free) < self._max_held and not conn.should_reconnect():
+        if len(self._free) < self._max_held and not (
+                HAS_SHOULD_RECONNECT and conn.should_reconnect()):  # fastpaths.must_reconnect
             self._free.append(conn)
         else:
             self._pool.release(conn)

@@ -7,11 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import validation as check
-from .codec import decode
+from redis.exceptions import ResponseError
+
+from . import validation
 from .errors import InvalidJobState, JobNotFound
-from .fields import logical
-from .scripts import call
+from .jobhash import from_ms, read_job_hash, reply_time
+from .status import FINISHED, PENDING, RETRYABLE, Status
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -31,20 +32,6 @@ def default_broker() -> Broker:
             "no default broker: pass broker=..., or add 'django_delayq' to INSTALLED_APPS"
         )
     return _default_broker()
-
-
-def from_ms(value: Any) -> dt.datetime | None:
-    """Epoch milliseconds (as Redis returns them) as an aware UTC datetime."""
-    if value in (None, "", 0, "0"):
-        return None
-    return dt.datetime.fromtimestamp(int(value) / 1000, tz=dt.UTC)
-
-
-def _int(value: Any, default: int = 0) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
 
 
 @dataclass(eq=False)
@@ -68,8 +55,20 @@ class Job:
     enqueued_at: dt.datetime | None = None
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
+    #: Fraction done (0..1) the task last reported, None when it reported none.
+    progress: float | None = None
+    #: The message the task reported with its progress.
+    progress_message: str = ""
+    #: The job's own time limit per attempt, seconds (None: the worker's default).
+    timeout: float | None = None
+    #: The last attempts, oldest first: dicts with ``attempt``, ``worker``,
+    #: ``started_at``, ``finished_at`` (aware datetimes), ``outcome`` and ``error``.
+    attempt_log: list[dict[str, Any]] = field(default_factory=list)
     #: False when ``enqueue`` found a job with this id already there (nothing added).
     created: bool = True
+    #: Fields of the stored hash that could not be read: field -> what was found there
+    #: (the attribute then holds its default). Empty for a sound record.
+    damaged: dict[str, str] = field(default_factory=dict)
     broker: Broker | None = field(default=None, repr=False)
 
     def __eq__(self, other: object) -> bool:
@@ -88,19 +87,28 @@ class Job:
 
     @property
     def is_finished(self) -> bool:
-        return self.status in ("completed", "failed", "cancelled")
+        return self.status in FINISHED
 
     @classmethod
     def fetch(cls, job_id: str, queue: str = "default", *, broker: Broker | None = None) -> Job:
         """Read a job from Redis; raises :class:`JobNotFound` when it does not exist."""
-        job = cls(id=check.validate_job_id(job_id), queue=queue, broker=broker)
+        job = cls(id=validation.validate_job_id(job_id), queue=queue, broker=broker)
         return job.refresh()
 
     def refresh(self) -> Job:
         """Read this job's state from Redis again (in place) and return it."""
         broker = self._broker
+        key = broker.keys_for(self.queue, self.id).job(self.id)
         with broker.connection_errors():
-            data = broker.client.hgetall(broker.keys_for(self.queue, self.id).job(self.id))
+            try:
+                data = broker.client.hgetall(key)
+            except ResponseError as exc:
+                if "WRONGTYPE" not in str(exc):
+                    raise
+                # Not a hash (written by hand): shown as damaged, not raised.
+                self._load({})
+                self.damaged = {"record": f"a {broker.client.type(key)} key, not a hash"}
+                return self
         if not data:
             raise JobNotFound(f"no job {self.id!r} in queue {self.queue!r}")
         self._load(data)
@@ -108,25 +116,19 @@ class Job:
 
     def _load(self, stored: dict[str, str]) -> None:
         """Take the state of the job hash ``stored`` (HGETALL's answer, stored names)."""
-        data = logical(stored)
-        self.task_name = data.get("task", "")
-        self.status = data.get("status", "")
-        self.args = _decode_or_raw(data.get("args"), [])
-        self.kwargs = _decode_or_raw(data.get("kwargs"), {})
-        self.priority = _int(data.get("priority"))
-        self.run_at = from_ms(data.get("run_at"))
-        self.attempts = _int(data.get("attempts"))
-        self.max_attempts = _int(data.get("max_attempts"), 1)
-        self.result = _decode_or_raw(data.get("result"), None)
-        self.error = data.get("error")
-        self.traceback = data.get("traceback")
-        self.worker = data.get("worker")
-        self.enqueued_at = from_ms(data.get("enqueued_at"))
-        self.started_at = from_ms(data.get("started_at"))
-        self.finished_at = from_ms(data.get("finished_at"))
+        h = read_job_hash(stored)
+        self.task_name, self.status, self.args, self.kwargs = h.task, h.status, h.args, h.kwargs
+        self.priority, self.run_at, self.attempts = h.priority, h.run_at, h.attempts
+        self.max_attempts, self.result, self.error = h.max_attempts, h.result, h.error
+        self.traceback, self.worker, self.enqueued_at = h.traceback, h.worker, h.enqueued_at
+        self.started_at, self.finished_at = h.started_at, h.finished_at
+        self.progress, self.progress_message = h.progress, h.progress_message
+        self.timeout, self.attempt_log = h.timeout, h.attempt_log
+        self.damaged = h.damaged
 
     @classmethod
-    def from_hash(cls, queue: str, job_id: str, data: dict[str, str], broker: Broker) -> Job:
+    def from_hash(cls, queue: str, job_id: str, data: dict[str, str],
+                  broker: Broker | None) -> Job:
         """The job whose hash HGETALL returned as ``data`` (keyed by stored field names)."""
         job = cls(id=job_id, queue=queue, broker=broker)
         job._load(data)
@@ -136,17 +138,12 @@ class Job:
         """Cancel the job if it has not started. Returns whether it was cancelled."""
         broker = self._broker
         keys = broker.keys_for(self.queue, self.id)
-        cfg = broker.config
         with broker.connection_errors():
-            before = call(
-                broker.client, "cancel",
-                [keys.job(self.id), keys.scheduled, keys.ready, keys.cancelled, keys.events],
-                [self.id, cfg.result_ttl_ms, cfg.keep_completed, cfg.events_maxlen],
-            )
+            before = broker.commands.cancel(keys, self.id)
         if before == "":
             raise JobNotFound(f"no job {self.id!r} in queue {self.queue!r}")
-        cancelled = before in ("scheduled", "ready")
-        self.status = "cancelled" if cancelled else before
+        cancelled = before in PENDING
+        self.status = Status.CANCELLED if cancelled else before
         return cancelled
 
     def reschedule(
@@ -158,24 +155,19 @@ class Job:
         """
         if run_at is not None and delay is not None:
             raise ValueError("give run_at or delay, not both")
-        run_at_arg = "" if run_at is None else check.run_at_ms(run_at)
-        delay_arg = "" if delay is None else check.delay_ms(delay)
-        prio_arg = "" if priority is None else check.check_priority(priority)
+        run_at_arg = "" if run_at is None else validation.run_at_ms(run_at)
+        delay_arg = "" if delay is None else validation.delay_ms(delay)
+        prio_arg = "" if priority is None else validation.check_priority(priority)
         broker = self._broker
         keys = broker.keys_for(self.queue, self.id)
         with broker.connection_errors():
-            before, after, when = call(
-                broker.client, "reschedule",
-                [keys.job(self.id), keys.scheduled, keys.ready, keys.marker, keys.events,
-                 keys.seq],
-                [self.id, run_at_arg, delay_arg, prio_arg, broker.config.events_maxlen],
-            )
+            before, after, when = broker.commands.reschedule(keys, self.id, run_at_arg,
+                                                             delay_arg, prio_arg)
         if before == "":
             raise JobNotFound(f"no job {self.id!r} in queue {self.queue!r}")
-        if before not in ("scheduled", "ready"):
-            raise InvalidJobState(f"job {self.id!r} is {before}: only a scheduled or ready "
-                                  "job can be rescheduled")
-        self.status, self.run_at = after, from_ms(when)
+        if before not in PENDING:
+            raise InvalidJobState(self.id, before, "rescheduled", PENDING)
+        self.status, self.run_at = after, reply_time(when)
         if priority is not None:
             self.priority = priority
         return self
@@ -184,22 +176,16 @@ class Job:
         """Run a failed or cancelled job again, with its attempts starting over."""
         if run_at is not None and delay is not None:
             raise ValueError("give run_at or delay, not both")
-        run_at_arg = "" if run_at is None else check.run_at_ms(run_at)
-        delay_arg = "" if delay is None else check.delay_ms(delay)
+        run_at_arg = "" if run_at is None else validation.run_at_ms(run_at)
+        delay_arg = "" if delay is None else validation.delay_ms(delay)
         broker = self._broker
         keys = broker.keys_for(self.queue, self.id)
         with broker.connection_errors():
-            before, after = call(
-                broker.client, "retry",
-                [keys.job(self.id), keys.failed, keys.cancelled, keys.scheduled, keys.ready,
-                 keys.marker, keys.events, keys.seq],
-                [self.id, run_at_arg, delay_arg, broker.config.events_maxlen],
-            )
+            before, after = broker.commands.retry(keys, self.id, run_at_arg, delay_arg)
         if before == "":
             raise JobNotFound(f"no job {self.id!r} in queue {self.queue!r}")
-        if before not in ("failed", "cancelled"):
-            raise InvalidJobState(f"job {self.id!r} is {before}: only a failed or cancelled "
-                                  "job can be retried")
+        if before not in RETRYABLE:
+            raise InvalidJobState(self.id, before, "retried", RETRYABLE)
         self.status, self.attempts, self.error, self.traceback = after, 0, None, None
         return self
 
@@ -226,16 +212,6 @@ class Job:
     def estimated_start(self) -> dt.datetime | None:
         """Estimated start on a rate-limited or interval queue (see :func:`estimated_start`)."""
         return estimated_start(self)
-
-
-def _decode_or_raw(text: str | None, default: Any) -> Any:
-    """Decode stored JSON; a corrupted value is returned as its raw text, not raised."""
-    if text is None:
-        return default
-    try:
-        return decode(text)
-    except (ValueError, RecursionError):
-        return text
 
 
 def estimated_start(job: Job) -> dt.datetime | None:
@@ -266,5 +242,5 @@ def estimated_start(job: Job) -> dt.datetime | None:
         earlier = times[-limit.limit] if len(times) >= limit.limit else None
         start = now if earlier is None else max(now, earlier + limit.period_ms)
         times.append(start)
-    run_at = check.run_at_ms(job.run_at) if job.run_at is not None else 0
+    run_at = validation.run_at_ms(job.run_at) if job.run_at is not None else 0
     return from_ms(max(start, run_at, now))

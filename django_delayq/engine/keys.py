@@ -12,12 +12,12 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
+from .status import STATUSES
+
 # \Z, not $: "$" also matches before a trailing newline, which would let "q\n" through.
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}\Z")
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.:@+=/\-]{1,128}\Z")
 
-#: Job statuses, in lifecycle order.
-STATUSES = ("scheduled", "ready", "active", "completed", "failed", "cancelled")
 
 
 def validate_queue_name(name: str) -> str:
@@ -30,12 +30,22 @@ def validate_queue_name(name: str) -> str:
 
 
 def validate_job_id(job_id: str) -> str:
-    """Return ``job_id`` if it is a valid job id, else raise ``ValueError``."""
+    """Return ``job_id`` if it is a valid job id, else raise ``ValueError``.
+
+    A job id is 1-128 characters from ``A-Z a-z 0-9 _ . : @ + = / -``; as ``/`` may
+    separate its parts, no part may be empty, ``.`` or ``..`` (a URL holding such an id
+    would be rewritten by clients and servers, so the API could not reach the job).
+    """
     if not isinstance(job_id, str) or not JOB_ID_RE.match(job_id):
         shown = job_id if not isinstance(job_id, str) else job_id[:80]
         raise ValueError(
             f"invalid job id {shown!r}: use 1-128 characters from A-Z a-z 0-9 _ . : @ + = / -"
         )
+    if "/" in job_id or job_id in (".", ".."):
+        parts = job_id.split("/")
+        if any(part in ("", ".", "..") for part in parts):
+            raise ValueError(f"invalid job id {job_id[:80]!r}: the parts between '/' may not "
+                             "be empty, '.' or '..'")
     return job_id
 
 
@@ -106,6 +116,16 @@ class QueueKeys:
     def stats(self) -> str:
         """Per-minute completed/failed counters (HASH ``c:<minute>`` / ``f:<minute>``)."""
         return self._key("stats")
+
+    @cached_property
+    def skipped(self) -> str:
+        """How many events the model mirror could not apply and skipped (STRING)."""
+        return self._key("mirror:skipped")
+
+    @cached_property
+    def skipped_log(self) -> str:
+        """The newest reasons of those skips, newest first (LIST, capped)."""
+        return self._key("mirror:skipped:log")
 
     @cached_property
     def job_prefix(self) -> str:

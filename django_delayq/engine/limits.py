@@ -33,15 +33,6 @@ class RateLimit:
         if self.period_ms < 1:
             raise ValueError(f"a rate limit window lasts at least 1 ms, not {self.period_ms}")
 
-    @property
-    def is_interval(self) -> bool:
-        return self.limit == 1
-
-    @property
-    def spacing_ms(self) -> float:
-        """Average time between starts when the queue is saturated."""
-        return self.period_ms / self.limit
-
 
 def parse_rate(text: Any) -> RateLimit:
     """``"100/m"``, ``"5/s"``, ``"1000/h"``, ``"10/30s"`` as a :class:`RateLimit`."""

@@ -3,16 +3,46 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .job import Job, default_broker, from_ms
-from .keys import STATUSES
-from .scripts import call
+from .job import Job, default_broker
+from .jobhash import reply_time
+from .status import FINISHED, PURGEABLE, STATUSES, Status
 
 if TYPE_CHECKING:
     from .broker import Broker
 
-PURGEABLE = ("scheduled", "ready", "completed", "failed", "cancelled")
+logger = logging.getLogger("django_delayq.engine")
+
+#: How many reasons of skipped mirror events are kept per queue shard.
+SKIPS_KEPT = 10
+
+
+#: Minutes of throughput a queue summary covers.
+SUMMARY_MINUTES = 60
+
+
+@dataclass(slots=True)
+class QueueSummary:
+    """What the dashboard and the API show of a queue, read by :meth:`Queue.summary`."""
+
+    name: str
+    counts: dict[str, int]
+    paused: bool
+    next_due: dt.datetime | None
+    shards: int
+    #: (minute, completed, failed) for the last :data:`SUMMARY_MINUTES`, oldest first.
+    throughput: list[tuple[dt.datetime, int, int]] = field(default_factory=list)
+
+    @property
+    def completed_recently(self) -> int:
+        return sum(completed for _, completed, _ in self.throughput)
+
+    @property
+    def failed_recently(self) -> int:
+        return sum(failed for _, _, failed in self.throughput)
 
 
 class Queue:
@@ -38,11 +68,22 @@ class Queue:
 
     @classmethod
     def all(cls, *, broker: Broker | None = None) -> list[Queue]:
-        """Every queue seen by an enqueuer or a worker, by name."""
+        """Every queue seen by an enqueuer or a worker, by name.
+
+        A name in the queues set that no queue can have (written there by hand) is
+        skipped with a warning, so one bad entry hides no queue from its readers.
+        """
         b = broker or default_broker()
         with b.connection_errors():
             names = b.client.smembers(b.global_keys.queues)
-        return [cls(name, broker=b) for name in sorted(names)]
+        queues = []
+        for name in sorted(names):
+            try:
+                queues.append(cls(name, broker=b))
+            except ValueError as exc:
+                logger.warning("skipping a bad name in the queues set key=%s error=%s",
+                               b.global_keys.queues, exc)
+        return queues
 
     def counts(self) -> dict[str, int]:
         """Jobs per status (completed/failed/cancelled: those still kept)."""
@@ -58,6 +99,14 @@ class Queue:
         for i, n in enumerate(replies):
             counts[STATUSES[i % len(STATUSES)]] += int(n)
         return counts
+
+    def summary(self, *, throughput: bool = True) -> QueueSummary:
+        """Counts, pause state, next due time, shards and (with ``throughput``) the jobs
+        finished per minute of the last :data:`SUMMARY_MINUTES`."""
+        return QueueSummary(
+            name=self.name, counts=self.counts(), paused=self.is_paused,
+            next_due=self.next_due(), shards=self.broker.shard_count(self.name),
+            throughput=self.throughput(SUMMARY_MINUTES) if throughput else [])
 
     def pause(self) -> None:
         """Stop every worker from claiming from this queue, at its next claim."""
@@ -92,7 +141,7 @@ class Queue:
             for keys in broker.shards(self.name):
                 pipe.zrange(keys.scheduled, 0, 0, withscores=True)
             heads = [r[0][1] for r in pipe.execute() if r]
-        return from_ms(int(min(heads))) if heads else None
+        return reply_time(int(min(heads))) if heads else None
 
     def purge(self, statuses: tuple[str, ...] = PURGEABLE) -> int:
         """Delete every job of ``statuses`` (never running ones). Returns how many."""
@@ -100,22 +149,21 @@ class Queue:
         removed = 0
         for status in statuses:
             if status not in PURGEABLE:
-                raise ValueError(f"cannot purge {status!r} jobs; choose from {PURGEABLE}")
+                raise ValueError(f"cannot purge {status!r} jobs; "
+                                 f"choose from {tuple(map(str, PURGEABLE))}")
             for keys in broker.shards(self.name):
                 while True:
                     with broker.connection_errors():
-                        n = int(call(broker.client, "purge",
-                                     [keys.status_set(status), keys.events, keys.job_prefix],
-                                     [500, broker.config.events_maxlen]))
+                        n = broker.commands.purge(keys, status, 500)
                     removed += n
                     if n == 0:
                         break
         return removed
 
-    def jobs(self, status: str = "ready", offset: int = 0, limit: int = 50) -> list[Job]:
+    def jobs(self, status: str = Status.READY, offset: int = 0, limit: int = 50) -> list[Job]:
         """Jobs of one status in queue order (finished ones newest first)."""
         broker = self.broker
-        newest_first = status in ("completed", "failed", "cancelled")
+        newest_first = status in FINISHED
         found: list[tuple[float, str, dict[str, str]]] = []
         with broker.connection_errors():
             for keys in broker.shards(self.name):
@@ -127,14 +175,27 @@ class Queue:
                 pipe = broker.client.pipeline(transaction=False)
                 for job_id, _ in ids:
                     pipe.hgetall(keys.job(job_id))
-                for (job_id, score), data in zip(ids, pipe.execute(), strict=True):
+                replies = pipe.execute(raise_on_error=False)
+                for (job_id, score), data in zip(ids, replies, strict=True):
                     found.append((score, job_id, data))
         found.sort(key=lambda item: item[0], reverse=newest_first)
-        return [
-            Job.from_hash(self.name, job_id, data, broker) if data
-            else Job(id=job_id, queue=self.name, status="missing", broker=broker)
-            for _, job_id, data in found[offset:offset + limit]
-        ]
+        return [_listed(self.name, job_id, data, broker)
+                for _, job_id, data in found[offset:offset + limit]]
+
+    def skipped_events(self) -> tuple[int, list[str]]:
+        """Events the model mirror skipped as unusable: how many, and the newest reasons
+        (each with its time and stream id, newest first), over every shard."""
+        broker = self.broker
+        with broker.connection_errors():
+            pipe = broker.client.pipeline(transaction=False)
+            for keys in broker.shards(self.name):
+                pipe.get(keys.skipped)
+                pipe.lrange(keys.skipped_log, 0, SKIPS_KEPT - 1)
+            replies = pipe.execute()
+        counts, logs = replies[0::2], replies[1::2]
+        count = sum(int(n) for n in counts if n and n.isdigit())
+        reasons = sorted((r for log in logs for r in log), reverse=True)
+        return count, reasons[:SKIPS_KEPT]
 
     def throughput(self, minutes: int = 60) -> list[tuple[dt.datetime, int, int]]:
         """(minute, completed, failed) for each of the last ``minutes`` minutes."""
@@ -153,3 +214,14 @@ class Queue:
              merged.get(f"f:{m}", 0))
             for m in range(now_minute - minutes + 1, now_minute + 1)
         ]
+
+
+def _listed(queue: str, job_id: str, data: dict[str, str] | Exception, broker: Broker) -> Job:
+    """A job of a status set: read from its hash, ``missing`` without one, and shown as
+    damaged when its key is not a hash."""
+    if isinstance(data, Exception):
+        return Job(id=job_id, queue=queue, broker=broker,
+                   damaged={"record": f"unreadable: {str(data)[:80]}"})
+    if not data:
+        return Job(id=job_id, queue=queue, status="missing", broker=broker)
+    return Job.from_hash(queue, job_id, data, broker)

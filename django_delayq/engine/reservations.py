@@ -13,16 +13,33 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.exceptions import RedisError
 
 from .errors import PartialClaimError
-from .scripts import call
 
 if TYPE_CHECKING:
-    from .broker import Broker, ClaimResult
+    from .claims import ClaimResult
+    from .commands import Commands
     from .keys import QueueKeys
+    from .limits import RateLimit
+    from .scripts import Batch
+
+
+class Broker(Protocol):
+    """What a reservation uses of :class:`~django_delayq.engine.Broker` (a protocol:
+    the broker imports this module)."""
+
+    client: Any
+    commands: Commands
+
+    def rate_limit(self, queue: str) -> RateLimit | None: ...
+    def limit_key(self, queue: str) -> str: ...
+    def batch(self) -> Batch: ...
+    def add_claim(self, batch: Batch, keys: QueueKeys, count: int, worker: str,
+                  lease_ms: int | None = None, *, reserved: bool = False) -> int: ...
+    def run_claims(self, batch: Batch, shards: Sequence[QueueKeys]) -> list[ClaimResult]: ...
 
 
 def reserve(broker: Broker, queue: str, want: int, token: str) -> tuple[int, int | None]:
@@ -34,9 +51,9 @@ def reserve(broker: Broker, queue: str, want: int, token: str) -> tuple[int, int
     limit = broker.rate_limit(queue)
     if limit is None:
         return want, None
-    granted, wait = call(broker.client, "reserve", [broker.limit_key(queue)],
-                         [want, limit.limit, limit.period_ms, token])
-    return int(granted), None if int(wait) < 0 else int(wait)
+    granted, wait = broker.commands.reserve(broker.limit_key(queue), want, limit.limit,
+                                            limit.period_ms, token)
+    return granted, None if wait < 0 else wait
 
 
 def settle(broker: Broker, queue: str, token: str, granted: int,

@@ -1,5 +1,7 @@
 """Loads the Lua scripts (one ``.lua`` file per operation) and runs them by SHA.
 
+Only :mod:`~django_delayq.engine.commands` calls these, with each script's KEYS and ARGV.
+
 Each script is the shared ``includes/common.lua`` followed by its own file. Scripts are
 sent with EVALSHA; when Redis answers NOSCRIPT (a restart, SCRIPT FLUSH, a failover) the
 script is loaded again and the call repeated, for single calls and pipelines alike.
@@ -13,25 +15,9 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ReadOnlyError
 
 from .held import HeldConnections
-
-SCRIPT_NAMES = (
-    "enqueue",
-    "claim",
-    "complete",
-    "fail",
-    "extend",
-    "reclaim",
-    "release",
-    "cancel",
-    "reschedule",
-    "retry",
-    "purge",
-    "reserve",
-    "advance_schedule",
-)
 
 
 @dataclass(frozen=True)
@@ -54,7 +40,7 @@ def load_script(name: str) -> Script:
     return Script(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 
-def call(
+def run_script(
     client: Any, name: str, keys: list[str], args: list[Any], held: HeldConnections | None = None
 ) -> Any:
     """Run one script on ``client``, loading it first if Redis does not know it.
@@ -69,6 +55,62 @@ def call(
     except NoScriptError:
         client.script_load(script.source)
         return run("EVALSHA", script.sha, len(keys), *keys, *args)
+    except ReadOnlyError:
+        drop_demoted(client, held)
+        raise
+
+
+def drop_demoted(client: Any, held: HeldConnections | None = None) -> None:
+    """After ``READONLY``: the connections reach a primary that a failover demoted (a
+    managed service moved its address to the new one). Close them, so the next call
+    connects again and reaches the new primary. A Sentinel client never gets here:
+    redis-py turns READONLY into a connection error and asks the sentinels."""
+    if held is not None:
+        held.close()
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        pool.disconnect()
+
+
+def wait_command(replicas: int, timeout_ms: int) -> tuple[Any, ...]:
+    """Redis ``WAIT``: block until ``replicas`` replicas have this connection's writes."""
+    return ("WAIT", replicas, timeout_ms)
+
+
+def call_and_wait(
+    client: Any, name: str, keys: list[str], args: list[Any], wait: tuple[int, int],
+    held: HeldConnections | None = None,
+) -> tuple[Any, int]:
+    """Run one script and ``WAIT`` for ``wait = (replicas, timeout_ms)`` in one round
+    trip (two on a cluster, where WAIT goes to the node of the script's keys).
+
+    Returns the script's reply and the number of replicas that confirmed it.
+    """
+    script = load_script(name)
+    evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
+    if hasattr(client, "get_node_from_key"):  # a RedisCluster
+        reply = run_script(client, name, keys, args)
+        node = client.get_node_from_key(keys[0])
+        return reply, int(client.execute_command(*wait_command(*wait), target_nodes=node))
+
+    def send() -> list[Any]:
+        if held is not None:
+            return held.execute_many(evalsha, wait_command(*wait))
+        pipe = client.pipeline(transaction=False)
+        pipe.execute_command(*evalsha)
+        pipe.execute_command(*wait_command(*wait))
+        return list(pipe.execute(raise_on_error=False))
+
+    reply, confirmed = send()
+    if isinstance(reply, NoScriptError):
+        client.script_load(script.source)
+        reply, confirmed = send()
+    for result in (reply, confirmed):
+        if isinstance(result, ReadOnlyError):
+            drop_demoted(client, held)
+        if isinstance(result, Exception):
+            raise result
+    return reply, int(confirmed)
 
 
 class Batch:
@@ -81,6 +123,8 @@ class Batch:
     def __init__(self, client: Any) -> None:
         self._client = client
         self._calls: list[tuple[str, list[str], list[Any]]] = []
+        #: After ``run(wait=...)``: the fewest replicas that confirmed the calls.
+        self.confirmed: int | None = None
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -89,30 +133,58 @@ class Batch:
         self._calls.append((name, keys, args))
         return len(self._calls) - 1
 
-    def run(self, *, raise_on_error: bool = True) -> list[Any]:
+    def run(self, *, raise_on_error: bool = True,
+            wait: tuple[int, int] | None = None) -> list[Any]:
         """The replies in call order. With ``raise_on_error`` False, a call that failed
         leaves its exception in its place instead of raising it (the other calls have
-        run: a caller that must not lose their effects reads them)."""
+        run: a caller that must not lose their effects reads them).
+
+        With ``wait = (replicas, timeout_ms)``, Redis ``WAIT`` follows the calls in the
+        same round trip (on a cluster, once per node the calls reached, afterwards);
+        :attr:`confirmed` then holds the fewest replicas that confirmed them.
+        """
+        self.confirmed = None
         if not self._calls:
             return []
-        results = self._send(self._calls)
+        results = self._send(self._calls, wait)
         missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
         if missing:
             for name in {self._calls[i][0] for i in missing}:
                 self._client.script_load(load_script(name).source)
-            again = self._send([self._calls[i] for i in missing])
+            again = self._send([self._calls[i] for i in missing], wait)
             for i, result in zip(missing, again, strict=True):
                 results[i] = result
+        if any(isinstance(r, ReadOnlyError) for r in results):
+            drop_demoted(self._client)
         if raise_on_error:
             for result in results:
                 if isinstance(result, Exception):
                     raise result
         return results
 
-    def _send(self, calls: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
+    def _send(self, calls: list[tuple[str, list[str], list[Any]]],
+              wait: tuple[int, int] | None = None) -> list[Any]:
         pipe = self._client.pipeline(transaction=False)
         for name, keys, args in calls:
             # execute_command, not evalsha(): redis-py's cluster pipeline refuses the
             # evalsha() method but routes an EVALSHA command by its keys' slot.
             pipe.execute_command("EVALSHA", load_script(name).sha, len(keys), *keys, *args)
-        return list(pipe.execute(raise_on_error=False))
+        cluster = hasattr(self._client, "get_node_from_key")
+        if wait is not None and not cluster:
+            pipe.execute_command(*wait_command(*wait))
+        results = list(pipe.execute(raise_on_error=False))
+        if wait is None:
+            return results
+        if cluster:
+            nodes = {self._client.get_node_from_key(keys[0]).name:
+                     self._client.get_node_from_key(keys[0]) for _, keys, _ in calls}
+            counts = [int(self._client.execute_command(*wait_command(*wait), target_nodes=node))
+                      for node in nodes.values()]
+        else:
+            confirmed = results.pop()
+            if isinstance(confirmed, Exception):
+                raise confirmed
+            counts = [int(confirmed)]
+        low = min(counts)
+        self.confirmed = low if self.confirmed is None else min(self.confirmed, low)
+        return results

@@ -10,13 +10,25 @@ from .keys import validate_job_id, validate_queue_name
 
 MIN_PRIORITY = -100
 MAX_PRIORITY = 100
+#: Every time django-delayq stores is epoch milliseconds in this range: after the epoch
+#: (0 is read as "no time") up to the last millisecond of year 9999, the range every
+#: reader (Python's datetime, the databases' timestamp columns) can represent.
+MIN_TIME_MS = 1
+MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+#: The longest delay: 100 years (a timestamp passed as a delay is refused, not stored).
+MAX_DELAY_SECONDS = 100 * 365 * 86_400
+#: The most runs a job may be allowed (fits every database's integer column).
+MAX_ATTEMPTS = 10_000
 
 __all__ = [
+    "InvalidTime",
     "check_max_attempts",
     "check_priority",
     "check_task_name",
+    "check_time_ms",
     "delay_ms",
     "run_at_ms",
+    "timeout_ms",
     "validate_job_id",
     "validate_queue_name",
 ]
@@ -34,10 +46,24 @@ def check_priority(priority: Any) -> int:
 
 
 def check_max_attempts(max_attempts: Any) -> int:
-    """Return ``max_attempts`` if it is an int of at least 1."""
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ValueError(f"max_attempts must be an int of at least 1, not {max_attempts!r}")
+    """Return ``max_attempts`` if it is an int from 1 to :data:`MAX_ATTEMPTS`."""
+    if (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
+            or not 1 <= max_attempts <= MAX_ATTEMPTS):
+        shown = repr(max_attempts)[:40]
+        raise ValueError(f"max_attempts must be an int from 1 to {MAX_ATTEMPTS}, not {shown}")
     return max_attempts
+
+
+class InvalidTime(ValueError):
+    """A time outside the range django-delayq stores (see :data:`MAX_TIME_MS`)."""
+
+
+def check_time_ms(ms: int, what: str = "time") -> int:
+    """Return ``ms`` if it lies in the stored range, else raise :class:`InvalidTime`."""
+    if not MIN_TIME_MS <= ms <= MAX_TIME_MS:
+        raise InvalidTime(f"{what} is out of range: use a time after 1970-01-01T00:00:00Z "
+                          "and before the year 10000")
+    return ms
 
 
 def check_task_name(name: Any) -> str:
@@ -56,8 +82,30 @@ def run_at_ms(run_at: Any) -> int:
             f"run_at {run_at.isoformat()} is a naive datetime: pass an aware one, e.g. "
             "django.utils.timezone.now() + timedelta(...) or datetime(..., tzinfo=UTC)"
         )
-    # round to whole microseconds first: float noise must not push an exact ms up by one
-    return math.ceil(round(run_at.timestamp() * 1000, 3))
+    try:
+        # round to whole microseconds first: float noise must not push an exact ms up by one
+        ms = math.ceil(round(run_at.timestamp() * 1000, 3))
+    except (OverflowError, ValueError):
+        ms = 0
+    return check_time_ms(ms, f"run_at {run_at.isoformat()}")
+
+
+def _seconds(value: Any, name: str) -> float:
+    """Seconds (int or float) or a timedelta, as float seconds (range not checked)."""
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise TypeError(f"{name} must be seconds (int or float) or a timedelta, "
+                    f"not {type(value).__name__}")
+
+
+def timeout_ms(timeout: Any) -> int:
+    """A time limit in seconds (int or float) or a timedelta, as milliseconds (at least 1)."""
+    seconds = _seconds(timeout, "timeout")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"timeout must be a finite number of seconds above 0, not {timeout!r}")
+    return max(1, math.ceil(seconds * 1000))
 
 
 def delay_ms(delay: Any) -> int:
@@ -69,6 +117,7 @@ def delay_ms(delay: Any) -> int:
     else:
         raise TypeError(f"delay must be seconds (int or float) or a timedelta, "
                         f"not {type(delay).__name__}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"delay must be zero or more seconds, not {delay!r}")
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_DELAY_SECONDS:
+        raise ValueError(f"delay must be zero or more seconds, at most {MAX_DELAY_SECONDS} "
+                         f"(100 years), not {delay!r}")
     return math.ceil(seconds * 1000)

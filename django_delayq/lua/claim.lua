@@ -1,5 +1,6 @@
 -- Claim a batch: promote due scheduled jobs, pop ready jobs by priority then FIFO, and
--- lease them to a worker. Nothing is claimed while the queue is paused, and no more
+-- lease them to a worker: 'claimed', until the worker says a thread started it (start.lua).
+-- Nothing is claimed while the queue is paused, and no more
 -- jobs start than the queue's start-rate window allows.
 --
 -- KEYS[1] scheduled  ZSET  job ids by run_at (ms)
@@ -12,6 +13,8 @@
 -- KEYS[8] job key prefix (job keys are KEYS[8] .. id; same hash tag)
 -- KEYS[9] limit      ZSET  start times in the current window (the queue's one window,
 --                          shared by its shards; unused when ARGV[6] is 0)
+-- KEYS[10] failed    ZSET  dead-lettered job ids (a job key that is not a hash goes here)
+-- KEYS[11] stats     HASH  the start-lateness histogram (its count: jobs claimed)
 --
 -- ARGV[1] most jobs to claim
 -- ARGV[2] lease (ms)
@@ -23,39 +26,58 @@
 --
 -- Returns {now ms, next due run_at ms (-1: none scheduled), paused (0/1),
 --          orphan ids dropped (ids with no job hash), ms until the window lets the
---          next job start (-1: not held by the limit), then per claimed job 9 values:
---          id, task, args, kwargs, attempt, max_attempts, priority, run_at, enqueued_at}
+--          next job start (-1: not held by the limit), then per claimed job 10 values:
+--          id, task, args, kwargs, attempt, max_attempts, priority, run_at, enqueued_at,
+--          time limit ms (0: none)}
 
 local scheduled, ready, active, marker = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local events, seq_key, job_prefix = KEYS[5], KEYS[6], KEYS[8]
 local want, lease, worker = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local promote_max, maxlen = tonumber(ARGV[4]), tonumber(ARGV[5])
 local limit_key, limit, period = KEYS[9], tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0
+local failed_key = KEYS[10]
 local now = now_ms()
 local orphans = 0
+
+-- A job key that is not a hash (written by hand) cannot be run or read: replace it with
+-- a failed job saying what was found, rather than raising half way through the claim
+-- (which would leave its id in no set at all).
+local function fail_damaged(job_key, job_id, found)
+  local kind = redis.call('TYPE', job_key)['ok']
+  local reason = 'DamagedJob: the job key held a ' .. kind .. ', not a hash (' ..
+    string.sub(tostring(found), 1, 120) .. ')'
+  redis.call('DEL', job_key)
+  redis.call('HSET', job_key, 't', '', 's', 'failed', 'x', reason, 'e', now, 'f', now)
+  redis.call('ZADD', failed_key, now, job_id)
+  emit(events, maxlen, 'failed', job_id, now, 'error', reason)
+end
 
 -- Promote due jobs in run_at order; each gets a fresh FIFO number as it becomes ready,
 -- and one 'promoted' event names them all (the mirror's rows leave 'scheduled').
 local due = redis.call('ZRANGEBYSCORE', scheduled, '-inf', now, 'LIMIT', 0, promote_max)
 if #due > 0 then
   local seq = redis.call('INCRBY', seq_key, #due) - #due
-  local promoted = {}
+  local promoted, to_ready = {}, {}
   call_sliced('ZREM', scheduled, due)
   for i = 1, #due do
     local job_id = due[i]
     local job_key = job_prefix .. job_id
-    local f = redis.call('HMGET', job_key, 't', 'p')
+    local f = redis.pcall('HMGET', job_key, 't', 'p')
     -- A damaged hash (no task, a bad priority) is promoted too: the worker fails it
     -- with a clear error, and it cannot stop the promotion of every other job.
-    if f[1] or redis.call('EXISTS', job_key) == 1 then
-      redis.call('ZADD', ready, ready_score(tonumber(f[2]) or 0, seq + i), job_id)
-      redis.call('HSET', job_key, 's', 'ready', 'q', seq + i)
+    if f['err'] then
+      fail_damaged(job_key, job_id, f['err'])
+    elseif f[1] or redis.call('EXISTS', job_key) == 1 then
+      mark_ready(job_key, seq + i)
+      to_ready[#to_ready + 1] = ready_score(tonumber(f[2]) or 0, seq + i)
+      to_ready[#to_ready + 1] = job_id
       promoted[#promoted + 1] = job_id
     else
       orphans = orphans + 1
       emit(events, maxlen, 'orphaned', job_id, now)
     end
   end
+  add_ready(ready, to_ready)  -- the wake-up, if any, comes after the claim
   emit_jobs(events, maxlen, 'promoted', promoted, now)
 end
 
@@ -77,17 +99,20 @@ local out = {now, next_due, 0, orphans, -1}
 if want > 0 then
   local popped = redis.call('ZPOPMIN', ready, want)
   local deadline = now + lease
-  local leases, started, attempts = {}, {}, {}
+  local leases, started, attempts, lateness = {}, {}, {}, {}
   for i = 1, #popped, 2 do
     local job_id = popped[i]
     local job_key = job_prefix .. job_id
-    local f = redis.call('HMGET', job_key, 't', 'a', 'k', 'm', 'p', 'r', 'e', 'n')
-    if f[1] or redis.call('EXISTS', job_key) == 1 then
+    local f = redis.pcall('HMGET', job_key, 't', 'a', 'k', 'm', 'p', 'r', 'e', 'n', 'o')
+    if f['err'] then
+      fail_damaged(job_key, job_id, f['err'])
+    elseif f[1] or redis.call('EXISTS', job_key) == 1 then
       -- A damaged hash is leased and returned like any other (missing text as '',
       -- bad numbers as defaults) so the worker fails it with a clear error; raising
       -- here would leave this batch half-claimed and stall the queue on one job.
       local attempt = (tonumber(f[8]) or 0) + 1
-      redis.call('HSET', job_key, 'n', attempt, 's', 'active', 'b', now, 'w', worker)
+      redis.call('HSET', job_key, 'n', attempt, 's', 'claimed', 'w', worker)
+      redis.call('HDEL', job_key, 'b')  -- not started yet (a retry's holds the last start)
       leases[#leases + 1] = deadline
       leases[#leases + 1] = job_id
       started[#started + 1] = job_id
@@ -103,14 +128,17 @@ if want > 0 then
       out[#out + 1] = tonumber(f[4]) or 1
       out[#out + 1] = tonumber(f[5]) or 0
       out[#out + 1] = tonumber(f[6] or f[7]) or now
+      lateness[#lateness + 1] = now - out[#out]
       out[#out + 1] = tonumber(f[7]) or now
+      out[#out + 1] = tonumber(f[9]) or 0
     else
       orphans = orphans + 1
       emit(events, maxlen, 'orphaned', job_id, now)
     end
   end
   call_sliced('ZADD', active, leases)
-  emit_jobs(events, maxlen, 'started', started, now, attempts, 'worker', worker)
+  emit_jobs(events, maxlen, 'claimed', started, now, attempts, 'worker', worker)
+  observe(KEYS[11], 'hl', lateness)
   out[4] = orphans
 end
 

@@ -1,19 +1,20 @@
 -- Acknowledge finished jobs. A job is completed only by the attempt that holds its
 -- lease: a late ack from a worker whose lease lapsed (and whose job was reclaimed or
 -- re-run) changes nothing. A job is in the active set exactly while its hash says
--- 'active' (claim sets both, every script that takes it out changes the status), so the
--- status and attempt decide, and the acked jobs leave the set in one ZREM.
+-- 'claimed' or 'active' (claim sets both, every script that takes it out changes the
+-- status), so the status and attempt decide, and the acked jobs leave the set in one ZREM.
 --
 -- KEYS[1] active     ZSET  leased job ids by lease deadline (ms)
 -- KEYS[2] completed  ZSET  completed job ids by finish time (ms)
 -- KEYS[3] events     STREAM lifecycle events
--- KEYS[4] stats      HASH  per-minute counters
+-- KEYS[4] stats      HASH  per-minute counters, totals, the duration histogram
 -- KEYS[5] job key prefix (job keys are KEYS[5] .. id; same hash tag)
 --
 -- ARGV[1] result time to live (ms; 0: delete the job at once)
 -- ARGV[2] most completed ids to keep
 -- ARGV[3] events stream max length (0: no events)
--- ARGV[4..] per job, 3 values: id, attempt (the lease token), result JSON
+-- ARGV[4..] per job, 4 values: id, attempt (the lease token), result JSON, start ms
+--           (for the attempt log)
 --
 -- Returns, per job: 1 completed, 0 stale (the attempt no longer holds the lease).
 
@@ -21,13 +22,24 @@ local active, completed, events, stats, job_prefix = KEYS[1], KEYS[2], KEYS[3], 
 local ttl, keep, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
 local out = {}
-local finished, ids, attempts = {}, {}, {}
-for i = 4, #ARGV, 3 do
+local finished, ids, attempts, durations = {}, {}, {}, {}
+local unnoted, unnoted_attempts = {}, {}  -- acked while still 'claimed': no start note
+for i = 4, #ARGV, 4 do
   local job_id, attempt = ARGV[i], ARGV[i + 1]
   local job_key = job_prefix .. job_id
-  local f = redis.call('HMGET', job_key, 's', 'n')
-  if f[1] == 'active' and f[2] == attempt then
+  local f = redis.call('HMGET', job_key, 's', 'n', 'w', 'b')
+  if is_leased(f[1]) and f[2] == attempt then
+    if f[1] == 'claimed' then
+      unnoted[#unnoted + 1] = job_id
+      unnoted_attempts[#unnoted_attempts + 1] = attempt
+    end
+    local started = f[4] or (ARGV[i + 3] ~= '0' and ARGV[i + 3]) or nil
+    durations[#durations + 1] = now - (tonumber(started) or now)
     redis.call('HSET', job_key, 's', 'completed', 'f', now, 'v', ARGV[i + 2])
+    if started and not f[4] then
+      redis.call('HSET', job_key, 'b', started)
+    end
+    log_attempt(job_key, attempt, f[3], started, now, 'completed')
     expire_finished(job_key, ttl)
     finished[#finished + 1] = now
     finished[#finished + 1] = job_id
@@ -40,9 +52,11 @@ for i = 4, #ARGV, 3 do
 end
 if #ids > 0 then
   call_sliced('ZREM', active, ids)
+  emit_jobs(events, maxlen, 'started', unnoted, now, unnoted_attempts)
   call_sliced('ZADD', completed, finished)
   emit_jobs(events, maxlen, 'completed', ids, now, attempts)
   count_minute(stats, 'c', now, #ids)
+  observe(stats, 'hd', durations)
   trim_finished(completed, now, ttl, keep)
 end
 return out

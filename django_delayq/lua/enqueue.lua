@@ -6,10 +6,12 @@
 -- KEYS[4] events     STREAM lifecycle events
 -- KEYS[5] seq        STRING FIFO counter
 -- KEYS[6..5+n]       HASH  one job key per job, in ARGV order
+-- KEYS[6+n] stats    HASH  the enqueued total (field 'e')
 --
 -- ARGV[1] events stream max length (0: no events)
--- ARGV[2..] per job, 8 values: id, task, args JSON, kwargs JSON, priority,
---           run_at ms ('' for none), delay ms ('' for none), max attempts
+-- ARGV[2..] per job, 9 values: id, task, args JSON, kwargs JSON, priority,
+--           run_at ms ('' for none), delay ms ('' for none), max attempts,
+--           time limit ms ('' for none)
 --
 -- Returns, per job, 4 values: added (1, or 0 for a duplicate), status, run_at ms,
 -- enqueued_at ms (of the existing job for a duplicate).
@@ -21,7 +23,7 @@
 local maxlen = tonumber(ARGV[1])
 local now = now_ms()
 local scheduled, ready, marker, events, seq_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local n = (#ARGV - 1) / 8
+local n = (#ARGV - 1) / 9
 
 -- Which jobs exist already: one EXISTS over every job key; per-job lookups only if any do.
 local existing = {}
@@ -47,7 +49,7 @@ local added = {}  -- job id -> its reply index, for an id given twice in one cal
 local seq = nil  -- the FIFO number of the last ready job
 local earliest = nil  -- the earliest run_at among the scheduled jobs added
 for i = 1, n do
-  local a = 1 + (i - 1) * 8
+  local a = 1 + (i - 1) * 9
   local job_id = ARGV[a + 1]
   local found = existing[i]
   local twin = added[job_id]
@@ -83,8 +85,13 @@ for i = 1, n do
       fields[#fields + 1] = 'm'
       fields[#fields + 1] = ARGV[a + 8]
     end
+    if ARGV[a + 9] ~= '' then
+      fields[#fields + 1] = 'o'
+      fields[#fields + 1] = ARGV[a + 9]
+    end
     local status
     if run_at <= now then
+      -- made ready as mark_ready() would, in the job's one HSET below
       status = 'ready'
       if seq == nil then
         -- one INCRBY per call: numbers for every job of the call (gaps are harmless)
@@ -125,13 +132,13 @@ if earliest then
   end
   call_sliced('ZADD', scheduled, scheduled_pairs)
 end
-if #ready_pairs > 0 then
-  call_sliced('ZADD', ready, ready_pairs)
-  redis.call('ZADD', marker, 0, '0')  -- work is ready: wake one idle worker
-end
+add_ready(ready, ready_pairs, marker)  -- work is ready: wake one idle worker
 if wake_at then
   redis.call('ZADD', marker, wake_at, '1')
 end
 
 emit_jobs(events, maxlen, 'enqueued', added_ids, now)  -- one entry for the call's jobs
+if #added_ids > 0 then
+  redis.call('HINCRBY', KEYS[6 + n], 'e', #added_ids)
+end
 return out

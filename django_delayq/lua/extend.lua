@@ -14,7 +14,7 @@ local lost = {}
 for i = 2, #ARGV, 2 do
   local job_id = ARGV[i]
   local f = redis.call('HMGET', job_prefix .. job_id, 's', 'n')
-  if f[1] == 'active' and f[2] == ARGV[i + 1] and redis.call('ZSCORE', active, job_id) then
+  if is_leased(f[1]) and f[2] == ARGV[i + 1] and redis.call('ZSCORE', active, job_id) then
     redis.call('ZADD', active, 'XX', deadline, job_id)
   else
     lost[#lost + 1] = job_id

@@ -8,7 +8,7 @@
 -- KEYS[4] failed     ZSET  dead-lettered job ids by failure time (ms)
 -- KEYS[5] marker     ZSET  wake-up marks for idle workers
 -- KEYS[6] events     STREAM lifecycle events
--- KEYS[7] stats      HASH  per-minute counters
+-- KEYS[7] stats      HASH  per-minute counters and totals
 --
 -- ARGV[1] job id
 -- ARGV[2] attempt (the lease token)
@@ -18,6 +18,7 @@
 -- ARGV[6] failed job time to live (ms; 0: keep the id only until trimmed)
 -- ARGV[7] most failed ids to keep
 -- ARGV[8] events stream max length (0: no events)
+-- ARGV[9] when the attempt started (ms; for the attempt log)
 --
 -- Returns {outcome, run_at}: outcome 'retried' (run_at is the retry time), 'failed',
 -- or 'stale' (the attempt no longer holds the lease).
@@ -28,20 +29,30 @@ local retry_delay, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
 local keep, maxlen = tonumber(ARGV[7]), tonumber(ARGV[8])
 local now = now_ms()
 
-local f = redis.call('HMGET', job_key, 's', 'n', 'm')
-if f[1] ~= 'active' or f[2] ~= attempt or redis.call('ZREM', active, job_id) == 0 then
+local f = redis.call('HMGET', job_key, 's', 'n', 'm', 'w', 'b')
+if not is_leased(f[1]) or f[2] ~= attempt or redis.call('ZREM', active, job_id) == 0 then
   return {'stale', 0}
 end
+local started = f[5] or (ARGV[9] and ARGV[9] ~= '0' and ARGV[9]) or nil
 redis.call('HSET', job_key, 'x', ARGV[3], 'tb', ARGV[4], 'f', now)
+if f[1] == 'claimed' then  -- failed before the note of its start landed
+  emit(KEYS[6], maxlen, 'started', job_id, now, 'attempt', attempt)
+end
+if started and not f[5] then
+  redis.call('HSET', job_key, 'b', started)
+end
 
 if retry_delay >= 0 and tonumber(f[2]) < (tonumber(f[3]) or 1) then
   local run_at = now + retry_delay
+  log_attempt(job_key, attempt, f[4], started, now, 'retried', ARGV[3])
   schedule_job(scheduled, KEYS[5], job_key, job_id, run_at)
+  redis.call('HINCRBY', KEYS[7], 'r', 1)  -- failed attempts retried, in total
   emit(KEYS[6], maxlen, 'retried', job_id, now, 'attempt', attempt, 'run_at', run_at,
     'error', ARGV[3])
   return {'retried', run_at}
 end
 
+log_attempt(job_key, attempt, f[4], started, now, 'failed', ARGV[3])
 redis.call('HSET', job_key, 's', 'failed')
 redis.call('ZADD', failed, now, job_id)
 if ttl > 0 then

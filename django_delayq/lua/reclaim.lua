@@ -22,16 +22,17 @@ local events, stats, job_prefix = KEYS[5], KEYS[6], KEYS[7]
 local ttl, keep, maxlen = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 local expired = redis.call('ZRANGEBYSCORE', active, '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[1]))
-local returned, dead = 0, 0
+local returned, dead, to_ready = 0, 0, {}
 for i = 1, #expired do
   local job_id = expired[i]
   local job_key = job_prefix .. job_id
   redis.call('ZREM', active, job_id)
-  local f = redis.call('HMGET', job_key, 'n', 'm', 'p', 'q', 'w')
+  local f = redis.call('HMGET', job_key, 'n', 'm', 'p', 'q', 'w', 'b')
   if redis.call('EXISTS', job_key) == 0 then
     emit(events, maxlen, 'orphaned', job_id, now)
   elseif (tonumber(f[1]) or 1) >= (tonumber(f[2]) or 1) then
     local err = 'LeaseExpired: worker ' .. (f[5] or '?') .. ' stopped renewing the lease'
+    log_attempt(job_key, f[1], f[5], f[6], now, 'reclaimed', err)
     redis.call('HSET', job_key, 's', 'failed', 'x', err, 'f', now)
     redis.call('ZADD', failed, now, job_id)
     if ttl > 0 then
@@ -41,8 +42,11 @@ for i = 1, #expired do
     emit(events, maxlen, 'failed', job_id, now, 'attempt', f[1], 'error', err)
     dead = dead + 1
   else
-    redis.call('ZADD', ready, ready_score(tonumber(f[3]) or 0, tonumber(f[4]) or 0), job_id)
-    redis.call('HSET', job_key, 's', 'ready')
+    log_attempt(job_key, f[1], f[5], f[6], now, 'reclaimed',
+      'LeaseExpired: worker ' .. (f[5] or '?') .. ' stopped renewing the lease')
+    mark_ready(job_key)
+    to_ready[#to_ready + 1] = ready_score(tonumber(f[3]) or 0, tonumber(f[4]) or 0)
+    to_ready[#to_ready + 1] = job_id
     emit(events, maxlen, 'reclaimed', job_id, now, 'attempt', f[1], 'worker', f[5] or '')
     returned = returned + 1
   end
@@ -50,7 +54,5 @@ end
 if dead > 0 then
   trim_finished(failed, now, ttl, keep)
 end
-if returned > 0 then
-  redis.call('ZADD', marker, 0, '0')
-end
+add_ready(ready, to_ready, marker)
 return {returned, dead}

@@ -16,22 +16,21 @@
 local active, ready, marker, events, job_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local maxlen, uncount = tonumber(ARGV[1]), ARGV[2] == '1'
 local now = now_ms()
-local released = 0
+local released, to_ready = 0, {}
 for i = 3, #ARGV, 2 do
   local job_id, attempt = ARGV[i], ARGV[i + 1]
   local job_key = job_prefix .. job_id
   local f = redis.call('HMGET', job_key, 's', 'n', 'p', 'q')
-  if f[1] == 'active' and f[2] == attempt and redis.call('ZREM', active, job_id) == 1 then
+  if is_leased(f[1]) and f[2] == attempt and redis.call('ZREM', active, job_id) == 1 then
     if uncount and redis.call('HINCRBY', job_key, 'n', -1) == 0 then
       redis.call('HDEL', job_key, 'n')  -- 0 attempts is the default: not stored
     end
-    redis.call('ZADD', ready, ready_score(tonumber(f[3]) or 0, tonumber(f[4]) or 0), job_id)
-    redis.call('HSET', job_key, 's', 'ready')
+    mark_ready(job_key)
+    to_ready[#to_ready + 1] = ready_score(tonumber(f[3]) or 0, tonumber(f[4]) or 0)
+    to_ready[#to_ready + 1] = job_id
     emit(events, maxlen, 'released', job_id, now, 'attempt', attempt)
     released = released + 1
   end
 end
-if released > 0 then
-  redis.call('ZADD', marker, 0, '0')
-end
+add_ready(ready, to_ready, marker)
 return released

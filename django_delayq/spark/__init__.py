@@ -5,9 +5,9 @@ Needs the ``spark`` extra (PySpark, PyArrow, Matplotlib) and a Java runtime::
     pip install 'django-delayq[spark]'
 
 ``enqueue_dataframe`` turns the rows of a DataFrame into jobs from the Spark executors,
-through the engine alone (executors need no Django). ``load_jobs`` / ``jobs_from_orm``
-read the job history into a DataFrame and ``build_report`` summarises it per queue and
-task. See docs/spark.md.
+through the engine alone (executors need no Django). ``load_jobs``, ``jobs_from_orm`` and
+``jobs_from_jdbc`` read the job history into a DataFrame and ``build_report`` summarises
+it per queue and task. See docs/spark.md.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ _EXPORTS = {
     "enqueue_dataframe": "enqueue",
     "export_jobs": "history",
     "jobs_from_file": "history",
+    "jobs_from_jdbc": "jdbc",
     "jobs_from_orm": "history",
     "load_jobs": "history",
     "Report": "report",
@@ -48,6 +49,7 @@ __all__ = [
     "enqueue_dataframe",
     "export_jobs",
     "jobs_from_file",
+    "jobs_from_jdbc",
     "jobs_from_orm",
     "load_jobs",
     "resolve_master",
@@ -57,6 +59,7 @@ __all__ = [
 if TYPE_CHECKING:
     from .enqueue import EnqueueSummary, RejectedRow, enqueue_dataframe
     from .history import export_jobs, jobs_from_file, jobs_from_orm, load_jobs
+    from .jdbc import jobs_from_jdbc
     from .report import Report, build_report
     from .session import SparkSetupError, resolve_master, spark_session
 

@@ -64,7 +64,10 @@ def run_at_from_micros(value: Any) -> dt.datetime:
     """An epoch-microsecond value (Spark's ``unix_micros``) as an aware UTC datetime."""
     if value is None:
         raise Rejected("run_at is null")
-    return EPOCH + dt.timedelta(microseconds=int(value))
+    try:
+        return EPOCH + dt.timedelta(microseconds=int(value))
+    except (OverflowError, TypeError, ValueError):
+        raise Rejected(f"run_at {str(value)[:40]!r} is out of range") from None
 
 
 def run_at_from_text(value: Any) -> dt.datetime:
@@ -79,7 +82,10 @@ def run_at_from_text(value: Any) -> dt.datetime:
     if parsed.tzinfo is None or parsed.utcoffset() is None:
         raise Rejected(f"run_at {text!r} is naive (no UTC offset): write it with an offset, "
                        "e.g. 2030-01-01T09:00:00+00:00, or use a TIMESTAMP column")
-    return parsed.astimezone(dt.UTC)
+    try:
+        return parsed.astimezone(dt.UTC)
+    except OverflowError:
+        raise Rejected(f"run_at {text!r} is out of range") from None
 
 
 def display(value: Any, limit: int = 200) -> Any:

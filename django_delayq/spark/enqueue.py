@@ -26,6 +26,7 @@ from django_delayq.engine import EngineConfig
 from django_delayq.engine import validation as check
 from django_delayq.engine.errors import UnknownTask
 from django_delayq.engine.keys import JOB_ID_RE
+from django_delayq.engine.urls import sentinel_url_from_cache
 
 from .convert import PLAIN, Spec
 from .partition import EnqueuePlan, PartitionResult, enqueue_partition
@@ -138,13 +139,15 @@ def _redis_url(conf: Any) -> str:
         return str(conf.REDIS_URL)
     from django.conf import settings
 
-    location = settings.CACHES.get(alias, {}).get("LOCATION")
+    cache = settings.CACHES.get(alias, {})
+    location = cache.get("LOCATION")
     if isinstance(location, list | tuple) and location:
         location = location[0]
     if not isinstance(location, str) or "://" not in location:
         raise ValueError(f"cannot tell the Redis URL of cache {alias!r} "
                          "(DELAYQ['CACHE_ALIAS']): pass redis_url=")
-    return location
+    # A django-redis Sentinel cache's LOCATION names the service, not a host.
+    return sentinel_url_from_cache(location, cache.get("OPTIONS") or {}) or location
 
 
 def _column(df: DataFrame, name: str, role: str) -> tuple[Any, T.DataType]:

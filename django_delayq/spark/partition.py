@@ -18,8 +18,8 @@ from typing import Any
 
 from django_delayq.engine import Broker, EngineConfig, EnqueueRequest, encode_arguments
 from django_delayq.engine import validation as check
-from django_delayq.engine.broker import client_from_url
 from django_delayq.engine.errors import PayloadTooLarge
+from django_delayq.engine.urls import client_from_url
 
 from .convert import Rejected, Spec, display, run_at_from_micros, run_at_from_text, to_json_value
 
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 class EnqueuePlan:
     """Where each field of a job comes from, as positions in the selected row."""
 
-    redis_url: str
+    redis_url: str = field(repr=False)  # may hold a password: never in a repr
     #: Connect with redis-py's RedisCluster (a ``redis+cluster://`` URL or CLUSTER=True).
     cluster: bool = False
     prefix: str = "dq"
@@ -114,16 +114,21 @@ def build_request(plan: EnqueuePlan, row: Any) -> tuple[str, EnqueueRequest]:
         run_at = run_at_from_micros(row[plan.run_at_pos])
     elif plan.run_at_kind == "text":
         run_at = run_at_from_text(row[plan.run_at_pos])
-    if run_at is not None:
-        when = str(check.run_at_ms(run_at))
-    else:
-        when = "now" if plan.delay is None else f"delay:{check.delay_ms(plan.delay)}"
+    try:
+        if run_at is not None:
+            when = str(check.run_at_ms(run_at))
+        else:
+            when = "now" if plan.delay is None else f"delay:{check.delay_ms(plan.delay)}"
+    except (TypeError, ValueError) as exc:
+        raise Rejected(str(exc)) from None
 
     priority = plan.priority if plan.priority_pos is None else row[plan.priority_pos]
     if priority is None:
         raise Rejected("priority is null")
     try:
         check.check_priority(priority)
+        check.check_max_attempts(plan.max_attempts or plan.task_attempts.get(
+            task, plan.default_max_attempts))
         args_json, kwargs_json = encode_arguments(task, args, kwargs,
                                                   limit=plan.max_payload_bytes)
     except (TypeError, ValueError, PayloadTooLarge) as exc:

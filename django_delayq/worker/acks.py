@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from redis.exceptions import RedisError
+
 from ..engine import Broker, ClaimedJob, QueueKeys
+from .backoff import FIRST_BACKOFF, MAX_BACKOFF, SHARD_PAUSE, Backoff
 from .execution import Outcome
+from .ledger import Ledger
+
+logger = logging.getLogger("django_delayq.worker")
+
+#: The acker lingers this long for more outcomes when fewer than ACK_BATCH are pending
+#: and jobs are still running: one round trip and one script call then ack many jobs.
+ACK_LINGER = 0.002
+ACK_BATCH = 64
 
 
 def by_shard(jobs: Iterable[ClaimedJob]) -> dict[QueueKeys, list[tuple[str, int]]]:
@@ -27,9 +41,17 @@ class SentAcks:
     unsent: list[Outcome] = field(default_factory=list)
     #: The first of those failures.
     error: Exception | None = None
+    #: What became of each landed outcome, by ``id(outcome)``: completed, retried,
+    #: failed (for good) or stale.
+    fates: dict[int, str] = field(default_factory=dict)
+    #: With MIN_REPLICAS_ACKS: replicas that confirmed the acks, when fewer than asked
+    #: (the acks are on the primary; a failover before a replica has them re-runs
+    #: those jobs: duplicates, never losses).
+    short_replicas: int | None = None
 
 
-def send_outcomes(broker: Broker, outcomes: Sequence[Outcome]) -> SentAcks:
+def send_outcomes(broker: Broker, outcomes: Sequence[Outcome], *, worker: str = "",
+                  started: Sequence[tuple[ClaimedJob, int]] = ()) -> SentAcks:
     """Ack ``outcomes`` in one round trip: completions batched per shard, failures each.
 
     A call that fails (a Redis Cluster shard whose slot is moving answers TRYAGAIN) only
@@ -39,6 +61,13 @@ def send_outcomes(broker: Broker, outcomes: Sequence[Outcome]) -> SentAcks:
     ignored as stale, never applied twice).
     """
     batch = broker.batch()
+    # Start notes go first: a job that started and finished since the last round trip
+    # is marked active with its start time before its ack lands.
+    starts: dict[QueueKeys, list[tuple[str, int, int]]] = {}
+    for job, start_ms in started:
+        starts.setdefault(job.keys, []).append((job.id, job.attempt, start_ms))
+    for keys, notes in starts.items():
+        broker.add_start(batch, keys, worker, notes)
     completes: dict[QueueKeys, list[Outcome]] = {}
     calls: list[tuple[int, list[Outcome]]] = []
     for o in outcomes:
@@ -46,20 +75,194 @@ def send_outcomes(broker: Broker, outcomes: Sequence[Outcome]) -> SentAcks:
             completes.setdefault(o.job.keys, []).append(o)
         else:
             calls.append((broker.add_fail(batch, o.job.keys, o.job.id, o.job.attempt,
-                                          o.error, o.traceback, o.retry_delay_ms), [o]))
+                                          o.error, o.traceback, o.retry_delay_ms,
+                                          o.started_ms), [o]))
     for keys, done in completes.items():
         index = broker.add_complete(batch, keys,
-                                    [(o.job.id, o.job.attempt, o.result_json) for o in done])
+                                    [(o.job.id, o.job.attempt, o.result_json, o.started_ms)
+                                     for o in done])
         calls.append((index, done))
-    replies = batch.run(raise_on_error=False)
+    wait = broker.replica_wait() if broker.config.min_replicas_acks else None
+    replies = batch.run(raise_on_error=False, wait=wait)
     sent = SentAcks()
+    if wait is not None and batch.confirmed is not None and batch.confirmed < wait[0]:
+        sent.short_replicas = batch.confirmed
     for index, sent_outcomes in calls:
         reply = replies[index]
         if isinstance(reply, Exception):
             sent.unsent += sent_outcomes
             sent.error = sent.error or reply
         elif sent_outcomes[0].ok:
+            for o, flag in zip(sent_outcomes, reply, strict=True):
+                sent.fates[id(o)] = "completed" if flag else "stale"
             sent.stale += list(reply).count(0)
-        elif reply[0] == "stale":
-            sent.stale += 1
+        else:
+            sent.fates[id(sent_outcomes[0])] = reply[0]
+            if reply[0] == "stale":
+                sent.stale += 1
     return sent
+
+
+def log_finished(o: Outcome, fate: str) -> None:
+    """The one line of a finished job (INFO; WARNING when it failed)."""
+    job = o.job
+    level = {"completed": logging.INFO, "failed": logging.ERROR}.get(fate, logging.WARNING)
+    logger.log(level,
+               "job %s job=%s task=%s queue=%s attempt=%d/%d duration_ms=%d%s", fate, job.id,
+               job.task, job.queue, job.attempt, job.max_attempts,
+               max(0, o.finished_ms - o.started_ms), f" error={o.error}" if o.error else "")
+
+
+class Acker:
+    """The acker thread's state: outcomes waiting to be sent, shards whose acks are
+    held back, and the totals of what landed.
+
+    It sends every finished job's outcome in one round trip per batch, lingering
+    briefly for more while jobs run, and settles the acked jobs in the ledger.
+    """
+
+    def __init__(self, *, broker: Broker, name: str, ledger: Ledger,
+                 done: threading.Event) -> None:
+        self.broker = broker
+        self.name = name
+        self.ledger = ledger
+        self._done = done
+        self._lock = threading.Lock()
+        self.outcomes: list[Outcome] = []
+        #: Jobs a thread started, with their start (ms), to mark active (start.lua).
+        self.started: list[tuple[ClaimedJob, int]] = []
+        self._ready = threading.Event()
+        self._paused: dict[QueueKeys, float] = {}  # refused acks: until when
+        #: Acked outcomes: completed jobs, failed attempts to be retried, jobs failed
+        #: for good (dead-lettered), and acks the engine ignored as stale.
+        self.completed = 0
+        self.retried = 0
+        self.failed = 0
+        self.stale = 0
+
+    def put(self, outcome: Outcome) -> None:
+        """Queue ``outcome`` to be sent."""
+        with self._lock:
+            self.outcomes.append(outcome)
+        self._ready.set()
+
+    def note_started(self, job: ClaimedJob, start_ms: int) -> None:
+        """Queue the note that a thread started ``job`` (sent with the next acks)."""
+        with self._lock:
+            self.started.append((job, start_ms))
+        self._ready.set()
+
+    def run(self) -> None:
+        backoff = Backoff(self._done, first=FIRST_BACKOFF, cap=MAX_BACKOFF)
+        while not self._done.is_set():
+            if self._ready.wait(timeout=self._wait()) and self.ledger.busy and (
+                    len(self.outcomes) < ACK_BATCH):
+                self._done.wait(ACK_LINGER)
+            try:
+                self.flush()
+                backoff.reset()
+            except RedisError as exc:
+                logger.warning("acks not sent, retrying in %.1fs worker=%s error=%s",
+                               backoff.delay, self.name, exc)
+                backoff.wait()
+        self.flush_until_done(time.monotonic() + 5)
+
+    def _wait(self) -> float:
+        """Seconds to wait for outcomes: less if a paused shard's acks are due."""
+        until = min(self._paused.values(), default=None)
+        return 0.5 if until is None else min(0.5, max(0.0, until - time.monotonic()))
+
+    def flush(self, *, ignore_pauses: bool = False) -> None:
+        """Send every pending outcome in one round trip (kept for a retry on failure).
+
+        A shard that refuses its acks while others take theirs (a Redis Cluster slot on
+        the move says TRYAGAIN) keeps its outcomes back for SHARD_PAUSE; the other
+        shards' acks go on landing meanwhile. If every call is refused, or the round
+        trip fails, the error is raised for the acker's backoff.
+        """
+        now = time.monotonic()
+        paused = self._paused
+        with self._lock:
+            pending, self.outcomes = self.outcomes, []
+            started, self.started = self.started, []
+            self._ready.clear()
+        if started and pending:
+            # a job that also finished is marked started by its ack (it carries the start)
+            acked = {(o.job.keys, o.job.id) for o in pending}
+            started = [s for s in started if (s[0].keys, s[0].id) not in acked]
+        for keys, until in list(paused.items()):
+            if until <= now or ignore_pauses:
+                paused.pop(keys, None)
+        outcomes, held_back = pending, []
+        if paused:
+            outcomes = [o for o in pending if o.job.keys not in paused]
+            held_back = [o for o in pending if o.job.keys in paused]
+        if not outcomes and not started:
+            self._keep(held_back)
+            return
+        try:
+            sent = send_outcomes(self.broker, outcomes, worker=self.name, started=started)
+        except RedisError:
+            self._keep(pending)
+            with self._lock:
+                self.started[:0] = started
+            raise
+        if sent.short_replicas is not None:
+            logger.warning("acks confirmed by %d of %d replicas (MIN_REPLICAS_ACKS): a "
+                           "failover now may run those jobs again worker=%s",
+                           sent.short_replicas, self.broker.config.min_replicas, self.name)
+        if sent.stale:
+            logger.warning("%d acks were stale: the lease had lapsed and another attempt "
+                           "owns the job worker=%s", sent.stale, self.name)
+        refused = {o.job.keys for o in sent.unsent}
+        unsent = {id(o) for o in sent.unsent}
+        self._keep(sent.unsent + held_back)  # only the refused calls go again
+        landed = [o for o in outcomes if id(o) not in unsent]
+        self.ledger.settle(o.job for o in landed)
+        with self._lock:
+            for o in landed:
+                fate = sent.fates.get(id(o), "stale")
+                if fate == "completed":
+                    self.completed += 1
+                elif fate == "retried":
+                    self.retried += 1
+                elif fate == "failed":
+                    self.failed += 1
+                else:
+                    self.stale += 1
+        # One line per finished job at INFO; failures (WARNING, ERROR) even when quiet.
+        if logger.isEnabledFor(logging.WARNING):
+            verbose = logger.isEnabledFor(logging.INFO)
+            for o in landed:
+                if verbose or not o.ok:
+                    log_finished(o, sent.fates.get(id(o), "stale"))
+        if sent.error is None:
+            return
+        if len(sent.unsent) == len(outcomes):
+            raise sent.error
+        for keys in refused:
+            paused[keys] = now + SHARD_PAUSE
+        logger.warning("acks refused by %d shard(s), held back for %.1fs worker=%s "
+                       "shards=%s error=%s", len(refused), SHARD_PAUSE, self.name,
+                       ",".join(k.tag for k in refused), sent.error)
+
+    def _keep(self, outcomes: list[Outcome]) -> None:
+        """Put ``outcomes`` back at the head of the pending ones, to send again."""
+        if outcomes:
+            with self._lock:
+                self.outcomes[:0] = outcomes
+
+    def flush_until_done(self, deadline: float) -> None:
+        """At shutdown: send every pending outcome, paused shards' too, until ``deadline``."""
+        while True:
+            try:
+                self.flush(ignore_pauses=True)
+            except RedisError as exc:
+                logger.warning("acks not sent at shutdown worker=%s error=%s", self.name, exc)
+            if not self.outcomes:
+                return
+            if time.monotonic() >= deadline:
+                logger.warning("%d acks not sent at shutdown: their jobs run again once "
+                               "their leases lapse worker=%s", len(self.outcomes), self.name)
+                return
+            time.sleep(0.2)

@@ -1,24 +1,31 @@
 """Running one job: resolve its task in the registry, decode, call, encode the result.
 
 Everything that can go wrong with a job ends in an :class:`Outcome`, never in an
-exception that would stop the thread running it.
+exception that would stop the thread running it: whatever the task raises
+(``BaseException`` included: ``SystemExit``, ``KeyboardInterrupt``, a library's own
+subclass, an exception whose ``__str__`` raises) fails the job with its class, a
+message and the traceback, retried or dead-lettered by the usual rules.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 import traceback
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import close_old_connections
 
-from ..current import running
+from ..current import RunningJob, running
 from ..engine import ClaimedJob, UnknownTask, encode_result
 from ..task import TaskRegistry
 
 logger = logging.getLogger("django_delayq.worker")
+
+#: Longest error line and traceback kept with a job.
+MAX_ERROR = 2000
+MAX_TRACEBACK = 20000
 
 
 class CorruptPayload(ValueError):
@@ -35,64 +42,116 @@ class Outcome:
     error: str = ""
     traceback: str = ""
     retry_delay_ms: int = -1
+    #: Start and end of the run (Redis clock, estimated; 0 when unknown).
+    started_ms: int = 0
+    finished_ms: int = 0
+
+    @property
+    def final(self) -> bool:
+        """Whether the job is over: completed, or failed with no retry to come."""
+        return self.ok or self.retry_delay_ms < 0 or self.job.attempt >= self.job.max_attempts
 
 
 def execute(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder],
             worker: str, *, check_connections: bool = True) -> Outcome:
     """Run ``job`` with Django's ``close_old_connections()`` around it, as Django does
-    around a request.
+    around a request, and tell the job's ``on_finished`` hooks its outcome.
 
     ``check_connections=False`` skips the call before the job: for a thread whose
     previous job has just made the call after itself, nothing has happened since.
     An unknown task and an exception of the task are retried (while attempts remain);
     undecodable data and a return value that is not JSON are not.
     """
-    started = time.perf_counter()
-    if check_connections:
-        close_old_connections()
+    current: RunningJob | None = None
     try:
-        if not job.task:
-            return failure(job, CorruptPayload("the job has no task name"), retry=False)
-        try:
-            task = tasks.get(job.task)
-        except UnknownTask as exc:
-            return failure(job, exc, retry=True)
-        try:
-            args = json.loads(job.args_json)
-            kwargs = {} if job.kwargs_json == "{}" else json.loads(job.kwargs_json)
-            if not isinstance(args, list) or not isinstance(kwargs, dict):
-                raise ValueError("args must be a JSON array and kwargs a JSON object")
-        except (ValueError, RecursionError) as exc:
-            return failure(job, CorruptPayload(f"undecodable arguments: {exc}"), retry=False)
-        try:
-            with running(job, worker):
-                value = task.func(*args, **kwargs)
-        except Exception as exc:
-            return failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
-        try:
-            result_json = encode_result(value, encoder)
-        except TypeError as exc:
-            return failure(job, exc, retry=False)
+        if check_connections:
+            close_old_connections()
+        outcome, current = _run(job, tasks, encoder, worker)
     finally:
         close_old_connections()
-    # DEBUG, not INFO: a line per job costs more than a no-op job itself (-v 2 shows it).
-    logger.debug("job completed job=%s queue=%s task=%s attempt=%d duration_ms=%.1f",
-                job.id, job.queue, job.task, job.attempt,
-                (time.perf_counter() - started) * 1000)
-    return Outcome(job, True, result_json=result_json)
+    if current is not None:
+        finished(current, outcome)
+    return outcome
+
+
+def _run(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder],
+         worker: str) -> tuple[Outcome, RunningJob | None]:
+    if not job.task:
+        return failure(job, CorruptPayload("the job has no task name"), retry=False), None
+    try:
+        task = tasks.get(job.task)
+    except UnknownTask as exc:
+        return failure(job, exc, retry=True), None
+    try:
+        args, kwargs = decode_arguments(job)
+    except CorruptPayload as exc:
+        return failure(job, exc, retry=False), None
+    with running(job, worker) as current:
+        try:
+            value = task.func(*args, **kwargs)
+        except BaseException as exc:  # every failure of a task is the job's
+            return failure(job, exc, retry=True, delay=task.retry_delay(job.attempt)), current
+    try:
+        result_json = encode_result(value, encoder)
+    except BaseException as exc:  # a value whose encoding raises anything
+        return failure(job, exc, retry=False), current
+    return Outcome(job, True, result_json=result_json), current
+
+
+def finished(current: RunningJob, outcome: Outcome) -> None:
+    """Call the job's ``on_finished`` hooks; a hook that raises is logged, not raised."""
+    for hook in current.on_finished:
+        try:
+            hook(outcome)
+        except Exception:
+            logger.exception("on_finished hook failed job=%s", outcome.job.id)
+
+
+def describe(exc: BaseException) -> str:
+    """One line: the exception's class and message, even when its ``__str__`` raises."""
+    name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    try:
+        message = str(exc)
+    except BaseException as str_error:
+        try:
+            message = f"<unprintable: __str__ raised {type(str_error).__qualname__}>; " \
+                      f"args={exc.args!r}"
+        except BaseException:  # an argument's __repr__ raises too
+            message = f"<unprintable: __str__ raised {type(str_error).__qualname__}>"
+    return f"{name}: {message}" if message else name
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The traceback of ``exc`` as text, even when formatting it raises."""
+    try:
+        return "".join(traceback.format_exception(exc))
+    except BaseException:
+        return "Traceback (most recent call last):\n" + "".join(
+            traceback.format_tb(exc.__traceback__)) + describe(exc) + "\n"
+
+
+def decode_arguments(job: ClaimedJob) -> tuple[list[Any], dict[str, Any]]:
+    """``job``'s positional and keyword arguments; :class:`CorruptPayload` if they do
+    not decode to a JSON array and a JSON object."""
+    try:
+        args = json.loads(job.args_json)
+        kwargs = {} if job.kwargs_json == "{}" else json.loads(job.kwargs_json)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptPayload(f"undecodable arguments: {exc}") from None
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise CorruptPayload("undecodable arguments: args must be a JSON array and kwargs "
+                             "a JSON object")
+    return args, kwargs
 
 
 def failure(job: ClaimedJob, exc: BaseException, *, retry: bool, delay: float = 1.0) -> Outcome:
     """The failed :class:`Outcome` of ``job``, logged with its error and traceback."""
-    error = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
-    tb = "".join(traceback.format_exception(exc))
-    will_retry = retry and job.attempt < job.max_attempts
-    logger.log(
-        logging.WARNING if will_retry else logging.ERROR,
-        "job %s job=%s queue=%s task=%s attempt=%d/%d error=%s",
-        "failed, will retry" if will_retry else "failed", job.id, job.queue, job.task,
-        job.attempt, job.max_attempts, error,
-        exc_info=not will_retry and not isinstance(exc, UnknownTask | CorruptPayload),
-    )
-    return Outcome(job, False, error=error[:2000], traceback=tb[-20000:],
-                   retry_delay_ms=int(delay * 1000) if retry else -1)
+    error = describe(exc)
+    tb = format_traceback(exc)
+    outcome = Outcome(job, False, error=error[:MAX_ERROR], traceback=tb[-MAX_TRACEBACK:],
+                      retry_delay_ms=int(delay * 1000) if retry else -1)
+    # The job's line (its fate and error) is logged once its ack lands; the traceback,
+    # kept with the job, shows here at -v 2.
+    logger.debug("job attempt failed job=%s queue=%s task=%s attempt=%d/%d error=%s\n%s",
+                 job.id, job.queue, job.task, job.attempt, job.max_attempts, error, tb)
+    return outcome

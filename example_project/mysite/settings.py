@@ -8,7 +8,8 @@ from pathlib import Path
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-project-only-not-secret")
-DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
+# Off unless DJANGO_DEBUG=1: Django's debug page shows settings and local variables.
+DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
 USE_TZ = True
 TIME_ZONE = "UTC"
@@ -25,6 +26,8 @@ INSTALLED_APPS = [
     "django_delayq",
     "shop",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
 ]
 
 MIDDLEWARE = [

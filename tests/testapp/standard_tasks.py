@@ -47,3 +47,60 @@ def dj_gated(gate: str) -> str:
             raise TimeoutError(f"gate {gate} never opened")
         time.sleep(0.02)
     return gate
+
+
+@task
+def dj_exits(code: int) -> None:
+    """Raise ``SystemExit``: a BaseException, which must still end as FAILED."""
+    raise SystemExit(code)
+
+
+@task
+def dj_returns_unjsonable() -> object:
+    return {1, 2}
+
+
+@task(queue_name="async")  # a queue of its own, like the async tasks of tasks.py
+async def dj_async_add(a: int, b: int) -> int:
+    import asyncio
+
+    await asyncio.sleep(0)
+    return a + b
+
+
+# -- the backend-generic cases of Django's own Tasks tests (tests/test_django_tasks_port.py)
+
+
+@task
+def dj_noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@task(queue_name="async")
+async def dj_noop_async(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@task
+def dj_value_error() -> None:
+    raise ValueError("This task failed on purpose")
+
+
+@task
+def dj_nested_error() -> None:
+    raise ValueError(ValueError("nested"))
+
+
+@task
+def dj_not_json() -> object:
+    return {1, 2}
+
+
+@task
+def dj_forty_two() -> int:
+    return 42
+
+
+@task(takes_context=True)
+def dj_own_id(context: Any) -> str:
+    return str(context.task_result.id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -20,6 +21,15 @@ def _note(name: str, **data: object) -> None:
     seconds, micros = _client().time()
     data.update(task=name, pid=os.getpid(), redis_ms=int(seconds) * 1000 + int(micros) // 1000)
     _client().rpush(RAN, json.dumps(data))
+
+
+def _wait_for(gate: str) -> None:
+    """Wait (at most 60 s) until the key ``gate`` exists."""
+    deadline = time.monotonic() + 60
+    while not _client().exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate} never opened")
+        time.sleep(0.02)
 
 
 @task
@@ -65,8 +75,10 @@ def add(a: int, b: int) -> int:
 
 
 @task
-def count_run(tag: str) -> None:
-    """Count a run in the hash ``test:count`` (a field per tag)."""
+def count_run(tag: str, seconds: float = 0.0) -> None:
+    """Count a run in the hash ``test:count`` (a field per tag), after ``seconds`` of work."""
+    if seconds:
+        time.sleep(seconds)
     _client().hincrby("test:count", tag, 1)
 
 
@@ -81,7 +93,7 @@ if os.environ.get("DELAYQ_TEST_PERIODIC"):
 
 # Tasks written against Django's Tasks API, found by workers through this module, and the
 # tasks of the fault and bad-input tests.
-from . import fault_tasks, standard_tasks  # noqa: E402, F401
+from . import fault_tasks, outbox_hooks, standard_tasks  # noqa: E402, F401
 
 
 @task
@@ -90,3 +102,194 @@ def connection_health_checked() -> bool:
     from django.db import connection
 
     return connection.health_check_done
+
+
+class LibraryAbort(BaseException):
+    """A library's own BaseException subclass (not an Exception)."""
+
+
+class Unprintable(Exception):
+    """An exception whose ``__str__`` and ``__repr__`` raise."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr either")
+
+
+BASE_EXCEPTIONS = {
+    "SystemExit": lambda: SystemExit(3),
+    "KeyboardInterrupt": lambda: KeyboardInterrupt(),
+    "GeneratorExit": lambda: GeneratorExit(),
+    "LibraryAbort": lambda: LibraryAbort("abort!"),
+    "Unprintable": lambda: Unprintable(object()),
+}
+
+
+@task(max_attempts=1)
+def raises(kind: str) -> None:
+    """Raise the exception named ``kind`` (a key of BASE_EXCEPTIONS)."""
+    _note("raises", kind=kind)
+    raise BASE_EXCEPTIONS[kind]()
+
+
+@task(max_attempts=2, retry_backoff=0.1, retry_backoff_max=0.1)
+def raises_then_records(kind: str) -> str:
+    """Raise ``kind`` on the first attempt, succeed on the second."""
+    from django_delayq.current import current_job
+
+    running = current_job()
+    assert running is not None
+    _note("raises_then_records", kind=kind, attempt=running.job.attempt)
+    if running.job.attempt == 1:
+        raise BASE_EXCEPTIONS[kind]()
+    return kind
+
+
+@task(max_attempts=2)
+def exits_process(tag: str) -> None:
+    """Kill the whole worker process at once on the first attempt (no cleanup at all)."""
+    from django_delayq.current import current_job
+
+    running = current_job()
+    assert running is not None
+    _note("exits_process", tag=tag, attempt=running.job.attempt)
+    if running.job.attempt == 1:
+        os._exit(7)
+
+
+def _attempt() -> int:
+    from django_delayq.current import current_job
+
+    running = current_job()
+    return running.job.attempt if running is not None else 0
+
+
+@task(timeout=0.5, max_attempts=2, retry_backoff=0.1, retry_backoff_max=0.1)
+def never_returns(tag: str) -> None:
+    """Loop for ever (in Python, sleeping in short C calls): the soft limit stops it."""
+    _note("never_returns", tag=tag, attempt=_attempt())
+    while True:
+        time.sleep(0.02)
+
+
+@task(timeout=0.5, max_attempts=1)
+def swallows_timeout(tag: str) -> None:
+    """Catch every exception, JobTimeout included, and go on: only the hard limit ends it."""
+    _note("swallows_timeout", tag=tag, attempt=_attempt())
+    while True:
+        try:
+            while True:
+                time.sleep(0.02)
+        except BaseException as exc:
+            _note("swallowed", tag=tag, error=type(exc).__name__)
+
+
+@task(max_attempts=1)
+def sleeps(seconds: float) -> float:
+    """Sleep ``seconds`` (a task with no time limit of its own)."""
+    _note("sleeps", seconds=seconds)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+    return seconds
+
+
+@task(max_attempts=1)
+def spin(tag: str, gate: str) -> int:
+    """CPU-bound: note the start, then compute (holding the GIL) until ``gate`` exists."""
+    _note("spin-start", tag=tag)
+    client, loops, total = _client(), 0, 0
+    deadline = time.monotonic() + 60
+    while not client.exists(gate) and time.monotonic() < deadline:
+        for i in range(20_000):
+            total += i * i
+        loops += 1
+    return loops
+
+
+_LEAKED: list[bytearray] = []
+
+
+@task
+def leak(tag: str, mib: int) -> None:
+    """Note the run, then keep ``mib`` MiB alive until the process ends (a leak)."""
+    _LEAKED.append(bytearray(b"x" * (mib * 1024 * 1024)))
+    _note("leak", tag=tag)
+
+
+
+ASYNC = "async"  # a queue of its own: workers of the other queues claim as before
+
+
+@task(queue=ASYNC)
+async def async_gated(tag: str, gate: str) -> str:
+    """Note the start, await (asyncio.sleep) until ``gate`` exists, note the end."""
+    _note("async-start", tag=tag)
+    deadline = time.monotonic() + 60
+    while not _client().exists(gate) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    _note("async-end", tag=tag)
+    return tag
+
+
+@task(queue=ASYNC, max_attempts=1)
+async def async_overrun(tag: str) -> None:
+    """Note the start, then await far longer than any time limit of the tests."""
+    _note("async-overrun", tag=tag)
+    await asyncio.sleep(300)
+
+
+@task(queue=ASYNC, max_attempts=1)
+async def async_orm(username: str) -> int:
+    """Create a user through sync_to_async (the ORM is sync-only); its primary key."""
+    from asgiref.sync import sync_to_async
+    from django.contrib.auth.models import User
+
+    user = await sync_to_async(User.objects.create)(username=username)
+    return user.pk
+
+
+@task(queue=ASYNC, max_attempts=1)
+async def async_orm_unsafe() -> int:
+    """Use the ORM straight from the event loop: Django refuses."""
+    from django.contrib.auth.models import User
+
+    return User.objects.count()
+
+
+@task(queue=ASYNC, max_attempts=1)
+async def async_base_exception() -> None:
+    raise KeyboardInterrupt("from a coroutine")
+
+
+@task(max_attempts=1)
+def reports_progress(calls: int, upto: float, message: str = "") -> int:
+    """Report progress ``calls`` times in a tight loop up to ``upto``; return the writes."""
+    from django_delayq.current import current_job
+
+    running = current_job()
+    assert running is not None
+    return sum(running.set_progress(upto * (i + 1) / calls, message) for i in range(calls))
+
+
+@task(max_attempts=1)
+def progress_then_wait(fraction: float, message: str, gate: str) -> None:
+    """Report ``fraction`` and ``message``, then wait (at most 60 s) for the key ``gate``."""
+    from django_delayq.current import current_job
+
+    running = current_job()
+    assert running is not None
+    running.set_progress(fraction, message)
+    _note("progress-reported", fraction=fraction)
+    _wait_for(gate)
+
+
+@task(max_attempts=1)
+def reports_bad_progress(fraction: object) -> None:
+    from django_delayq.current import current_job
+
+    running = current_job()
+    assert running is not None
+    running.set_progress(fraction)  # type: ignore[arg-type]

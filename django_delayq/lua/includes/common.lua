@@ -8,7 +8,10 @@
 --   e enqueued_at          m max_attempts (absent: 1)
 --   n attempts (absent: 0) q seq                  b started_at
 --   f finished_at          w worker               v result
---   x error                tb traceback
+--   x error                tb traceback           g progress (0..1)
+--   gm progress message
+--   x error                tb traceback           o time limit, ms (absent: none)
+--   h attempt log, JSON (absent: [])
 -- A field shown with a default is not stored while it equals it: read it as
 -- `tonumber(x) or default`.
 
@@ -73,10 +76,12 @@ local function emit_jobs(events_key, maxlen, event, ids, now, attempts, ...)
   end
 end
 
--- Count a finished job in the per-minute stats hash and forget minutes over 2 h old.
+-- Count a finished job in the per-minute stats hash and in its total since the queue
+-- began (field `kind` alone: what the metrics read), and forget minutes over 2 h old.
 local function count_minute(stats_key, kind, now, n)
   local minute = math.floor(now / 60000)
   redis.call('HINCRBY', stats_key, kind .. ':' .. minute, n)
+  redis.call('HINCRBY', stats_key, kind, n)
   redis.call('HDEL', stats_key, 'c:' .. (minute - 120), 'f:' .. (minute - 120))
 end
 
@@ -112,12 +117,38 @@ local function schedule_job(scheduled_key, marker_key, job_key, job_id, run_at)
   end
 end
 
--- Make a job ready with a fresh FIFO sequence number and wake an idle worker.
+-- Moving jobs to ready, the one way every script does it: each job's hash is marked
+-- ready (mark_ready; enqueue writes the same fields in its one HSET of a new job), and
+-- its (ready score, id) pair is collected so the ready set gets them in few ZADDs
+-- (add_ready), which also wakes an idle worker when given the marker key.
+
+-- Mark a job hash ready; `seq`, when given, is its new FIFO number (else it keeps its own).
+local function mark_ready(job_key, seq)
+  if seq then
+    redis.call('HSET', job_key, 's', 'ready', 'q', seq)
+  else
+    redis.call('HSET', job_key, 's', 'ready')
+  end
+end
+
+-- Add `scored_ids` ((ready score, id) pairs) to the ready set; with `marker_key`, wake
+-- an idle worker (the caller may hold the wake-up back, as a claim does while its
+-- window is full).
+local function add_ready(ready_key, scored_ids, marker_key)
+  if #scored_ids == 0 then
+    return
+  end
+  call_sliced('ZADD', ready_key, scored_ids)
+  if marker_key then
+    redis.call('ZADD', marker_key, 0, '0')
+  end
+end
+
+-- Make one job ready with a fresh FIFO sequence number and wake an idle worker.
 local function ready_job(ready_key, seq_key, marker_key, job_key, job_id, priority)
   local seq = redis.call('INCR', seq_key)
-  redis.call('ZADD', ready_key, ready_score(priority, seq), job_id)
-  redis.call('HSET', job_key, 's', 'ready', 'q', seq)
-  redis.call('ZADD', marker_key, 0, '0')
+  mark_ready(job_key, seq)
+  add_ready(ready_key, {ready_score(priority, seq), job_id}, marker_key)
 end
 
 -- Place a job by its run_at: ready when due, scheduled otherwise. Returns the status.
@@ -164,4 +195,68 @@ end
 local function limit_take(limit_key, period, now, member)
   redis.call('ZADD', limit_key, now, member)
   redis.call('PEXPIRE', limit_key, period + 1000)
+end
+
+-- Upper bounds (ms) of the duration and start-lateness histograms kept in the stats
+-- hash; django_delayq/engine/stats.py repeats them. Bucket i counts values in
+-- (bound i-1, bound i]; bucket #HISTOGRAM_MS + 1 counts the rest.
+local HISTOGRAM_MS = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000,
+  300000}
+
+-- Add `values` (ms) to the histogram `name` of the stats hash: field `name:i` per
+-- bucket, `name:sum` the sum. One HINCRBY per bucket the call's values fall in, and one
+-- for the sum: a call's jobs usually share one or two buckets.
+local function observe(stats_key, name, values)
+  if #values == 0 then
+    return
+  end
+  local counts, sum = {}, 0
+  for _, v in ipairs(values) do
+    if v < 0 then
+      v = 0
+    end
+    local b = #HISTOGRAM_MS + 1
+    for i = 1, #HISTOGRAM_MS do
+      if v <= HISTOGRAM_MS[i] then
+        b = i
+        break
+      end
+    end
+    counts[b] = (counts[b] or 0) + 1
+    sum = sum + v
+  end
+  for b, c in pairs(counts) do
+    redis.call('HINCRBY', stats_key, name .. ':' .. b, c)
+  end
+  redis.call('HINCRBY', stats_key, name .. ':sum', sum)
+end
+
+-- Whether a job's status says it is leased: claimed (waiting in a worker's buffer) or
+-- active (a worker's thread runs it).
+local function is_leased(status)
+  return status == 'active' or status == 'claimed'
+end
+
+-- Append one attempt to the job's attempt log (field h, a JSON array, oldest first),
+-- keeping the last 25 (django_delayq/engine/fields.py describes the entries).
+local ATTEMPT_LOG_SIZE = 25
+local function log_attempt(job_key, attempt, worker, started, finished, outcome, err)
+  local log = {}
+  local raw = redis.call('HGET', job_key, 'h')
+  if raw then
+    local ok, decoded = pcall(cjson.decode, raw)
+    if ok and type(decoded) == 'table' then
+      log = decoded
+    end
+  end
+  local entry = {n = tonumber(attempt) or 0, w = worker or '', b = tonumber(started) or 0,
+                 f = finished, o = outcome}
+  if err and err ~= '' then
+    entry.x = string.sub(err, 1, 500)
+  end
+  log[#log + 1] = entry
+  while #log > ATTEMPT_LOG_SIZE do
+    table.remove(log, 1)
+  end
+  redis.call('HSET', job_key, 'h', cjson.encode(log))
 end

@@ -2,7 +2,11 @@
 
 ``runworker`` runs the same mirror on a thread by default; this command runs it alone
 (``--burst``: mirror what the streams hold, then exit). SIGTERM/SIGINT stop it after the
-batch in hand is written and acknowledged.
+batch in hand is written and acknowledged; with ``--drain-on-stop`` (what the pool of
+``runworker --processes`` runs) it then mirrors what is left, for at most 5 seconds,
+unless a second signal comes. The outbox relay runs on a thread unless
+``DELAYQ["OUTBOX"]["RELAY"]`` is False. Without the Job table (no ``migrate`` yet) it
+says so and exits 0.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayq.engine.keys import validate_queue_name
 from django_delayq.management.commands.runworker import configure_logging
-from django_delayq.mirror import Mirror
+from django_delayq.mirror import Mirror, table_exists
+from django_delayq.outbox import start_relay_threads, stop_relay_threads
+from django_delayq.task import registry
 
 
 class Command(BaseCommand):
@@ -36,6 +42,9 @@ class Command(BaseCommand):
         parser.add_argument("--name", default=None,
                             help="consumer name in the group (default host:pid:rand); reuse "
                                  "a name to re-read its unacknowledged events at once")
+        parser.add_argument("--drain-on-stop", action="store_true",
+                            help="after a stop signal, mirror what is left (at most 5 s) "
+                                 "unless a second signal comes")
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(self, options["verbosity"])
@@ -46,14 +55,27 @@ class Command(BaseCommand):
                 raise CommandError(str(exc)) from None
         if options["batch_size"] is not None and options["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1")
+        if not table_exists():
+            self.stderr.write("The mirror is off: the Job table is missing (run manage.py "
+                              "migrate).")
+            return
         mirror = Mirror(queues=options["queues"] or None, batch_size=options["batch_size"],
                         claim_idle=options["claim_idle"], name=options["name"])
+        signals: list[int] = []
         if threading.current_thread() is threading.main_thread():
             def on_signal(signum: int, frame: FrameType | None) -> None:
+                signals.append(signum)
                 mirror.request_stop()
 
             signal.signal(signal.SIGTERM, on_signal)
             signal.signal(signal.SIGINT, on_signal)
-        count = mirror.run(burst=options["burst"])
+        relays = start_relay_threads(known_tasks=registry)  # none if OUTBOX RELAY is False
+        try:
+            count = mirror.run(burst=options["burst"])
+            if options["drain_on_stop"] and len(signals) == 1:
+                mirror._stop.clear()  # the last events of the workers that just stopped
+                count += mirror.run(burst=True, timeout=5.0)
+        finally:
+            stop_relay_threads(relays)
         if options["verbosity"]:
             self.stdout.write(f"Mirrored {count} events.")

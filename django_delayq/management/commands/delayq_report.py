@@ -1,6 +1,7 @@
 """``manage.py delayq_report``: job-history analytics on Spark.
 
-Reads the mirrored jobs (through the ORM, or ``--input`` an export), then prints per
+Reads the mirrored jobs (through Spark's JDBC source on the executors, through the ORM on
+the driver, or ``--input`` an export), then prints per
 queue and task: counts by status, success rate, start lateness and duration
 p50/p95/p99 (exact), throughput per minute and the worst offenders; ``--out DIR``
 also writes CSVs and a PNG chart. ``--export PATH`` writes the jobs to Parquet instead.
@@ -21,6 +22,13 @@ class Command(BaseCommand):
                             "90m, 7d (default: all)")
         parser.add_argument("--input", help="a .parquet, .csv or .jsonl export of the job "
                             "table (default: read the table through the ORM)")
+        parser.add_argument("--source", choices=("auto", "jdbc", "orm"), default="auto",
+                            help="how to read the job table: jdbc (the executors read id "
+                            "slices in parallel; PostgreSQL), orm (the driver reads it "
+                            "through Django), auto (jdbc on PostgreSQL when a JDBC driver "
+                            "jar is found, else orm)")
+        parser.add_argument("--partitions", type=int, help="id slices of a JDBC read "
+                            "(default: one per 250,000 rows, at least Spark's parallelism)")
         parser.add_argument("--out", help="write summary.csv, timeline.csv, latest.csv, "
                             "longest.csv and report.png into this directory")
         parser.add_argument("--master", help="Spark master URL (default "
@@ -32,7 +40,13 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            from django_delayq.spark import build_report, export_jobs, load_jobs, spark_session
+            from django_delayq.spark import (
+                build_report,
+                export_jobs,
+                jdbc,
+                load_jobs,
+                spark_session,
+            )
             from django_delayq.spark.history import parse_since
             from django_delayq.spark.render import format_table, write_report
         except ImportError as exc:
@@ -43,15 +57,23 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         if options["top"] < 0:
             raise CommandError("--top must be 0 or more")
+        if options["partitions"] is not None and options["partitions"] < 1:
+            raise CommandError("--partitions must be 1 or more")
 
         if options["export"]:
             rows = export_jobs(options["export"], since=since)
             self.stdout.write(f"exported {rows} jobs to {options['export']}")
             return
 
-        spark = spark_session(options["master"], app_name="delayq_report")
+        source = "file" if options["input"] else self._source(options["source"])
+        config = jdbc.spark_config() if source == "jdbc" else {}
+        spark = spark_session(options["master"], app_name="delayq_report", config=config)
         try:
-            df = load_jobs(spark, options["input"], since=since)
+            if source == "jdbc":
+                df = jdbc.jobs_from_jdbc(spark, since=since,
+                                         num_partitions=options["partitions"])
+            else:
+                df = load_jobs(spark, options["input"], since=since)
         except (ValueError, FileNotFoundError) as exc:
             raise CommandError(str(exc)) from None
         report = build_report(df, since=since, top=options["top"])
@@ -61,6 +83,22 @@ class Command(BaseCommand):
         if options["out"]:
             paths = write_report(report, options["out"])
             self.stdout.write("wrote " + ", ".join(str(p) for p in paths))
+
+    def _source(self, asked: str) -> str:
+        """``jdbc`` or ``orm``: what was asked, or for ``auto`` what this database allows."""
+        from django.db import connection
+
+        from django_delayq.spark import jdbc
+
+        if asked == "jdbc":
+            try:
+                jdbc.jdbc_source()
+            except jdbc.JdbcUnavailable as exc:
+                raise CommandError(str(exc)) from None
+            return "jdbc"
+        if asked == "auto" and connection.vendor == "postgresql" and jdbc.driver_jar():
+            return "jdbc"
+        return "orm"
 
     def _offenders(self, title: str, rows: list[dict[str, Any]], key: str) -> None:
         if not rows:

@@ -1,13 +1,22 @@
 """``manage.py runworker``: run django-delayq jobs.
 
-Exit codes: 0 after a clean stop (first SIGTERM/SIGINT, or ``--burst`` done); 1 when
-stopped by a second signal, or when running jobs outlived the grace period and were
-handed back.
+Exit codes (:mod:`django_delayq.worker.exit_codes`): 0 after a clean stop (first
+SIGTERM/SIGINT, or ``--burst`` done); 1 when stopped by a second signal, or when running
+jobs outlived the grace period and were handed back; 75 "restart me": a worker process
+stopped to be recycled (``--max-jobs-per-child``, ``--max-memory-per-child``), or it can
+no longer run jobs (a job overran its hard time limit, or no executor thread is left),
+for its supervisor to start a fresh one. Bad arguments exit 1 with a ``CommandError``.
+
+With ``--processes N`` (N > 1) this process is the pool's supervisor
+(:mod:`django_delayq.worker.supervisor`): the same signals and exit codes, for the
+whole pool.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -18,10 +27,15 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayq.conf import conf
+from django_delayq.engine import workers as liveness
 from django_delayq.engine.keys import validate_queue_name
+from django_delayq.engine.workers import mirror_consumer
 from django_delayq.mirror import MirrorThread
+from django_delayq.outbox import start_relay_threads, stop_relay_threads
 from django_delayq.task import registry
-from django_delayq.worker import EXIT_FORCED, Worker
+from django_delayq.worker import EXIT_FORCED, EXIT_RESTART, Worker
+from django_delayq.worker.recycle import EXIT_RECYCLE, RecycleMonitor
+from django_delayq.worker.supervisor import Supervisor, watch_parent
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
@@ -43,9 +57,28 @@ class Command(BaseCommand):
         parser.add_argument("--prefetch", type=int, default=None,
                             help="jobs claimed ahead of free threads (default: adapts to "
                                  "job run time, from concurrency up to 500)")
+        parser.add_argument("--timeout", type=float, default=None,
+                            help="time limit in seconds of each attempt of a job whose task "
+                                 "sets none (default DELAYQ['TIMEOUT']: "
+                                 f"{conf.TIMEOUT or 'no limit'})")
         parser.add_argument("--name", default=None, help="worker name (default host:pid:rand)")
         parser.add_argument("--no-mirror", action="store_true",
-                            help="do not run the model mirror on a thread of this worker")
+                            help="do not run the model mirror (on a thread of this worker, "
+                                 "or with --processes in a process of its own)")
+        parser.add_argument("--processes", "-p", type=int, default=None,
+                            help="worker processes, each with --concurrency threads, under "
+                                 f"a supervisor (default {conf.PROCESSES}: no supervisor)")
+        parser.add_argument("--async-concurrency", type=int, default=None,
+                            help="async def tasks run at once per process, on its event "
+                                 f"loop (default {conf.ASYNC_CONCURRENCY})")
+        parser.add_argument("--max-jobs-per-child", type=int, default=None,
+                            help="replace a worker process after about this many jobs")
+        parser.add_argument("--max-memory-per-child", type=float, default=None, metavar="MIB",
+                            help="replace a worker process once its resident memory "
+                                 "reaches this many MiB")
+        # set by the supervisor on the command lines of its children
+        parser.add_argument("--supervisor", default=None, help=argparse.SUPPRESS)
+        parser.add_argument("--supervisor-pid", type=int, default=None, help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(self, options["verbosity"])
@@ -55,12 +88,24 @@ class Command(BaseCommand):
                 validate_queue_name(name)
             except ValueError as exc:
                 raise CommandError(str(exc)) from None
-        if options["concurrency"] is not None and options["concurrency"] < 1:
-            raise CommandError("--concurrency must be at least 1")
-        if options["lease"] is not None and options["lease"] <= 0:
-            raise CommandError("--lease must be more than 0 seconds")
+        check_options(options)
+        if options["async_concurrency"] is not None and options["async_concurrency"] < 1:
+            raise CommandError("--async-concurrency must be at least 1")
+        processes = conf.PROCESSES if options["processes"] is None else options["processes"]
+        if processes < 1:
+            raise CommandError("--processes must be at least 1")
+        max_jobs = options["max_jobs_per_child"] or conf.MAX_JOBS_PER_CHILD
+        max_memory = options["max_memory_per_child"] or conf.MAX_MEMORY_PER_CHILD
+        if options["max_jobs_per_child"] is not None and options["max_jobs_per_child"] < 1:
+            raise CommandError("--max-jobs-per-child must be at least 1")
+        if options["max_memory_per_child"] is not None and not (
+                options["max_memory_per_child"] >= 1):  # NaN too
+            raise CommandError("--max-memory-per-child must be at least 1 (MiB)")
         if not queues and not len(registry):
             self.stderr.write("No tasks are registered; serving the default queue.")
+        if processes > 1 and options["supervisor"] is None:
+            self._run_pool(options, processes, max_jobs, max_memory)
+            return
         worker = Worker(
             queues or None,
             concurrency=options["concurrency"],
@@ -69,23 +114,82 @@ class Command(BaseCommand):
             grace_period=options["grace_period"],
             prefetch=options["prefetch"],
             name=options["name"],
+            timeout=options["timeout"],
+            async_concurrency=options["async_concurrency"],
         )
-        self._install_signal_handlers(worker)
-        mirror = None if options["no_mirror"] else MirrorThread().start()
+        signals = self._install_signal_handlers(worker)
+        if options["supervisor"] is not None:
+            liveness.PROCESS_INFO["supervisor"] = options["supervisor"]
+        if options["supervisor_pid"] is not None:
+            watch_parent(options["supervisor_pid"], worker.request_stop)
+        recycle = None
+        if max_jobs is not None or max_memory is not None:
+            recycle = RecycleMonitor(worker, max_jobs=max_jobs, max_memory_mib=max_memory)
+        # The mirror consumes under the worker's name, so that once the worker's heartbeat
+        # says it is gone, other mirrors take over its pending events at once.
+        mirror = None if options["no_mirror"] else MirrorThread(
+            name=mirror_consumer(worker.name)).start()
+        relays = start_relay_threads(known_tasks=registry)  # none if OUTBOX RELAY is False
         try:
             code = worker.run()
         finally:
+            stop_relay_threads(relays)
             if mirror is not None:
                 mirror.stop(timeout=5.0, drain=True)  # mirror the last events too
+        if code == 0 and recycle is not None and recycle.reason and not signals:
+            code = EXIT_RECYCLE  # stopped by a limit, not by a signal: replace me
+        if code == EXIT_RESTART:
+            # A thread may be stuck in a job for good: leave without waiting for it.
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         if code:
             sys.exit(code)
 
-    def _install_signal_handlers(self, worker: Worker) -> None:
+    def _run_pool(self, options: dict[str, Any], processes: int, max_jobs: int | None,
+                  max_memory: float | None) -> None:
+        """Run as the supervisor of ``processes`` worker processes."""
+        worker_args = [*options["queues"], "--no-mirror", "-v", str(options["verbosity"])]
+        for option, flag in CHILD_OPTIONS:
+            if options[option] is not None:
+                worker_args += [flag, str(options[option])]
+        if options["burst"]:
+            worker_args.append("--burst")
+        if max_jobs is not None:
+            worker_args += ["--max-jobs-per-child", str(max_jobs)]
+        if max_memory is not None:
+            worker_args += ["--max-memory-per-child", str(max_memory)]
+        mirror_args = None if options["no_mirror"] else [
+            "--drain-on-stop", "-v", str(options["verbosity"])]
+        supervisor = Supervisor(
+            worker_args, processes, mirror_args=mirror_args, queues=options["queues"],
+            concurrency=options["concurrency"] or conf.CONCURRENCY, burst=options["burst"],
+            name=options["name"],
+        )
+        if threading.current_thread() is threading.main_thread():
+            def on_signal(signum: int, frame: FrameType | None) -> None:
+                supervisor.request_stop()
+
+            signal.signal(signal.SIGTERM, on_signal)
+            signal.signal(signal.SIGINT, on_signal)
+            signal.signal(signal.SIGCHLD, lambda signum, frame: supervisor.wake())
+        code = supervisor.run()
+        if code:
+            sys.exit(code)
+
+    def _install_signal_handlers(self, worker: Worker) -> list[int]:
+        """First SIGTERM/SIGINT: warm stop; second: exit at once. Returns the list the
+        handler appends each signal to."""
+        received: list[int] = []
         if threading.current_thread() is not threading.main_thread():
-            return
+            return received
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            if worker.stopping:
+            # counted here, not read from worker.stopping: a recycle stops the worker
+            # too, and a signal during a recycle is a first signal, not a second
+            received.append(signum)
+            if len(received) > 1:
                 logging.getLogger("django_delayq").warning(
                     "second signal %s: exiting now", signal.Signals(signum).name)
                 os._exit(EXIT_FORCED)
@@ -93,6 +197,33 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        return received
+
+
+#: Options a supervisor passes on to its worker processes as they were given.
+CHILD_OPTIONS = [("concurrency", "--concurrency"), ("lease", "--lease"), ("timeout", "--timeout"),
+                 ("grace_period", "--grace-period"), ("prefetch", "--prefetch"),
+                 ("async_concurrency", "--async-concurrency")]
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """Refuse values no worker can run with, before anything starts."""
+
+    def number(name: str, *, minimum: float, inclusive: bool) -> None:
+        value = options[name.replace("-", "_")]
+        if value is None:
+            return
+        ok = math.isfinite(value) and (value >= minimum if inclusive else value > minimum)
+        if not ok:
+            relation = "at least" if inclusive else "more than"
+            raise CommandError(f"--{name} must be {relation} {minimum:g} (a finite number), "
+                               f"not {value!r}")
+
+    number("concurrency", minimum=1, inclusive=True)
+    number("lease", minimum=0, inclusive=False)
+    number("grace-period", minimum=0, inclusive=True)
+    number("prefetch", minimum=0, inclusive=True)
+    number("timeout", minimum=0, inclusive=False)
 
 
 def configure_logging(command: BaseCommand, verbosity: int) -> None:

@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 from django.db import (
@@ -37,27 +38,33 @@ from django.utils import timezone
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
-from .backoff import Backoff
-from .conf import conf
-from .connection import get_broker
-from .engine import Broker, Queue
-from .engine.errors import DelayQConnectionError
-from .engine.keys import QueueKeys
-from .mirror_events import Event, apply_event, parse_entry, row_from_hash, stream_id
-from .models import Job, JobStatus
+from ..conf import conf
+from ..connection import get_broker
+from ..engine import Broker, Queue
+from ..engine.errors import DelayQConnectionError
+from ..engine.keys import QueueKeys
+from ..engine.queue import SKIPS_KEPT
+from ..models import Job, JobStatus
+from ..worker.backoff import Backoff
+from .events import Event, apply_event, parse_entry, row_from_hash, stream_id
+from .takeover import GROUP, claim_from_gone
 
 logger = logging.getLogger(__name__)
 
-GROUP = "delayq-mirror"
 #: Fields an upsert rewrites (everything but the key and the primary key).
 UPDATE_FIELDS = [
     "task_name", "status", "priority", "args", "kwargs", "run_at", "enqueued_at",
     "started_at", "finished_at", "attempts", "max_attempts", "worker", "result", "error",
-    "traceback", "last_event_id", "updated_at",
+    "traceback", "progress", "progress_message", "attempt_log", "last_event_id",
+    "updated_at",
 ]
+#: Errors that stop a batch to be read again later (nothing is skipped for them): Redis
+#: or the database is away. Any other error of one event skips that event alone.
+STALLS = (OperationalError, InterfaceError, RedisError, DelayQConnectionError)
 FINISHED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.PURGED)
-#: Test hook: seconds to sleep after the database commit and before XACK.
-PAUSE_BEFORE_ACK_ENV = "DELAYQ_MIRROR_PAUSE_BEFORE_ACK"
+#: Seconds between two looks for consumers that are gone (their pending entries are
+#: taken over at once).
+GONE_CHECK_EVERY = 2.0
 
 
 class Mirror:
@@ -90,15 +97,21 @@ class Mirror:
         self._refreshed_at = 0.0
         self._pruned_at = 0.0
         self._claim_due = 0.0
+        self._gone_due = 0.0  # when to look for consumers that are gone next
         self._claim_every = min(max(self.claim_idle_ms / 2000, 1.0), 30.0)
         # A cluster cannot read streams of several slots in one command.
         self._one_command_per_stream = isinstance(self.broker.client, RedisCluster)
-        self._pause_before_ack = float(os.environ.get(PAUSE_BEFORE_ACK_ENV) or 0)
 
     # -- control -------------------------------------------------------------------
 
     def request_stop(self) -> None:
         self._stop.set()
+
+    def drain(self, timeout: float | None = None) -> int:
+        """Mirror what the streams hold now, even after :meth:`request_stop`, and return
+        the number of events applied (at most ``timeout`` seconds)."""
+        self._stop.clear()
+        return self.run(burst=True, timeout=timeout)
 
     @property
     def stopping(self) -> bool:
@@ -161,6 +174,9 @@ class Mirror:
                     handled += self._apply(keys, got)
                 else:
                     self._recovered.add(keys.events)
+        if time.monotonic() >= self._gone_due:
+            handled += sum(self._take_over_gone(keys) for keys in self._shards)
+            self._gone_due = time.monotonic() + GONE_CHECK_EVERY
         if self.claim_idle_ms >= 0 and time.monotonic() >= self._claim_due:
             taken = sum(self._take_over(keys) for keys in self._shards)
             handled += taken
@@ -205,6 +221,11 @@ class Mirror:
                     len(entries))
         return self._apply(keys, entries)
 
+    def _take_over_gone(self, keys: QueueKeys) -> int:
+        """Apply every pending entry of consumers that are gone (see :mod:`.takeover`)."""
+        return sum(self._apply(keys, batch) if batch else 0
+                   for batch in claim_from_gone(self.broker, keys, self.name, self.batch_size))
+
     def _refresh_shards(self) -> None:
         now = time.monotonic()
         if self._shards and now - self._refreshed_at < self.refresh_interval:
@@ -241,11 +262,18 @@ class Mirror:
     # -- writing -------------------------------------------------------------------
 
     def _apply(self, keys: QueueKeys, entries: list[tuple[str, dict[str, str] | None]]) -> int:
-        """Write a batch, then acknowledge it. Returns the number of entries."""
+        """Write a batch, then acknowledge it. Returns the number of entries.
+
+        An entry that cannot be applied (garbled, or a job whose row cannot be built or
+        written) is skipped: logged, recorded for operators (:meth:`_record_skip`) and
+        acknowledged with the rest, so it never holds back the stream. Only errors of
+        Redis or a database that is away stop the batch, to be read again later.
+        """
         ids = [entry_id for entry_id, _ in entries]
         by_job: dict[str, list[Event]] = {}
         for entry_id, fields in entries:
-            events = parse_entry(keys, entry_id, fields)
+            events = parse_entry(keys, entry_id, fields,
+                                 partial(self._record_skip, keys, entry_id))
             if not events:
                 self.skipped += 1
             for event in events:
@@ -261,36 +289,48 @@ class Mirror:
             part = dict(jobs[start:start + self.batch_size])
             try:
                 self._write(keys, part)
-            except (OperationalError, InterfaceError):
-                raise  # the database is away: retry the whole batch later
-            except DatabaseError as exc:
+            except STALLS:
+                raise  # Redis or the database is away: retry the whole batch later
+            except Exception as exc:
                 logger.warning("mirror batch refused, writing job by job stream=%s error=%s",
                                keys.events, exc)
                 self._write_one_by_one(keys, part)
-        if self._pause_before_ack:
-            logger.info("mirror wrote batch, pausing before ack stream=%s entries=%d",
-                        keys.events, len(entries))
-            time.sleep(self._pause_before_ack)
-        self.broker.client.xack(keys.events, GROUP, *ids)
+        self._acknowledge(keys, ids)
         self.mirrored += len(entries)
         return len(entries)
 
-    def _write_one_by_one(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
-        """Write each job alone; a job whose row the database refuses is logged and skipped.
+    def _acknowledge(self, keys: QueueKeys, ids: list[str]) -> None:
+        """Acknowledge entries whose rows are committed (what a crash may fall between)."""
+        self.broker.client.xack(keys.events, GROUP, *ids)
 
-        One bad value (say, a NaN in a job's arguments) must not hold back every other
-        event of the stream forever.
+    def _write_one_by_one(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
+        """Write each job alone; a job whose row cannot be written is skipped.
+
+        One bad value (say, a NaN in a job's arguments, a number too large for its
+        column, a time out of range) must not hold back every other event of the stream.
         """
         for job_id, events in by_job.items():
             try:
                 self._write(keys, {job_id: events})
-            except (OperationalError, InterfaceError):
+            except STALLS:
                 raise
-            except DatabaseError as exc:
+            except Exception as exc:
                 self.skipped += len(events)
-                logger.error("mirror skipped a job the database refused queue=%s job=%s "
-                             "events=%s error=%s", keys.queue, job_id,
-                             ",".join(e.entry_id for e in events), exc)
+                self._record_skip(keys, ",".join(e.entry_id for e in events),
+                                  f"job {job_id}: {type(exc).__name__}: {exc}")
+
+    def _record_skip(self, keys: QueueKeys, entry_id: str, reason: str) -> None:
+        """Log a skipped event and keep it where operators see it (a count and the newest
+        reasons per queue shard: ``Queue.skipped_events()``, the dashboard, the API)."""
+        reason = reason.replace("\n", " ")[:300]
+        logger.error("mirror skipped an event it cannot apply stream=%s id=%s reason=%s",
+                     keys.events, entry_id, reason)
+        when = timezone.now().isoformat(timespec="seconds")
+        pipe = self.broker.client.pipeline(transaction=False)
+        pipe.incr(keys.skipped)
+        pipe.lpush(keys.skipped_log, f"{when} id={entry_id} {reason}")
+        pipe.ltrim(keys.skipped_log, 0, SKIPS_KEPT - 1)
+        pipe.execute()
 
     def _write(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
         """Upsert one row per job, in one transaction; ``by_job`` events are oldest first.
@@ -329,9 +369,7 @@ class Mirror:
                 row.pk = None  # upserted on (queue, job_id), never by primary key
                 row.last_event_id, row.updated_at = event.entry_id, now
                 rows.append(row)
-            Job.objects.bulk_create(rows, update_conflicts=True,
-                                    unique_fields=["queue", "job_id"],
-                                    update_fields=UPDATE_FIELDS)
+            _upsert(rows)
 
     # -- retention -----------------------------------------------------------------
 
@@ -365,6 +403,40 @@ class Mirror:
                     self.broker.client.xgroup_delconsumer(keys.events, GROUP, consumer["name"])
 
 
+def _upsert(rows: list[Job]) -> None:
+    Job.objects.bulk_create(rows, update_conflicts=True, unique_fields=["queue", "job_id"],
+                            update_fields=UPDATE_FIELDS)
+
+
+def refresh_rows(queue: str, job_ids: Iterable[str], *, broker: Broker | None = None) -> int:
+    """Rewrite the rows of ``job_ids`` from their job hashes now, without waiting for
+    their events (an admin action shows its effect at once). Returns how many.
+
+    A job whose hash is gone, or that has no row yet, is left to the events. The rows
+    keep their ``last_event_id``: the events still apply, newest state first.
+    """
+    broker = broker or get_broker()
+    with transaction.atomic():
+        rows = {row.job_id: row for row in Job.objects.select_for_update()
+                .filter(queue=queue, job_id__in=list(job_ids)).order_by("job_id")}
+        if not rows:
+            return 0
+        with broker.connection_errors():
+            pipe = broker.client.pipeline(transaction=False)
+            for job_id in rows:
+                pipe.hgetall(broker.keys_for(queue, job_id).job(job_id))
+            hashes = pipe.execute()
+        now = timezone.now()
+        fresh = []
+        for (job_id, old), data in zip(rows.items(), hashes, strict=True):
+            if data:
+                row = row_from_hash(queue, job_id, data)
+                row.last_event_id, row.updated_at = old.last_event_id, now
+                fresh.append(row)
+        _upsert(fresh)
+    return len(fresh)
+
+
 def _newer(event: Event, row: Job | None) -> bool:
     if row is None or not row.last_event_id:
         return True
@@ -383,7 +455,7 @@ class MirrorThread:
         self._enabled = False
 
     def _run(self) -> None:
-        if not _table_exists():
+        if not table_exists():
             logger.warning("the mirror is off: table %s is missing (run manage.py migrate)",
                            Job._meta.db_table)
             return
@@ -402,11 +474,10 @@ class MirrorThread:
         self.mirror.request_stop()
         self._thread.join(timeout)
         if drain and self._enabled and not self._thread.is_alive():
-            self.mirror._stop.clear()
-            self.mirror.run(burst=True, timeout=timeout)
+            self.mirror.drain(timeout)
 
 
-def _table_exists() -> bool:
+def table_exists() -> bool:
     try:
         return Job._meta.db_table in connection.introspection.table_names()
     except DatabaseError:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .engine.fields import logical
-from .engine.job import _decode_or_raw, from_ms
-from .engine.keys import STATUSES, QueueKeys, validate_job_id
-from .models import Job, JobStatus
+from ..engine.jobhash import decode_stored, from_ms, read_job_hash, to_fraction
+from ..engine.keys import QueueKeys, validate_job_id
+from ..engine.status import JOB_STATUSES
+from ..models import Job, JobStatus
 
 logger = logging.getLogger("django_delayq.mirror")
 
@@ -46,15 +47,16 @@ class Event:
 
     @property
     def at(self) -> dt.datetime | None:
-        return from_ms(self.fields.get("ts"))
+        return from_ms(self.fields.get("ts"))  # checked by parse_entry
 
 
-def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None) -> list[Event]:
+def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None,
+                on_garbled: Callable[[str], None] | None = None) -> list[Event]:
     """Decode a stream entry into its events: one per job it names.
 
     An entry for several jobs (a bulk enqueue, a claim, an ack) names them in ``jobs`` and
     may give each its attempt in ``attempts``, in the same order. Empty, after a warning,
-    when the entry is garbled or trimmed.
+    when the entry is garbled (``on_garbled`` is then given the reason) or trimmed.
     """
     if fields is None:
         logger.warning("event trimmed from the stream before it was mirrored stream=%s id=%s",
@@ -74,7 +76,7 @@ def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None) -
                 attempts = [None] * len(job_ids)
             if len(attempts) != len(job_ids):
                 raise ValueError("jobs and attempts differ in length")
-        int(fields.get("ts", "0"))
+        from_ms(fields.get("ts"))  # a time every reader can represent (ValueError if not)
         if not event or not all(job_ids):
             raise ValueError("empty event or job")
         # An id no job can have would fail its row's insert (PostgreSQL enforces the
@@ -84,6 +86,8 @@ def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None) -
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         logger.warning("skipping garbled event stream=%s id=%s fields=%r error=%s",
                        keys.events, entry_id, fields, exc)
+        if on_garbled is not None:
+            on_garbled(f"garbled event: {type(exc).__name__}: {exc}")
         return []
     common = {k: v for k, v in fields.items() if k not in ("jobs", "attempts", "attempt")}
     return [Event(keys, entry_id, event, job_id,
@@ -118,37 +122,44 @@ def _storable(value: Any) -> Any:
     return value
 
 
-def _json_field(raw: str | None, default: Any) -> Any:
-    value = _decode_or_raw(raw, default)
+def _json_field(value: Any, raw: str | None) -> Any:
+    """A decoded JSON field, made storable when its stored text ``raw`` needs it."""
     if raw and ("\x00" in raw or _UNSTORABLE_ESCAPE.search(raw) or not raw.isascii()):
         value = _storable(value)
     return value
 
 
 def row_from_hash(queue: str, job_id: str, stored: dict[str, str]) -> Job:
-    """A model instance holding a job HASH's state (HGETALL's answer, stored names)."""
-    data = logical(stored)
+    """A model instance holding a job HASH's state (HGETALL's answer, stored names).
 
-    def num(name: str, default: int) -> int:
-        try:
-            return int(data.get(name, default))
-        except (TypeError, ValueError):
-            return default
-
-    status = data.get("status", "")
+    A damaged field (a time out of range, a number that is not one) takes its default,
+    so one damaged hash cannot stall the mirror; the live ``Job`` names the damaged
+    fields.
+    """
+    h = read_job_hash(stored)
     return Job(
-        queue=queue, job_id=job_id, task_name=storable_text(data.get("task", "")[:200]),
-        status=status if status in STATUSES else JobStatus.READY,
-        priority=num("priority", 0),
-        args=_json_field(data.get("args"), []), kwargs=_json_field(data.get("kwargs"), {}),
-        run_at=from_ms(data.get("run_at")), enqueued_at=from_ms(data.get("enqueued_at")),
-        started_at=from_ms(data.get("started_at")), finished_at=from_ms(data.get("finished_at")),
-        attempts=max(0, num("attempts", 0)), max_attempts=max(1, num("max_attempts", 1)),
-        worker=storable_text((data.get("worker") or "")[:200]),
-        result=_json_field(data.get("result"), None),
-        error=storable_text(data.get("error") or ""),
-        traceback=storable_text(data.get("traceback") or ""),
+        queue=queue, job_id=job_id, task_name=storable_text(h.task[:200]),
+        status=h.status if h.status in JOB_STATUSES else JobStatus.READY,
+        priority=h.priority,
+        args=_json_field(h.args, h.text.get("args")),
+        kwargs=_json_field(h.kwargs, h.text.get("kwargs")),
+        run_at=h.run_at, enqueued_at=h.enqueued_at,
+        started_at=h.started_at, finished_at=h.finished_at,
+        attempts=max(0, h.attempts), max_attempts=max(1, h.max_attempts),
+        worker=storable_text((h.worker or "")[:200]),
+        result=_json_field(h.result, h.text.get("result")),
+        error=storable_text(h.error or ""),
+        traceback=storable_text(h.traceback or ""),
+        progress=h.progress,
+        progress_message=storable_text(h.progress_message[:500]),
+        attempt_log=_attempt_log(h.text.get("attempt_log")),
     )
+
+
+def _attempt_log(raw: str | None) -> list[Any]:
+    """The stored attempt log as the model keeps it (a list; [] when unreadable)."""
+    value = _json_field(decode_stored(raw, []), raw)
+    return value if isinstance(value, list) else []
 
 
 def apply_event(row: Job, event: Event) -> None:
@@ -161,6 +172,9 @@ def apply_event(row: Job, event: Event) -> None:
     if kind == "enqueued":
         row.status = row.status or JobStatus.READY
         row.enqueued_at = row.enqueued_at or at
+    elif kind == "claimed":
+        row.status, row.started_at, row.finished_at = JobStatus.CLAIMED, None, None
+        row.worker = storable_text((f.get("worker") or row.worker)[:200])
     elif kind == "started":
         row.status, row.started_at, row.finished_at = JobStatus.ACTIVE, at, None
         row.worker = storable_text((f.get("worker") or row.worker)[:200])
@@ -179,6 +193,9 @@ def apply_event(row: Job, event: Event) -> None:
         row.finished_at = None
         if f.get("manual"):
             row.attempts, row.error, row.traceback = 0, "", ""
+    elif kind == "progress":
+        row.progress = to_fraction(f.get("g"))
+        row.progress_message = storable_text(f.get("gm", "")[:500])
     elif kind in ("promoted", "reclaimed", "released"):
         row.status = JobStatus.READY
     elif kind in ("purged", "orphaned"):

@@ -8,16 +8,12 @@ shows the live Redis state next to the mirrored one. Acting needs the
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import QuerySet
 from django.http import (
     Http404,
@@ -30,52 +26,38 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from ..engine import DelayQConnectionError, InvalidJobState, JobNotFound
+from ..engine import Job as EngineJob
+from ..engine.status import PENDING, RETRYABLE
+from ..models import Job, QueuesDashboard
 from . import dashboard
-from .engine import DelayQConnectionError, InvalidJobState, JobNotFound
-from .engine import Job as EngineJob
-from .models import Job, JobStatus
+from .display import (
+    attempts_table,
+    job_label,
+    pretty_json,
+    progress_bar,
+    seconds,
+    short_json,
+    status_badge,
+    when,
+    when_short,
+)
 
 logger = logging.getLogger(__name__)
 
-#: Badge colours per status (background, text).
-STATUS_COLOURS = {
-    JobStatus.SCHEDULED: ("#5b7fbd", "#fff"),
-    JobStatus.READY: ("#2f6fab", "#fff"),
-    JobStatus.ACTIVE: ("#c77c02", "#fff"),
-    JobStatus.COMPLETED: ("#2e7d32", "#fff"),
-    JobStatus.FAILED: ("#c62828", "#fff"),
-    JobStatus.CANCELLED: ("#757575", "#fff"),
-    JobStatus.PURGED: ("#424242", "#fff"),
-}
 #: Most jobs one admin action touches (each is one Redis round trip or two).
 MAX_ACTION_JOBS = 500
 REDIS_DOWN = "Redis is unreachable; nothing was changed. Try again in a moment."
 
 
-def status_badge(status: str) -> SafeString:
-    """A coloured badge for a job status (unknown statuses render grey)."""
-    background, colour = STATUS_COLOURS.get(status, ("#9e9e9e", "#fff"))  # type: ignore[call-overload]
-    label = JobStatus(status).label if status in JobStatus.values else status
-    return format_html(
-        '<span class="dq-badge dq-status-{}" style="background:{};color:{};padding:2px 8px;'
-        'border-radius:9px;font-size:11px;font-weight:600;white-space:nowrap">{}</span>',
-        status, background, colour, label)
-
-
-def pretty_json(value: Any) -> SafeString:
-    """A JSON value in a ``<pre>`` block, escaped."""
-    text = json.dumps(value, indent=2, ensure_ascii=False, cls=DjangoJSONEncoder, default=str)
-    return format_html('<pre class="dq-pre">{}</pre>', text)
-
-
 def _run_now(job: EngineJob) -> str:
-    if job.status in ("scheduled", "ready"):
+    if job.status in PENDING:
         job.reschedule(delay=0)
         return "moved to now"
-    if job.status in ("failed", "cancelled"):
+    if job.status in RETRYABLE:
         job.retry()
         return "retried"
-    raise InvalidJobState(f"job is {job.status}")
+    raise InvalidJobState(job.id, job.status, "run now", (*PENDING, *RETRYABLE))
 
 
 def _retry(job: EngineJob) -> str:
@@ -86,7 +68,7 @@ def _retry(job: EngineJob) -> str:
 def _cancel(job: EngineJob) -> str:
     if job.cancel():
         return "cancelled"
-    raise InvalidJobState(f"job is {job.status}: only a scheduled or ready job can be cancelled")
+    raise InvalidJobState(job.id, job.status, "cancelled", PENDING)
 
 
 #: The buttons of the job page: operation -> (verb, what it does to the engine's Job).
@@ -95,13 +77,30 @@ JOB_OPERATIONS: dict[str, tuple[str, Callable[[EngineJob], str]]] = {
     "cancel": ("cancelled", _cancel),
     "run-now": ("run now", _run_now),
 }
+#: The statuses each operation applies to (the job page shows only those buttons).
+APPLIES_TO = {
+    "retry": tuple(RETRYABLE),
+    "cancel": tuple(PENDING),
+    "run-now": (*PENDING, *RETRYABLE),
+}
+
+
+def operations_for(status: str) -> list[str]:
+    """The job page's buttons for a job in ``status``."""
+    return [op for op in JOB_OPERATIONS if status in APPLIES_TO[op]]
+
+
+def has_attempt_log() -> bool:
+    """Whether the mirrored model keeps each attempt (``attempt_log``)."""
+    return any(f.name == "attempt_log" for f in Job._meta.get_fields())
 
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ("job_id", "task_name", "queue", "status_display", "priority",
-                    "attempts_display", "run_at_display", "finished_at_display")
-    list_display_links = ("job_id",)
+    list_display = ("job_display", "task_display", "queue", "status_display",
+                    "attempts_display", "run_at_display", "duration_column", "error_column",
+                    "args_column")
+    list_display_links = ("job_display",)
     list_filter = ("status", "queue", "task_name")
     search_fields = ("=job_id", "task_name")
     date_hierarchy = "run_at"
@@ -111,11 +110,12 @@ class JobAdmin(admin.ModelAdmin):
     actions = ("retry_jobs", "cancel_jobs", "run_jobs_now")
     fieldsets = (
         (None, {"fields": ("job_id", "queue", "task_name", "status_display", "priority",
-                           "attempts_display", "worker")}),
+                           "attempts_display", "worker", "progress_display")}),
         ("Arguments", {"fields": ("args_display", "kwargs_display")}),
         ("Outcome", {"fields": ("result_display", "error", "traceback_display")}),
-        ("Timings", {"fields": ("enqueued_at", "run_at", "started_at", "finished_at",
-                                "duration_display", "lateness_display")}),
+        ("Timings", {"fields": ("enqueued_at_display", "run_at_full", "started_at_display",
+                                "finished_at_full", "duration_display", "lateness_display")}),
+        ("Attempts", {"fields": ("attempts_log_display",)}),
         ("Live state in Redis", {"fields": ("live_state",)}),
         ("Mirror", {"classes": ("collapse",), "fields": ("last_event_id", "updated_at")}),
     )
@@ -124,6 +124,9 @@ class JobAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> list[str]:
         return [f for _, opts in self.fieldsets for f in opts["fields"]]
+
+    def get_list_filter(self, request: HttpRequest) -> tuple[str, ...]:
+        return ("status", "queue", "task_name")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -140,9 +143,12 @@ class JobAdmin(admin.ModelAdmin):
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        row = self.get_object(request, object_id)
+        operations: list[str] = []
+        if row is not None and self.has_change_permission(request):
+            operations = operations_for(_live_status(row))
         extra_context = {**(extra_context or {}), "title": "Job", "show_save": False,
-                         "job_operations": list(JOB_OPERATIONS)
-                         if self.has_change_permission(request) else [],
+                         "job_operations": operations,
                          "show_save_and_continue": False, "show_save_and_add_another": False,
                          "show_delete": False}
         return super().change_view(request, object_id, form_url, extra_context)
@@ -153,17 +159,69 @@ class JobAdmin(admin.ModelAdmin):
     def status_display(self, obj: Job) -> SafeString:
         return status_badge(obj.status)
 
-    @admin.display(description="run at (UTC)", ordering="run_at")
-    def run_at_display(self, obj: Job) -> str:
-        return _short(obj.run_at)
+    @admin.display(description="job", ordering="job_id")
+    def job_display(self, obj: Job) -> SafeString:
+        return job_label(obj.job_id, obj.task_name)
 
-    @admin.display(description="finished (UTC)", ordering="finished_at")
-    def finished_at_display(self, obj: Job) -> str:
-        return _short(obj.finished_at)
+    @admin.display(description="task", ordering="task_name")
+    def task_display(self, obj: Job) -> SafeString:
+        module, _, name = obj.task_name.rpartition(".")
+        return format_html('<span title="{}">{}</span>', obj.task_name,
+                           name if module else obj.task_name)
+
+    @admin.display(description="run at", ordering="run_at")
+    def run_at_display(self, obj: Job) -> str:
+        return when_short(obj.run_at)
+
+    @admin.display(description="duration")
+    def duration_column(self, obj: Job) -> str:
+        return seconds(obj.duration)
+
+    @admin.display(description="error")
+    def error_column(self, obj: Job) -> SafeString | str:
+        if not obj.error:
+            return "-"
+        kind, sep, message = obj.error.partition(": ")  # "module.Class: message"
+        return format_html('<span class="dq-cut" title="{}">{}{}{}</span>', obj.error,
+                           kind.rsplit(".", 1)[-1], sep, message)
+
+    @admin.display(description="arguments")
+    def args_column(self, obj: Job) -> SafeString:
+        full = short_json({"args": obj.args, "kwargs": obj.kwargs}, 2000)
+        shown = short_json(obj.args, 40) + (
+            " " + short_json(obj.kwargs, 30) if obj.kwargs else "")
+        return format_html('<code class="dq-cut" title="{}">{}</code>', full, shown)
+
+    @admin.display(description="enqueued at")
+    def enqueued_at_display(self, obj: Job) -> str:
+        return when(obj.enqueued_at)
+
+    @admin.display(description="run at")
+    def run_at_full(self, obj: Job) -> str:
+        return when(obj.run_at)
+
+    @admin.display(description="started at")
+    def started_at_display(self, obj: Job) -> str:
+        return when(obj.started_at)
+
+    @admin.display(description="finished at")
+    def finished_at_full(self, obj: Job) -> str:
+        return when(obj.finished_at)
+
+    @admin.display(description="each attempt")
+    def attempts_log_display(self, obj: Job) -> SafeString | str:
+        if has_attempt_log():
+            return attempts_table(getattr(obj, "attempt_log", None))
+        return (f"{obj.attempts} attempt(s) of {obj.max_attempts}; this version keeps the "
+                "latest attempt's worker, times and error (above).")
 
     @admin.display(description="attempts", ordering="attempts")
     def attempts_display(self, obj: Job) -> str:
         return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="progress")
+    def progress_display(self, obj: Job) -> SafeString | str:
+        return progress_bar(obj.progress, obj.progress_message)
 
     @admin.display(description="args")
     def args_display(self, obj: Job) -> SafeString:
@@ -197,19 +255,26 @@ class JobAdmin(admin.ModelAdmin):
         except JobNotFound:
             return format_html("<p>{}</p>", "Not in Redis any more (expired after its result "
                                             "TTL, or purged). The mirrored copy is all there is.")
-        except (DelayQConnectionError, ValueError):
+        except DelayQConnectionError:
             return format_html("<p>{}</p>", "Redis is unreachable: live state unavailable.")
+        except ValueError as exc:  # an id or queue name Redis cannot hold
+            return format_html("<p>Live state unavailable: {}</p>", str(exc))
         rows = [
             ("status", status_badge(obj.status), status_badge(live.status)),
             ("attempts", f"{obj.attempts}/{obj.max_attempts}",
              f"{live.attempts}/{live.max_attempts}"),
-            ("run at", _when(obj.run_at), _when(live.run_at)),
-            ("started at", _when(obj.started_at), _when(live.started_at)),
-            ("finished at", _when(obj.finished_at), _when(live.finished_at)),
+            ("run at", when(obj.run_at), when(live.run_at)),
+            ("started at", when(obj.started_at), when(live.started_at)),
+            ("finished at", when(obj.finished_at), when(live.finished_at)),
             ("worker", obj.worker or "-", live.worker or "-"),
             ("error", obj.error or "-", live.error or "-"),
+            ("progress", progress_bar(obj.progress, obj.progress_message),
+             progress_bar(live.progress, live.progress_message)),
             ("position in queue", "", "-" if position is None else position),
         ]
+        if live.damaged:
+            rows.append(("damaged in Redis", "", "; ".join(
+                f"{name}: {found!r}" for name, found in sorted(live.damaged.items()))))
         body = format_html_join("", "<tr><th>{}</th><td>{}</td><td>{}</td></tr>", rows)
         return format_html('<table class="dq-live"><thead><tr><th></th><th>mirrored</th>'
                            "<th>live in Redis</th></tr></thead><tbody>{}</tbody></table>", body)
@@ -219,12 +284,18 @@ class JobAdmin(admin.ModelAdmin):
     def _act(self, request: HttpRequest, queryset: QuerySet[Job], verb: str,
              operation: Callable[[EngineJob], str]) -> None:
         """Run ``operation`` on each selected job in Redis and report each outcome."""
+        # Imported here: the mirror loads the worker, and with it django_delayq.task,
+        # which must not be imported while the admin is autodiscovered (it would shadow
+        # the lazily exported ``django_delayq.task`` decorator with the module).
+        from ..mirror.consumer import refresh_rows
+
         rows = list(queryset.order_by("queue", "job_id")[:MAX_ACTION_JOBS + 1])
         if len(rows) > MAX_ACTION_JOBS:
             self.message_user(request, f"Select at most {MAX_ACTION_JOBS} jobs per action.",
                               messages.ERROR)
             return
         done: dict[str, list[str]] = {}
+        changed: dict[str, list[str]] = {}  # queue -> ids of the jobs changed
         refused: list[str] = []
         for row in rows:
             try:
@@ -234,13 +305,18 @@ class JobAdmin(admin.ModelAdmin):
                 refused.append(f"{row.job_id}: not in Redis any more")
                 continue
             except InvalidJobState as exc:
-                refused.append(f"{row.job_id}: {_reason(exc)}")
+                refused.append(f"{row.job_id}: is {exc.reason}")
                 continue
             except DelayQConnectionError:
                 self.message_user(request, REDIS_DOWN, messages.ERROR)
                 break
             done.setdefault(what, []).append(row.job_id)
-            Job.objects.filter(pk=row.pk).update(status=job.status, run_at=job.run_at or row.run_at)
+            changed.setdefault(row.queue, []).append(row.job_id)
+        for queue, job_ids in changed.items():
+            try:
+                refresh_rows(queue, job_ids)  # the list shows the change before the events
+            except DelayQConnectionError:
+                break  # the events bring the rows up to date later
         for what, ids in done.items():
             self.message_user(request, f"{len(ids)} job(s) {what}: {', '.join(ids)}",
                               messages.SUCCESS)
@@ -270,6 +346,8 @@ class JobAdmin(admin.ModelAdmin):
         own = [
             path("queues/", view(dashboard.QueuesView.as_view(model_admin=self)),
                  name="django_delayq_queues"),
+            path("queues/data/", view(dashboard.QueuesDataView.as_view(model_admin=self)),
+                 name="django_delayq_queues_data"),
             path("queues/<str:queue>/<str:operation>/",
                  view(dashboard.QueueControlView.as_view(model_admin=self)),
                  name="django_delayq_queue_control"),
@@ -295,16 +373,40 @@ class JobAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(reverse("admin:django_delayq_job_change", args=[row.pk]))
 
 
-def _short(value: dt.datetime | None) -> str:
-    return "-" if value is None else f"{value.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S}"
+def _live_status(row: Job) -> str:
+    """The job's status in Redis now ("" once it left Redis: nothing can be done to it);
+    the mirrored one when Redis cannot tell."""
+    try:
+        return EngineJob.fetch(row.job_id, row.queue).status
+    except JobNotFound:
+        return ""
+    except (DelayQConnectionError, ValueError):
+        return row.status
 
 
-def _when(value: dt.datetime | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S.%f}"[:-3] + " UTC"
+@admin.register(QueuesDashboard)
+class QueuesDashboardAdmin(admin.ModelAdmin):
+    """The admin index's "Queues dashboard" entry: its list is the dashboard. Seen by
+    whoever may view jobs."""
 
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("django_delayq.view_job") or request.user.has_perm(
+            "django_delayq.change_job")
 
-def _reason(exc: InvalidJobState) -> str:
-    """The engine's message without its leading ``job 'ID'`` (already shown)."""
-    return re.sub(r"^job '[^']*' ", "", str(exc))
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return HttpResponseRedirect(reverse("admin:django_delayq_queues"))

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import threading
 
+#: Pauses between retries while Redis is unreachable: the first, and the longest.
+FIRST_BACKOFF = 0.1
+MAX_BACKOFF = 5.0
+#: A shard that refuses a call its siblings answered (a Redis Cluster slot on the move
+#: says TRYAGAIN) is left out of claims, or its acks held back, for this long, so the
+#: others run at full speed.
+SHARD_PAUSE = 1.0
+
 
 class Backoff:
     """Waits ``first`` seconds, doubling after each wait up to ``cap``; :meth:`reset`

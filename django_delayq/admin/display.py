@@ -1,0 +1,136 @@
+"""How the admin shows a job's values: badges, times, progress, periodic ids, attempts.
+
+Every helper escapes what it is given (job data is user data) and returns HTML or text.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from ..models import JobStatus
+
+#: Badge colours per status (background, text).
+STATUS_COLOURS = {
+    JobStatus.SCHEDULED: ("#5b7fbd", "#fff"),
+    JobStatus.READY: ("#2f6fab", "#fff"),
+    JobStatus.ACTIVE: ("#a35f00", "#fff"),
+    JobStatus.COMPLETED: ("#2e7d32", "#fff"),
+    JobStatus.FAILED: ("#c62828", "#fff"),
+    JobStatus.CANCELLED: ("#616161", "#fff"),
+    JobStatus.PURGED: ("#424242", "#fff"),
+}
+
+#: ``cron:<task>:<epoch ms>``, the id of one occurrence of a periodic task.
+PERIODIC_ID = re.compile(r"^cron:(?P<task>.+):(?P<ms>\d{10,16})$")
+
+
+def status_badge(status: str) -> SafeString:
+    """A coloured badge for a job status (unknown statuses render grey)."""
+    background, colour = STATUS_COLOURS.get(status, ("#757575", "#fff"))  # type: ignore[call-overload]
+    label = JobStatus(status).label if status in JobStatus.values else status
+    return format_html(
+        '<span class="dq-badge dq-status-{}" style="background:{};color:{};padding:2px 8px;'
+        'border-radius:9px;font-size:11px;font-weight:600;white-space:nowrap">{}</span>',
+        status, background, colour, label)
+
+
+def pretty_json(value: Any) -> SafeString:
+    """A JSON value in a ``<pre>`` block, escaped."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, cls=DjangoJSONEncoder, default=str)
+    return format_html('<pre class="dq-pre">{}</pre>', text)
+
+
+def short_json(value: Any, limit: int = 60) -> str:
+    """A JSON value on one line, cut to ``limit`` characters (for a list column)."""
+    text = json.dumps(value, ensure_ascii=False, cls=DjangoJSONEncoder, default=str)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def when(value: dt.datetime | None) -> str:
+    """A time to the millisecond in the current time zone, with its name."""
+    if value is None:
+        return "-"
+    local = timezone.localtime(value)
+    return f"{local:%Y-%m-%d %H:%M:%S}.{local.microsecond // 1000:03d} {local.tzname()}"
+
+
+def when_short(value: dt.datetime | None) -> str:
+    """A time to the second in the current time zone (list columns: the zone is in the
+    column's title)."""
+    return "-" if value is None else f"{timezone.localtime(value):%m-%d %H:%M:%S}"
+
+
+def seconds(value: float | None) -> str:
+    """A duration as people read it: ms under a second, s under a minute, else m s."""
+    if value is None:
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 60:
+        return f"{value:.2f} s"
+    return f"{int(value // 60)} m {value % 60:.0f} s"
+
+
+def progress_bar(fraction: float | None, message: str) -> SafeString | str:
+    """A job's reported progress: a ``<progress>`` bar, the percent and the message."""
+    if fraction is None:
+        return "-"
+    return format_html('<span class="dq-progress"><progress max="1" value="{}">{}%</progress> '
+                       '{}%{}</span>', fraction, f"{fraction * 100:.0f}",
+                       f"{fraction * 100:.0f}", format_html(" — {}", message) if message else "")
+
+
+def job_label(job_id: str, task_name: str = "") -> SafeString:
+    """The job id, or for a periodic occurrence its task's short name and scheduled time
+    (the full id in the tooltip)."""
+    match = PERIODIC_ID.match(job_id)
+    if match is None:
+        return format_html("{}", job_id)
+    at = dt.datetime.fromtimestamp(int(match["ms"]) / 1000, tz=dt.UTC)
+    task = task_name or match["task"]
+    return format_html('<span class="dq-periodic" title="{}">⟳ {} @ {}</span>', job_id,
+                       task.rsplit(".", 1)[-1], when_short(at))
+
+
+def _moment(value: Any) -> dt.datetime | None:
+    """A time of an attempt log entry: epoch ms, an ISO string or a datetime."""
+    if isinstance(value, dt.datetime):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return dt.datetime.fromtimestamp(value / 1000, tz=dt.UTC)
+    if isinstance(value, str):
+        if value.isdigit():
+            return dt.datetime.fromtimestamp(int(value) / 1000, tz=dt.UTC)
+        return parse_datetime(value)
+    return None
+
+
+def attempts_table(log: Any) -> SafeString | str:
+    """The attempt log (short keys ``n w b f o x`` or their logical names) as a table."""
+    if not isinstance(log, list) or not log:
+        return "-"
+    rows = []
+    for entry in log:
+        if not isinstance(entry, dict):
+            continue
+        start = _moment(entry.get("b", entry.get("started_at")))
+        end = _moment(entry.get("f", entry.get("finished_at")))
+        duration = (end - start).total_seconds() if start and end else None
+        rows.append((entry.get("n", entry.get("attempt", "")),
+                     entry.get("w", entry.get("worker")) or "-", when(start), when(end),
+                     seconds(duration), entry.get("o", entry.get("outcome")) or "-",
+                     entry.get("x", entry.get("error")) or "-"))
+    body = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                                "<td>{}</td><td class=\"dq-error-cell\">{}</td></tr>", rows)
+    return format_html('<table class="dq-attempts"><thead><tr><th>#</th><th>worker</th>'
+                       "<th>started</th><th>ended</th><th>duration</th><th>outcome</th>"
+                       "<th>error</th></tr></thead><tbody>{}</tbody></table>", body)

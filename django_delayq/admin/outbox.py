@@ -1,0 +1,114 @@
+"""The admin page of the outbox: jobs written in a transaction and not yet in Redis.
+
+Rows normally live for milliseconds (the commit hook sends them); the page matters when
+Redis was unreachable, or when Redis refused a row: a parked row shows its error, and
+"retry now" sends it again (parking it again if Redis still refuses). Rows are never
+edited here; viewing needs ``view_outboxentry``, retrying ``change_outboxentry``,
+deleting ``delete_outboxentry``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from ..connection import get_broker
+from ..models import OutboxEntry
+from ..outbox.send import send_rows, settle
+from .display import pretty_json
+from .jobs import MAX_ACTION_JOBS
+
+
+class ParkedFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("parked", "Parked (refused)"), ("waiting", "Waiting")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "parked":
+            return queryset.filter(parked_at__isnull=False)
+        if self.value() == "waiting":
+            return queryset.filter(parked_at__isnull=True)
+        return queryset
+
+
+@admin.register(OutboxEntry)
+class OutboxEntryAdmin(admin.ModelAdmin):
+    list_display = ("job_id", "task_name", "queue", "state", "attempts", "run_at",
+                    "created_at", "short_error")
+    list_filter = (ParkedFilter, "queue", "task_name")
+    search_fields = ("=job_id", "task_name")
+    ordering = ("id",)
+    list_per_page = 50
+    show_full_result_count = False
+    actions = ("retry_now", "delete_selected")
+    fields = ("job_id", "queue", "task_name", "state", "priority", "run_at", "max_attempts",
+              "args_display", "kwargs_display", "created_at", "attempts", "parked_at",
+              "error_display")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # The change permission allows "retry now"; the page itself stays read-only.
+        return obj is None and super().has_change_permission(request, obj)
+
+    @admin.display(description="state")
+    def state(self, row: OutboxEntry) -> SafeString:
+        if row.parked_at is not None:
+            return format_html('<strong style="color:#c62828">{}</strong>', "parked")
+        return format_html("{}", "waiting")
+
+    @admin.display(description="error")
+    def short_error(self, row: OutboxEntry) -> str:
+        return row.error if len(row.error) <= 120 else row.error[:119] + "…"
+
+    @admin.display(description="error")
+    def error_display(self, row: OutboxEntry) -> SafeString:
+        return format_html('<pre class="dq-pre">{}</pre>', row.error) if row.error else (
+            format_html("{}", "-"))
+
+    @admin.display(description="arguments")
+    def args_display(self, row: OutboxEntry) -> SafeString:
+        return _json_block(row.args)
+
+    @admin.display(description="keyword arguments")
+    def kwargs_display(self, row: OutboxEntry) -> SafeString:
+        return _json_block(row.kwargs)
+
+    @admin.action(description="Retry now: send the selected rows to Redis",
+                  permissions=["change"])
+    def retry_now(self, request: HttpRequest, queryset: QuerySet[OutboxEntry]) -> None:
+        from ..task import registry  # not at import: the admin loads before the tasks
+
+        rows = list(queryset.order_by("pk")[:MAX_ACTION_JOBS])
+        using = queryset.db
+        OutboxEntry.objects.using(using).filter(pk__in=[r.pk for r in rows]).update(
+            parked_at=None, attempts=0, error="")
+        outcome = send_rows(get_broker(), rows, registry)
+        settle(using, outcome)
+        if outcome.sent:
+            self.message_user(request, f"{len(outcome.sent)} job(s) sent to Redis.",
+                              messages.SUCCESS)
+        if outcome.refused:
+            self.message_user(request, f"{len(outcome.refused)} row(s) refused again and "
+                              "parked: see their error.", messages.ERROR)
+        if outcome.failure is not None:
+            self.message_user(request, "Redis is unreachable: the rows wait for the relay.",
+                              messages.WARNING)
+
+
+def _json_block(text: str) -> SafeString:
+    try:
+        return pretty_json(json.loads(text))
+    except ValueError:
+        return format_html('<pre class="dq-pre">{}</pre>', text)

@@ -1,0 +1,1 @@
+"""Optional helpers for projects that use django-delayq (the pytest plugin)."""

@@ -1,0 +1,211 @@
+"""Every Lua script of the engine as one typed method: the only place KEYS and ARGV are built.
+
+Each ``.lua`` file documents its KEYS, ARGV and reply in its header; the method of the
+same name here is that header in Python, so a change to a script's arguments is made in
+two files side by side. Scripts that run alone are sent at once (the enqueue on the
+held connections of :mod:`~django_delayq.engine.held`); those the worker sends together
+have an ``add_`` method that appends the call to a :class:`~django_delayq.engine.scripts.Batch`
+and returns its index in the batch's replies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .scripts import Batch, call_and_wait, run_script
+
+if TYPE_CHECKING:
+    from .config import EngineConfig
+    from .held import HeldConnections
+    from .keys import QueueKeys
+
+#: Values per job in the enqueue script's ARGV (see :meth:`Commands.enqueue`).
+ENQUEUE_ARGS = 9
+
+
+class Commands:
+    """The scripts of one Redis client, with the settings of one :class:`EngineConfig`."""
+
+    def __init__(self, client: Any, config: EngineConfig,
+                 held: HeldConnections | None = None) -> None:
+        self.client = client
+        self.config = config
+        self.held = held
+
+    # -- producing ----------------------------------------------------------------
+
+    @staticmethod
+    def _enqueue_call(keys: QueueKeys, argvs: list[list[Any]],
+                      maxlen: int) -> tuple[list[str], list[Any]]:
+        """``argvs``: per job, id, task, args JSON, kwargs JSON, priority, run_at ms or
+        '', delay ms or '', max attempts, time limit ms or '' (all on the shard ``keys``)."""
+        script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq]
+        script_keys += [keys.job(argv[0]) for argv in argvs]
+        script_keys.append(keys.stats)
+        args: list[Any] = [maxlen]
+        for argv in argvs:
+            args += argv
+        return script_keys, args
+
+    def enqueue(self, keys: QueueKeys, argvs: list[list[Any]]) -> list[Any]:
+        """Enqueue jobs now; per job 4 values: added (0/1), status, run_at ms, enqueued_at ms."""
+        # _enqueue_call() written out: this is every producer's hot path (one call less)
+        script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq]
+        script_keys += [keys.job(argv[0]) for argv in argvs]
+        script_keys.append(keys.stats)
+        args: list[Any] = [self.config.events_maxlen]
+        for argv in argvs:
+            args += argv
+        reply: list[Any] = run_script(self.client, "enqueue", script_keys, args, self.held)
+        return reply
+
+    def enqueue_and_wait(self, keys: QueueKeys, argvs: list[list[Any]],
+                         wait: tuple[int, int]) -> tuple[list[Any], int]:
+        """:meth:`enqueue`, then Redis ``WAIT`` for ``wait = (replicas, timeout_ms)`` in
+        the same round trip: the reply and how many replicas confirmed the jobs."""
+        script_keys, args = self._enqueue_call(keys, argvs, self.config.events_maxlen)
+        reply, confirmed = call_and_wait(self.client, "enqueue", script_keys, args, wait,
+                                         self.held)
+        return list(reply), confirmed
+
+    def add_enqueue(self, batch: Batch, keys: QueueKeys, argvs: list[list[Any]]) -> int:
+        """:meth:`enqueue` as one call of ``batch``."""
+        return batch.add("enqueue", *self._enqueue_call(keys, argvs, self.config.events_maxlen))
+
+    def advance_schedule(self, marks_key: str, task: str, occurrence_ms: int) -> int:
+        """Raise ``task``'s mark of the latest periodic occurrence enqueued (never lower it)."""
+        return int(run_script(self.client, "advance_schedule", [marks_key],
+                              [task, occurrence_ms]))
+
+    # -- the worker protocol ------------------------------------------------------
+
+    def add_claim(self, batch: Batch, keys: QueueKeys, count: int, worker: str, lease_ms: int,
+                  limit_key: str, limit: int, period_ms: int) -> int:
+        """Claim up to ``count`` jobs of the shard ``keys``; ``limit`` 0: no start limit
+        here (else at most ``limit`` starts per ``period_ms`` in ``limit_key``)."""
+        cfg = self.config
+        return batch.add(
+            "claim",
+            [keys.scheduled, keys.ready, keys.active, keys.marker, keys.events, keys.seq,
+             keys.paused, keys.job_prefix, limit_key, keys.failed, keys.stats],
+            [count, lease_ms, worker, cfg.promote_batch, cfg.events_maxlen, limit, period_ms],
+        )
+
+    def add_start(self, batch: Batch, keys: QueueKeys, worker: str,
+                  started: Sequence[tuple[str, int, int]]) -> int:
+        """Mark ``(job_id, attempt, start ms)`` claimed jobs of ``keys`` active (a thread
+        of ``worker`` started them); the reply is how many were."""
+        args: list[Any] = [self.config.events_maxlen, worker]
+        for job_id, attempt, start_ms in started:
+            args += [job_id, attempt, start_ms]
+        return batch.add("start", [keys.events, keys.job_prefix], args)
+
+    def add_complete(self, batch: Batch, keys: QueueKeys,
+                     done: Sequence[tuple[str, int, str] | tuple[str, int, str, int]]) -> int:
+        """Ack ``(job_id, attempt, result_json[, start ms])`` of the shard ``keys`` as
+        completed (the start ms, 0 if unknown, goes to the attempt log if the job's own
+        start was never noted)."""
+        cfg = self.config
+        args: list[Any] = [cfg.result_ttl_ms, cfg.keep_completed, cfg.events_maxlen]
+        for job_id, attempt, result, *start_ms in done:
+            args += [job_id, attempt, result, start_ms[0] if start_ms else 0]
+        return batch.add(
+            "complete", [keys.active, keys.completed, keys.events, keys.stats, keys.job_prefix],
+            args,
+        )
+
+    def add_fail(self, batch: Batch, keys: QueueKeys, job_id: str, attempt: int, error: str,
+                 traceback: str, retry_delay_ms: int, started_ms: int = 0) -> int:
+        """Record a failed attempt; ``retry_delay_ms`` -1 forbids a retry; ``started_ms``
+        (0 if unknown) goes to the attempt log if the job's own start was never noted."""
+        cfg = self.config
+        return batch.add(
+            "fail",
+            [keys.job(job_id), keys.active, keys.scheduled, keys.failed, keys.marker,
+             keys.events, keys.stats],
+            [job_id, attempt, error, traceback, retry_delay_ms, cfg.failed_ttl_ms,
+             cfg.keep_failed, cfg.events_maxlen, started_ms],
+        )
+
+    def add_extend(self, batch: Batch, keys: QueueKeys, leases: Sequence[tuple[str, int]],
+                   lease_ms: int) -> int:
+        """Extend the leases ``(job_id, attempt)`` of the shard ``keys`` by ``lease_ms``."""
+        args: list[Any] = [lease_ms]
+        for job_id, attempt in leases:
+            args += [job_id, attempt]
+        return batch.add("extend", [keys.active, keys.job_prefix], args)
+
+    def add_reclaim(self, batch: Batch, keys: QueueKeys, limit: int) -> int:
+        """Return up to ``limit`` expired leases to ready (or dead-letter them); the reply
+        is (returned, dead-lettered)."""
+        cfg = self.config
+        return batch.add(
+            "reclaim",
+            [keys.active, keys.ready, keys.failed, keys.marker, keys.events, keys.stats,
+             keys.job_prefix],
+            [limit, cfg.failed_ttl_ms, cfg.keep_failed, cfg.events_maxlen],
+        )
+
+    def add_release(self, batch: Batch, keys: QueueKeys, leases: Sequence[tuple[str, int]],
+                    *, started: bool) -> int:
+        """Hand leased jobs back to ready; their attempt counts if ``started``."""
+        args: list[Any] = [self.config.events_maxlen, 0 if started else 1]
+        for job_id, attempt in leases:
+            args += [job_id, attempt]
+        return batch.add(
+            "release", [keys.active, keys.ready, keys.marker, keys.events, keys.job_prefix], args
+        )
+
+    def reserve(self, limit_key: str, want: int, limit: int, period_ms: int,
+                token: str) -> tuple[int, int]:
+        """Take up to ``want`` starts of a window: (granted, ms until the next, or -1)."""
+        granted, wait = run_script(self.client, "reserve", [limit_key],
+                                   [want, limit, period_ms, token])
+        return int(granted), int(wait)
+
+    # -- one job --------------------------------------------------------------------
+
+    def progress(self, keys: QueueKeys, job_id: str, attempt: int, fraction: float,
+                 message: str) -> bool:
+        """Record a running attempt's progress (and a ``progress`` event); False when the
+        attempt no longer holds the job."""
+        return bool(run_script(self.client, "progress", [keys.job(job_id), keys.events],
+                               [job_id, attempt, repr(fraction), message,
+                                self.config.events_maxlen, 1]))
+
+    def cancel(self, keys: QueueKeys, job_id: str) -> str:
+        """Cancel a job that has not started; returns its status before ('' if none)."""
+        cfg = self.config
+        return str(run_script(
+            self.client, "cancel",
+            [keys.job(job_id), keys.scheduled, keys.ready, keys.cancelled, keys.events],
+            [job_id, cfg.result_ttl_ms, cfg.keep_completed, cfg.events_maxlen],
+        ))
+
+    def reschedule(self, keys: QueueKeys, job_id: str, run_at_ms: int | str,
+                   delay_ms: int | str, priority: int | str) -> tuple[str, str, int]:
+        """Move a pending job ('' for what is unchanged): (status before, after, run_at ms)."""
+        before, after, when = run_script(
+            self.client, "reschedule",
+            [keys.job(job_id), keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq],
+            [job_id, run_at_ms, delay_ms, priority, self.config.events_maxlen],
+        )
+        return before, after, int(when)
+
+    def retry(self, keys: QueueKeys, job_id: str, run_at_ms: int | str,
+              delay_ms: int | str) -> tuple[str, str]:
+        """Run a failed or cancelled job again: (status before, status after)."""
+        before, after = run_script(
+            self.client, "retry",
+            [keys.job(job_id), keys.failed, keys.cancelled, keys.scheduled, keys.ready,
+             keys.marker, keys.events, keys.seq],
+            [job_id, run_at_ms, delay_ms, self.config.events_maxlen],
+        )
+        return before, after
+
+    def purge(self, keys: QueueKeys, status: str, count: int) -> int:
+        """Delete up to ``count`` jobs of ``status`` on the shard ``keys``; how many went."""
+        return int(run_script(self.client, "purge",
+                              [keys.status_set(status), keys.events, keys.job_prefix],
+                              [count, self.config.events_maxlen]))

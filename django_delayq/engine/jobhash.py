@@ -1,0 +1,228 @@
+"""The one decoder of a job HASH: stored names and text in, typed values out.
+
+:class:`~django_delayq.engine.Job` and the model mirror both read a job through
+:func:`read_job_hash`, so a field's default, its type and what happens to a damaged
+value are decided here once. Nothing raises on damage: a number that does not parse or
+is out of its range reads as its default, a time out of the stored range as None, JSON
+that does not decode (or holds a number no JSON answer can) as its raw text; each such
+field is named in ``JobHash.damaged`` with what was found there.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import validation as check
+from .codec import decode
+from .fields import logical
+from .status import JOB_STATUSES
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def from_ms(value: Any) -> dt.datetime | None:
+    """Epoch milliseconds (as Redis returns them) as an aware UTC datetime.
+
+    Raises :class:`~.validation.InvalidTime` (a ``ValueError``) for a value that is not
+    a number of milliseconds in the stored range (:data:`~.validation.MAX_TIME_MS`).
+    """
+    if value in (None, "", 0, "0"):
+        return None
+    try:
+        ms = int(value)
+    except (TypeError, ValueError):
+        try:
+            ms = int(float(value))
+        except (TypeError, ValueError, OverflowError):
+            raise check.InvalidTime(f"not a time in milliseconds: {str(value)[:40]!r}") from None
+    check.check_time_ms(ms, f"time {ms} ms")
+    return _EPOCH + dt.timedelta(milliseconds=ms)
+
+
+def reply_time(value: Any) -> dt.datetime | None:
+    """A time a script answered after its write: never raises (the write is done; an
+    unreadable time reads as None rather than an error a caller would retry)."""
+    try:
+        return from_ms(value)
+    except ValueError:
+        return None
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: JSON can hold it, no JSON answer can
+        raise ValueError(f"number out of range: {text[:40]}")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+class _Reader:
+    """Reads the fields of a stored record, noting each damaged one instead of raising."""
+
+    def __init__(self, data: dict[str, str]) -> None:
+        self.data = data
+        #: field -> what was found there, for each field that could not be read
+        self.damaged: dict[str, str] = {}
+
+    def _note(self, name: str, value: Any) -> None:
+        self.damaged[name] = str(value)[:80]
+
+    def time(self, name: str) -> dt.datetime | None:
+        value = self.data.get(name)
+        try:
+            return from_ms(value)
+        except ValueError:
+            self._note(name, value)
+            return None
+
+    def json(self, name: str, default: Any) -> Any:
+        """Stored JSON, decoded; a damaged value is kept as its raw text (and noted)."""
+        text = self.data.get(name)
+        if text is None:
+            return default
+        try:
+            return json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+        except (ValueError, RecursionError):
+            self._note(name, text)
+            return text
+
+    def int(self, name: str, default: int, low: int, high: int) -> int:
+        value = self.data.get(name)
+        if value is None:
+            return default
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            self._note(name, value)
+            return default
+        if not low <= number <= high:
+            self._note(name, value)
+            return default
+        return number
+
+
+def read_times(data: dict[str, Any], *names: str) -> tuple[dict[str, dt.datetime | None],
+                                                            dict[str, str]]:
+    """The times ``names`` of a stored record (a worker's, say), and the damaged ones."""
+    reader = _Reader(data)
+    return {name: reader.time(name) for name in names}, reader.damaged
+
+
+def to_int(value: Any, default: int = 0) -> int:
+    """``value`` as an int, or ``default`` when it is absent or not a number."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def to_fraction(value: Any) -> float | None:
+    """A stored progress fraction, or None when absent, not a number or outside 0..1."""
+    try:
+        fraction = float(value)
+    except (TypeError, ValueError):
+        return None
+    return fraction if 0 <= fraction <= 1 else None
+
+
+def decode_stored(text: str | None, default: Any) -> Any:
+    """Decode stored JSON; a corrupted value is returned as its raw text, not raised."""
+    if text is None:
+        return default
+    try:
+        return decode(text)
+    except (ValueError, RecursionError):
+        return text
+
+
+@dataclass(slots=True)
+class JobHash:
+    """A job hash decoded. ``text`` keeps every field's stored text under its logical
+    name, for a reader that must look at it (the mirror checks what a database can hold)."""
+
+    text: dict[str, str]
+    task: str
+    status: str
+    args: Any
+    kwargs: Any
+    priority: int
+    run_at: dt.datetime | None
+    attempts: int
+    max_attempts: int
+    result: Any
+    error: str | None
+    traceback: str | None
+    worker: str | None
+    enqueued_at: dt.datetime | None
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    progress: float | None
+    progress_message: str
+    #: The job's own time limit per attempt, seconds (None: none set on the job).
+    timeout: float | None
+    #: The last attempts, oldest first (see :func:`parse_attempt_log`).
+    attempt_log: list[dict[str, Any]]
+    #: Fields that could not be read: field -> what was found there.
+    damaged: dict[str, str] = field(default_factory=dict)
+
+
+def parse_attempt_log(raw: str | None) -> list[dict[str, Any]]:
+    """The stored attempt log (field ``h``) as dicts with ``attempt``, ``worker``,
+    ``started_at``, ``finished_at`` (aware datetimes), ``outcome`` and ``error``; what
+    is not an entry the worker writes is skipped, never raised on."""
+    entries = decode_stored(raw, [])
+    log: list[dict[str, Any]] = []
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        log.append({
+            "attempt": to_int(entry.get("n")),
+            "worker": str(entry.get("w") or ""),
+            "started_at": from_ms(to_int(entry.get("b")) or None),
+            "finished_at": from_ms(to_int(entry.get("f")) or None),
+            "outcome": str(entry.get("o") or ""),
+            "error": str(entry.get("x") or ""),
+        })
+    return log
+
+
+def read_job_hash(stored: dict[str, str]) -> JobHash:
+    """Decode a job hash as HGETALL returns it (stored field names)."""
+    data = logical(stored)
+    read = _Reader(data)
+    task, status = data.get("task", ""), data.get("status", "")
+    if not task:
+        read.damaged["task"] = "(missing)"
+    if status not in JOB_STATUSES:
+        read.damaged["status"] = status[:80] or "(missing)"
+    return JobHash(
+        text=data,
+        task=task,
+        status=status,
+        args=read.json("args", []),
+        kwargs=read.json("kwargs", {}),
+        priority=read.int("priority", 0, check.MIN_PRIORITY, check.MAX_PRIORITY),
+        run_at=read.time("run_at"),
+        attempts=read.int("attempts", 0, 0, 2**31 - 1),
+        max_attempts=read.int("max_attempts", 1, 1, check.MAX_ATTEMPTS),
+        result=read.json("result", None),
+        error=data.get("error"),
+        traceback=data.get("traceback"),
+        worker=data.get("worker"),
+        progress=to_fraction(data.get("progress")),
+        progress_message=data.get("progress_message", ""),
+        enqueued_at=read.time("enqueued_at"),
+        started_at=read.time("started_at"),
+        finished_at=read.time("finished_at"),
+        damaged=read.damaged,
+        timeout=to_int(data.get("timeout")) / 1000
+        if to_int(data.get("timeout")) > 0 else None,
+        attempt_log=parse_attempt_log(data.get("attempt_log")),
+    )

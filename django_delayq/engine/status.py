@@ -1,0 +1,41 @@
+"""The statuses of a job, and the groups of them the code asks about.
+
+The values are the strings stored in the job hash (field ``s``), written by the Lua
+scripts and mirrored by the model; :class:`Status` is a ``str`` so a status read from
+Redis compares equal to its member.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+
+class Status(StrEnum):
+    """A job's status, in lifecycle order."""
+
+    SCHEDULED = "scheduled"
+    READY = "ready"
+    #: Leased to a worker and waiting in its buffer for a thread (in the active set).
+    CLAIMED = "claimed"
+    ACTIVE = "active"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+#: Every status a job can report, in lifecycle order.
+JOB_STATUSES: Final = tuple(status.value for status in Status)
+#: The statuses with a set of their own in each queue (``Queue.counts()`` counts
+#: claimed jobs under active: both hold a lease).
+STATUSES: Final = tuple(status.value for status in Status if status is not Status.CLAIMED)
+#: Leased to a worker: claimed or running.
+LEASED: Final = (Status.CLAIMED, Status.ACTIVE)
+#: Not started yet: such a job can be cancelled or rescheduled.
+PENDING: Final = (Status.SCHEDULED, Status.READY)
+#: Finished for good unless retried; listed newest first.
+FINISHED: Final = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
+#: Finished without success: such a job can be retried.
+RETRYABLE: Final = (Status.FAILED, Status.CANCELLED)
+#: Everything but a running job: what a queue's purge may remove.
+PURGEABLE: Final = (Status.SCHEDULED, Status.READY, *FINISHED)

@@ -1,0 +1,192 @@
+"""Workers alive: each worker's HASH and its heartbeat in the workers ZSET.
+
+Workers write them (:func:`record_alive`, :func:`forget`); the admin dashboard, the
+API and ``delayq_health`` read them through :func:`live_workers`. A worker whose
+heartbeat stops drops out of the ZSET after its TTL, and its HASH expires. A record's
+``role`` is ``worker`` or ``supervisor`` (the parent of a ``runworker --processes N``
+pool); a pool's workers name their supervisor in ``supervisor``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import RedisError
+
+from .jobhash import read_times
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+#: Most workers :func:`live_workers` lists (newest heartbeats first).
+MAX_LISTED = 1_000
+#: Fields every record of this process carries (a pool's child sets ``supervisor``).
+PROCESS_INFO: dict[str, Any] = {}
+
+
+def record_alive(broker: Broker, name: str, ttl: int, info: dict[str, Any]) -> None:
+    """Record ``name`` as alive now (Redis clock) with ``info``; forget long-dead workers."""
+    keys = broker.global_keys
+    now_ms = broker.server_time_ms()
+    pipe = broker.client.pipeline(transaction=False)
+    pipe.zadd(keys.workers, {name: now_ms})
+    pipe.hset(keys.worker(name), mapping={
+        "name": name, "host": socket.gethostname(), "pid": os.getpid(), "role": "worker",
+        **PROCESS_INFO, **info,
+        "heartbeat": now_ms,
+    })
+    pipe.hsetnx(keys.worker(name), "started", now_ms)
+    pipe.expire(keys.worker(name), ttl)
+    pipe.zremrangebyscore(keys.workers, "-inf", now_ms - ttl * 1000)
+    pipe.execute()
+
+
+def forget(broker: Broker, name: str) -> None:
+    """Remove ``name`` from the workers alive (best effort: it expires anyway)."""
+    keys = broker.global_keys
+    try:
+        pipe = broker.client.pipeline(transaction=False)
+        pipe.zrem(keys.workers, name)
+        pipe.delete(keys.worker(name))
+        pipe.execute()
+    except RedisError:
+        pass
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(slots=True)
+class WorkerInfo:
+    """One live worker as its heartbeat describes it (None: a value it did not give)."""
+
+    name: str
+    host: str
+    pid: int | None
+    queues: list[str]
+    concurrency: int | None
+    busy: int | None
+    processed: int | None
+    failed: int | None
+    started: dt.datetime | None
+    heartbeat: dt.datetime | None
+    #: Seconds since the heartbeat, by the Redis clock.
+    seconds_ago: float
+    #: "worker", or "supervisor" for the parent of a process pool.
+    role: str = "worker"
+    #: The name of the supervisor of this worker's pool (None: not in a pool).
+    supervisor: str | None = None
+    #: Threads able to run jobs (a supervisor: its live worker processes).
+    threads: int | None = None
+    #: The worker's lease in seconds (its heartbeat comes every lease / 3, at most 10 s).
+    lease: float | None = None
+    #: Fields of its record that could not be read: field -> what was found there.
+    damaged: dict[str, str] = field(default_factory=dict)
+
+
+def live_workers(broker: Broker, limit: int = MAX_LISTED) -> list[WorkerInfo]:
+    """The workers alive, newest heartbeat first (at most ``limit``)."""
+    keys = broker.global_keys
+    with broker.connection_errors():
+        now_ms = broker.server_time_ms()
+        entries = broker.client.zrevrange(keys.workers, 0, limit - 1, withscores=True)
+        pipe = broker.client.pipeline(transaction=False)
+        for name, _ in entries:
+            pipe.hgetall(keys.worker(name))
+        infos = pipe.execute() if entries else []
+    workers = []
+    for (name, beat), info in zip(entries, infos, strict=True):
+        if not info:
+            continue  # its hash expired: the worker is gone
+        # A damaged time reads as None and is named in ``damaged``, never raised.
+        times, damaged = read_times({**info, "heartbeat": int(beat)}, "started", "heartbeat")
+        workers.append(WorkerInfo(
+            name=name, host=info.get("host", ""), pid=_int(info.get("pid")),
+            queues=[q for q in info.get("queues", "").split(",") if q],
+            concurrency=_int(info.get("concurrency")), busy=_int(info.get("busy")),
+            processed=_int(info.get("processed")), failed=_int(info.get("failed")),
+            started=times["started"], heartbeat=times["heartbeat"],
+            seconds_ago=max(0.0, (now_ms - beat) / 1000), damaged=damaged,
+            role=info.get("role", "worker"), supervisor=info.get("supervisor") or None,
+            threads=_int(info.get("threads")), lease=_float(info.get("lease")),
+        ))
+    return workers
+
+
+#: A heartbeat older than this means the worker is gone: it beats at least every 10 s.
+STALE_MS = 30_000
+#: The model mirror on a worker's thread consumes as ``<worker name>/mirror``.
+MIRROR_SUFFIX = "/mirror"
+
+
+def mirror_consumer(worker_name: str) -> str:
+    """The consumer name of the model mirror running on worker ``worker_name``."""
+    return f"{worker_name}{MIRROR_SUFFIX}"
+
+
+def _pid_running(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (a zombie does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def consumers_gone(broker: Broker, consumers: list[str]) -> set[str]:
+    """The mirror consumers of ``consumers`` that are certainly no longer alive.
+
+    A worker's mirror (``<worker>/mirror``) is gone when the worker's heartbeat says so:
+    its record is gone (it stopped, or expired), its heartbeat is over
+    :data:`STALE_MS` old, or it ran on this host and its process has ended. A mirror of
+    its own (``delayq_mirror``, named ``host:pid:...``) is gone when it ran on this host
+    and its process has ended. Anything else is taken for alive. Taking for gone a
+    consumer that is alive costs nothing but a repeated, idempotent write.
+    """
+    host = socket.gethostname()
+    workers = [c.removesuffix(MIRROR_SUFFIX) for c in consumers if c.endswith(MIRROR_SUFFIX)]
+    gone: set[str] = set()
+    if workers:
+        keys = broker.global_keys
+        now_ms = broker.server_time_ms()
+        pipe = broker.client.pipeline(transaction=False)
+        for name in workers:
+            pipe.zscore(keys.workers, name)
+            pipe.hmget(keys.worker(name), "host", "pid")
+        replies = pipe.execute()
+        for name, beat, (on_host, pid) in zip(workers, replies[0::2], replies[1::2],
+                                               strict=True):
+            if (beat is None or now_ms - beat > STALE_MS or on_host is None
+                    or (on_host == host and str(pid).isdigit()
+                        and not _pid_running(int(pid)))):
+                gone.add(mirror_consumer(name))
+    for consumer in consumers:
+        if consumer.endswith(MIRROR_SUFFIX):
+            continue
+        on_host, _, rest = consumer.partition(":")
+        pid = rest.partition(":")[0]
+        if on_host == host and pid.isdigit() and int(pid) != os.getpid() and not _pid_running(
+                int(pid)):
+            gone.add(consumer)
+    return gone

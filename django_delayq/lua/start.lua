@@ -1,0 +1,30 @@
+-- Note that a worker's threads started claimed jobs: each becomes 'active' with its
+-- start time. Sent in the worker's ack round trips (before the acks), so it costs no
+-- round trip of its own. A job whose lease this attempt no longer holds is skipped.
+--
+-- KEYS[1] events     STREAM lifecycle events
+-- KEYS[2] job key prefix (job keys are KEYS[2] .. id; same hash tag)
+--
+-- ARGV[1] events stream max length (0: no events)
+-- ARGV[2] worker id
+-- ARGV[3..] per job, 3 values: id, attempt (the lease token), start ms (Redis clock,
+--           as the worker estimates it)
+--
+-- Returns the number of jobs marked active.
+
+local events, job_prefix = KEYS[1], KEYS[2]
+local maxlen, worker = tonumber(ARGV[1]), ARGV[2]
+local now = now_ms()
+local ids, attempts = {}, {}
+for i = 3, #ARGV, 3 do
+  local job_id, attempt = ARGV[i], ARGV[i + 1]
+  local job_key = job_prefix .. job_id
+  local f = redis.call('HMGET', job_key, 's', 'n')
+  if f[1] == 'claimed' and f[2] == attempt then
+    redis.call('HSET', job_key, 's', 'active', 'b', math.min(tonumber(ARGV[i + 2]) or now, now))
+    ids[#ids + 1] = job_id
+    attempts[#attempts + 1] = attempt
+  end
+end
+emit_jobs(events, maxlen, 'started', ids, now, attempts, 'worker', worker)
+return #ids

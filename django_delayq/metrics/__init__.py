@@ -1,0 +1,124 @@
+"""Prometheus metrics of django-delayq, read from Redis at scrape time (``metrics`` extra).
+
+Mount the view: ``path("metrics/delayq/", include("django_delayq.metrics.urls"))``, or
+use :func:`metrics_view` in your own URL. Every figure comes from counters the Lua
+scripts keep (:mod:`django_delayq.engine.stats`), the status sets' sizes and the events
+streams, so a scrape costs a few commands per queue shard, whatever the number of jobs,
+and any web process answers the same figures. With ``PROMETHEUS_MULTIPROC_DIR`` set
+(prometheus_client's multiprocess mode), the view also serves the metrics your own code
+records in every process of the host (worker pool processes included).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+try:
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+    )
+    from prometheus_client.registry import Collector
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("django_delayq.metrics needs prometheus_client: "
+                      "pip install 'django-delayq[metrics]'") from exc
+
+from django.http import HttpRequest, HttpResponse
+
+from ..connection import get_broker
+from ..engine import Broker, DelayQConnectionError, Queue
+from ..engine.stats import Histogram, queue_stats
+from ..mirror.lag import mirror_lag
+from ..task import registry
+
+#: A worker counts as alive while its last heartbeat is younger than this (ms).
+ALIVE_MS = 60_000
+
+
+def queue_names(broker: Broker) -> list[str]:
+    """Queues seen in Redis or used by a registered task."""
+    return sorted({q.name for q in Queue.all(broker=broker)} | set(registry.queues()))
+
+
+def workers_alive(broker: Broker) -> int:
+    """Workers whose heartbeat is younger than :data:`ALIVE_MS`."""
+    with broker.connection_errors():
+        now = broker.server_time_ms()
+        return int(broker.client.zcount(broker.global_keys.workers, now - ALIVE_MS, "+inf"))
+
+
+def _histogram(name: str, doc: str, per_queue: dict[str, Histogram]) -> Metric:
+    family = HistogramMetricFamily(name, doc, labels=["queue"], unit="seconds")
+    for queue, histogram in per_queue.items():
+        family.add_metric([queue], histogram.cumulative(), histogram.sum_ms / 1000)
+    return family
+
+
+class DelayQCollector(Collector):
+    """Reads the figures from Redis at each scrape."""
+
+    def __init__(self, broker: Broker | None = None) -> None:
+        self._broker = broker
+
+    def collect(self) -> Iterator[Metric]:
+        broker = self._broker or get_broker()
+        names = queue_names(broker)
+        stats = queue_stats(broker, names)
+        jobs = GaugeMetricFamily("delayq_jobs", "Jobs per queue and status now (finished "
+                                 "ones: those still kept).", labels=["queue", "status"])
+        paused = GaugeMetricFamily("delayq_queue_paused", "1 while the queue is paused.",
+                                   labels=["queue"])
+        lag = GaugeMetricFamily("delayq_mirror_lag_events", "Events of the queue the model "
+                                "mirror has not applied yet.", labels=["queue"])
+        for name in names:
+            queue = Queue(name, broker=broker)
+            for status, n in queue.counts().items():
+                jobs.add_metric([name, status], n)
+            paused.add_metric([name], int(queue.is_paused))
+            lag.add_metric([name], mirror_lag(broker, name))
+        yield jobs
+        yield paused
+        yield lag
+        totals = [("enqueued", "Jobs enqueued."), ("started", "Attempts started."),
+                  ("completed", "Jobs completed."),
+                  ("failed", "Jobs failed for good (dead-lettered)."),
+                  ("retried", "Failed attempts that were retried.")]
+        for attr, doc in totals:
+            family = CounterMetricFamily(f"delayq_jobs_{attr}", doc, labels=["queue"])
+            for name in names:
+                family.add_metric([name], getattr(stats[name], attr))
+            yield family
+        yield _histogram("delayq_job_duration", "Run time of completed jobs.",
+                         {n: stats[n].duration for n in names})
+        yield _histogram("delayq_job_start_lateness", "Time from run_at to the start of "
+                         "each attempt.", {n: stats[n].lateness for n in names})
+        yield GaugeMetricFamily("delayq_workers_alive", "Workers with a heartbeat in the "
+                                "last minute.", value=workers_alive(broker))
+
+
+def registry_for_scrape() -> CollectorRegistry:
+    """A registry with django-delayq's figures (and, in multiprocess mode, the metrics
+    every process of the host wrote to ``PROMETHEUS_MULTIPROC_DIR``)."""
+    registry_ = CollectorRegistry(auto_describe=False)
+    registry_.register(DelayQCollector())
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.MultiProcessCollector(registry_)
+    return registry_
+
+
+def metrics_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    """The Prometheus text format; 503 when Redis is unreachable (no figure is better
+    than a zero that looks like an empty queue)."""
+    try:
+        body = generate_latest(registry_for_scrape())
+    except DelayQConnectionError:
+        return HttpResponse("django-delayq metrics: Redis is unreachable\n", status=503,
+                            content_type="text/plain; charset=utf-8")
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

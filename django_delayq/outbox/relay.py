@@ -1,0 +1,207 @@
+"""The relay: moves outbox rows to Redis when the commit hook could not.
+
+Each round locks a chunk of waiting rows in a transaction, sends them with the engine's
+bulk enqueue (job ids dedupe, so a row sent twice is one job), and deletes them in the
+same transaction, once Redis has them. A crash between the send and the commit leaves
+the rows to be sent again: still one job each.
+
+Two relays never send the same row: on PostgreSQL (and MySQL, Oracle) a round takes its
+rows with ``SELECT ... FOR UPDATE SKIP LOCKED``, so each relay gets other rows; SQLite
+has no row locks, so a round starts with a write that takes the database's write lock
+and relays take turns, a round at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Collection
+from typing import Any
+
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    connections,
+    transaction,
+)
+
+from ..conf import conf
+from ..connection import get_broker
+from ..engine import Broker
+from ..models import OutboxEntry
+from .send import Outcome, send_rows, settle, take
+
+logger = logging.getLogger(__name__)
+_FROM_SETTINGS: Any = object()
+#: Rounds in a row that may fail before ``run(burst=True)`` gives up.
+BURST_TRIES = 3
+
+
+@dataclasses.dataclass
+class RoundResult:
+    """What one round of the relay did."""
+
+    rows: int = 0  # rows taken
+    outcome: Outcome = dataclasses.field(default_factory=Outcome)
+    parked: int = 0
+
+
+class Relay:
+    """Sends the outbox rows of database ``using`` to Redis until stopped.
+
+    Pass the task registry as ``known_tasks`` to park rows whose task is unknown here.
+
+    ``run()`` loops (an empty outbox is read every ``poll_interval`` seconds);
+    ``run(burst=True)`` sends what is waiting and returns. An unreachable Redis or
+    database is retried with a capped backoff (0.1 s doubling to 5 s); each failed send
+    counts against the rows it carried, which are parked after ``max_attempts``.
+    """
+
+    def __init__(self, *, using: str = DEFAULT_DB_ALIAS, broker: Broker | None = None,
+                 chunk_size: int | None = None, poll_interval: float | None = None,
+                 max_attempts: int | None = _FROM_SETTINGS,
+                 known_tasks: Collection[str] | None = None) -> None:
+        options = conf.OUTBOX
+        self.using = using
+        self.broker = broker or get_broker()
+        self.chunk_size = chunk_size or int(options["CHUNK_SIZE"])
+        self.poll_interval = float(options["POLL_INTERVAL"] if poll_interval is None
+                                   else poll_interval)
+        self.max_attempts: int | None = (options["MAX_ATTEMPTS"]
+                                         if max_attempts is _FROM_SETTINGS else max_attempts)
+        #: The task registry: rows naming another task are parked (None: not checked).
+        self.known_tasks = known_tasks
+        self.sent = 0  # rows Redis took (new jobs and duplicates)
+        self.added = 0  # new jobs
+        self.duplicates = 0  # rows whose job Redis already had
+        self.parked = 0
+        self.rounds = 0  # rounds that sent something
+        self.last_error: BaseException | None = None
+        self._stop = threading.Event()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self, *, burst: bool = False) -> int:
+        """Relay until stopped (``burst``: until nothing is waiting, or until
+        :data:`BURST_TRIES` rounds in a row failed).
+
+        Returns the number of rows sent.
+        """
+        # Not imported with the module: the admin loads this module before the tasks.
+        from ..worker.backoff import Backoff
+
+        logger.info("outbox relay started database=%s burst=%s", self.using, burst)
+        backoff = Backoff(self._stop, first=0.1, cap=5.0)
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                done = self.step()
+                failure = done.outcome.failure
+            except DatabaseError as exc:
+                # On SQLite, also another relay holding the write lock past the busy timeout.
+                done, failure = RoundResult(), exc
+                if not connections[self.using].in_atomic_block:
+                    connections[self.using].close()  # reconnect next round
+            except Exception as exc:  # a bug or a surprise must not end the relay thread
+                logger.exception("outbox relay round failed database=%s", self.using)
+                done, failure = RoundResult(), exc
+            if failure is not None:
+                self.last_error = failure
+                failures += 1
+                what = ("use the database" if isinstance(failure, DatabaseError)
+                        else "send to Redis")
+                logger.warning("outbox relay cannot %s, retrying in %.1fs rows=%d error=%s",
+                               what, backoff.delay, done.rows, failure)
+                if burst and failures >= BURST_TRIES:
+                    break
+                backoff.wait()
+                continue
+            self.last_error, failures = None, 0
+            backoff.reset()
+            if done.rows < self.chunk_size:
+                if burst:
+                    break
+                self._stop.wait(self.poll_interval)
+        logger.info("outbox relay stopped database=%s sent=%d parked=%d", self.using,
+                    self.sent, self.parked)
+        return self.sent
+
+    def step(self) -> RoundResult:
+        """One round: lock a chunk of waiting rows, send them, settle them, commit."""
+        done = RoundResult()
+        waiting = OutboxEntry.objects.using(self.using).filter(parked_at__isnull=True)
+        if not waiting.exists():  # the usual case: no transaction, no lock, one query
+            return done
+        with transaction.atomic(using=self.using):
+            taken = take(self.using, waiting, self.chunk_size)
+            if not taken:
+                return done
+            done.rows = len(taken)
+            done.outcome = send_rows(self.broker, taken, self.known_tasks)
+            done.parked = settle(self.using, done.outcome, [row.pk for row in taken],
+                                 self.max_attempts)
+        outcome = done.outcome
+        self.sent += len(outcome.sent)
+        self.added += outcome.added
+        self.duplicates += outcome.duplicates
+        self.parked += done.parked
+        if outcome.sent:
+            self.rounds += 1
+            logger.info("outbox relay sent rows=%d new=%d duplicates=%d parked=%d",
+                        len(outcome.sent), outcome.added, outcome.duplicates, done.parked)
+        return done
+
+
+class RelayThread:
+    """A :class:`Relay` on a daemon thread (what ``runworker`` and ``delayq_mirror`` start)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.relay = Relay(**kwargs)
+        self._thread = threading.Thread(target=self._run, name="delayq-relay", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            if not _table_exists(self.relay.using):
+                logger.warning("the outbox relay is off: table %s is missing (run manage.py "
+                               "migrate)", OutboxEntry._meta.db_table)
+                return
+            self.relay.run()
+        finally:
+            connections.close_all()  # this thread's own connections
+
+    def start(self) -> RelayThread:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.relay.request_stop()
+        self._thread.join(timeout)
+
+
+def start_relay_threads(**kwargs: Any) -> list[RelayThread]:
+    """Start a relay thread per alias of ``DELAYQ["OUTBOX"]["DATABASES"]``, unless
+    ``DELAYQ["OUTBOX"]["RELAY"]`` is False (then none)."""
+    options = conf.OUTBOX
+    if not options["RELAY"]:
+        return []
+    return [RelayThread(using=alias, **kwargs).start() for alias in options["DATABASES"]]
+
+
+def stop_relay_threads(threads: list[RelayThread], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.stop(max(0.0, deadline - time.monotonic()))
+
+
+def _table_exists(using: str) -> bool:
+    try:
+        return OutboxEntry._meta.db_table in connections[using].introspection.table_names()
+    except DatabaseError:
+        return True  # the database is down: the relay's own backoff handles it

@@ -1,0 +1,166 @@
+"""Writing a job into the outbox in the current transaction, and the commit hook that
+sends it at once.
+
+The row is written with the transaction's other changes, so the job exists if and only
+if the transaction commits. After the commit, a hook sends the transaction's rows to
+Redis in bulk and deletes them, so the job starts within milliseconds as with a direct
+enqueue; only when that fails (Redis unreachable, the process killed) do the rows wait
+for the relay (:mod:`.relay`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any, Protocol
+
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, transaction
+from django.utils import timezone
+
+from ..conf import conf
+from ..connection import get_broker
+from ..engine import EnqueueRequest, Job, JobNotFound, validation
+from ..engine.fastpaths import positional_names
+from ..engine.jobhash import from_ms
+from ..models import OutboxEntry
+from .send import send_rows, settle, take
+
+
+class Enqueueable(Protocol):
+    """What :func:`write` reads of a :class:`~django_delayq.task.Task` (typed here, so
+    the outbox does not import the module that calls it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def func(self) -> Callable[..., Any]: ...
+    @property
+    def queue_name(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def run_at(self) -> dt.datetime | None: ...
+    @property
+    def delay(self) -> float | dt.timedelta | None: ...
+    @property
+    def job_id(self) -> str | None: ...
+    @property
+    def attempts_allowed(self) -> int: ...
+    @property
+    def timeout(self) -> float | dt.timedelta | None: ...
+
+    def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None: ...
+
+logger = logging.getLogger(__name__)
+
+#: The status of a job written to the outbox and not yet in Redis.
+OUTBOX = "outbox"
+
+
+@dataclasses.dataclass(eq=False)
+class OutboxJob(Job):
+    """A job written to the outbox. Its status is ``"outbox"`` until it reaches Redis.
+
+    ``refresh()`` reads Redis; while the job is not there yet but its row is, the status
+    stays ``"outbox"`` (``JobNotFound`` once neither holds it: its transaction rolled
+    back, or the row was deleted).
+    """
+
+    database: str = DEFAULT_DB_ALIAS
+
+    def refresh(self) -> Job:
+        try:
+            return super().refresh()
+        except JobNotFound:
+            waiting = OutboxEntry.objects.using(self.database).filter(
+                job_id=self.id, queue=self.queue)
+            if not waiting.exists():
+                raise
+            self.status = OUTBOX
+            return self
+
+
+def write(task: Enqueueable, args: Sequence[Any], kwargs: Mapping[str, Any],
+          using: str | None) -> OutboxJob:
+    """Insert ``task``'s job in the outbox of database ``using`` (see
+    :meth:`Task.enqueue_in_transaction`)."""
+    task.check_arguments(args, kwargs)
+    alias = using or DEFAULT_DB_ALIAS
+    queue = validation.validate_queue_name(task.queue_name)
+    run_at = task.run_at
+    if task.delay is not None:
+        # Fixed now, on this process's clock: the relay must not add its own lateness.
+        delay_ms = validation.delay_ms(task.delay)
+        run_at = dt.datetime.now(dt.UTC) + dt.timedelta(milliseconds=delay_ms)
+    broker = get_broker()  # no connection is made: only its checks and encoder are used
+    request = EnqueueRequest(task=task.name, args=args, kwargs=dict(kwargs), run_at=run_at,
+                             priority=task.priority, job_id=task.job_id,
+                             max_attempts=task.attempts_allowed, timeout=task.timeout)
+    job_id, _, args_json, kwargs_json, _, run_at_ms, _, _, timeout_ms = broker.encode_request(
+        request, positional_names(task.func))
+    due = from_ms(run_at_ms)
+    stored = due if due is None or settings.USE_TZ else timezone.make_naive(due)  # local
+    row = OutboxEntry.objects.using(alias).create(
+        job_id=job_id, queue=queue, task_name=task.name, args=args_json, kwargs=kwargs_json,
+        priority=task.priority, run_at=stored, max_attempts=task.attempts_allowed,
+        timeout=None if timeout_ms == "" else timeout_ms / 1000)
+    if conf.OUTBOX["FAST_PATH"]:
+        _pending_ids(alias).append(row.pk)
+        # One hook per row: Django drops the hooks of a rolled-back savepoint with its
+        # rows. The first hook that runs sends every row of the transaction; the others
+        # find nothing left to do.
+        transaction.on_commit(partial(flush, alias), using=alias)
+    return OutboxJob(
+        id=job_id, queue=queue, task_name=task.name, status=OUTBOX, args=list(args),
+        kwargs=dict(kwargs), priority=task.priority, run_at=due,
+        max_attempts=task.attempts_allowed, database=alias,
+    )
+
+
+_local = threading.local()
+
+
+def _pending_ids(alias: str) -> list[int]:
+    """Ids of rows this thread wrote on ``alias`` that no commit hook has sent yet."""
+    pending: dict[str, list[int]] | None = getattr(_local, "pending", None)
+    if pending is None:
+        pending = _local.pending = {}
+    return pending.setdefault(alias, [])
+
+
+def flush(alias: str) -> None:
+    """The commit hook: send the rows this thread wrote on ``alias``, delete them.
+
+    The rows are read back (and locked, as the relay does: a relay never sends them at
+    the same time): those of a rolled-back transaction or savepoint are not there. Any
+    failure leaves the rows for the relay; nothing is raised to the code that committed
+    (its transaction is already committed, and the jobs are safe).
+    """
+    pending = _pending_ids(alias)
+    if not pending:
+        return
+    ids, pending[:] = list(pending), []
+    size = conf.OUTBOX["CHUNK_SIZE"]
+    try:
+        broker = get_broker()
+        for start in range(0, len(ids), size):
+            with transaction.atomic(using=alias):
+                mine = OutboxEntry.objects.using(alias).filter(
+                    pk__in=ids[start:start + size], parked_at__isnull=True)
+                rows = take(alias, mine, size)
+                if not rows:
+                    continue
+                outcome = send_rows(broker, rows)
+                settle(alias, outcome)
+            if outcome.failure is not None:
+                logger.warning("outbox: Redis is unreachable at commit, the relay will send "
+                               "the rows count=%d error=%s", len(ids) - start, outcome.failure)
+                return
+    except Exception as exc:  # the rows are safe: the relay sends them
+        logger.warning("outbox: sending at commit failed, the relay will send the rows "
+                       "error=%s: %s", type(exc).__name__, exc)

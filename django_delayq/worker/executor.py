@@ -1,0 +1,192 @@
+"""The executors: ``concurrency`` threads that run claimed jobs, one at a time each.
+
+Jobs arrive in an inbox (the buffer of claimed jobs); each thread marks its job
+running in the ledger, runs it (:func:`.execution.execute`) and hands the outcome to
+the acker. ``None`` in the inbox stops one thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue as stdlib_queue
+import threading
+import time
+from collections.abc import Callable
+
+from ..engine import ClaimedJob, JobTimeout
+from ..task import TaskRegistry
+from .async_executor import AsyncExecutor
+from .execution import Outcome, execute, failure
+from .ledger import Ledger
+from .timelimits import HARD_LIMIT_GRACE, clear_pending, limit_of
+
+logger = logging.getLogger("django_delayq.worker")
+
+#: A thread idle longer than this checks Django's connections (close_old_connections)
+#: before its next job too, not only after each job (CONN_MAX_AGE may have passed).
+IDLE_CONNECTION_CHECK = 1.0
+
+
+class Executor:
+    """The threads running jobs, and the buffer of jobs waiting for one."""
+
+    def __init__(
+        self,
+        *,
+        concurrency: int,
+        tasks: TaskRegistry,
+        encoder: type[json.JSONEncoder],
+        name: str,
+        ledger: Ledger,
+        report: Callable[[Outcome], None],
+        note_started: Callable[[ClaimedJob, int], None],
+        on_thread_lost: Callable[[], None],
+        timeout: float | None = None,
+        timeout_grace: float = HARD_LIMIT_GRACE,
+        async_executor: AsyncExecutor | None = None,
+    ) -> None:
+        self.concurrency = concurrency
+        self.tasks = tasks
+        self.encoder = encoder
+        self.name = name
+        self.ledger = ledger
+        self._report = report
+        self._note_started = note_started
+        self._on_thread_lost = on_thread_lost
+        self._stopping = False
+        #: Time limit of jobs that set none (their task neither), seconds.
+        self.timeout = timeout
+        self.timeout_grace = timeout_grace
+        #: Threads stuck in a job past its hard time limit: not waited for at a stop.
+        self.stuck: set[threading.Thread] = set()
+        #: async def jobs are handed to it (its event loop thread runs them).
+        self.async_executor = async_executor
+        #: Called as each job ends, before the fetcher hears of the free slot (the
+        #: process pool's recycling counts jobs with it).
+        self.after_job: Callable[[], None] | None = None
+        self._inbox: stdlib_queue.SimpleQueue[ClaimedJob | None] = stdlib_queue.SimpleQueue()
+        self.threads: list[threading.Thread] = []
+
+    def deliver(self, job: ClaimedJob) -> None:
+        """Queue a claimed ``job`` for the next free thread."""
+        self._inbox.put(job)
+
+    def start(self) -> None:
+        self.threads = [threading.Thread(target=self._loop, name=f"delayq-exec-{i}",
+                                         daemon=True) for i in range(self.concurrency)]
+        for thread in self.threads:
+            thread.start()
+
+    def take_unstarted(self) -> list[ClaimedJob]:
+        """Empty the buffer and return the jobs in it."""
+        unstarted: list[ClaimedJob] = []
+        while True:
+            try:
+                job = self._inbox.get_nowait()
+            except stdlib_queue.Empty:
+                return unstarted
+            if job is not None:
+                unstarted.append(job)
+
+    def stop(self) -> None:
+        """Ask every thread to end after its current job."""
+        self._stopping = True
+        for _ in self.threads:
+            self._inbox.put(None)
+
+    def join(self, deadline: float) -> None:
+        for thread in self.threads:
+            if thread not in self.stuck:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def alive(self) -> int:
+        """Threads still able to run jobs."""
+        return sum(1 for thread in self.threads
+                   if thread.is_alive() and thread not in self.stuck)
+
+    def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException:  # logged here, like the thread's end below
+            logger.exception("executor thread failed thread=%s worker=%s",
+                             threading.current_thread().name, self.name)
+        finally:
+            if not self._stopping:
+                logger.critical("executor thread ended unexpectedly thread=%s worker=%s",
+                                threading.current_thread().name, self.name)
+                self._on_thread_lost()
+
+    def _serve(self) -> None:
+        me = threading.current_thread()
+        last_done: float | None = None  # when this thread's previous job ended
+        while True:
+            job = self._inbox.get()
+            if job is None:
+                return
+            try:
+                last_done = self._run_one(job, me, last_done)
+            except BaseException:  # this thread must go on
+                logger.exception("executor error job=%s worker=%s", job.id, self.name)
+
+    def _run_one(self, job: ClaimedJob, me: threading.Thread, last_done: float | None) -> float:
+        """Run ``job`` on this thread and report its outcome; returns when it ended."""
+        if self.async_executor is not None and self.async_executor.accepts(job):
+            self._submit_async(job, me, self.async_executor)
+            return time.perf_counter()
+        limit = limit_of(job.timeout_ms, job.task, self.tasks, self.timeout)
+        lease = self.ledger.start(job, me, timeout=limit, grace=self.timeout_grace)
+        if lease is None:
+            return time.perf_counter()  # its lease was lost while it waited: not ours now
+        self._note_started(job, lease.started_ms)
+        began = time.perf_counter()
+        try:
+            # Django's connections were checked as the previous job ended; check again
+            # first only if they may have aged or broken while this thread idled.
+            idled = last_done is None or began - last_done > IDLE_CONNECTION_CHECK
+            outcome = execute(job, self.tasks, self.encoder, self.name,
+                              check_connections=idled)
+        except BaseException as exc:  # raised outside the task (a late JobTimeout)
+            outcome = failure(job, exc, retry=True)
+        if limit is not None:
+            self._shield(job, me)
+        outcome.started_ms = lease.started_ms
+        outcome.finished_ms = lease.started_ms + int((time.perf_counter() - began) * 1000)
+        if self.after_job is not None:
+            self.after_job()
+        if self.ledger.finish(job, me):
+            self._report(outcome)
+        else:
+            self.stuck.discard(me)  # failed at its hard limit, and back after all
+        return time.perf_counter()
+
+    def _submit_async(self, job: ClaimedJob, me: threading.Thread,
+                      runner: AsyncExecutor) -> None:
+        """Hand an async job to the event loop (its limit is an ``asyncio.timeout`` there,
+        not the watchdog's); this thread is free at once."""
+        lease = self.ledger.start(job, me, timeout=None, grace=0.0)
+        if lease is None:
+            return
+        self._note_started(job, lease.started_ms)
+        began = time.perf_counter()
+
+        def done(outcome: Outcome) -> None:  # on the event loop thread
+            outcome.started_ms = lease.started_ms
+            outcome.finished_ms = lease.started_ms + int((time.perf_counter() - began) * 1000)
+            if self.after_job is not None:
+                self.after_job()
+            if self.ledger.finish(job, me):
+                self._report(outcome)
+
+        runner.submit(job, done)
+
+    def _shield(self, job: ClaimedJob, me: threading.Thread) -> None:
+        """Make sure no JobTimeout is raised in this thread after its job: none is raised
+        once the ledger shields the job, and one raised before is dropped or caught."""
+        while True:
+            try:
+                self.ledger.shield(job)
+                clear_pending(me)
+                return
+            except JobTimeout:
+                continue  # delivered before the clear; none can follow it

@@ -1,0 +1,230 @@
+"""The fetcher: claims jobs for the worker's free threads and buffer, in batches.
+
+It claims up to the free capacity from every served queue shard in one round trip
+(:meth:`Broker.claim_many`), and when nothing is due blocks on the queues' marker ZSETs
+(BZPOPMIN) until work arrives or the next scheduled job is due (Redis clock).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from redis.exceptions import RedisError
+
+from ..engine import Broker, ClaimedJob, ClaimResult, PartialClaimError, QueueKeys
+from .backoff import FIRST_BACKOFF, MAX_BACKOFF, SHARD_PAUSE, Backoff
+from .ledger import Ledger
+from .markers import MarkerWatch
+
+logger = logging.getLogger("django_delayq.worker")
+
+#: Seconds below which the fetcher waits for a due job on its own clock: Redis checks
+#: blocking timeouts only every 1/hz s (100 ms by default), too coarse for a due time.
+PRECISE_WAIT = 0.25
+#: Adaptive prefetch holds about this many seconds of work per thread, up to MAX_PREFETCH.
+PREFETCH_WINDOW = 0.05
+MAX_PREFETCH = 500
+
+
+class Fetcher:
+    """Claims jobs into the ledger and hands them to ``deliver`` (the executors)."""
+
+    def __init__(
+        self,
+        *,
+        broker: Broker,
+        blocking_broker: Broker,
+        queues: Sequence[str],
+        name: str,
+        lease_ms: int,
+        block_timeout: float,
+        concurrency: int,
+        prefetch: int | None,
+        burst: bool,
+        ledger: Ledger,
+        deliver: Callable[[ClaimedJob], None],
+        stop: threading.Event,
+        on_burst_done: Callable[[], None],
+        async_slots: int = 0,
+    ) -> None:
+        self.broker = broker
+        self.blocking_broker = blocking_broker
+        self.queues = list(queues)
+        self.name = name
+        self.lease_ms = lease_ms
+        self.block_timeout = block_timeout
+        self.concurrency = concurrency
+        #: async def jobs that may run at once beside the threads' (0: none served).
+        self.async_slots = async_slots
+        #: Jobs claimed beyond the free threads; None adapts it to how long jobs take.
+        self.prefetch = prefetch
+        self.burst = burst
+        self.ledger = ledger
+        self._deliver = deliver
+        self._stop = stop
+        self._on_burst_done = on_burst_done
+        self.shards: list[QueueKeys] = [k for q in self.queues for k in broker.shards(q)]
+        self.rotation = 0
+        self._paused_shards: dict[QueueKeys, float] = {}  # refused a claim: until when
+        self.watch: MarkerWatch | None = None
+        if blocking_broker.is_cluster and len({k.tag for k in self.shards}) > 1:
+            self.watch = MarkerWatch(blocking_broker.client, [k.marker for k in self.shards],
+                                     stop)
+        # Jobs of rate-limited and interval queues are claimed only for idle threads, so
+        # each starts when claimed: the limit counts real starts, not prefetched jobs.
+        self._limited = {q for q in self.queues if broker.rate_limit(q) is not None}
+        self._starved = False  # the last claim skipped limited queues: no idle thread
+        if self.prefetch is None and self._limited == set(self.queues):
+            self.prefetch = 0
+        ledger.wake_fetcher = lambda: (self._free_slots() >= self._low_water()
+                                       or not ledger.busy)
+
+    # -- capacity -----------------------------------------------------------------
+
+    def _prefetch(self) -> int:
+        """Jobs to hold beyond the free threads.
+
+        Adaptive by default: about PREFETCH_WINDOW seconds of work per thread, so fast
+        jobs are claimed in large batches (few round trips) while slow jobs are not
+        hoarded by one worker when others are idle.
+        """
+        if self.prefetch is not None:
+            return self.prefetch
+        per_thread = PREFETCH_WINDOW / max(self.ledger.avg_run_time, 1e-5)
+        return max(self.concurrency, min(MAX_PREFETCH, int(self.concurrency * per_thread)))
+
+    def _free_slots(self) -> int:
+        return self.concurrency + self.async_slots + self._prefetch() - self.ledger.busy
+
+    def _low_water(self) -> int:
+        """The fetcher claims again once this many slots are free: batches, not single jobs."""
+        prefetch = self._prefetch()
+        return max(1, min(prefetch, (self.concurrency + prefetch) // 2))
+
+    # -- the loop -----------------------------------------------------------------
+
+    def run(self) -> None:
+        backoff = Backoff(self._stop, first=FIRST_BACKOFF, cap=MAX_BACKOFF)
+        ledger = self.ledger
+        while not self._stop.is_set():
+            with ledger.changed:
+                while (not self._stop.is_set() and ledger.busy
+                       and self._free_slots() < self._low_water()):
+                    ledger.changed.wait()
+                free = self._free_slots()
+            if self._stop.is_set():
+                break
+            try:
+                claimed, wait = self.claim(free)
+                backoff.reset()
+            except RedisError as exc:
+                logger.warning("redis unavailable, retrying in %.1fs worker=%s error=%s",
+                               backoff.delay, self.name, exc)
+                backoff.wait()
+                continue
+            except Exception:
+                # A reply this worker cannot read must not end the fetcher (the worker
+                # would live on without claiming): jobs of the lost reply are leased and
+                # come back when their leases lapse.
+                logger.exception("claim failed, retrying in %.1fs worker=%s", backoff.delay,
+                                 self.name)
+                backoff.wait()
+                continue
+            if claimed:
+                continue
+            if self.burst:
+                with ledger.changed:
+                    if ledger.busy:
+                        ledger.changed.wait(timeout=0.5)
+                        continue
+                logger.info("burst done worker=%s", self.name)
+                self._on_burst_done()
+                break
+            try:
+                self._wait_for_work(wait)
+            except RedisError as exc:
+                logger.warning("redis unavailable while idle worker=%s error=%s", self.name, exc)
+                backoff.wait()
+
+    def claim(self, free: int) -> tuple[int, float]:
+        """Claim up to about ``free`` jobs over all shards, fairly, in one round trip.
+
+        Shards are asked in a rotating order. Returns (jobs claimed, seconds until the
+        next scheduled job is due or the next start a rate limit allows, capped).
+        """
+        n = len(self.shards)
+        start = self.rotation % n
+        self.rotation += 1
+        sent = time.monotonic()
+        paused = self._paused_shards
+        order = [k for k in self.shards[start:] + self.shards[:start]
+                 if paused.get(k, 0.0) <= sent]
+        idle = max(0, self.concurrency - self.ledger.busy)
+        self._starved = idle == 0 and bool(self._limited)
+        per_shard = max(1, -(-free // max(1, len(order))))
+        # a count of 0 still promotes due jobs and reports the next due time
+        wants = [(keys, min(per_shard, idle) if keys.queue in self._limited else per_shard)
+                 for keys in order]
+        results: list[ClaimResult] = []
+        if wants:
+            try:
+                results = self.broker.claim_many(wants, self.name, self.lease_ms)
+            except PartialClaimError as exc:
+                # A shard that fails (a cluster slot on the move) must not cost the jobs
+                # the others leased: they run, and it sits out claims for SHARD_PAUSE.
+                results = exc.results
+                answered = {r.keys for r in results}
+                refused = [k for k, _ in wants if k not in answered]
+                for keys in refused:
+                    paused[keys] = sent + SHARD_PAUSE
+                logger.warning("claim refused by %d shard(s), left out for %.1fs worker=%s "
+                               "shards=%s error=%s", len(refused), SHARD_PAUSE, self.name,
+                               ",".join(k.tag for k in refused), exc.__cause__)
+        for result in results:
+            paused.pop(result.keys, None)
+        wait = self.block_timeout
+        if paused:
+            wait = min(wait, min(paused.values()) - sent)
+        total = 0
+        for result in results:
+            if result.orphans:
+                logger.warning("dropped %d job ids with no job data queue=%s",
+                               result.orphans, result.keys.queue)
+            if result.next_due_ms is not None and not result.paused:
+                wait = min(wait, (result.next_due_ms - result.now_ms) / 1000)
+            if result.limit_wait_ms is not None:
+                wait = min(wait, result.limit_wait_ms / 1000)
+            if not result.jobs:
+                continue
+            total += len(result.jobs)
+            self.ledger.add(result.jobs)
+            for job in result.jobs:
+                self._deliver(job)
+        return total, wait - (time.monotonic() - sent)
+
+    def _wait_for_work(self, wait: float) -> None:
+        """Sleep until work may be there: a marker, the next due time, or the cap.
+
+        On a Redis Cluster one BZPOPMIN cannot watch keys of several slots, so each
+        shard's marker is watched by its own thread (:class:`MarkerWatch`).
+        """
+        if wait <= 0:
+            return
+        if self._starved:
+            # limited queues wait for a thread, not for a marker (which they keep set)
+            with self.ledger.changed:
+                if self.ledger.busy >= self.concurrency and not self._stop.is_set():
+                    self.ledger.changed.wait(timeout=wait)
+            return
+        if wait <= PRECISE_WAIT:
+            self._stop.wait(wait)
+            return
+        timeout = max(0.01, wait - PRECISE_WAIT / 2)
+        if self.watch is not None:
+            self.watch.wait(timeout)
+            return
+        markers = [keys.marker for keys in self.shards]
+        self.blocking_broker.client.bzpopmin(markers, timeout=timeout)

@@ -1,0 +1,60 @@
+"""Is a worker alive? What ``manage.py delayq_health`` checks, from the workers registry.
+
+A worker is healthy while its heartbeat is recent and it has at least one live thread
+to run jobs (a supervisor: at least one live worker process). A record that stopped
+being renewed stays in the registry until its TTL, so a dead worker is reported as
+stale for a while, then as missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..conf import conf
+from ..engine import Broker
+from ..engine.workers import WorkerInfo, live_workers
+from .supervisor import HEARTBEAT as SUPERVISOR_HEARTBEAT
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerHealth:
+    name: str
+    role: str
+    pid: int | None
+    age: float  # seconds since its last heartbeat
+    threads: int | None
+    problem: str  # "" when healthy
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problem
+
+
+def heartbeat_interval(worker: WorkerInfo) -> float:
+    """Seconds between two heartbeats of ``worker`` (the runner's and supervisor's rules)."""
+    if worker.role == "supervisor":
+        return SUPERVISOR_HEARTBEAT
+    lease = worker.lease or conf.LEASE
+    return max(0.2, min(lease / 3, 10.0))
+
+
+def check_workers(broker: Broker, *, worker: str | None = None, queue: str | None = None,
+                  stale_after: float | None = None) -> list[WorkerHealth]:
+    """The health of each worker matching ``worker`` (its name, or its supervisor's) and
+    ``queue`` (workers serving it); every worker when both are None."""
+    return [
+        _health(info, stale_after) for info in live_workers(broker)
+        if (worker is None or worker in (info.name, info.supervisor))
+        and (queue is None or queue in info.queues)
+    ]
+
+
+def _health(info: WorkerInfo, stale_after: float | None) -> WorkerHealth:
+    limit = stale_after if stale_after is not None else 3 * heartbeat_interval(info) + 1
+    problem = ""
+    if info.seconds_ago > limit:
+        problem = f"no heartbeat for {info.seconds_ago:.1f}s (limit {limit:.1f}s)"
+    elif info.threads == 0:
+        problem = "no live worker process" if info.role == "supervisor" else "no live thread"
+    return WorkerHealth(name=info.name, role=info.role, pid=info.pid, age=info.seconds_ago,
+                        threads=info.threads, problem=problem)

@@ -1,0 +1,70 @@
+"""The heartbeat: renews the leases the worker holds, reclaims expired leases of dead
+workers, and records this worker as alive, in one round trip every ``lease / 3`` s.
+
+It renews only what :meth:`Ledger.renewable` lists: a job no live thread runs (its
+thread died, or it overran its time limit plus the grace) is left to lapse, so another
+worker reclaims it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from ..engine import Broker, QueueKeys
+from ..engine.workers import record_alive
+from .acks import by_shard
+from .ledger import Ledger
+
+logger = logging.getLogger("django_delayq.worker")
+
+
+class Heartbeat:
+    """Lease renewal, reclaim and liveness of one worker."""
+
+    def __init__(self, *, broker: Broker, name: str, lease_ms: int,
+                 shards: Sequence[QueueKeys], ledger: Ledger, done: threading.Event,
+                 info: Callable[[], dict[str, Any]]) -> None:
+        self.broker = broker
+        self.name = name
+        self.lease_ms = lease_ms
+        self.shards = list(shards)
+        self.ledger = ledger
+        self._done = done
+        self._info = info
+        self.interval = max(0.2, min(lease_ms / 3000, 10.0))
+
+    def run(self) -> None:
+        while not self._done.wait(self.interval):
+            try:
+                self.beat()
+            except RedisError as exc:
+                logger.warning("heartbeat failed worker=%s error=%s", self.name, exc)
+
+    def beat(self, *, renew: bool = True) -> None:
+        """One heartbeat: renew (unless ``renew`` is False), reclaim, record alive."""
+        held = self.ledger.renewable() if renew else []
+        batch = self.broker.batch()
+        extend_calls = [(keys, self.broker.add_extend(batch, keys, pairs, self.lease_ms))
+                        for keys, pairs in by_shard(held).items()]
+        reclaim_calls = [(keys, self.broker.add_reclaim(batch, keys)) for keys in self.shards]
+        replies = batch.run()
+        for keys, index in extend_calls:
+            lost = self.ledger.lost(keys, replies[index])
+            if lost:
+                logger.warning("lease lost for %d jobs queue=%s jobs=%s worker=%s", len(lost),
+                               keys.queue, ",".join(lost[:10]), self.name)
+        for keys, index in reclaim_calls:
+            returned, dead = replies[index]
+            if returned or dead:
+                logger.warning("reclaimed expired leases queue=%s returned=%s dead_lettered=%s",
+                               keys.queue, returned, dead)
+        self.record_alive()
+
+    def record_alive(self) -> None:
+        record_alive(self.broker, self.name, max(60, int(self.lease_ms / 1000 * 3)),
+                     self._info())

@@ -1,0 +1,227 @@
+"""The ledger of leases a worker holds: the one state its threads share.
+
+Every claimed job is in the ledger from its claim until its ack lands (or it is handed
+back, or its lease is found lost). A lease is *buffered* (claimed, waiting for a
+thread), *running* (a thread runs it) or *finished* (ran, its ack not yet confirmed).
+The fetcher adds leases, executors start and finish them, the acker settles them, the
+heartbeat renews what :meth:`Ledger.renewable` lists. One lock guards it all; its
+condition wakes the fetcher when room frees up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ..engine import ClaimedJob, QueueKeys
+
+BUFFERED = "buffered"
+RUNNING = "running"
+FINISHED = "finished"
+
+#: Starting guess of a job's run time (seconds), before any job has run.
+FIRST_RUN_TIME_GUESS = 0.05
+
+Key = tuple[QueueKeys, str]
+
+
+@dataclass(slots=True)
+class Lease:
+    """One held job and where it stands."""
+
+    job: ClaimedJob
+    state: str = BUFFERED
+    #: The executor thread running it (while ``running``).
+    thread: threading.Thread | None = None
+    #: When it was claimed and when it started running (``time.monotonic()``), and its
+    #: start on the Redis clock (estimated from the claim's Redis time).
+    claimed: float = 0.0
+    began: float = 0.0
+    started_ms: int = 0
+    #: Its time limit in seconds (None: none), the monotonic time it is reached, and
+    #: the time past which its lease is no longer renewed (the limit plus the grace).
+    timeout: float | None = None
+    limit_at: float | None = None
+    renew_until: float | None = None
+    #: Set once JobTimeout was raised in its thread, or once its thread is done with
+    #: the task (no JobTimeout may be raised in it any more).
+    interrupted: bool = False
+    shielded: bool = False
+    #: The engine said another attempt owns the job now: not renewed any more (its
+    #: outcome is still sent, and ignored as stale).
+    lost: bool = False
+
+
+def key(job: ClaimedJob) -> Key:
+    return (job.keys, job.id)
+
+
+def _renewable(lease: Lease, now: float) -> bool:
+    if lease.lost:
+        return False
+    if lease.state != RUNNING:
+        return True
+    thread = lease.thread
+    return (thread is not None and thread.is_alive()
+            and (lease.renew_until is None or now < lease.renew_until))
+
+
+class Ledger:
+    """The leases held by one worker (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        #: Notified when a lease finishes or the worker stops: the fetcher waits on it.
+        self.changed = threading.Condition(self.lock)
+        self._leases: dict[Key, Lease] = {}
+        self._busy = 0  # buffered or running
+        #: Moving average of job run time, seconds (the fetcher sizes prefetch with it).
+        self.avg_run_time = FIRST_RUN_TIME_GUESS
+        #: Jobs whose run ended on a thread of this worker (the pool recycles on it).
+        self.finished_count = 0
+        #: Called under the lock as a job finishes: whether to wake the fetcher (it
+        #: claims in batches, so it need not wake for every job).
+        self.wake_fetcher: Callable[[], bool] = lambda: True
+
+    @property
+    def busy(self) -> int:
+        """Leases claimed and not yet finished running (buffered or running)."""
+        return self._busy
+
+    def running_count(self) -> int:
+        with self.lock:
+            return sum(1 for lease in self._leases.values() if lease.state == RUNNING)
+
+    def __contains__(self, item: Key) -> bool:
+        return item in self._leases
+
+    def add(self, jobs: Iterable[ClaimedJob]) -> None:
+        """Hold newly claimed ``jobs`` (buffered)."""
+        with self.lock:
+            now = time.monotonic()
+            for job in jobs:
+                self._leases[key(job)] = Lease(job, claimed=now)
+                self._busy += 1
+
+    def start(self, job: ClaimedJob, thread: threading.Thread, *,
+              timeout: float | None, grace: float) -> Lease | None:
+        """Mark ``job`` running on ``thread``; None if its lease was lost meanwhile
+        (another worker owns the job now: it must not run here)."""
+        now = time.monotonic()
+        with self.lock:
+            lease = self._leases.get(key(job))
+            if lease is None or lease.state != BUFFERED:
+                return None
+            lease.state, lease.thread, lease.began = RUNNING, thread, now
+            lease.started_ms = job.started_at_ms + int((now - lease.claimed) * 1000)
+            if timeout is not None:
+                lease.timeout, lease.limit_at = timeout, now + timeout
+                lease.renew_until = now + timeout + grace
+            return lease
+
+    def shield(self, job: ClaimedJob) -> None:
+        """From now on no JobTimeout is raised in ``job``'s thread (its task is over)."""
+        with self.lock:
+            lease = self._leases.get(key(job))
+            if lease is not None:
+                lease.shielded = True
+
+    def interrupt(self, lease: Lease, raise_in: Callable[[threading.Thread], None]) -> bool:
+        """Call ``raise_in(thread)`` for a running, unshielded lease, once."""
+        with self.lock:
+            thread = lease.thread
+            if (lease.state != RUNNING or lease.shielded or lease.interrupted
+                    or thread is None or self._leases.get(key(lease.job)) is not lease):
+                return False
+            lease.interrupted = True
+            raise_in(thread)
+            return True
+
+    def finish(self, job: ClaimedJob, thread: threading.Thread) -> bool:
+        """Mark ``job`` finished by ``thread``. False if it no longer runs there (the
+        watchdog failed it after its hard limit, or its lease was lost): the caller
+        then drops its outcome."""
+        now = time.monotonic()
+        with self.lock:
+            lease = self._leases.get(key(job))
+            if lease is None or lease.state != RUNNING or lease.thread is not thread:
+                return False
+            self.avg_run_time += (now - lease.began - self.avg_run_time) * 0.05
+            lease.state, lease.thread = FINISHED, None
+            self._busy -= 1
+            self.finished_count += 1
+            if self.wake_fetcher():
+                self.changed.notify()
+            return True
+
+    def abandon(self, job: ClaimedJob) -> bool:
+        """Take a running ``job`` from its (stuck) thread and mark it finished, so the
+        watchdog's outcome is the one acked. False if it was not running."""
+        with self.lock:
+            lease = self._leases.get(key(job))
+            if lease is None or lease.state != RUNNING:
+                return False
+            lease.state, lease.thread = FINISHED, None
+            self._busy -= 1
+            self.finished_count += 1
+            self.changed.notify()
+            return True
+
+    def settle(self, jobs: Iterable[ClaimedJob]) -> None:
+        """Forget ``jobs``: their acks landed, or they were handed back."""
+        with self.lock:
+            for job in jobs:
+                lease = self._leases.pop(key(job), None)
+                if lease is not None and lease.state != FINISHED:
+                    self._busy -= 1
+            self.changed.notify_all()
+
+    def lost(self, keys: QueueKeys, job_ids: Iterable[str]) -> list[str]:
+        """Note the leases the engine says are lost, except finished ones (whose ack
+        may have landed after the heartbeat's snapshot: the acker settles those).
+        A lost buffered job is forgotten and will not start; a running one runs to its
+        end and its outcome goes to the engine, which ignores it as stale."""
+        gone: list[str] = []
+        with self.lock:
+            for job_id in job_ids:
+                lease = self._leases.get((keys, job_id))
+                if lease is None or lease.state == FINISHED or lease.lost:
+                    continue
+                gone.append(job_id)
+                if lease.state == RUNNING:
+                    lease.lost = True
+                    continue
+                del self._leases[(keys, job_id)]
+                self._busy -= 1
+            self.changed.notify_all()
+        return gone
+
+    def withdraw_unstarted(self) -> list[ClaimedJob]:
+        """Forget every buffered lease and return its job, to hand back: no thread
+        starts it after this (:meth:`start` refuses it)."""
+        with self.lock:
+            jobs = [k for k, lease in self._leases.items() if lease.state == BUFFERED]
+            withdrawn = [self._leases.pop(k).job for k in jobs]
+            self._busy -= len(withdrawn)
+            self.changed.notify_all()
+        return withdrawn
+
+    def renewable(self) -> list[ClaimedJob]:
+        """The jobs whose leases the heartbeat renews: buffered ones, ones a live
+        thread runs within their time limit plus grace, and finished ones whose ack
+        is pending (the acker is alive)."""
+        now = time.monotonic()
+        with self.lock:
+            return [lease.job for lease in self._leases.values() if _renewable(lease, now)]
+
+    def running(self) -> list[Lease]:
+        """The running leases (a snapshot; the Lease objects are live)."""
+        with self.lock:
+            return [lease for lease in self._leases.values() if lease.state == RUNNING]
+
+    def held(self) -> list[ClaimedJob]:
+        with self.lock:
+            return [lease.job for lease in self._leases.values()]
+

@@ -1,0 +1,120 @@
+"""Time limits: a watchdog thread that stops jobs overrunning their limit.
+
+*Soft* limit: when a job has run for its limit, :class:`JobTimeout` is raised inside
+its thread (``PyThreadState_SetAsyncExc``). Python delivers it at the next bytecode
+the thread runs, so it cannot interrupt a call that stays in C (a ``time.sleep``, a
+socket read without a timeout, a long C computation) until that call returns, and a
+task that catches ``BaseException`` can swallow it.
+
+*Hard* limit: a job still running :data:`HARD_LIMIT_GRACE` seconds after its limit is
+failed with ``JobTimeout`` (acked at once, retried or dead-lettered by the usual rules)
+and the worker stops with :data:`.exit_codes.EXIT_RESTART`: a thread that cannot be
+stopped can only be ended with its process, which its supervisor restarts. The
+heartbeat never renews a lease past the limit plus the grace, so even a frozen process
+loses the job to another worker.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from ..engine import JobTimeout
+from ..task import TaskRegistry
+from .execution import Outcome, failure
+from .ledger import Lease, Ledger
+
+logger = logging.getLogger("django_delayq.worker")
+
+#: Seconds a job may run past its time limit (after JobTimeout was raised in it) before
+#: it is failed anyway and its worker process replaced.
+HARD_LIMIT_GRACE = 5.0
+#: Longest sleep of the watchdog while jobs with limits run, seconds.
+TICK = 0.1
+
+
+def raise_in(thread: threading.Thread) -> None:
+    """Raise :class:`JobTimeout` in ``thread`` at its next Python bytecode."""
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                                   ctypes.py_object(JobTimeout))
+
+
+def clear_pending(thread: threading.Thread) -> None:
+    """Drop a JobTimeout raised in ``thread`` but not yet delivered."""
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), None)
+
+
+def limit_of(timeout_ms: int, task_name: str, tasks: TaskRegistry,
+             default: float | None) -> float | None:
+    """A job's time limit in seconds: its own, else its task's, else ``default``."""
+    if timeout_ms > 0:
+        return timeout_ms / 1000
+    task = tasks.find(task_name)
+    if task is not None and task.timeout is not None:
+        limit = task.timeout
+        return limit.total_seconds() if hasattr(limit, "total_seconds") else float(limit)
+    return default
+
+
+class Watchdog:
+    """Raises soft limits and enforces hard ones over the ledger's running leases."""
+
+    def __init__(self, *, ledger: Ledger, tasks: TaskRegistry, name: str,
+                 grace: float, report: Callable[[Outcome], None],
+                 on_stuck: Callable[[threading.Thread], None],
+                 done: threading.Event) -> None:
+        self.ledger = ledger
+        self.tasks = tasks
+        self.name = name
+        self.grace = grace
+        self._report = report
+        self._on_stuck = on_stuck
+        self._done = done
+
+    def run(self) -> None:
+        while not self._done.wait(self.check()):
+            pass
+
+    def check(self) -> float:
+        """Enforce every limit due; returns seconds until the next check."""
+        now = time.monotonic()
+        wait = 1.0
+        for lease in self.ledger.running():
+            if lease.limit_at is None or lease.shielded:
+                continue
+            if (now >= lease.limit_at and not lease.interrupted
+                    and self.ledger.interrupt(lease, raise_in)):
+                logger.warning("job over its time limit, JobTimeout raised in it job=%s "
+                               "queue=%s task=%s timeout=%ss worker=%s", lease.job.id,
+                               lease.job.queue, lease.job.task, lease.timeout, self.name)
+            hard_at = lease.limit_at + self.grace
+            if now >= hard_at:
+                self._hard_limit(lease)
+                continue
+            wait = min(wait, (lease.limit_at if now < lease.limit_at else hard_at) - now)
+        return max(0.01, min(wait, TICK if wait < 1.0 else 1.0))
+
+    def _hard_limit(self, lease: Lease) -> None:
+        thread = lease.thread
+        if thread is None or not self.ledger.abandon(lease.job):
+            return
+        job = lease.job
+        task = self.tasks.find(job.task)
+        delay = task.retry_delay(job.attempt) if task is not None else 1.0
+        logger.error("job still running %.1fs after its time limit: failing it, and "
+                     "stopping this worker to be restarted job=%s queue=%s task=%s "
+                     "thread=%s worker=%s", self.grace, job.id, job.queue, job.task,
+                     thread.name, self.name)
+        exc = JobTimeout(f"the job ran past its time limit of {lease.timeout}s and did not "
+                         f"stop within {self.grace}s (blocked in C code, or it caught "
+                         "JobTimeout); its worker process was replaced")
+        outcome = failure(job, exc, retry=True, delay=delay)
+        outcome.started_ms = lease.started_ms
+        outcome.finished_ms = lease.started_ms + int((time.monotonic() - lease.began) * 1000)
+        self._report(outcome)
+        self._on_stuck(thread)

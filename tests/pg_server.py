@@ -1,0 +1,135 @@
+"""A throwaway PostgreSQL server for the test suite (the way pytest-postgresql makes one).
+
+The server binaries come from the machine when it has them (``initdb`` and ``pg_ctl`` on
+``PATH`` or under ``/usr/lib/postgresql/*/bin``, as Debian's ``postgresql`` package puts
+them), else from the ``pgserver`` wheel, which ships a PostgreSQL build. The cluster lives
+in a temporary directory, listens on a free loopback port with trust auth for the user
+``postgres``, runs without fsync (nothing in it has to survive a crash of the machine), and
+is removed by :meth:`PostgresServer.cleanup`.
+
+PostgreSQL refuses to run as root: when the tests run as root, the server runs as the
+``postgres`` system user if there is one, else as ``nobody``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from django_delayq.testing import free_port
+
+HOW_TO_GET_ONE = ("install the PostgreSQL server (scripts/system-deps.sh: apt-get install "
+                  "postgresql) or the pgserver wheel (pip install pgserver, Python <= 3.12), "
+                  "or name a running server in DELAYQ_TEST_PG_URL")
+
+
+def find_pg_bin() -> Path:
+    """The directory holding ``initdb``, ``pg_ctl`` and ``postgres``, or a clear error.
+
+    ``DELAYQ_TEST_PG_BIN`` names the directory outright."""
+    if os.environ.get("DELAYQ_TEST_PG_BIN"):
+        return Path(os.environ["DELAYQ_TEST_PG_BIN"])
+    candidates: list[Path] = []
+    on_path = shutil.which("initdb")
+    if on_path:
+        candidates.append(Path(on_path).resolve().parent)
+    # Debian keeps the server binaries off PATH; the newest major version first.
+    debian = sorted(glob.glob("/usr/lib/postgresql/*/bin"),
+                    key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit()
+                    else 0, reverse=True)
+    candidates += [Path(p) for p in debian]
+    for directory in candidates:
+        if all(os.access(directory / name, os.X_OK) for name in ("initdb", "pg_ctl", "postgres")):
+            return directory
+    try:  # imported only now: importing pgserver warns when XDG_RUNTIME_DIR is unset
+        import pgserver  # type: ignore[import-not-found]
+    except ImportError:
+        pass
+    else:
+        directory = Path(pgserver.__file__).parent / "pginstall" / "bin"
+        if os.access(directory / "initdb", os.X_OK):
+            return directory
+    raise RuntimeError(f"no PostgreSQL server binaries (initdb, pg_ctl) found: {HOW_TO_GET_ONE}")
+
+
+def _run_as() -> pwd.struct_passwd | None:
+    """The system user the server runs as when the tests run as root."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "nobody"):
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    raise RuntimeError("PostgreSQL cannot run as root and there is no 'postgres' or "
+                       "'nobody' user to run it as")
+
+
+class PostgresServer:
+    """A PostgreSQL cluster of its own on 127.0.0.1, user ``postgres``, trust auth."""
+
+    user = "postgres"
+    host = "127.0.0.1"
+
+    def __init__(self, bin_dir: Path | None = None) -> None:
+        self.bin_dir = bin_dir or find_pg_bin()
+        self.dir = Path(tempfile.mkdtemp(prefix="delayq-pg-"))
+        self.data = self.dir / "data"
+        self.port = 0
+        self.owner = _run_as()
+        if self.owner is not None:
+            os.chown(self.dir, self.owner.pw_uid, self.owner.pw_gid)
+
+    @property
+    def version(self) -> str:
+        # "postgres (PostgreSQL) 15.20 (Debian 15.20-0+deb12u1)"
+        words = self._run("postgres", "--version").stdout.split()
+        return words[2] if len(words) > 2 else "?"
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{self.user}@{self.host}:{self.port}/postgres"
+
+    def _run(self, tool: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        user = None if self.owner is None else self.owner.pw_uid
+        group = None if self.owner is None else self.owner.pw_gid
+        return subprocess.run([str(self.bin_dir / tool), *args], cwd=self.dir, user=user,
+                              group=group, capture_output=True, text=True, timeout=timeout,
+                              check=False)
+
+    def start(self, attempts: int = 3) -> PostgresServer:
+        """initdb, then start on a free port (another free one if that port was taken)."""
+        try:
+            init = self._run("initdb", "-D", str(self.data), "-U", self.user, "-A", "trust",
+                             "-E", "UTF8", "--no-sync")
+            if init.returncode:
+                raise RuntimeError(f"initdb failed: {(init.stdout + init.stderr)[-2000:]}")
+            for _ in range(attempts):
+                self.port = free_port()
+                options = (f"-h {self.host} -p {self.port} -k {self.dir} -F "
+                           "-c synchronous_commit=off -c full_page_writes=off "
+                           "-c max_connections=300 -c shared_buffers=32MB")
+                started = self._run("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.data),
+                                    "-l", str(self.dir / "server.log"), "-o", options)
+                if started.returncode == 0:
+                    return self
+            log = self.dir / "server.log"
+            raise RuntimeError("PostgreSQL did not start: "
+                               + (log.read_text()[-2000:] if log.exists() else started.stderr))
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def stop(self) -> None:
+        if self.port and (self.data / "postmaster.pid").exists():
+            self._run("pg_ctl", "stop", "-D", str(self.data), "-m", "immediate", "-w",
+                      timeout=60)
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,142 @@
+"""The operator's admin: buttons that fit the job's status, exact times, readable list
+columns, attempts, the dashboard's JSON, warnings, periodic schedules and index link."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from django.test import override_settings
+from django.urls import reverse
+from django.utils import timezone
+
+from django_delayq import task
+from django_delayq.models import Job
+from django_delayq.task import registry
+from tests.test_admin import change_url, mirror, run_to_end, staff
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db
+
+DASHBOARD = "admin:django_delayq_queues"
+DATA = "admin:django_delayq_queues_data"
+MS_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} "
+
+
+def buttons(page: str) -> set[str]:
+    return set(re.findall(r'class="button dq-act-([a-z-]+)"', page))
+
+
+def test_job_page_offers_only_what_applies_to_the_status(admin_client):
+    done = tasks.record.enqueue("done")
+    failed = tasks.always_fails.using(max_attempts=1).enqueue("failed")
+    waiting = tasks.record.using(delay=3600).enqueue("waiting")
+    run_to_end(done, failed)
+    mirror()
+    pages = {job.status: admin_client.get(change_url(job.id)).content.decode()
+             for job in (done, failed, waiting)}
+    assert buttons(pages["completed"]) == set()
+    assert buttons(pages["failed"]) == {"retry", "run-now"}
+    assert buttons(pages["scheduled"]) == {"cancel", "run-now"}
+    for page in pages.values():
+        assert "/history/" not in page  # the change log of a read-only page is empty
+
+
+def test_job_page_times_have_milliseconds_and_the_zone(admin_client):
+    job = tasks.record.enqueue("t")
+    run_to_end(job)
+    mirror()
+    page = admin_client.get(change_url(job.id)).content.decode()
+    assert len(re.findall(MS_TIME + "UTC", page)) >= 4  # enqueued, run at, started, finished
+    with override_settings(TIME_ZONE="Asia/Kolkata"):
+        page = admin_client.get(change_url(job.id)).content.decode()
+    local = timezone.localtime(job.started_at, timezone=__import__("zoneinfo").ZoneInfo(
+        "Asia/Kolkata"))
+    assert f"{local:%Y-%m-%d %H:%M:%S}.{local.microsecond // 1000:03d} IST" in page
+
+
+def test_job_page_shows_the_attempts(admin_client):
+    failed = tasks.always_fails.enqueue("three")  # max_attempts=3
+    run_to_end(failed)
+    mirror()
+    page = admin_client.get(change_url(failed.id)).content.decode()
+    assert "Each attempt" in page
+    if any(f.name == "attempt_log" for f in Job._meta.get_fields()):
+        assert page.count('<td class="dq-error-cell">builtins.RuntimeError: boom three</td>') == 3
+        assert page.count("<td>retried</td>") == 2
+        assert page.count("<td>failed</td>") == 1
+    else:
+        assert "3 attempt(s) of 3" in page
+
+
+def test_job_list_columns_and_readable_periodic_ids(admin_client):
+    failed = tasks.always_fails.using(max_attempts=1).enqueue("list", )
+    done = tasks.record.enqueue("args-shown", extra={"k": 1})
+    run_to_end(failed, done)
+    mirror()
+    Job.objects.create(job_id="cron:shop.tasks.heartbeat:1795456640000", queue="default",
+                       task_name="shop.tasks.heartbeat", status="scheduled",
+                       run_at=timezone.now(), enqueued_at=timezone.now())
+    page = admin_client.get(reverse("admin:django_delayq_job_changelist")).content.decode()
+    for header in ("duration", "error", "arguments", "attempts", "run at"):
+        assert f">{header.capitalize()}<" in page or f">{header}<" in page.lower(), header
+    assert "RuntimeError: boom list" in page
+    assert "[&quot;args-shown&quot;] {&quot;extra&quot;: {&quot;k&quot;: 1}}" in page
+    assert re.search(r"\d+ ms</td>", page)
+    assert 'title="cron:shop.tasks.heartbeat:1795456640000">⟳ heartbeat @ 11-23 17:57:20<' in page
+    assert ">cron:shop.tasks.heartbeat:1795456640000<" not in page
+
+
+@pytest.fixture
+def hourly() -> Iterator[object]:
+    @task(name="tests.hourly_report", queue="default", every=3600)
+    def hourly_report() -> None:
+        pass
+
+    yield hourly_report
+    registry._tasks.pop("tests.hourly_report")
+
+
+def test_dashboard_lists_periodic_schedules_and_warns(admin_client, hourly):
+    tasks.record.enqueue("waits")
+    page = admin_client.get(reverse(DASHBOARD)).content.decode()
+    assert "No worker is running" in page
+    assert "No mirror is running: 1 event(s)" in page
+    periodic = page[page.index('id="dq-periodic"'):]
+    assert "tests.hourly_report" in periodic
+    assert "every 3600s" in periodic
+    assert re.search(MS_TIME + "UTC</td>", periodic)  # next run
+    assert "never" in periodic
+    assert 'class="button dq-purge"' in page
+    assert "setInterval(refresh, 5000)" in page
+    assert "<script src" not in page.split('id="content-main"')[1]  # nothing from a CDN
+
+
+def test_dashboard_data_feeds_the_refresh(admin_client, client):
+    job = tasks.record.enqueue("json")
+    run_to_end(job)
+    body = admin_client.get(reverse(DATA)).json()
+    [default] = [q for q in body["queues"] if q["name"] == "default"]
+    assert default["counts"]["completed"] == 1
+    assert default["completed_last_hour"] == 1
+    assert default["chart"].startswith('<svg class="dq-chart"')
+    assert "Start lateness of 1 starts" in default["lateness_chart"]
+    assert body["mirror_lag"] > 0
+    assert any("No worker" in w for w in body["warnings"])
+    client.force_login(staff("nobody"))
+    assert client.get(reverse(DATA)).status_code == 403
+
+
+def test_admin_index_links_the_dashboard(admin_client, client):
+    index = admin_client.get(reverse("admin:index")).content.decode()
+    link = reverse("admin:django_delayq_queuesdashboard_changelist")
+    assert f'href="{link}"' in index
+    assert "Queues dashboard" in index
+    response = admin_client.get(link)
+    assert response.status_code == 302
+    assert response["Location"] == reverse(DASHBOARD)
+    client.force_login(staff("viewer", "view_job"))
+    assert "Queues dashboard" in client.get(reverse("admin:index")).content.decode()
+    client.force_login(staff("nobody2"))
+    assert client.get(link).status_code == 403

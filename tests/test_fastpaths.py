@@ -1,0 +1,95 @@
+"""The fast paths of engine/fastpaths.py: each gives the answer of the path it skips.
+
+``tox -e redis5,redis6,redis7,redislatest`` runs this file and test_held.py on each
+redis-py major version the package allows (the held connections use its internals).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import socket
+from typing import Any
+
+import pytest
+import redis
+from hiredis import pack_command
+
+from django_delayq import DelayQConnectionError
+from django_delayq.engine import Broker, EngineConfig
+from django_delayq.engine.fastpaths import (
+    REDIS_PY_CONNECTION_METHODS,
+    arg_shape,
+    checkout,
+    must_reconnect,
+    positional_names,
+    retries,
+)
+from django_delayq.engine.held import HeldConnections
+
+
+def plain(a, b, c=3, d=4): ...
+def no_params(): ...
+def star_args(a, *rest): ...
+def keyword_only(a, *, b): ...
+def positional_only(a, /, b): ...
+
+
+CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+    ((), {}), ((1,), {}), ((1, 2), {}), ((1, 2, 3, 4), {}), ((1, 2, 3, 4, 5), {}),
+    ((1,), {"b": 2}), ((), {"a": 1, "b": 2, "d": 0}), ((1, 2), {"a": 1}),
+    ((1, 2), {"e": 5}), ((), {"b": 2}), ((1, 2), {"c": 3, "d": 4}),
+]
+
+
+@pytest.mark.parametrize("func", [plain, no_params, star_args, keyword_only, positional_only])
+@pytest.mark.parametrize(("args", "kwargs"), CALLS)
+def test_an_argument_shape_never_accepts_what_signature_bind_refuses(func, args, kwargs):
+    shape = arg_shape(func)
+    try:
+        inspect.signature(func).bind(*args, **kwargs)
+        binds = True
+    except TypeError:
+        binds = False
+    if shape is not None:
+        assert shape.accepts(args, kwargs) == binds  # exact where a shape exists
+
+
+def test_only_plain_parameter_lists_get_a_shape():
+    assert arg_shape(plain) is not None
+    assert arg_shape(no_params) is not None
+    assert arg_shape(star_args) is arg_shape(keyword_only) is arg_shape(positional_only) is None
+    assert positional_names(positional_only) == ("a", "b")
+    assert positional_names(keyword_only) == ("a",)
+
+
+def test_the_redis_py_internals_the_held_connections_use_work():
+    client = redis.Redis.from_url(os.environ["DELAYQ_TEST_REDIS_URL"], decode_responses=True)
+    pool = client.connection_pool
+    conn = checkout(pool)
+    try:
+        for method in REDIS_PY_CONNECTION_METHODS:
+            assert callable(getattr(conn, method)), method
+        conn.send_packed_command([pack_command(("ECHO", "héllo"))])
+        assert conn.read_response() == "héllo"  # decoded as the client would
+        assert isinstance(retries(conn), int)
+        assert retries(conn) >= 0
+        assert must_reconnect(conn) is False
+    finally:
+        pool.release(conn)
+    held = HeldConnections.for_client(client)
+    assert held is not None
+    assert held.execute("ECHO", "again") == "again"
+    held.close()
+    client.close()
+
+
+def test_the_enqueue_fast_path_still_reports_an_unreachable_redis():
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = redis.Redis(port=port, decode_responses=True, socket_connect_timeout=0.5)
+    broker = Broker(client, EngineConfig())
+    assert broker._held is not None  # the single enqueue takes the held path
+    with pytest.raises(DelayQConnectionError, match="unreachable"):
+        broker.enqueue("default", "tasks.x", [1])

@@ -1,0 +1,102 @@
+"""``manage.py delayq_health``: its exit codes, against real workers and a real Redis."""
+
+from __future__ import annotations
+
+import io
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from django_delayq.engine.workers import record_alive
+from tests.conftest import ROOT, wait_until, worker_env, worker_thread
+
+
+def health(*args: str) -> tuple[int, str]:
+    """Run delayq_health; (exit code, output)."""
+    out = io.StringIO()
+    try:
+        call_command("delayq_health", *args, stdout=out, stderr=out)
+    except SystemExit as exc:
+        return int(exc.code or 0), out.getvalue()
+    return 0, out.getvalue()
+
+
+def test_no_worker_is_exit_3():
+    assert health()[0] == 3
+    assert health("--worker", "nobody")[0] == 3
+
+
+def test_a_running_worker_is_healthy():
+    with worker_thread(queues=["default"], concurrency=2, name="probe-me"):
+        _, out = wait_until(lambda: (r := health("--worker", "probe-me"))[0] == 0 and r,
+                            message="the worker to register")
+        assert "probe-me" in out
+        assert "ok" in out
+        assert health("--queue", "default")[0] == 0
+        assert health("--queue", "other")[0] == 3, "nobody serves it"
+        assert health()[0] == 0
+
+
+def test_a_worker_with_no_live_thread_is_exit_1(broker):
+    record_alive(broker, "no-threads", 60, {"queues": "default", "threads": 0, "lease": 30})
+    code, out = health("--queue", "default")
+    assert code == 1
+    assert "no live thread" in out
+
+
+def test_a_supervisor_with_no_live_child_is_exit_1(broker):
+    record_alive(broker, "sup", 60, {"role": "supervisor", "queues": "", "threads": 0})
+    code, out = health("--worker", "sup")
+    assert code == 1
+    assert "no live worker process" in out
+
+
+def test_a_frozen_worker_is_exit_1(spawned):
+    proc, out = spawned("default", "-c", "1", "--lease", "1", "--name", "frozen")
+    wait_until(lambda: health("--worker", "frozen")[0] == 0, timeout=60,
+               message="the worker to register")
+    proc.send_signal(signal.SIGSTOP)  # alive, but its heartbeat stops
+    try:
+        _, text = wait_until(lambda: (r := health("--worker", "frozen"))[0] == 1 and r,
+                             timeout=30, message="the heartbeat to go stale")
+        assert "no heartbeat for" in text
+        assert health("--worker", "frozen", "--stale-after", "3600")[0] == 0
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: health("--worker", "frozen")[0] == 0, timeout=30,
+               message="the resumed worker to heartbeat again")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+
+
+def test_a_pool_is_checked_through_its_supervisor(redis_client, spawned):
+    proc, out = spawned("default", "--processes", "2", "-c", "1", "--name", "pool-h")
+    wait_until(lambda: (r := health("--worker", "pool-h"))[0] == 0 and r[1].count(" ok") == 3,
+               timeout=60, message="the supervisor and its two children")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+    assert health("--worker", "pool-h")[0] == 3, "a clean stop removes the records"
+
+
+@pytest.mark.parametrize("args", [["--stale-after", "-1"], ["--stale-after", "nan"],
+                                  ["--queue", "bad{queue}"]])
+def test_bad_arguments_are_exit_2(args):
+    proc = subprocess.run([sys.executable, "-m", "django", "delayq_health", *args], cwd=ROOT,
+                          env=worker_env(), capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 2, proc.stderr
+
+
+def test_redis_unreachable_is_exit_4(settings: Any):
+    from django_delayq import connection
+
+    settings.DELAYQ = {**settings.DELAYQ, "REDIS_URL": "redis://127.0.0.1:1/0",
+                       "SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5}
+    connection.reset()
+    code, out = health()
+    assert code == 4
+    assert "Redis is unreachable" in out

@@ -1,0 +1,263 @@
+"""``runworker --processes N``: the supervisor, its children, restarts, signals, recycling."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from django_delayq import Queue
+from django_delayq.worker.supervisor import (
+    FIRST_RESTART_DELAY,
+    MAX_RESTART_DELAY,
+    QUICK_DEATH,
+    restart_delay,
+)
+from tests.conftest import ran, wait_until
+from tests.testapp import tasks
+
+
+def registry(client: Any) -> list[dict[str, str]]:
+    """Every record of the workers registry (supervisors and workers)."""
+    names = client.zrange("dq:workers", 0, -1)
+    return [r for r in (client.hgetall(f"dq:worker:{n}") for n in names) if r]
+
+
+def children_of(client: Any, supervisor_pid: int) -> list[dict[str, str]]:
+    supervisors = {r["name"] for r in registry(client)
+                   if r.get("role") == "supervisor" and r["pid"] == str(supervisor_pid)}
+    return [r for r in registry(client) if r.get("supervisor") in supervisors]
+
+
+def starts(client: Any, kind: str) -> list[dict[str, Any]]:
+    return [r for r in ran(client) if r["task"] == kind]
+
+
+def test_restart_delay_backs_off_for_quick_deaths_only():
+    assert restart_delay(QUICK_DEATH + 1, 0) == 0.0
+    assert restart_delay(QUICK_DEATH + 1, 5) == 0.0
+    delays = [restart_delay(0.5, n) for n in range(1, 10)]
+    assert delays[0] == FIRST_RESTART_DELAY
+    assert delays == sorted(delays)
+    assert delays[1] == 2 * delays[0]
+    assert delays[-1] == MAX_RESTART_DELAY
+
+
+def test_cpu_bound_jobs_run_in_two_processes_at_once(redis_client, spawned):
+    jobs = [tasks.spin.enqueue(f"s{i}", gate="gate:spin") for i in range(2)]
+    proc, out = spawned("default", "--processes", "2", "-c", "1", "--prefetch", "0")
+    # one thread per process, and neither job ends before the gate opens: two starts
+    # mean two processes computing at the same time
+    wait_until(lambda: len(starts(redis_client, "spin-start")) == 2, timeout=60,
+               message=f"both CPU-bound jobs to start:\n{out.text}")
+    pids = {r["pid"] for r in starts(redis_client, "spin-start")}
+    assert len(pids) == 2
+    assert proc.pid not in pids
+    records = registry(redis_client)
+    supervisor = next(r for r in records if r.get("role") == "supervisor")
+    assert supervisor["pid"] == str(proc.pid)
+    children = children_of(redis_client, proc.pid)
+    assert {int(r["pid"]) for r in children} >= pids
+    assert all(r["role"] == "worker" for r in children)
+    redis_client.set("gate:spin", 1)
+    for job in jobs:
+        wait_until(lambda job=job: job.refresh().status == "completed",
+                   message="CPU-bound job to complete")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+    assert "supervisor stopped" in out.text
+    assert registry(redis_client) == [], "every record is removed at a clean stop"
+
+
+def test_pool_is_listed_by_the_api(redis_client, spawned, admin_client):
+    proc, out = spawned("default", "--processes", "2", "-c", "1", "--name", "pool-a")
+    wait_until(lambda: len(children_of(redis_client, proc.pid)) == 2, timeout=60,
+               message=f"two children in the registry:\n{out.text}")
+    listed = admin_client.get("/api/delayq/workers/").json()
+    by_role = {w["role"]: w for w in listed if w["role"] == "supervisor"}
+    assert by_role["supervisor"]["name"] == "pool-a"
+    assert by_role["supervisor"]["pid"] == proc.pid
+    assert sorted(w["supervisor"] for w in listed if w["role"] == "worker") == ["pool-a"] * 2
+    page = admin_client.get(reverse("admin:django_delayq_queues")).content.decode()
+    assert page.count("child of pool-a") == 2
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+
+
+def test_sigterm_to_the_supervisor_finishes_running_jobs_and_hands_back_the_rest(
+        redis_client, spawned):
+    jobs = [tasks.gated.enqueue(f"g{i}", gate="gate:t") for i in range(6)]
+    # each child (one thread, prefetch 2) holds three: one running and two waiting
+    proc, out = spawned("default", "--processes", "2", "-c", "1", "--prefetch", "2")
+    wait_until(lambda: len(starts(redis_client, "gated-start")) == 2, timeout=60,
+               message="a job running in each child")
+    assert Queue("default").counts()["active"] == 6
+    tags = {r["tag"] for r in starts(redis_client, "gated-start")}
+    running = [j for j in jobs if j.refresh().args[0] in tags]
+    waiting = [j for j in jobs if j.args[0] not in tags]
+    proc.send_signal(signal.SIGTERM)
+    out.wait_for("supervisor stopping")
+    wait_until(lambda: out.text.count("worker stopping") == 2, message="both children stopping")
+    assert proc.poll() is None, "the pool exited while its jobs were still running"
+    redis_client.set("gate:t", 1)
+    assert proc.wait(timeout=60) == 0, out.text
+    for job in running:
+        assert job.refresh().status == "completed"
+    for job in waiting:
+        job.refresh()
+        assert (job.status, job.attempts) == ("ready", 0)
+    assert len(starts(redis_client, "gated-start")) == 2, "no waiting job started"
+
+
+def test_second_signal_to_the_supervisor_stops_at_once_with_code_1(redis_client, spawned):
+    for i in range(2):
+        tasks.gated.enqueue(f"n{i}", gate="gate:never")
+    proc, out = spawned("default", "--processes", "2", "-c", "1", "--prefetch", "0")
+    wait_until(lambda: len(starts(redis_client, "gated-start")) == 2, timeout=60,
+               message=f"a job running in each child:\n{out.text}")
+    children = [int(r["pid"]) for r in children_of(redis_client, proc.pid)]
+    proc.send_signal(signal.SIGINT)
+    out.wait_for("supervisor stopping")
+    wait_until(lambda: out.text.count("worker stopping") == 2, message="both children stopping")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 1, out.text
+    for pid in children:
+        assert not pid_alive(pid), "the supervisor stops with all of its children"
+    assert Queue("default").counts()["active"] == 2, "the jobs stay leased for a reclaim"
+
+
+def test_burst_pool_runs_what_is_due_and_exits_zero(redis_client, spawned):
+    for i in range(30):
+        tasks.record.enqueue(f"b{i}")
+    proc, out = spawned("default", "--processes", "2", "-c", "2", "--burst")
+    assert proc.wait(timeout=120) == 0, out.text
+    assert sorted(r["tag"] for r in starts(redis_client, "record")) == sorted(
+        f"b{i}" for i in range(30))
+    assert "burst done supervisor=" in out.text
+    assert "restarting" not in out.text, "a child done with its burst is not restarted"
+
+
+def test_a_child_that_dies_is_restarted(redis_client, spawned):
+    proc, out = spawned("default", "--processes", "2", "-c", "1")
+    wait_until(lambda: len(children_of(redis_client, proc.pid)) == 2, timeout=60,
+               message=f"two children in the registry:\n{out.text}")
+    victim = int(children_of(redis_client, proc.pid)[0]["pid"])
+    os.kill(victim, signal.SIGKILL)
+    out.wait_for(f"pid={victim} code=-9")
+    wait_until(lambda: out.text.count("started worker-") == 3, timeout=60,
+               message=f"a third worker start:\n{out.text}")
+    job = tasks.add.enqueue(1, 2)
+    wait_until(lambda: job.refresh().status == "completed", timeout=60,
+               message="a job after the restart")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+
+
+def test_children_stop_when_the_supervisor_is_killed(redis_client, spawned):
+    proc, out = spawned("default", "--processes", "2", "-c", "1")
+    wait_until(lambda: len(children_of(redis_client, proc.pid)) == 2, timeout=60,
+               message=f"two children in the registry:\n{out.text}")
+    children = [int(r["pid"]) for r in children_of(redis_client, proc.pid)]
+    proc.kill()
+    proc.wait()
+    out.wait_for("is gone: stopping")
+    wait_until(lambda: not any(pid_alive(pid) for pid in children), timeout=30,
+               message="orphaned children to stop")
+
+
+def test_a_child_killed_under_load_loses_nothing(redis_client, spawned, fault_report):
+    total, concurrency, prefetch = 5000, 4, 20
+    # 10 ms each: the run lasts long enough for several kills
+    tasks.count_run.enqueue_many([[f"j{i}", 0.01] for i in range(total)])
+    proc, out = spawned("default", "--processes", "3", "-c", str(concurrency),
+                        "--prefetch", str(prefetch), "--lease", "2", "-v", "0")
+    kills = 0
+    while redis_client.hlen("test:count") < total * 0.9 and kills < 6:
+        children = children_of(redis_client, proc.pid)
+        busy = [r for r in children if r.get("busy") not in (None, "0")]
+        if busy:
+            os.kill(int(busy[0]["pid"]), signal.SIGKILL)
+            kills += 1
+            redis_client.delete(f"dq:worker:{busy[0]['name']}")  # not to kill it twice
+        time.sleep(1.0)  # the pace of the fault, not a wait for an event
+    assert kills >= 2, f"children were seldom seen busy:\n{out.text}"
+    wait_until(lambda: redis_client.hlen("test:count") == total, timeout=240,
+               message=f"every job to run:\n{out.text[-3000:]}")
+    wait_until(lambda: Queue("default").counts()["completed"] == total, timeout=120,
+               message="every job to complete")
+    counts = [int(v) for v in redis_client.hvals("test:count")]
+    duplicated = sum(c - 1 for c in counts)
+    fault_report(f"SIGKILL a pool child every 1 s ({kills} kills)", total, 0, duplicated)
+    assert duplicated <= kills * (concurrency + prefetch), (duplicated, kills)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+
+
+def run_to_completion(spawned: Any, jobs: list[Any], *args: str) -> str:
+    """Run ``jobs`` on a pool started with ``args``, stop it warmly; its output."""
+    proc, out = spawned("default", "--processes", "2", "-c", "1", *args)
+    for job in jobs:
+        wait_until(lambda job=job: job.refresh().status == "completed", timeout=120,
+                   message="the jobs to complete")
+    assert all(job.attempts == 1 for job in jobs), "a recycle runs no job twice"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+    assert "recycled" in out.text
+    return out.text
+
+
+def test_a_leaking_child_is_recycled_with_nothing_lost(redis_client, spawned):
+    jobs = [tasks.leak.enqueue(f"l{i}", 16) for i in range(24)]
+    run_to_completion(spawned, jobs, "--prefetch", "2", "--max-memory-per-child", "160")
+    done = starts(redis_client, "leak")
+    assert sorted(r["tag"] for r in done) == sorted(f"l{i}" for i in range(24))
+    assert len({r["pid"] for r in done}) > 2
+
+
+def test_max_jobs_per_child_recycles_with_nothing_lost(redis_client, spawned):
+    jobs = [tasks.record.enqueue(f"m{i}") for i in range(20)]
+    run_to_completion(spawned, jobs, "--prefetch", "0", "--max-jobs-per-child", "3")
+    done = starts(redis_client, "record")
+    assert sorted(r["tag"] for r in done) == sorted(f"m{i}" for i in range(20))
+    per_pid = Counter(r["pid"] for r in done)
+    assert max(per_pid.values()) <= 3, per_pid  # one thread, no prefetch: 3 at most
+    assert len(per_pid) >= 7
+
+
+def test_max_jobs_without_a_pool_exits_with_the_recycle_code(redis_client, spawned):
+    for i in range(5):
+        tasks.record.enqueue(f"x{i}")
+    proc, out = spawned("default", "-c", "1", "--prefetch", "0", "--max-jobs-per-child", "2")
+    assert proc.wait(timeout=60) == 75, out.text
+    assert len(starts(redis_client, "record")) == 2, "one thread, no prefetch: exactly 2"
+    assert Queue("default").counts()["active"] == 0, "nothing is left leased"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--processes", "0"], "--processes must be at least 1"),
+    (["--max-jobs-per-child", "0"], "--max-jobs-per-child must be at least 1"),
+    (["--max-memory-per-child", "nan"], "--max-memory-per-child must be at least 1"),
+    (["--max-memory-per-child", "0.5"], "--max-memory-per-child must be at least 1"),
+])
+def test_bad_pool_arguments_are_refused(args, message, spawned):
+    proc, out = spawned(*args)
+    assert proc.wait(timeout=60) == 1
+    assert message in out.text
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its re-parented init) is not alive
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
