@@ -138,10 +138,14 @@ def worker_thread(**kwargs: Any) -> Iterator[Any]:
     thread.start()
     try:
         yield worker
-    finally:
+    except BaseException:
+        # Stop the worker but let the test's own failure be the one reported.
         worker.request_stop()
         thread.join(timeout=30)
-        assert not thread.is_alive(), "worker thread did not stop"
+        raise
+    worker.request_stop()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "worker thread did not stop"
     worker.exit_code = result.get("code")
 
 

@@ -56,7 +56,8 @@ def test_progress_of_a_running_job_is_mirrored_and_shown(redis_client, admin_cli
     job = tasks.progress_then_wait.enqueue(0.25, "a <b>quarter</b>", "gate:progress")
     with worker_thread(queues=["default"]):
         wait_until(lambda: ran(redis_client), message="the task to report")
-        assert job.refresh().status == "active"
+        # The start is noted with the worker's next acks, a moment after the task began.
+        wait_until(lambda: job.refresh().status == "active", message="the job to be active")
         assert (job.progress, job.progress_message) == (0.25, "a <b>quarter</b>")
         mirror()
         row = Job.objects.get(job_id=job.id)

@@ -153,7 +153,9 @@ def test_running_then_successful(broker: Any) -> None:
     result = st.dj_gated.enqueue("gate:1")
     with worker_thread(queues=["default"], concurrency=1):
         wait_until(lambda: broker.client.lrange("test:dj", 0, -1), message="dj_gated start")
-        result.refresh()
+        # The start is noted with the worker's next acks, a moment after the task began.
+        wait_until(lambda: finished(result) or result.status == TaskResultStatus.RUNNING,
+                   message="dj_gated to be RUNNING")
         assert result.status == TaskResultStatus.RUNNING
         assert result.started_at is not None
         assert result.finished_at is None
