@@ -2,7 +2,7 @@
 
 Public API::
 
-    from django_delayq import task, Job, Queue
+    from django_delayq import task, Job, Queue, chain, group
 
 Names are loaded on first use, so importing the engine alone (``django_delayq.engine``,
 as Spark executors do) does not load Django.
@@ -20,6 +20,8 @@ _EXPORTS = {
     "Task": "django_delayq.task",
     "Call": "django_delayq.task",
     "registry": "django_delayq.task",
+    "chain": "django_delayq.workflows",
+    "group": "django_delayq.workflows",
     "Job": "django_delayq.engine",
     "Queue": "django_delayq.engine",
     "DelayQError": "django_delayq.engine",
@@ -46,6 +48,8 @@ __all__ = [
     "Task",
     "UnknownTask",
     "__version__",
+    "chain",
+    "group",
     "registry",
     "task",
 ]
@@ -64,6 +68,7 @@ if TYPE_CHECKING:
         UnknownTask,
     )
     from .task import Call, Task, registry, task
+    from .workflows import chain, group
 
 
 def __getattr__(name: str) -> Any:

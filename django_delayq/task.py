@@ -22,6 +22,7 @@ from .conf import conf
 from .connection import get_broker
 from .engine import BulkResult, EnqueueRequest, EnqueueResult, Job, UnknownTask, validation
 from .engine.fastpaths import arg_shape, positional_names, signature
+from .engine.flows import dependencies, parent_ref
 from .engine.jobhash import reply_time
 from .periodic import Schedule
 
@@ -55,6 +56,14 @@ class Task(Generic[P, T]):
     timeout: float | dt.timedelta | None = None
     #: The database alias whose transaction :meth:`enqueue_in_transaction` joins.
     database: str | None = None
+    #: Jobs to wait for (jobs, job ids of this task's queue, or ``(queue, id)`` pairs):
+    #: the job is ``waiting`` until they all finish (see docs/workflows.md).
+    depends_on: tuple[Any, ...] | None = None
+    #: When a parent fails for good or is cancelled: "cancel" (default), "run", "fail".
+    on_parent_failure: str = "cancel"
+    #: What the job receives of its parents' results as its first argument: ""
+    #: (nothing), "one" (the first parent's result) or "all" (the list, in order).
+    pass_results: str = ""
     #: Periodic tasks: a cron expression (in ``tz``) or a period; see periodic.py.
     cron: str | None = None
     tz: str | None = None
@@ -87,6 +96,11 @@ class Task(Generic[P, T]):
                 validation.timeout_ms(self.timeout)
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"{self.name}: {exc}") from None
+        try:
+            dependencies(self.depends_on, self.queue_name, self.on_parent_failure,
+                         self.pass_results)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{self.name}: {exc}") from None
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue_name!r}>"
@@ -129,9 +143,19 @@ class Task(Generic[P, T]):
         max_attempts: int | None = None,
         timeout: float | dt.timedelta | None = None,
         database: str | None = None,
+        depends_on: Iterable[Any] | None = None,
+        on_parent_failure: str | None = None,
+        pass_results: str | None = None,
     ) -> Task[P, T]:
         """A copy of this task with other enqueue options (``run_at`` replaces ``delay``;
-        ``database`` is the alias :meth:`enqueue_in_transaction` writes to)."""
+        ``database`` is the alias :meth:`enqueue_in_transaction` writes to).
+
+        ``depends_on`` makes the job wait for those jobs (``waiting``): it becomes due at
+        the later of its own run_at and the end of its last parent. ``on_parent_failure``
+        says what it does when a parent fails for good or is cancelled: "cancel"
+        (default), "run" anyway, or "fail". ``pass_results`` ("one", "all") passes the
+        parents' results as the first argument. See docs/workflows.md.
+        """
         changes: dict[str, Any] = {}
         if queue is not None:
             changes["queue"] = queue
@@ -149,6 +173,12 @@ class Task(Generic[P, T]):
             changes["timeout"] = timeout
         if database is not None:
             changes["database"] = database
+        if depends_on is not None:
+            changes["depends_on"] = tuple(depends_on)
+        if on_parent_failure is not None:
+            changes["on_parent_failure"] = on_parent_failure
+        if pass_results is not None:
+            changes["pass_results"] = pass_results
         return dataclasses.replace(self, **changes)
 
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
@@ -169,7 +199,7 @@ class Task(Generic[P, T]):
         A job whose ``job_id`` already exists is not enqueued again: the returned job
         has ``created=False`` and the existing job's status.
         """
-        self.check_arguments(args, kwargs)
+        self.check_arguments(self._with_results(args), kwargs)
         if conf.EAGER:
             from .eager import run_eagerly
 
@@ -178,7 +208,9 @@ class Task(Generic[P, T]):
         res = broker.enqueue(
             self.queue_name, self.name, args, kwargs, run_at=self.run_at, delay=self.delay,
             priority=self.priority, job_id=self.job_id, max_attempts=self.attempts_allowed,
-            arg_names=positional_names(self.func), timeout=self.timeout,
+            arg_names=positional_names(self.func)[1 if self.pass_results else 0:],
+            timeout=self.timeout, depends_on=self.depends_on,
+            on_parent_failure=self.on_parent_failure, pass_results=self.pass_results,
         )
         # Every input was checked before the write, so these times are in range; were
         # one not (a damaged existing job), the job is still returned, not an error.
@@ -190,7 +222,13 @@ class Task(Generic[P, T]):
             args=list(args), kwargs=dict(kwargs), priority=self.priority, run_at=run_at,
             max_attempts=self.attempts_allowed, enqueued_at=enqueued_at, created=res.added,
             broker=broker,
+            parent_refs=[parent_ref(p, self.queue_name) for p in self.depends_on or ()],
         )
+
+    def _with_results(self, args: Sequence[Any]) -> Sequence[Any]:
+        """``args`` as the function receives them: behind the parents' results when
+        ``pass_results`` passes them (a placeholder here, for the argument check)."""
+        return (None, *args) if self.pass_results else args
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """:meth:`enqueue` from async code (the Redis call runs in a thread)."""
@@ -221,14 +259,26 @@ class Task(Generic[P, T]):
         """
         from .outbox import write
 
+        if self.depends_on:
+            raise ValueError(f"{self.name}: depends_on is not supported by "
+                             "enqueue_in_transaction; use enqueue_on_commit")
         return write(self, args, kwargs, self.database)
 
-    def bind(self, *args: P.args, **kwargs: P.kwargs) -> Call:
+    def bind(self, *args: Any, **kwargs: Any) -> Call:
         """A :class:`Call` of this task with these arguments and this copy's options
-        (``task.using(job_id=..., delay=...).bind(...)``), for :meth:`enqueue_many`."""
-        self.check_arguments(args, kwargs)
+        (``task.using(job_id=..., delay=...).bind(...)``), for :meth:`enqueue_many` and
+        the workflows (:func:`~django_delayq.chain`, :func:`~django_delayq.group`).
+
+        Arguments are checked now as far as they go (an unknown keyword or too many
+        arguments raise ``TypeError``); a missing one is allowed, as a workflow may pass
+        a parent's result first, and is refused when the job is enqueued.
+        """
+        try:
+            signature(self.func).bind_partial(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{self.name}: {exc}") from None
         return Call(args, kwargs, job_id=self.job_id, run_at=self.run_at, delay=self.delay,
-                    priority=self.priority, max_attempts=self.max_attempts)
+                    priority=self.priority, max_attempts=self.max_attempts, task=self)
 
     def enqueue_many(
         self, calls: Iterable[Call | Sequence[Any] | Mapping[str, Any]
@@ -300,6 +350,9 @@ class Call:
     delay: float | dt.timedelta | None = None
     priority: int | None = None
     max_attempts: int | None = None
+    #: The task ``Task.bind`` made this call of (workflows need it; ``enqueue_many`` runs
+    #: its own task).
+    task: Task[Any, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.args, str | bytes) or not isinstance(self.args, Sequence):

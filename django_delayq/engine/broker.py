@@ -22,7 +22,7 @@ from redis.exceptions import ClusterError, ReadOnlyError, RedisError, TryAgainEr
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import validation
+from . import flows, validation
 from .bulk import ChunkSender
 from .claims import ClaimResult, parse_claim
 from .codec import encode_arguments
@@ -93,6 +93,12 @@ class EnqueueRequest:
     max_attempts: int = 1
     #: Time limit of each attempt (seconds or a timedelta); None: the worker's default.
     timeout: Any = None
+    #: Parents to wait for (jobs, job ids of this queue, or (queue, id) pairs): see
+    #: :mod:`~django_delayq.engine.flows`.
+    depends_on: Sequence[Any] | None = None
+    on_parent_failure: str = "cancel"
+    #: '' (nothing), 'one' or 'all' of the parents' results, as the first argument.
+    pass_results: str = ""
 
 
 @dataclass(slots=True)
@@ -117,6 +123,19 @@ class BulkResult:
     duplicate_ids: list[str] = field(default_factory=list)
     #: Round trips to Redis (one per chunk).
     chunks: int = 0
+
+
+def _split_waits(argvs: list[list[Any]]) -> tuple[list[list[Any]], list[list[Any]]]:
+    """The enqueue script's job values and flow values of ``argvs`` (a job that waits
+    carries its dependencies as a 10th value)."""
+    if all(len(argv) == 9 for argv in argvs):
+        return argvs, []
+    plain, waits = [], []
+    for index, argv in enumerate(argvs, 1):
+        plain.append(argv[:9])
+        if len(argv) > 9:
+            waits.append(argv[9].waits(index))
+    return plain, waits
 
 
 def _describe(client: Any) -> str:
@@ -288,12 +307,27 @@ class Broker:
         max_attempts: int = 1,
         arg_names: Sequence[str] = (),
         timeout: Any = None,
+        depends_on: Sequence[Any] | None = None,
+        on_parent_failure: str = "cancel",
+        pass_results: str = "",
     ) -> EnqueueResult:
-        """Enqueue one job in one round trip. A job whose id exists is not added twice."""
+        """Enqueue one job in one round trip. A job whose id exists is not added twice.
+
+        With ``depends_on`` the job waits for its parents (status ``waiting``; see
+        :mod:`~django_delayq.engine.flows`): they are checked to exist first, then the
+        job is stored and linked to them (a few round trips).
+        """
         request = EnqueueRequest(task=task, args=args, kwargs=kwargs or {}, run_at=run_at,
                                  delay=delay, priority=priority, job_id=job_id,
                                  max_attempts=max_attempts, timeout=timeout)
+        deps = flows.dependencies(depends_on, queue, on_parent_failure, pass_results)
         argv = self._job_argv(request, arg_names)
+        if deps is not None:
+            validation.validate_queue_name(queue)
+            flows.check_parents_exist(self, deps.parents)
+            results: list[EnqueueResult] = []
+            self.enqueue_many(queue, [], results=results, _encoded=[(argv, deps)])
+            return results[0]
         keys = self.keys_for(queue, argv[0])
         wait = self.replica_wait()
         # The job id is chosen above, before the first try: a retry through a failover
@@ -347,8 +381,14 @@ class Broker:
         chunk_size: int = 1_000,
         results: list[EnqueueResult] | None = None,
         total: BulkResult | None = None,
+        _encoded: Sequence[tuple[list[Any], flows.Dependencies | None]] = (),
     ) -> BulkResult:
         """Enqueue many jobs: each chunk of ``chunk_size`` is one round trip.
+
+        A request with ``depends_on`` may name jobs of earlier requests of the call
+        (they are sent first); other parents must exist, checked before its chunk is
+        sent. A chunk of waiting jobs takes two more round trips (link, and resolve
+        for parents already finished).
 
         Every request is validated and encoded before anything of its chunk is sent, so
         a bad request raises without enqueuing its chunk; the error names how many jobs
@@ -362,12 +402,26 @@ class Broker:
         chunk: list[list[Any]] = []
         checked: set[tuple[str, int, int]] = set()
         ids = new_job_ids(min(chunk_size, 1_000))
+        known: set[tuple[str, str]] = set()  # the jobs of this call so far
         with self.connection_errors():
             # Chunk n is sent while chunk n + 1 is encoded (one round trip per chunk).
             sender = ChunkSender(lambda c: self._send_chunk(queue, c, total, results))
             try:
+                for argv, deps in _encoded:
+                    chunk.append([*argv, deps])
                 for request in requests:
-                    chunk.append(self._job_argv(request, checked=checked, ids=ids))
+                    argv = self._job_argv(request, checked=checked, ids=ids)
+                    deps = None
+                    if request.depends_on is not None:
+                        deps = flows.dependencies(request.depends_on, queue,
+                                                  request.on_parent_failure,
+                                                  request.pass_results)
+                    if deps is not None:
+                        flows.check_parents_exist(
+                            self, [p for p in deps.parents if p not in known])
+                        argv.append(deps)
+                    known.add((queue, argv[0]))
+                    chunk.append(argv)
                     if len(chunk) >= chunk_size:
                         sender.send(chunk)
                         chunk = []
@@ -382,7 +436,8 @@ class Broker:
         return total
 
     def _by_shard(self, queue: str, chunk: list[list[Any]]) -> dict[QueueKeys, list[list[Any]]]:
-        """The jobs of ``chunk`` grouped by the shard their id picks."""
+        """The jobs of ``chunk`` grouped by the shard their id picks (a job that waits for
+        parents carries its :class:`~django_delayq.engine.flows.Dependencies` last)."""
         if self.shard_count(queue) == 1:
             return {self.keys_for(queue, ""): chunk}
         by_shard: dict[QueueKeys, list[list[Any]]] = {}
@@ -410,6 +465,12 @@ class Broker:
                 deadline = self._retry_or_raise(exc, deadline)
         total.chunks += 1
         failure = next((reply for reply, _ in sent if isinstance(reply, Exception)), None)
+        waiting = [(self.keys_for(queue, argv[0]), argv[0], argv[9])
+                   for reply, argvs in sent if not isinstance(reply, Exception)
+                   for argv, added in zip(argvs, reply[0::4], strict=True)
+                   if len(argv) > 9 and added]
+        if waiting:
+            flows.link(self, waiting)
         for reply, argvs in sent:
             if isinstance(reply, Exception):
                 continue
@@ -441,12 +502,13 @@ class Broker:
         if len(by_shard) == 1 and self._held is not None:
             # One shard: one script call on a held connection, without a pipeline.
             ((keys, argvs),) = by_shard.items()
+            plain, waits = _split_waits(argvs)
             if wait is None:
-                return [(self.commands.enqueue(keys, argvs), argvs)], None
-            reply, confirmed = self.commands.enqueue_and_wait(keys, argvs, wait)
+                return [(self.commands.enqueue(keys, plain, waits), argvs)], None
+            reply, confirmed = self.commands.enqueue_and_wait(keys, plain, wait, waits)
             return [(reply, argvs)], confirmed
         batch = self.batch()
-        order = [(self.commands.add_enqueue(batch, keys, argvs), argvs)
+        order = [(self.commands.add_enqueue(batch, keys, *_split_waits(argvs)), argvs)
                  for keys, argvs in by_shard.items()]
         # A shard that refuses its call (its cluster slot is moving) must not hide what
         # the others added: they are counted in ``total`` before the error is raised.

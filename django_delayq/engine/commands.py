@@ -36,42 +36,78 @@ class Commands:
     # -- producing ----------------------------------------------------------------
 
     @staticmethod
-    def _enqueue_call(keys: QueueKeys, argvs: list[list[Any]],
-                      maxlen: int) -> tuple[list[str], list[Any]]:
+    def _enqueue_call(keys: QueueKeys, argvs: list[list[Any]], maxlen: int,
+                      waits: Sequence[Sequence[Any]] = ()) -> tuple[list[str], list[Any]]:
         """``argvs``: per job, id, task, args JSON, kwargs JSON, priority, run_at ms or
-        '', delay ms or '', max attempts, time limit ms or '' (all on the shard ``keys``)."""
+        '', delay ms or '', max attempts, time limit ms or '' (all on the shard ``keys``);
+        ``waits``: per job that waits for parents, its index in ``argvs`` (1-based),
+        parents JSON, policy ('' for cancel), results passed ('', 'one', 'all')."""
         script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq]
         script_keys += [keys.job(argv[0]) for argv in argvs]
-        script_keys.append(keys.stats)
-        args: list[Any] = [maxlen]
+        script_keys += [keys.stats, keys.waiting]
+        args: list[Any] = [maxlen, len(waits)]
         for argv in argvs:
             args += argv
+        for wait in waits:
+            args += wait
         return script_keys, args
 
-    def enqueue(self, keys: QueueKeys, argvs: list[list[Any]]) -> list[Any]:
+    def enqueue(self, keys: QueueKeys, argvs: list[list[Any]],
+                waits: Sequence[Sequence[Any]] = ()) -> list[Any]:
         """Enqueue jobs now; per job 4 values: added (0/1), status, run_at ms, enqueued_at ms."""
         # _enqueue_call() written out: this is every producer's hot path (one call less)
         script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq]
         script_keys += [keys.job(argv[0]) for argv in argvs]
-        script_keys.append(keys.stats)
-        args: list[Any] = [self.config.events_maxlen]
+        script_keys += [keys.stats, keys.waiting]
+        args: list[Any] = [self.config.events_maxlen, len(waits)]
         for argv in argvs:
             args += argv
+        for wait in waits:
+            args += wait
         reply: list[Any] = run_script(self.client, "enqueue", script_keys, args, self.held)
         return reply
 
     def enqueue_and_wait(self, keys: QueueKeys, argvs: list[list[Any]],
-                         wait: tuple[int, int]) -> tuple[list[Any], int]:
+                         wait: tuple[int, int],
+                         waits: Sequence[Sequence[Any]] = ()) -> tuple[list[Any], int]:
         """:meth:`enqueue`, then Redis ``WAIT`` for ``wait = (replicas, timeout_ms)`` in
         the same round trip: the reply and how many replicas confirmed the jobs."""
-        script_keys, args = self._enqueue_call(keys, argvs, self.config.events_maxlen)
+        script_keys, args = self._enqueue_call(keys, argvs, self.config.events_maxlen, waits)
         reply, confirmed = call_and_wait(self.client, "enqueue", script_keys, args, wait,
                                          self.held)
         return list(reply), confirmed
 
-    def add_enqueue(self, batch: Batch, keys: QueueKeys, argvs: list[list[Any]]) -> int:
+    def add_enqueue(self, batch: Batch, keys: QueueKeys, argvs: list[list[Any]],
+                    waits: Sequence[Sequence[Any]] = ()) -> int:
         """:meth:`enqueue` as one call of ``batch``."""
-        return batch.add("enqueue", *self._enqueue_call(keys, argvs, self.config.events_maxlen))
+        return batch.add("enqueue", *self._enqueue_call(keys, argvs, self.config.events_maxlen,
+                                                        waits))
+
+    # -- workflows (lua/includes/flows.lua) -----------------------------------------
+
+    def _flow_call(self, keys: QueueKeys) -> tuple[list[str], list[Any]]:
+        """The KEYS and ARGV every script that resolves dependants takes (``flow_ctx``)."""
+        cfg = self.config
+        return ([keys.scheduled, keys.ready, keys.marker, keys.seq, keys.cancelled,
+                 keys.failed, keys.flow_outbox, keys.waiting, keys.events, keys.job_prefix],
+                [cfg.failed_ttl_ms, cfg.keep_failed, cfg.events_maxlen])
+
+    def add_link(self, batch: Batch, keys: QueueKeys, links: Sequence[tuple[str, str]]) -> int:
+        """Link ``(parent_id, dependant member)`` pairs to parents of the shard ``keys``;
+        per link 2 values: 'linked' and '', or the parent's final outcome and result JSON."""
+        args: list[Any] = []
+        for parent_id, member in links:
+            args += [parent_id, member]
+        return batch.add("link", [keys.job_prefix], args)
+
+    def add_resolve(self, batch: Batch, keys: QueueKeys,
+                    resolutions: Sequence[tuple[str, str, str, str, str]]) -> int:
+        """Resolve ``(dependant id, parent index, outcome, parent id, result JSON)`` on
+        the shard ``keys``; the reply is how many outbox entries that pushed."""
+        script_keys, args = self._flow_call(keys)
+        for resolution in resolutions:
+            args += resolution
+        return batch.add("resolve", script_keys, args)
 
     def advance_schedule(self, marks_key: str, task: str, occurrence_ms: int) -> int:
         """Raise ``task``'s mark of the latest periodic occurrence enqueued (never lower it)."""
@@ -107,11 +143,13 @@ class Commands:
         completed (the start ms, 0 if unknown, goes to the attempt log if the job's own
         start was never noted)."""
         cfg = self.config
-        args: list[Any] = [cfg.result_ttl_ms, cfg.keep_completed, cfg.events_maxlen]
+        flow_keys, args = self._flow_call(keys)
+        args += [cfg.result_ttl_ms, cfg.keep_completed, cfg.events_maxlen]
         for job_id, attempt, result, *start_ms in done:
             args += [job_id, attempt, result, start_ms[0] if start_ms else 0]
         return batch.add(
-            "complete", [keys.active, keys.completed, keys.events, keys.stats, keys.job_prefix],
+            "complete",
+            [keys.active, keys.completed, keys.events, keys.stats, keys.job_prefix, *flow_keys],
             args,
         )
 
@@ -120,12 +158,13 @@ class Commands:
         """Record a failed attempt; ``retry_delay_ms`` -1 forbids a retry; ``started_ms``
         (0 if unknown) goes to the attempt log if the job's own start was never noted."""
         cfg = self.config
+        flow_keys, flow_args = self._flow_call(keys)
         return batch.add(
             "fail",
             [keys.job(job_id), keys.active, keys.scheduled, keys.failed, keys.marker,
-             keys.events, keys.stats],
+             keys.events, keys.stats, *flow_keys],
             [job_id, attempt, error, traceback, retry_delay_ms, cfg.failed_ttl_ms,
-             cfg.keep_failed, cfg.events_maxlen, started_ms],
+             cfg.keep_failed, cfg.events_maxlen, started_ms, *flow_args],
         )
 
     def add_extend(self, batch: Batch, keys: QueueKeys, leases: Sequence[tuple[str, int]],
@@ -138,13 +177,14 @@ class Commands:
 
     def add_reclaim(self, batch: Batch, keys: QueueKeys, limit: int) -> int:
         """Return up to ``limit`` expired leases to ready (or dead-letter them); the reply
-        is (returned, dead-lettered)."""
+        is (returned, dead-lettered, outbox entries still to deliver)."""
         cfg = self.config
+        flow_keys, flow_args = self._flow_call(keys)
         return batch.add(
             "reclaim",
             [keys.active, keys.ready, keys.failed, keys.marker, keys.events, keys.stats,
-             keys.job_prefix],
-            [limit, cfg.failed_ttl_ms, cfg.keep_failed, cfg.events_maxlen],
+             keys.job_prefix, *flow_keys],
+            [limit, cfg.failed_ttl_ms, cfg.keep_failed, cfg.events_maxlen, *flow_args],
         )
 
     def add_release(self, batch: Batch, keys: QueueKeys, leases: Sequence[tuple[str, int]],
@@ -174,14 +214,18 @@ class Commands:
                                [job_id, attempt, repr(fraction), message,
                                 self.config.events_maxlen, 1]))
 
-    def cancel(self, keys: QueueKeys, job_id: str) -> str:
-        """Cancel a job that has not started; returns its status before ('' if none)."""
+    def cancel(self, keys: QueueKeys, job_id: str) -> tuple[str, int]:
+        """Cancel a job that has not started: (its status before, '' if none; outbox
+        entries pushed for its dependants in other shards)."""
         cfg = self.config
-        return str(run_script(
+        flow_keys, flow_args = self._flow_call(keys)
+        before, pushed = run_script(
             self.client, "cancel",
-            [keys.job(job_id), keys.scheduled, keys.ready, keys.cancelled, keys.events],
-            [job_id, cfg.result_ttl_ms, cfg.keep_completed, cfg.events_maxlen],
-        ))
+            [keys.job(job_id), keys.scheduled, keys.ready, keys.cancelled, keys.events,
+             *flow_keys],
+            [job_id, cfg.result_ttl_ms, cfg.keep_completed, cfg.events_maxlen, *flow_args],
+        )
+        return str(before), int(pushed)
 
     def reschedule(self, keys: QueueKeys, job_id: str, run_at_ms: int | str,
                    delay_ms: int | str, priority: int | str) -> tuple[str, str, int]:

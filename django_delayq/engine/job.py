@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ResponseError
 
-from . import validation
+from . import flows, validation
 from .errors import InvalidJobState, JobNotFound
 from .jobhash import from_ms, read_job_hash, reply_time
-from .status import FINISHED, PENDING, RETRYABLE, Status
+from .status import CANCELLABLE, FINISHED, PENDING, RETRYABLE, Status
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -64,6 +64,8 @@ class Job:
     #: The last attempts, oldest first: dicts with ``attempt``, ``worker``,
     #: ``started_at``, ``finished_at`` (aware datetimes), ``outcome`` and ``error``.
     attempt_log: list[dict[str, Any]] = field(default_factory=list)
+    #: The ``(queue, id)`` jobs this one waits for or waited for (``depends_on``), in order.
+    parent_refs: list[tuple[str, str]] = field(default_factory=list)
     #: False when ``enqueue`` found a job with this id already there (nothing added).
     created: bool = True
     #: Fields of the stored hash that could not be read: field -> what was found there
@@ -125,6 +127,7 @@ class Job:
         self.progress, self.progress_message = h.progress, h.progress_message
         self.timeout, self.attempt_log = h.timeout, h.attempt_log
         self.damaged = h.damaged
+        self.parent_refs = flows.parents_of(stored)
 
     @classmethod
     def from_hash(cls, queue: str, job_id: str, data: dict[str, str],
@@ -139,12 +142,38 @@ class Job:
         broker = self._broker
         keys = broker.keys_for(self.queue, self.id)
         with broker.connection_errors():
-            before = broker.commands.cancel(keys, self.id)
+            before, pushed = broker.commands.cancel(keys, self.id)
         if before == "":
             raise JobNotFound(f"no job {self.id!r} in queue {self.queue!r}")
-        cancelled = before in PENDING
+        if pushed:  # dependants in other shards: resolve them now (a worker would, later)
+            flows.deliver(broker, keys)
+        cancelled = before in CANCELLABLE
         self.status = Status.CANCELLED if cancelled else before
         return cancelled
+
+    @property
+    def parents(self) -> list[Job]:
+        """The jobs this one waits (or waited) for, in order, as last read from Redis (a
+        parent whose record expired is left out)."""
+        out = []
+        for queue, job_id in self.parent_refs:
+            try:
+                out.append(Job.fetch(job_id, queue, broker=self._broker))
+            except JobNotFound:
+                continue
+        return out
+
+    @property
+    def children(self) -> list[Job]:
+        """The jobs that wait (or waited) for this one, read from Redis (kept while this
+        job's record lives)."""
+        out = []
+        for queue, job_id in flows.children_of(self._broker, self.queue, self.id):
+            try:
+                out.append(Job.fetch(job_id, queue, broker=self._broker))
+            except JobNotFound:
+                continue
+        return out
 
     def reschedule(
         self, *, run_at: dt.datetime | None = None, delay: Any = None, priority: int | None = None

@@ -93,6 +93,16 @@ class QueueKeys:
         return self._key("cancelled")
 
     @cached_property
+    def waiting(self) -> str:
+        """Jobs waiting for their parents, by enqueued time (ZSET; see lua/includes/flows.lua)."""
+        return self._key("waiting")
+
+    @cached_property
+    def flow_outbox(self) -> str:
+        """Resolutions of dependants in other shards, still to deliver (LIST of JSON)."""
+        return self._key("flow:outbox")
+
+    @cached_property
     def marker(self) -> str:
         return self._key("marker")
 

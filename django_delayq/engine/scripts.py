@@ -2,7 +2,8 @@
 
 Only :mod:`~django_delayq.engine.commands` calls these, with each script's KEYS and ARGV.
 
-Each script is the shared ``includes/common.lua`` followed by its own file. Scripts are
+Each script is the shared ``includes/common.lua`` and ``includes/flows.lua`` (workflows)
+followed by its own file. Scripts are
 sent with EVALSHA; when Redis answers NOSCRIPT (a restart, SCRIPT FLUSH, a failover) the
 script is loaded again and the call repeated, for single calls and pipelines alike.
 """
@@ -36,7 +37,8 @@ def _read(path: str) -> str:
 @cache
 def load_script(name: str) -> Script:
     """Return the script ``name`` (``lua/<name>.lua`` after the shared includes)."""
-    source = _read("includes/common.lua") + "\n" + _read(f"{name}.lua")
+    source = "\n".join(_read(path) for path in
+                       ("includes/common.lua", "includes/flows.lua", f"{name}.lua"))
     return Script(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 

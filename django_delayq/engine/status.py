@@ -14,6 +14,8 @@ from typing import Final
 class Status(StrEnum):
     """A job's status, in lifecycle order."""
 
+    #: Waits for its parents (``depends_on``, chains, groups) before it is scheduled.
+    WAITING = "waiting"
     SCHEDULED = "scheduled"
     READY = "ready"
     #: Leased to a worker and waiting in its buffer for a thread (in the active set).
@@ -33,6 +35,8 @@ STATUSES: Final = tuple(status.value for status in Status if status is not Statu
 LEASED: Final = (Status.CLAIMED, Status.ACTIVE)
 #: Not started yet: such a job can be cancelled or rescheduled.
 PENDING: Final = (Status.SCHEDULED, Status.READY)
+#: Not started yet and may be cancelled (a waiting job too).
+CANCELLABLE: Final = (Status.WAITING, Status.SCHEDULED, Status.READY)
 #: Finished for good unless retried; listed newest first.
 FINISHED: Final = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
 #: Finished without success: such a job can be retried.

@@ -1,5 +1,5 @@
--- Cancel a job that has not started: remove it from the scheduled or ready set. A
--- running or finished job is left as it is.
+-- Cancel a job that has not started: remove it from the scheduled, ready or waiting
+-- set, and resolve its dependants (flows.lua). A running or finished job is left as it is.
 --
 -- KEYS[1] job        HASH  the job
 -- KEYS[2] scheduled  ZSET  job ids by run_at (ms)
@@ -11,22 +11,30 @@
 -- ARGV[2] cancelled job time to live (ms)
 -- ARGV[3] most cancelled ids to keep
 -- ARGV[4] events stream max length (0: no events)
+-- KEYS[6..15], ARGV[5..7] the shard's keys and settings for resolving dependants
+-- (flow_ctx in flows.lua)
 --
--- Returns the job's status before the call ('' when there is no such job); the job was
--- cancelled when that status is 'scheduled' or 'ready'.
+-- Returns {the job's status before the call ('' when there is no such job), resolutions
+-- of dependants in other shards left in the outbox}; the job was cancelled when that
+-- status is 'waiting', 'scheduled' or 'ready'.
 
 local job_key, job_id = KEYS[1], ARGV[1]
 local ttl, keep, maxlen = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local status = redis.call('HGET', job_key, 's')
 if not status then
-  return ''
+  return {'', 0}
 end
-if status ~= 'scheduled' and status ~= 'ready' then
-  return status
+if status ~= 'scheduled' and status ~= 'ready' and status ~= 'waiting' then
+  return {status, 0}
 end
+local flow = flow_ctx(6, 5)
 local now = now_ms()
 redis.call('ZREM', KEYS[2], job_id)
 redis.call('ZREM', KEYS[3], job_id)
+if status == 'waiting' then
+  redis.call('ZREM', flow.waiting, job_id)
+  redis.call('DEL', job_key .. ':w', job_key .. ':r')
+end
 redis.call('HSET', job_key, 's', 'cancelled', 'f', now)
 redis.call('ZADD', KEYS[4], now, job_id)
 if ttl > 0 then
@@ -34,4 +42,8 @@ if ttl > 0 then
 end
 trim_finished(KEYS[4], now, ttl, keep)
 emit(KEYS[5], maxlen, 'cancelled', job_id, now)
-return status
+local pushed = 0
+if redis.call('HGET', job_key, 'dc') then
+  pushed = notify_dependants(flow, job_id, 'cancelled', 'null', now)
+end
+return {status, pushed}

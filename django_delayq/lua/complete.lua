@@ -9,25 +9,30 @@
 -- KEYS[3] events     STREAM lifecycle events
 -- KEYS[4] stats      HASH  per-minute counters, totals, the duration histogram
 -- KEYS[5] job key prefix (job keys are KEYS[5] .. id; same hash tag)
+-- KEYS[6..15] the shard's keys for releasing dependants (flow_ctx in flows.lua)
 --
--- ARGV[1] result time to live (ms; 0: delete the job at once)
--- ARGV[2] most completed ids to keep
--- ARGV[3] events stream max length (0: no events)
--- ARGV[4..] per job, 4 values: id, attempt (the lease token), result JSON, start ms
+-- ARGV[1..3] the settings for releasing dependants (flow_ctx)
+-- ARGV[4] result time to live (ms; 0: delete the job at once)
+-- ARGV[5] most completed ids to keep
+-- ARGV[6] events stream max length (0: no events)
+-- ARGV[7..] per job, 4 values: id, attempt (the lease token), result JSON, start ms
 --           (for the attempt log)
 --
--- Returns, per job: 1 completed, 0 stale (the attempt no longer holds the lease).
+-- Returns, per job: 1 completed, 2 completed with releases of dependants in other
+-- shards left in the outbox (for the worker to deliver), 0 stale (the attempt no longer
+-- holds the lease). Dependants in this shard are released here, in the same call.
 
 local active, completed, events, stats, job_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local ttl, keep, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local ttl, keep, maxlen = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local flow = flow_ctx(6, 1)
 local now = now_ms()
 local out = {}
 local finished, ids, attempts, durations = {}, {}, {}, {}
 local unnoted, unnoted_attempts = {}, {}  -- acked while still 'claimed': no start note
-for i = 4, #ARGV, 4 do
+for i = 7, #ARGV, 4 do
   local job_id, attempt = ARGV[i], ARGV[i + 1]
   local job_key = job_prefix .. job_id
-  local f = redis.call('HMGET', job_key, 's', 'n', 'w', 'b')
+  local f = redis.call('HMGET', job_key, 's', 'n', 'w', 'b', 'dc')
   if is_leased(f[1]) and f[2] == attempt then
     if f[1] == 'claimed' then
       unnoted[#unnoted + 1] = job_id
@@ -45,7 +50,11 @@ for i = 4, #ARGV, 4 do
     finished[#finished + 1] = job_id
     ids[#ids + 1] = job_id
     attempts[#attempts + 1] = attempt
-    out[#out + 1] = 1
+    if f[5] and notify_dependants(flow, job_id, 'completed', ARGV[i + 2], now) > 0 then
+      out[#out + 1] = 2
+    else
+      out[#out + 1] = 1
+    end
   else
     out[#out + 1] = 0
   end

@@ -7,11 +7,18 @@
 -- KEYS[5] seq        STRING FIFO counter
 -- KEYS[6..5+n]       HASH  one job key per job, in ARGV order
 -- KEYS[6+n] stats    HASH  the enqueued total (field 'e')
+-- KEYS[7+n] waiting  ZSET  jobs waiting for parents, by enqueued time (ms)
 --
 -- ARGV[1] events stream max length (0: no events)
--- ARGV[2..] per job, 9 values: id, task, args JSON, kwargs JSON, priority,
+-- ARGV[2] m: how many of the jobs wait for parents
+-- ARGV[3..2+9n] per job, 9 values: id, task, args JSON, kwargs JSON, priority,
 --           run_at ms ('' for none), delay ms ('' for none), max attempts,
 --           time limit ms ('' for none)
+-- then per waiting job, 4 values: its index among the jobs (1-based), its parents JSON
+--           ([[queue, id], ...]), its policy ('' cancel, 'run', 'fail'), what it
+--           receives of their results ('' nothing, 'one', 'all'); see flows.lua. Such a
+--           job is stored 'waiting' (its run_at kept); the caller links it to its
+--           parents next (link.lua).
 --
 -- Returns, per job, 4 values: added (1, or 0 for a duplicate), status, run_at ms,
 -- enqueued_at ms (of the existing job for a duplicate).
@@ -23,7 +30,14 @@
 local maxlen = tonumber(ARGV[1])
 local now = now_ms()
 local scheduled, ready, marker, events, seq_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local n = (#ARGV - 1) / 9
+local m = tonumber(ARGV[2])
+local n = (#ARGV - 2 - 4 * m) / 9
+local waits = {}  -- job index -> the ARGV index of its 4 flow values
+for j = 1, m do
+  local at = 3 + 9 * n + (j - 1) * 4
+  waits[tonumber(ARGV[at])] = at
+end
+local waiting_pairs = {}
 
 -- Which jobs exist already: one EXISTS over every job key; per-job lookups only if any do.
 local existing = {}
@@ -49,7 +63,7 @@ local added = {}  -- job id -> its reply index, for an id given twice in one cal
 local seq = nil  -- the FIFO number of the last ready job
 local earliest = nil  -- the earliest run_at among the scheduled jobs added
 for i = 1, n do
-  local a = 1 + (i - 1) * 9
+  local a = 2 + (i - 1) * 9
   local job_id = ARGV[a + 1]
   local found = existing[i]
   local twin = added[job_id]
@@ -90,7 +104,27 @@ for i = 1, n do
       fields[#fields + 1] = ARGV[a + 9]
     end
     local status
-    if run_at <= now then
+    local wait = waits[i]
+    if wait then
+      status = 'waiting'
+      fields[#fields + 1] = 'd'
+      fields[#fields + 1] = ARGV[wait + 1]
+      if ARGV[wait + 2] ~= '' then
+        fields[#fields + 1] = 'dp'
+        fields[#fields + 1] = ARGV[wait + 2]
+      end
+      if ARGV[wait + 3] ~= '' then
+        fields[#fields + 1] = 'dr'
+        fields[#fields + 1] = ARGV[wait + 3]
+      end
+      local parents = {}
+      for p = 1, #cjson.decode(ARGV[wait + 1]) do
+        parents[#parents + 1] = p
+      end
+      call_sliced('SADD', KEYS[5 + i] .. ':w', parents)
+      waiting_pairs[#waiting_pairs + 1] = now
+      waiting_pairs[#waiting_pairs + 1] = job_id
+    elseif run_at <= now then
       -- made ready as mark_ready() would, in the job's one HSET below
       status = 'ready'
       if seq == nil then
@@ -132,6 +166,7 @@ if earliest then
   end
   call_sliced('ZADD', scheduled, scheduled_pairs)
 end
+call_sliced('ZADD', KEYS[7 + n], waiting_pairs)
 add_ready(ready, ready_pairs, marker)  -- work is ready: wake one idle worker
 if wake_at then
   redis.call('ZADD', marker, wake_at, '1')

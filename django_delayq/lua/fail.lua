@@ -19,9 +19,12 @@
 -- ARGV[7] most failed ids to keep
 -- ARGV[8] events stream max length (0: no events)
 -- ARGV[9] when the attempt started (ms; for the attempt log)
+-- KEYS[8..17], ARGV[10..12] the shard's keys and settings for resolving dependants
+-- (flow_ctx in flows.lua)
 --
--- Returns {outcome, run_at}: outcome 'retried' (run_at is the retry time), 'failed',
--- or 'stale' (the attempt no longer holds the lease).
+-- Returns {outcome, run_at, pushed}: outcome 'retried' (run_at is the retry time),
+-- 'failed', or 'stale' (the attempt no longer holds the lease); pushed counts the
+-- resolutions of dependants in other shards left in the outbox by a failure for good.
 
 local job_key, active, scheduled, failed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local job_id, attempt = ARGV[1], ARGV[2]
@@ -29,7 +32,7 @@ local retry_delay, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
 local keep, maxlen = tonumber(ARGV[7]), tonumber(ARGV[8])
 local now = now_ms()
 
-local f = redis.call('HMGET', job_key, 's', 'n', 'm', 'w', 'b')
+local f = redis.call('HMGET', job_key, 's', 'n', 'm', 'w', 'b', 'dc')
 if not is_leased(f[1]) or f[2] ~= attempt or redis.call('ZREM', active, job_id) == 0 then
   return {'stale', 0}
 end
@@ -61,4 +64,8 @@ end
 count_minute(KEYS[7], 'f', now, 1)
 trim_finished(failed, now, ttl, keep)
 emit(KEYS[6], maxlen, 'failed', job_id, now, 'attempt', attempt, 'error', ARGV[3])
-return {'failed', 0}
+local pushed = 0
+if f[6] then
+  pushed = notify_dependants(flow_ctx(8, 10), job_id, 'failed', 'null', now)
+end
+return {'failed', 0, pushed}

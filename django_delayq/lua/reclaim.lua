@@ -14,20 +14,24 @@
 -- ARGV[2] failed job time to live (ms)
 -- ARGV[3] most failed ids to keep
 -- ARGV[4] events stream max length (0: no events)
+-- KEYS[8..17], ARGV[5..7] the shard's keys and settings for resolving dependants
+-- (flow_ctx in flows.lua)
 --
--- Returns {ids returned to ready, ids dead-lettered}.
+-- Returns {ids returned to ready, ids dead-lettered, entries in the shard's outbox of
+-- dependants' resolutions (flows.lua) still to deliver}.
 
 local active, ready, failed, marker = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local events, stats, job_prefix = KEYS[5], KEYS[6], KEYS[7]
 local ttl, keep, maxlen = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
+local flow = flow_ctx(8, 5)
 local expired = redis.call('ZRANGEBYSCORE', active, '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[1]))
 local returned, dead, to_ready = 0, 0, {}
 for i = 1, #expired do
   local job_id = expired[i]
   local job_key = job_prefix .. job_id
   redis.call('ZREM', active, job_id)
-  local f = redis.call('HMGET', job_key, 'n', 'm', 'p', 'q', 'w', 'b')
+  local f = redis.call('HMGET', job_key, 'n', 'm', 'p', 'q', 'w', 'b', 'dc')
   if redis.call('EXISTS', job_key) == 0 then
     emit(events, maxlen, 'orphaned', job_id, now)
   elseif (tonumber(f[1]) or 1) >= (tonumber(f[2]) or 1) then
@@ -40,6 +44,9 @@ for i = 1, #expired do
     end
     count_minute(stats, 'f', now, 1)
     emit(events, maxlen, 'failed', job_id, now, 'attempt', f[1], 'error', err)
+    if f[7] then
+      notify_dependants(flow, job_id, 'failed', 'null', now)
+    end
     dead = dead + 1
   else
     log_attempt(job_key, f[1], f[5], f[6], now, 'reclaimed',
@@ -55,4 +62,4 @@ if dead > 0 then
   trim_finished(failed, now, ttl, keep)
 end
 add_ready(ready, to_ready, marker)
-return {returned, dead}
+return {returned, dead, redis.call('LLEN', flow.outbox)}

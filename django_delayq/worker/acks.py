@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
-from ..engine import Broker, ClaimedJob, QueueKeys
+from ..engine import Broker, ClaimedJob, DelayQError, QueueKeys, flows
 from .backoff import FIRST_BACKOFF, MAX_BACKOFF, SHARD_PAUSE, Backoff
 from .execution import Outcome
 from .ledger import Ledger
@@ -48,6 +48,8 @@ class SentAcks:
     #: (the acks are on the primary; a failover before a replica has them re-runs
     #: those jobs: duplicates, never losses).
     short_replicas: int | None = None
+    #: Shards whose acks left releases of dependants in other shards in their outbox.
+    outboxes: set[QueueKeys] = field(default_factory=set)
 
 
 def send_outcomes(broker: Broker, outcomes: Sequence[Outcome], *, worker: str = "",
@@ -95,11 +97,15 @@ def send_outcomes(broker: Broker, outcomes: Sequence[Outcome], *, worker: str = 
         elif sent_outcomes[0].ok:
             for o, flag in zip(sent_outcomes, reply, strict=True):
                 sent.fates[id(o)] = "completed" if flag else "stale"
+                if flag == 2:
+                    sent.outboxes.add(o.job.keys)
             sent.stale += list(reply).count(0)
         else:
             sent.fates[id(sent_outcomes[0])] = reply[0]
             if reply[0] == "stale":
                 sent.stale += 1
+            elif len(reply) > 2 and int(reply[2]):
+                sent.outboxes.add(sent_outcomes[0].job.keys)
     return sent
 
 
@@ -214,6 +220,14 @@ class Acker:
         if sent.stale:
             logger.warning("%d acks were stale: the lease had lapsed and another attempt "
                            "owns the job worker=%s", sent.stale, self.name)
+        for keys in sent.outboxes:
+            # Release dependants in other shards now; if this fails (or the process
+            # dies), the entries stay for any worker's heartbeat to deliver.
+            try:
+                flows.deliver(self.broker, keys)
+            except (RedisError, DelayQError) as exc:
+                logger.warning("releases of dependants left for the heartbeat queue=%s "
+                               "error=%s", keys.queue, exc)
         refused = {o.job.keys for o in sent.unsent}
         unsent = {id(o) for o in sent.unsent}
         self._keep(sent.unsent + held_back)  # only the refused calls go again

@@ -15,7 +15,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from ..engine import Broker, QueueKeys
+from ..engine import Broker, QueueKeys, flows
 from ..engine.workers import record_alive
 from .acks import by_shard
 from .ledger import Ledger
@@ -58,11 +58,18 @@ class Heartbeat:
             if lost:
                 logger.warning("lease lost for %d jobs queue=%s jobs=%s worker=%s", len(lost),
                                keys.queue, ",".join(lost[:10]), self.name)
+        undelivered = []
         for keys, index in reclaim_calls:
-            returned, dead = replies[index]
+            returned, dead, outbox = replies[index]
             if returned or dead:
                 logger.warning("reclaimed expired leases queue=%s returned=%s dead_lettered=%s",
                                keys.queue, returned, dead)
+            if outbox:
+                undelivered.append(keys)
+        # Releases of dependants in other shards that no acker delivered (its worker
+        # died between two steps): delivering again is harmless (engine/flows.py).
+        for keys in undelivered:
+            flows.deliver(self.broker, keys)
         self.record_alive()
 
     def record_alive(self) -> None:

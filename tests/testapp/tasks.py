@@ -293,3 +293,25 @@ def reports_bad_progress(fraction: object) -> None:
     running = current_job()
     assert running is not None
     running.set_progress(fraction)  # type: ignore[arg-type]
+
+
+@task
+def flow_step(acc: int, tag: str = "") -> int:
+    """A workflow step: note it ran with ``acc`` (a parent's result) and return acc + 1."""
+    _note("flow_step", acc=acc, tag=tag)
+    return acc + 1
+
+
+@task
+def flow_member(i: int) -> int:
+    """A group member: count its runs (one hash field per member) and return 2 * i."""
+    _client().hincrby("test:members", str(i), 1)
+    return 2 * i
+
+
+@task
+def flow_collect(results: list[int | None], tag: str) -> int:
+    """A group callback: note what it received (the members' results, in order)."""
+    _note("flow_collect", tag=tag, n=len(results), total=sum(r or 0 for r in results),
+          head=results[:3], nones=results.count(None))
+    return len(results)

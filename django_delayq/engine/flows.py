@@ -1,0 +1,241 @@
+"""Workflows: jobs that wait for other jobs (``depends_on``), over any queues and slots.
+
+A dependant is stored ``waiting`` by the enqueue script, then linked to each parent
+(``link.lua``, in the parent's shard); a parent found already finished is resolved at
+once (``resolve.lua``, in the dependant's shard). When a parent finishes for good, the
+script that finishes it resolves its dependants of the same shard in the same call; for
+a dependant in another shard (another queue, another Redis Cluster slot) it pushes an
+entry to its own shard's outbox, which :func:`deliver` applies in the dependant's shard
+and only then removes. Resolving is an idempotent SREM, so a delivery repeated after a
+crash changes nothing: nothing is lost, nothing released twice
+(``lua/includes/flows.lua``, ``docs/guarantees.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .keys import QueueKeys, validate_job_id, validate_queue_name
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+#: What a dependant does when a parent fails for good, is cancelled or is gone.
+POLICIES = ("cancel", "run", "fail")
+#: What a dependant receives of its parents' results, as its first argument: nothing,
+#: the (first) parent's result, or the list of every parent's result in order.
+PASS_RESULTS = ("", "one", "all")
+#: Outbox entries delivered per round trip.
+DELIVER_BATCH = 500
+#: Test hook: a worker whose environment names a step here exits at that step
+#: (``os._exit``), so the crash-point tests can kill it between two steps of a delivery.
+CRASH_ENV = "DELAYQ_TEST_CRASH_AT"
+
+
+def crash_point(step: str) -> None:
+    """Exit the process at once if :data:`CRASH_ENV` names ``step`` (tests only)."""
+    if os.environ.get(CRASH_ENV) == step:
+        os._exit(70)
+
+
+@dataclass(frozen=True, slots=True)
+class Dependencies:
+    """The parents a job waits for, and what it does with them."""
+
+    parents: tuple[tuple[str, str], ...]
+    #: 'cancel' (default), 'run' or 'fail' when a parent fails for good or is cancelled.
+    on_parent_failure: str = "cancel"
+    #: '' (nothing), 'one' or 'all': see :data:`PASS_RESULTS`.
+    pass_results: str = ""
+
+    def waits(self, index: int) -> list[Any]:
+        """The enqueue script's 4 flow values for the job at ``index`` (1-based)."""
+        policy = "" if self.on_parent_failure == "cancel" else self.on_parent_failure
+        return [index, json.dumps([list(p) for p in self.parents], separators=(",", ":")),
+                policy, self.pass_results]
+
+
+def parent_ref(parent: Any, queue: str) -> tuple[str, str]:
+    """``(queue, id)`` of a parent given as a job (anything with ``queue`` and ``id``), a
+    ``(queue, id)`` pair, or a job id in ``queue`` (the dependant's own)."""
+    if isinstance(parent, str):
+        return queue, validate_job_id(parent)
+    if isinstance(parent, tuple) and len(parent) == 2:
+        return validate_queue_name(parent[0]), validate_job_id(parent[1])
+    job_id, job_queue = getattr(parent, "id", None), getattr(parent, "queue", None)
+    if isinstance(job_id, str) and isinstance(job_queue, str):
+        return validate_queue_name(job_queue), validate_job_id(job_id)
+    raise TypeError(f"depends_on takes jobs, job ids or (queue, id) pairs, not "
+                    f"{type(parent).__name__}")
+
+
+def dependencies(depends_on: Iterable[Any] | None, queue: str, on_parent_failure: str = "cancel",
+                 pass_results: str = "") -> Dependencies | None:
+    """The checked :class:`Dependencies` of a job of ``queue``, or None without parents."""
+    if on_parent_failure not in POLICIES:
+        raise ValueError(f"on_parent_failure must be one of {', '.join(POLICIES)}, "
+                         f"not {on_parent_failure!r}")
+    if pass_results not in PASS_RESULTS:
+        raise ValueError(f"pass_results must be 'one', 'all' or '', not {pass_results!r}")
+    if depends_on is None:
+        return None
+    if isinstance(depends_on, str) or not isinstance(depends_on, Iterable):
+        raise TypeError("depends_on must be a list of jobs, job ids or (queue, id) pairs")
+    parents = tuple(parent_ref(p, queue) for p in depends_on)
+    if not parents:
+        return None
+    seen: set[tuple[str, str]] = set()
+    for ref in parents:
+        if ref in seen:
+            raise ValueError(f"depends_on names job {ref[1]!r} of queue {ref[0]!r} twice")
+        seen.add(ref)
+    return Dependencies(parents, on_parent_failure, pass_results)
+
+
+def check_parents_exist(broker: Broker, parents: Iterable[tuple[str, str]]) -> None:
+    """Raise ``ValueError`` naming the first parent that does not exist (one round trip).
+
+    Parents must exist before their dependants, so a cycle cannot be built.
+    """
+    refs = list(dict.fromkeys(parents))
+    if not refs:
+        return
+    pipe = broker.client.pipeline(transaction=False)
+    for queue, job_id in refs:
+        pipe.exists(broker.keys_for(queue, job_id).job(job_id))
+    with broker.connection_errors():
+        found = pipe.execute()
+    for (queue, job_id), exists in zip(refs, found, strict=True):
+        if not exists:
+            raise ValueError(f"depends_on: no job {job_id!r} in queue {queue!r} (a parent must "
+                             f"be enqueued before the jobs that wait for it)")
+
+
+def member(child: QueueKeys, parent: QueueKeys, index: int, child_id: str) -> str:
+    """How a parent's dependants SET names the dependant (see ``flows.lua``)."""
+    if child == parent:
+        return f"L {index} {child_id}"
+    shard = "-" if child.shard is None else str(child.shard)
+    return f"R {index} {child.queue} {shard} {child_id}"
+
+
+def link(broker: Broker, waiting: Sequence[tuple[QueueKeys, str, Dependencies]]) -> None:
+    """Link newly stored waiting jobs ``(shard, id, dependencies)`` to their parents, and
+    resolve at once those whose parents already finished (a round trip for each step)."""
+    by_parent: dict[QueueKeys, list[tuple[str, str]]] = {}
+    about: dict[QueueKeys, list[tuple[QueueKeys, str, int, str]]] = {}
+    for child_keys, child_id, deps in waiting:
+        for index, (queue, parent_id) in enumerate(deps.parents, 1):
+            parent_keys = broker.keys_for(queue, parent_id)
+            by_parent.setdefault(parent_keys, []).append(
+                (parent_id, member(child_keys, parent_keys, index, child_id)))
+            about.setdefault(parent_keys, []).append((child_keys, child_id, index, parent_id))
+    if not by_parent:
+        return
+    batch = broker.batch()
+    calls = [(keys, broker.commands.add_link(batch, keys, links))
+             for keys, links in by_parent.items()]
+    with broker.connection_errors():
+        replies = batch.run()
+    resolutions: dict[QueueKeys, list[tuple[str, str, str, str, str]]] = {}
+    for keys, index in calls:
+        reply = replies[index]
+        for (child_keys, child_id, parent_index, parent_id), outcome, result in zip(
+                about[keys], reply[0::2], reply[1::2], strict=True):
+            if outcome != "linked":
+                resolutions.setdefault(child_keys, []).append(
+                    (child_id, str(parent_index), outcome, parent_id, result or "null"))
+    if resolutions:
+        _resolve(broker, resolutions)
+
+
+def _resolve(broker: Broker,
+             resolutions: dict[QueueKeys, list[tuple[str, str, str, str, str]]]) -> None:
+    """Apply resolutions per dependant shard, then deliver what that pushed elsewhere."""
+    batch = broker.batch()
+    calls = [(keys, broker.commands.add_resolve(batch, keys, items))
+             for keys, items in resolutions.items()]
+    with broker.connection_errors():
+        replies = batch.run()
+    for keys, index in calls:
+        if int(replies[index]):
+            deliver(broker, keys)
+
+
+def deliver(broker: Broker, keys: QueueKeys, *, limit: int = DELIVER_BATCH) -> int:
+    """Deliver the outbox of the shard ``keys``: resolve each entry in its dependant's
+    shard, then remove it. Returns how many entries were delivered.
+
+    Any process may run this, at any time, as often as it likes: an entry is removed
+    only after its resolution landed, and resolving again changes nothing. A crash
+    between the two steps leaves the entry for the next delivery.
+    """
+    client, delivered = broker.client, 0
+    while True:
+        with broker.connection_errors():
+            entries = client.lrange(keys.flow_outbox, 0, limit - 1)
+        if not entries:
+            return delivered
+        crash_point("deliver:read")
+        resolutions: dict[QueueKeys, list[tuple[str, str, str, str, str]]] = {}
+        for raw in entries:
+            entry = json.loads(raw)
+            _, index, queue, shard, child_id = entry["m"].split(" ", 4)
+            child_keys = QueueKeys(broker.config.prefix, queue,
+                                   None if shard == "-" else int(shard))
+            resolutions.setdefault(child_keys, []).append(
+                (child_id, index, entry["o"], entry["p"], entry["v"]))
+        _resolve(broker, resolutions)
+        crash_point("deliver:resolved")
+        pipe = client.pipeline(transaction=False)
+        for raw in entries:
+            pipe.lrem(keys.flow_outbox, 1, raw)
+        with broker.connection_errors():
+            pipe.execute()
+        delivered += len(entries)
+        crash_point("deliver:removed")
+        if len(entries) < limit:
+            return delivered
+
+
+def pending_deliveries(broker: Broker, shards: Iterable[QueueKeys]) -> dict[QueueKeys, int]:
+    """Outbox entries not yet delivered, per shard that has some (one round trip)."""
+    shards = list(shards)
+    pipe = broker.client.pipeline(transaction=False)
+    for keys in shards:
+        pipe.llen(keys.flow_outbox)
+    with broker.connection_errors():
+        counts = pipe.execute()
+    return {keys: int(n) for keys, n in zip(shards, counts, strict=True) if n}
+
+
+def parents_of(stored: dict[str, str]) -> list[tuple[str, str]]:
+    """The ``(queue, id)`` parents a stored job hash names (field ``d``), in order."""
+    raw = stored.get("d")
+    if not raw:
+        return []
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return []
+    return [(str(p[0]), str(p[1])) for p in value
+            if isinstance(p, list) and len(p) == 2] if isinstance(value, list) else []
+
+
+def children_of(broker: Broker, queue: str, job_id: str) -> list[tuple[str, str]]:
+    """The ``(queue, id)`` dependants linked to a job (kept while its hash lives)."""
+    keys = broker.keys_for(queue, job_id)
+    with broker.connection_errors():
+        members = broker.client.smembers(keys.job(job_id) + ":c")
+    out = []
+    for m in sorted(members):
+        parts = m.split(" ")
+        if parts[0] == "L" and len(parts) == 3:
+            out.append((queue, parts[2]))
+        elif parts[0] == "R" and len(parts) == 5:
+            out.append((parts[2], parts[4]))
+    return out

@@ -1,0 +1,180 @@
+"""Chains and groups: jobs that run after others, built on ``depends_on``.
+
+``chain(a.bind(1), b.bind(), c.bind())`` runs each step once the one before it
+succeeded (``pass_results=True`` passes the previous result as the first argument);
+``group([...]).then(cb.bind())`` runs the callback once every member finished, with
+their results in order as its first argument. The waiting and the release are the
+engine's (``engine/flows.py``): exactly once, in the script that finishes the last
+parent, or through the outbox across slots. See docs/workflows.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .connection import get_broker
+from .engine import EnqueueRequest, EnqueueResult, Job
+from .engine.broker import new_job_id
+from .engine.flows import POLICIES
+from .engine.jobhash import reply_time
+from .task import Call, Task
+
+
+def _task_of(call: Any, what: str) -> tuple[Task[Any, Any], Call]:
+    """The task and call of a workflow step (a ``Call`` from ``Task.bind`` or a task)."""
+    if isinstance(call, Task):
+        call = call.bind()
+    if not isinstance(call, Call) or call.task is None:
+        raise TypeError(f"{what} takes task.bind(...) calls, not {type(call).__name__}")
+    return call.task, call
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One job of a workflow, its id chosen before anything is sent."""
+
+    task: Task[Any, Any]
+    call: Call
+    job_id: str
+    parents: tuple[tuple[str, str], ...] = ()
+    pass_results: str = ""
+    on_parent_failure: str = "cancel"
+
+    @property
+    def queue(self) -> str:
+        return self.task.queue_name
+
+    def request(self) -> EnqueueRequest:
+        task, call = self.task, self.call
+        args = tuple(call.args)
+        try:
+            task.check_arguments((None, *args) if self.pass_results else args, call.kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{exc} (the parents' results come first)" if self.pass_results
+                            else str(exc)) from None
+        run_at, delay = task.run_at, task.delay
+        if call.run_at is not None or call.delay is not None:
+            run_at, delay = call.run_at, call.delay
+        return EnqueueRequest(
+            task=task.name, args=args, kwargs=dict(call.kwargs), run_at=run_at, delay=delay,
+            priority=task.priority if call.priority is None else call.priority,
+            job_id=self.job_id, max_attempts=call.max_attempts or task.attempts_allowed,
+            timeout=task.timeout, depends_on=list(self.parents) or None,
+            on_parent_failure=self.on_parent_failure, pass_results=self.pass_results)
+
+
+def _send(steps: Sequence[_Step]) -> list[Job]:
+    """Enqueue ``steps`` (parents before dependants): every step is checked first, then
+    runs of consecutive steps of one queue go as one ``enqueue_many`` each."""
+    requests = [step.request() for step in steps]  # every check before any write
+    broker = get_broker()
+    results: list[EnqueueResult] = []
+    start = 0
+    while start < len(steps):
+        end = start
+        while end < len(steps) and steps[end].queue == steps[start].queue:
+            end += 1
+        broker.enqueue_many(steps[start].queue, requests[start:end], results=results)
+        start = end
+    jobs = []
+    for step, res in zip(steps, results, strict=True):
+        jobs.append(Job(id=res.job_id, queue=step.queue, task_name=step.task.name,
+                        status=res.status, enqueued_at=reply_time(res.enqueued_at_ms),
+                        created=res.added, broker=broker, parent_refs=list(step.parents)))
+    return jobs
+
+
+def _job_id(call: Call) -> str:
+    return call.job_id or new_job_id()
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Steps that run one after another, each once the one before it succeeded."""
+
+    calls: tuple[Call, ...]
+    pass_results: bool = False
+    on_parent_failure: str = "cancel"
+
+    def enqueue(self) -> list[Job]:
+        """Enqueue every step (the first ready, the others ``waiting``); the jobs in order."""
+        steps: list[_Step] = []
+        for call in self.calls:
+            task, call = _task_of(call, "chain")
+            parents = ((steps[-1].queue, steps[-1].job_id),) if steps else ()
+            steps.append(_Step(task, call, _job_id(call), parents,
+                               "one" if parents and self.pass_results else "",
+                               self.on_parent_failure))
+        return _send(steps)
+
+
+def chain(*calls: Call | Task[Any, Any], pass_results: bool = False,
+          on_parent_failure: str = "cancel") -> Chain:
+    """A chain of ``task.bind(...)`` calls: each runs once the one before it succeeded.
+
+    With ``pass_results`` each step after the first receives the previous step's result
+    (JSON, as every result) as its first argument. ``on_parent_failure`` is what a step
+    does when the one before it fails for good or is cancelled ("cancel", the default:
+    so are all the steps after it; "run"; "fail").
+    """
+    if not calls:
+        raise ValueError("chain needs at least one step")
+    if on_parent_failure not in POLICIES:
+        raise ValueError(f"on_parent_failure must be one of {', '.join(POLICIES)}")
+    return Chain(tuple(_task_of(c, "chain")[1] for c in calls), pass_results,
+                 on_parent_failure)
+
+
+@dataclass(frozen=True)
+class GroupJobs:
+    """The jobs of an enqueued group: its members in order, and its callback if any."""
+
+    members: list[Job]
+    callback: Job | None = None
+
+
+@dataclass(frozen=True)
+class Group:
+    """Jobs that run independently; :meth:`then` adds a callback that waits for them all."""
+
+    calls: tuple[Call, ...]
+    callback: Call | None = None
+    on_member_failure: str = "cancel"
+
+    def then(self, callback: Call | Task[Any, Any], *,
+             on_member_failure: str = "cancel") -> Group:
+        """Run ``callback`` once every member finished, with the list of their results
+        (in the members' order) as its first argument. A member that fails for good or
+        is cancelled makes the callback do ``on_member_failure``: "cancel" (default),
+        "run" (its result is then ``None``) or "fail"."""
+        if on_member_failure not in POLICIES:
+            raise ValueError(f"on_member_failure must be one of {', '.join(POLICIES)}")
+        return Group(self.calls, _task_of(callback, "then")[1], on_member_failure)
+
+    def enqueue(self) -> GroupJobs:
+        """Enqueue the members, then the callback (a member's queue's ``enqueue_many``
+        per run of members of one queue; the callback in the same call when it shares
+        the queue)."""
+        steps = []
+        for call in self.calls:
+            task, call = _task_of(call, "group")
+            steps.append(_Step(task, call, _job_id(call)))
+        if self.callback is not None:
+            task, call = _task_of(self.callback, "then")
+            steps.append(_Step(task, call, _job_id(call),
+                               tuple((s.queue, s.job_id) for s in steps), "all",
+                               self.on_member_failure))
+        jobs = _send(steps)
+        if self.callback is None:
+            return GroupJobs(jobs)
+        return GroupJobs(jobs[:-1], jobs[-1])
+
+
+def group(calls: Iterable[Call | Task[Any, Any]]) -> Group:
+    """A group of ``task.bind(...)`` calls that run independently (see :meth:`Group.then`)."""
+    calls = tuple(_task_of(c, "group")[1] for c in calls)
+    if not calls:
+        raise ValueError("group needs at least one member")
+    return Group(calls)
