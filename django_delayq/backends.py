@@ -85,6 +85,7 @@ logger = logging.getLogger("django_delayq.backends")
 #: How delayq statuses show in Django's Tasks API.
 STATUS_MAP: dict[str, TaskResultStatus] = {
     "outbox": TaskResultStatus.READY,  # written in a transaction, not yet in Redis
+    Status.WAITING: TaskResultStatus.READY,  # waits for its parents (depends_on)
     Status.SCHEDULED: TaskResultStatus.READY,
     Status.READY: TaskResultStatus.READY,
     Status.CLAIMED: TaskResultStatus.READY,  # leased by a worker, waiting for a thread

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 
 class JobStatus(models.TextChoices):
+    WAITING = "waiting", "Waiting"
     SCHEDULED = "scheduled", "Scheduled"
     READY = "ready", "Ready"
     CLAIMED = "claimed", "Claimed"
@@ -47,6 +48,8 @@ class Job(models.Model):
     #: The last attempts, oldest first, as the job hash keeps them (``engine/fields.py``):
     #: ``{"n": attempt, "w": worker, "b": start ms, "f": end ms, "o": outcome, "x": error}``.
     attempt_log = models.JSONField("attempt log", default=list, blank=True)
+    #: The jobs it waits (or waited) for, ``[[queue, id], ...]`` in order (``depends_on``).
+    parents = models.JSONField(default=list, blank=True)
     #: Stream id of the newest event applied to this row: older events never win.
     last_event_id = models.CharField(max_length=40, blank=True)
     updated_at = models.DateTimeField("mirrored at", auto_now=True)

@@ -174,7 +174,7 @@ class Group:
 
 def group(calls: Iterable[Call | Task[Any, Any]]) -> Group:
     """A group of ``task.bind(...)`` calls that run independently (see :meth:`Group.then`)."""
-    calls = tuple(_task_of(c, "group")[1] for c in calls)
-    if not calls:
+    bound = tuple(_task_of(c, "group")[1] for c in calls)
+    if not bound:
         raise ValueError("group needs at least one member")
-    return Group(calls)
+    return Group(bound)

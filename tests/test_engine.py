@@ -386,6 +386,7 @@ def test_round_trips_enqueue_claim_and_ack(redis_client):
 
 def test_status_groups_cover_the_lifecycle_once():
     from django_delayq.engine.status import (
+        CANCELLABLE,
         FINISHED,
         JOB_STATUSES,
         LEASED,
@@ -396,7 +397,9 @@ def test_status_groups_cover_the_lifecycle_once():
     )
     from django_delayq.models import JobStatus
 
-    assert (*PENDING, *LEASED, *FINISHED) == tuple(Status) == JOB_STATUSES
+    # a waiting job (depends_on) comes first: it is not scheduled until its parents end
+    assert (Status.WAITING, *PENDING, *LEASED, *FINISHED) == tuple(Status) == JOB_STATUSES
+    assert (Status.WAITING, *PENDING) == CANCELLABLE
     # claimed jobs are in the active set: no set of their own
     assert tuple(s for s in JOB_STATUSES if s != Status.CLAIMED) == STATUSES
     assert set(RETRYABLE) < set(FINISHED)

@@ -20,6 +20,7 @@ from ..models import JobStatus
 
 #: Badge colours per status (background, text).
 STATUS_COLOURS = {
+    JobStatus.WAITING: ("#7b6aa8", "#fff"),
     JobStatus.SCHEDULED: ("#5b7fbd", "#fff"),
     JobStatus.READY: ("#2f6fab", "#fff"),
     JobStatus.ACTIVE: ("#a35f00", "#fff"),

@@ -24,12 +24,14 @@ from django.http import (
 )
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
 from ..engine import DelayQConnectionError, InvalidJobState, JobNotFound
 from ..engine import Job as EngineJob
-from ..engine.status import PENDING, RETRYABLE
-from ..models import Job, QueuesDashboard
+from ..engine.status import CANCELLABLE, PENDING, RETRYABLE
+from ..models import Job, JobStatus, QueuesDashboard
+from ..workflow_view import workflow
 from . import dashboard
 from .display import (
     attempts_table,
@@ -68,7 +70,7 @@ def _retry(job: EngineJob) -> str:
 def _cancel(job: EngineJob) -> str:
     if job.cancel():
         return "cancelled"
-    raise InvalidJobState(job.id, job.status, "cancelled", PENDING)
+    raise InvalidJobState(job.id, job.status, "cancelled", CANCELLABLE)
 
 
 #: The buttons of the job page: operation -> (verb, what it does to the engine's Job).
@@ -80,7 +82,7 @@ JOB_OPERATIONS: dict[str, tuple[str, Callable[[EngineJob], str]]] = {
 #: The statuses each operation applies to (the job page shows only those buttons).
 APPLIES_TO = {
     "retry": tuple(RETRYABLE),
-    "cancel": tuple(PENDING),
+    "cancel": tuple(CANCELLABLE),
     "run-now": (*PENDING, *RETRYABLE),
 }
 
@@ -117,6 +119,7 @@ class JobAdmin(admin.ModelAdmin):
                                 "finished_at_full", "duration_display", "lateness_display")}),
         ("Attempts", {"fields": ("attempts_log_display",)}),
         ("Live state in Redis", {"fields": ("live_state",)}),
+        ("Workflow", {"fields": ("workflow_display",)}),
         ("Mirror", {"classes": ("collapse",), "fields": ("last_event_id", "updated_at")}),
     )
 
@@ -248,6 +251,25 @@ class JobAdmin(admin.ModelAdmin):
         return "-" if obj.lateness is None else f"{obj.lateness:.3f} s"
 
     @admin.display(description="Redis now")
+    @admin.display(description="parents and dependants")
+    def workflow_display(self, obj: Job) -> SafeString | str:
+        """The jobs it waits for and those that wait for it, each with its live status."""
+        try:
+            live: EngineJob | None = EngineJob.fetch(obj.job_id, obj.queue)
+        except JobNotFound:
+            live = None
+        except DelayQConnectionError:
+            return "Redis is unreachable: workflow unavailable."
+        flow = workflow(obj.queue, obj.job_id, live, obj)
+        if not flow["parents"] and not flow["children"]:
+            return "-"
+        rows = format_html_join("", "<li>{} {} <a href=\"{}\">{}</a> {}</li>", (
+            (direction, status_badge(j["status"]) if j["status"] in JobStatus.values
+             else j["status"], _job_url(j["queue"], j["job_id"]), j["job_id"], j["task"])
+            for direction, key in (("waits for", "parents"), ("then", "children"))
+            for j in flow[key]))
+        return format_html('<ul class="dq-workflow">{}</ul>', rows)
+
     def live_state(self, obj: Job) -> SafeString:
         try:
             live = EngineJob.fetch(obj.job_id, obj.queue)
@@ -371,6 +393,12 @@ class JobAdmin(admin.ModelAdmin):
         verb, function = JOB_OPERATIONS[operation]
         self._act(request, Job.objects.filter(pk=row.pk), verb, function)
         return HttpResponseRedirect(reverse("admin:django_delayq_job_change", args=[row.pk]))
+
+
+def _job_url(queue: str, job_id: str) -> str:
+    """The job list filtered to one job (its mirrored row may not exist yet)."""
+    return (reverse("admin:django_delayq_job_changelist") + "?"
+            + urlencode({"q": job_id, "queue__exact": queue}))
 
 
 def _live_status(row: Job) -> str:

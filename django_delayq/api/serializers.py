@@ -22,6 +22,7 @@ from ..task import Task, registry
 class QueueCountsSerializer(serializers.Serializer):
     """Jobs per status, live from Redis (finished ones: those still kept)."""
 
+    waiting = serializers.IntegerField(help_text="Jobs waiting for their parents.")
     scheduled = serializers.IntegerField()
     ready = serializers.IntegerField()
     active = serializers.IntegerField()
@@ -116,9 +117,29 @@ class MirroredJobDetailSerializer(MirroredJobSerializer):
         read_only_fields = fields
 
 
+class WorkflowJobSerializer(serializers.Serializer):
+    """A parent or a dependant of a job, with its live status."""
+
+    queue = serializers.CharField()
+    job_id = serializers.CharField()
+    task = serializers.CharField(allow_blank=True)
+    status = serializers.CharField(help_text="Its live status; 'expired' once gone from Redis.")
+
+
+class WorkflowSerializer(serializers.Serializer):
+    parents = WorkflowJobSerializer(many=True, help_text="The jobs it waits (or waited) for.")
+    children = WorkflowJobSerializer(many=True,
+                                     help_text="The jobs that wait (or waited) for it.")
+    parents_total = serializers.IntegerField(help_text="Parents in all (at most 100 listed).")
+    children_total = serializers.IntegerField(help_text="Dependants in all (at most 100 "
+                                                        "listed).")
+
+
 class JobDetailSerializer(serializers.Serializer):
     queue = serializers.CharField()
     job_id = serializers.CharField()
+    workflow = WorkflowSerializer(help_text="Its parents and dependants (depends_on, chains, "
+                                            "groups), live from Redis.")
     live = LiveJobSerializer(allow_null=True,
                              help_text="Redis state now; null once the job expired there.")
     position = serializers.IntegerField(

@@ -26,6 +26,7 @@ from ..engine.status import PENDING
 from ..engine.workers import live_workers
 from ..models import Job as MirroredJob
 from ..task import registry
+from ..workflow_view import workflow
 from . import serializers as s
 from .base import Conflict, DelayQAPIView, document
 
@@ -192,7 +193,7 @@ class JobDetailView(DelayQAPIView):
         if live is None and mirror is None:
             raise NotFound(f"No job {job_id!r} in queue {queue!r}.")
         data = {"queue": queue, "job_id": job_id, "live": live, "position": position,
-                "mirror": mirror}
+                "mirror": mirror, "workflow": workflow(queue, job_id, live, mirror)}
         return Response(s.JobDetailSerializer(data).data)
 
 

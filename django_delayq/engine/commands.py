@@ -250,6 +250,8 @@ class Commands:
 
     def purge(self, keys: QueueKeys, status: str, count: int) -> int:
         """Delete up to ``count`` jobs of ``status`` on the shard ``keys``; how many went."""
+        flow_keys, flow_args = self._flow_call(keys)
         return int(run_script(self.client, "purge",
-                              [keys.status_set(status), keys.events, keys.job_prefix],
-                              [count, self.config.events_maxlen]))
+                              [keys.status_set(status), keys.events, keys.job_prefix,
+                               *flow_keys],
+                              [count, self.config.events_maxlen, *flow_args]))

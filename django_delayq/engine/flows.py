@@ -16,13 +16,29 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from .commands import Commands
+from .config import EngineConfig
 from .keys import QueueKeys, validate_job_id, validate_queue_name
+from .scripts import Batch
 
-if TYPE_CHECKING:
-    from .broker import Broker
+
+class Broker(Protocol):
+    """The parts of :class:`~django_delayq.engine.broker.Broker` this module uses (a
+    protocol, so that ``broker.py`` imports this module and not the other way round)."""
+
+    client: Any
+    config: EngineConfig
+    commands: Commands
+
+    def keys_for(self, queue: str, job_id: str) -> QueueKeys: ...
+
+    def batch(self) -> Batch: ...
+
+    def connection_errors(self) -> AbstractContextManager[None]: ...
 
 #: What a dependant does when a parent fails for good, is cancelled or is gone.
 POLICIES = ("cancel", "run", "fail")

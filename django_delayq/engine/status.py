@@ -42,4 +42,4 @@ FINISHED: Final = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
 #: Finished without success: such a job can be retried.
 RETRYABLE: Final = (Status.FAILED, Status.CANCELLED)
 #: Everything but a running job: what a queue's purge may remove.
-PURGEABLE: Final = (Status.SCHEDULED, Status.READY, *FINISHED)
+PURGEABLE: Final = (Status.WAITING, Status.SCHEDULED, Status.READY, *FINISHED)

@@ -1,9 +1,14 @@
 -- Delete up to N jobs of one status set, with their job hashes. Called in a loop until
 -- it returns 0, so a large queue is purged without blocking Redis for long.
 --
--- KEYS[1] the status set (scheduled, ready, completed, failed or cancelled)  ZSET
+-- A purged job's dependants (flows.lua) are resolved as for a parent that is gone
+-- ('missing': their policy applies), and its own flow keys go with it.
+--
+-- KEYS[1] the status set (waiting, scheduled, ready, completed, failed or cancelled)  ZSET
 -- KEYS[2] events     STREAM lifecycle events
 -- KEYS[3] job key prefix (job keys are KEYS[3] .. id; same hash tag)
+-- KEYS[4..13], ARGV[3..5] the shard's keys and settings for resolving dependants
+-- (flow_ctx in flows.lua)
 --
 -- ARGV[1] most jobs to delete in this call
 -- ARGV[2] events stream max length (0: no events)
@@ -13,8 +18,15 @@
 local popped = redis.call('ZPOPMIN', KEYS[1], tonumber(ARGV[1]))
 local now = now_ms()
 local maxlen = tonumber(ARGV[2])
+local flow = flow_ctx(4, 3)
 for i = 1, #popped, 2 do
-  redis.call('DEL', KEYS[3] .. popped[i])
+  local job_key = KEYS[3] .. popped[i]
+  local linked = redis.call('HGET', job_key, 'dc')
+  redis.call('DEL', job_key, job_key .. ':w', job_key .. ':r')
   emit(KEYS[2], maxlen, 'purged', popped[i], now)
+  if linked then
+    notify_dependants(flow, popped[i], 'missing', 'null', now)
+  end
+  redis.call('DEL', job_key .. ':c')
 end
 return #popped / 2

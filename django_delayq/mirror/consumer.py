@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 UPDATE_FIELDS = [
     "task_name", "status", "priority", "args", "kwargs", "run_at", "enqueued_at",
     "started_at", "finished_at", "attempts", "max_attempts", "worker", "result", "error",
-    "traceback", "progress", "progress_message", "attempt_log", "last_event_id",
+    "traceback", "progress", "progress_message", "attempt_log", "parents", "last_event_id",
     "updated_at",
 ]
 #: Errors that stop a batch to be read again later (nothing is skipped for them): Redis

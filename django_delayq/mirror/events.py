@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..engine.flows import parents_of
 from ..engine.jobhash import decode_stored, from_ms, read_job_hash, to_fraction
 from ..engine.keys import QueueKeys, validate_job_id
 from ..engine.status import JOB_STATUSES
@@ -153,6 +154,7 @@ def row_from_hash(queue: str, job_id: str, stored: dict[str, str]) -> Job:
         progress=h.progress,
         progress_message=storable_text(h.progress_message[:500]),
         attempt_log=_attempt_log(h.text.get("attempt_log")),
+        parents=[list(ref) for ref in parents_of(stored)],
     )
 
 

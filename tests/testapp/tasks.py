@@ -312,6 +312,7 @@ def flow_member(i: int) -> int:
 @task
 def flow_collect(results: list[int | None], tag: str) -> int:
     """A group callback: note what it received (the members' results, in order)."""
-    _note("flow_collect", tag=tag, n=len(results), total=sum(r or 0 for r in results),
-          head=results[:3], nones=results.count(None))
+    _note("flow_collect", tag=tag, n=len(results),
+          total=sum(r for r in results if isinstance(r, int)), head=results[:3],
+          nones=results.count(None))
     return len(results)

@@ -1,0 +1,227 @@
+"""Workflows (depends_on, chain, group with a callback) with real worker processes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import pytest
+
+from django_delayq import Job, Queue, chain, group
+from django_delayq.engine.flows import CRASH_ENV
+from django_delayq.worker import Worker
+from tests.conftest import ran, wait_until
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db
+
+
+def status(job: Job) -> str:
+    return Job.fetch(job.id, job.queue).status
+
+
+def notes(client: Any, task: str) -> list[dict[str, Any]]:
+    return [n for n in ran(client) if n["task"] == task]
+
+
+# -- depends_on: checks, already-finished parents, policies, cancellation ------------------
+
+
+def test_unknown_parent_is_refused_before_anything_is_written(redis_client):
+    parent = tasks.record.using(delay=600).enqueue("p")
+    keys_before = set(redis_client.keys("*"))
+    with pytest.raises(ValueError, match="no job 'nope' in queue 'default'"):
+        tasks.record.using(depends_on=[parent, "nope"]).enqueue("child")
+    with pytest.raises(ValueError, match=r"names job .* twice"):
+        tasks.record.using(depends_on=[parent, parent.id]).enqueue("child")
+    with pytest.raises(ValueError, match="on_parent_failure must be one of"):
+        tasks.record.using(depends_on=[parent], on_parent_failure="retry")
+    with pytest.raises(TypeError, match="depends_on"):
+        tasks.record.using(depends_on=[3]).enqueue("child")
+    assert set(redis_client.keys("*")) == keys_before
+
+
+def test_a_child_waits_and_is_shown_waiting_everywhere(broker):
+    parent = tasks.record.using(delay=600).enqueue("p")
+    child = tasks.record.using(depends_on=[parent]).enqueue("c")
+    assert child.status == "waiting"
+    live = Job.fetch(child.id)
+    assert live.status == "waiting"
+    assert live.parent_refs == [("default", parent.id)]
+    assert [j.id for j in live.parents] == [parent.id]
+    assert [j.id for j in Job.fetch(parent.id).children] == [child.id]
+    assert Queue("default").counts()["waiting"] == 1
+    assert [j.id for j in Queue("default").jobs("waiting")] == [child.id]
+
+
+def test_parents_that_already_finished_are_resolved_at_enqueue(broker):
+    done = tasks.record.enqueue("done")
+    failed = tasks.raises.enqueue("boom")
+    Worker(queues=["default"], burst=True).run()
+    assert status(done) == "completed"
+    assert status(failed) == "failed"
+    after_done = tasks.record.using(depends_on=[done]).enqueue("a")
+    assert status(after_done) == "ready"
+    cancelled = tasks.record.using(depends_on=[failed]).enqueue("b")
+    assert status(cancelled) == "cancelled"
+    assert "parent " + failed.id + " failed" in Job.fetch(cancelled.id).error
+    runs = tasks.record.using(depends_on=[done, failed], on_parent_failure="run").enqueue("c")
+    assert status(runs) == "ready"
+    fails = tasks.record.using(depends_on=[failed], on_parent_failure="fail").enqueue("d")
+    assert status(fails) == "failed"
+
+
+def test_each_failure_policy_and_the_cascade_to_grandchildren(spawned, redis_client):
+    parent = tasks.raises.using(delay=0.3).enqueue("boom")
+    cancel = tasks.record.using(depends_on=[parent]).enqueue("cancel")
+    grandchild = tasks.record.using(depends_on=[cancel], on_parent_failure="run").enqueue("gc")
+    run = tasks.flow_collect.using(depends_on=[parent], on_parent_failure="run",
+                                   pass_results="all").enqueue("run")
+    fail = tasks.record.using(depends_on=[parent], on_parent_failure="fail").enqueue("fail")
+    spawned("default", "-c", "2")
+    wait_until(lambda: status(run) == "completed" and status(fail) == "failed"
+               and status(cancel) == "cancelled", message="the policies applied")
+    wait_until(lambda: status(grandchild) == "completed", message="grandchild ran")
+    (collected,) = notes(redis_client, "flow_collect")
+    assert collected["n"] == 1
+    assert collected["nones"] == 1
+    assert [n["tag"] for n in notes(redis_client, "record")] == ["gc"]
+    assert "DependencyFailed" in Job.fetch(fail.id).error
+
+
+def test_cancelling_a_parent_cancels_what_waits_on_it_under_the_default_policy(broker):
+    parent = tasks.record.using(delay=600).enqueue("p")
+    default = tasks.record.using(depends_on=[parent]).enqueue("c1")
+    deeper = tasks.record.using(depends_on=[default]).enqueue("c2")
+    runs = tasks.record.using(depends_on=[parent], on_parent_failure="run").enqueue("c3")
+    other_queue = tasks.record_other.using(depends_on=[parent]).enqueue("c4")
+    assert Job.fetch(parent.id).cancel()
+    assert status(default) == status(deeper) == status(other_queue) == "cancelled"
+    assert status(runs) == "ready"
+    # a waiting job can be cancelled itself; its parent's end then changes nothing
+    parent2 = tasks.record.using(delay=600).enqueue("p2")
+    child2 = tasks.record.using(depends_on=[parent2]).enqueue("c5")
+    assert Job.fetch(child2.id).cancel()
+    assert status(child2) == "cancelled"
+    assert Queue("default").counts()["waiting"] == 0
+
+
+def test_a_child_never_starts_before_its_delayed_parents_run_at(spawned, redis_client):
+    now = dt.datetime.now(dt.UTC)
+    slow = tasks.flow_step.using(run_at=now + dt.timedelta(seconds=1.5)).enqueue(10, tag="p1")
+    fast = tasks.flow_step.enqueue(20, tag="p2")
+    # the child's own run_at is earlier than its parent's: the later one wins
+    child = tasks.flow_collect.using(depends_on=[slow, fast], pass_results="all",
+                                     run_at=now + dt.timedelta(seconds=0.5)).enqueue("c")
+    spawned("default", "-c", "4")
+    wait_until(lambda: status(child) == "completed", message="the child ran")
+    by_tag = {n["tag"]: n for n in ran(redis_client)}
+    slow_run_at = int(Job.fetch(slow.id).run_at.timestamp() * 1000)
+    assert by_tag["c"]["redis_ms"] >= by_tag["p1"]["redis_ms"] >= slow_run_at
+    assert by_tag["c"]["head"] == [11, 21]  # both results, in the parents' order
+
+
+# -- chains, groups, diamonds -----------------------------------------------------------
+
+
+def test_a_chain_of_100_steps_passes_each_result_on(spawned, redis_client):
+    jobs = chain(tasks.flow_step.bind(0),
+                 *[tasks.flow_step.bind(tag=f"s{i}") for i in range(1, 100)],
+                 pass_results=True).enqueue()
+    assert [j.status for j in jobs[:2]] == ["ready", "waiting"]
+    spawned("default", "-c", "4")
+    spawned("default", "-c", "4")
+    wait_until(lambda: status(jobs[-1]) == "completed", timeout=60, message="the chain ended")
+    steps = notes(redis_client, "flow_step")
+    assert [n["acc"] for n in steps] == list(range(100))  # in order, each once
+    assert Job.fetch(jobs[-1].id).result == 100
+
+
+@pytest.mark.slow
+def test_a_group_of_10000_members_calls_its_callback_exactly_once(spawned, redis_client):
+    n = 10_000
+    jobs = group(tasks.flow_member.bind(i) for i in range(n)).then(
+        tasks.flow_collect.bind("cb")).enqueue()
+    assert len(jobs.members) == n
+    assert jobs.callback is not None
+    assert jobs.callback.status == "waiting"
+    for _ in range(2):
+        spawned("default", "-c", "8", "--prefetch", "64")
+    wait_until(lambda: status(jobs.callback) == "completed", timeout=120, interval=0.2,
+               message="the callback ran")
+    counts = redis_client.hgetall("test:members")
+    assert len(counts) == n
+    assert set(counts.values()) == {"1"}
+    (collected,) = notes(redis_client, "flow_collect")
+    assert collected["n"] == n
+    assert collected["total"] == sum(2 * i for i in range(n))
+    assert collected["head"] == [0, 2, 4]
+
+
+def test_a_diamond_runs_its_last_job_once_with_both_results(spawned, redis_client):
+    top = tasks.flow_step.using(delay=0.3).enqueue(0, tag="top")
+    left = tasks.flow_step.using(depends_on=[top], pass_results="one").enqueue(tag="left")
+    right = tasks.flow_step.using(depends_on=[top], pass_results="one").enqueue(tag="right")
+    bottom = tasks.flow_collect.using(depends_on=[left, right],
+                                      pass_results="all").enqueue("bottom")
+    spawned("default", "-c", "4")
+    spawned("default", "-c", "4")
+    wait_until(lambda: status(bottom) == "completed", message="the diamond ended")
+    (collected,) = notes(redis_client, "flow_collect")
+    assert collected["head"] == [2, 2]
+    assert sorted(n["tag"] for n in notes(redis_client, "flow_step")) == ["left", "right", "top"]
+
+
+def test_a_dependency_across_two_queues(spawned, redis_client):
+    parent = tasks.record_other.using(delay=0.3).enqueue("p")
+    child = tasks.flow_collect.using(depends_on=[parent], pass_results="all").enqueue("c")
+    spawned("default", "-c", "2")
+    spawned("other", "-c", "2")
+    wait_until(lambda: status(child) == "completed", message="the child in default ran")
+    (collected,) = notes(redis_client, "flow_collect")
+    assert collected["head"] == ["p"]
+    assert redis_client.llen(Queue("other").broker.keys_for("other", "").flow_outbox) == 0
+
+
+# -- crash points of a release across shards ----------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", ["deliver:read", "deliver:resolved", "deliver:removed"])
+def test_a_worker_killed_at_each_step_of_a_release_loses_and_doubles_nothing(
+        spawned, redis_client, step):
+    """Members in queue ``other`` (another shard), the callback in ``default``: the
+    worker acking the last member exits at ``step`` of the delivery; another worker's
+    heartbeat delivers what is left."""
+    members = [tasks.record_other.bind(f"m{i}") for i in range(20)]
+    jobs = group(members).then(tasks.flow_collect.bind("cb")).enqueue()
+    child = tasks.record.using(depends_on=[jobs.members[0]], pass_results="one").enqueue()
+    crashing, out = spawned("other", "-c", "1", "--lease", "1", "--prefetch", "1",
+                            env={CRASH_ENV: step})
+    assert crashing.wait(timeout=30) == 70, out.text
+    spawned("other", "default", "-c", "2", "--lease", "1")
+    wait_until(lambda: status(jobs.callback) == "completed" and status(child) == "completed",
+               message="both dependants released")
+    (collected,) = notes(redis_client, "flow_collect")
+    assert collected["n"] == 20
+    assert collected["head"] == ["m0", "m1", "m2"]
+    assert [n["tag"] for n in notes(redis_client, "record")] == ["m0"]  # once, with m0's result
+    outbox = Queue("other").broker.keys_for("other", "").flow_outbox
+    wait_until(lambda: redis_client.llen(outbox) == 0, message="the outbox emptied")
+
+
+def test_enqueue_many_takes_dependencies_one_round_trip_per_chunk(broker):
+    from django_delayq.engine import EnqueueRequest
+
+    requests = [EnqueueRequest(task=tasks.record.name, args=[f"r{i}"], job_id=f"r{i}")
+                for i in range(5)]
+    requests.append(EnqueueRequest(task=tasks.flow_collect.name, args=["cb"], job_id="cb",
+                                   depends_on=[f"r{i}" for i in range(5)],
+                                   pass_results="all"))
+    total = broker.enqueue_many("default", requests)
+    assert total.enqueued == 6
+    assert total.chunks == 1
+    assert Job.fetch("cb").status == "waiting"
+    assert json.loads(broker.client.hget(broker.keys_for("default", "cb").job("cb"), "d")) == [
+        ["default", f"r{i}"] for i in range(5)]
