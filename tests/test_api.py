@@ -148,8 +148,8 @@ def test_queue_list_has_live_counts(staff: APIClient) -> None:
     by_name = {q["name"]: q for q in body}
     assert set(by_name) == {"async", "default", "other"}  # registered tasks' queues
     default = by_name["default"]
-    assert default["counts"] == {"scheduled": 1, "ready": 1, "active": 0, "completed": 0,
-                                 "failed": 0, "cancelled": 0}
+    assert default["counts"] == {"waiting": 0, "scheduled": 1, "ready": 1, "active": 0,
+                                 "completed": 0, "failed": 0, "cancelled": 0}
     assert default["paused"] is True
     assert dt.datetime.fromisoformat(default["next_due"]) == soon.run_at
     assert by_name["other"]["paused"] is False

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from django_delayq import Call, Job, Queue
+from django_delayq import Call, Job, Queue, chain, group
 from django_delayq.engine import Broker, PartialClaimError
 from django_delayq.testing import RedisCluster
 from tests.conftest import ran, wait_until, worker_thread
@@ -358,3 +359,26 @@ def test_a_url_naming_several_seeds_connects_while_the_first_is_down(settings, c
     job = tasks.record.using(queue="sharded").enqueue("through the second seed")
     assert Job.fetch(job.id, "sharded").args == ["through the second seed"]
     assert {node.port for node in broker.client.get_primaries()} == set(cluster.ports)
+
+
+def test_workflows_release_across_cluster_slots_exactly_once(on_cluster, cluster, spawned):
+    """A group whose members sit in 4 shards (4 slots) and whose callback is in another
+    queue, and a chain hopping between queues: every release crosses slots."""
+    n = 200
+    members = [tasks.count_run.using(queue="drain").bind(f"m{i}") for i in range(n)]
+    jobs = group(members).then(tasks.flow_collect.bind("cb")).enqueue()
+    steps = chain(tasks.flow_step.bind(0), tasks.flow_step.using(queue="sharded").bind(),
+                  tasks.flow_step.bind(), pass_results=True).enqueue()
+    assert {on_cluster.keys_for("drain", j.id).tag for j in jobs.members} == {
+        k.tag for k in on_cluster.shards("drain")}
+    env = {"DELAYQ_TEST_SETTINGS": json.dumps({"QUEUES": QUEUES})}
+    for _ in range(2):
+        spawned("drain", "sharded", "default", "-c", "4", redis_url=cluster.url, env=env)
+    wait_until(lambda: Job.fetch(jobs.callback.id).status == "completed"
+               and Job.fetch(steps[-1].id).status == "completed", timeout=60,
+               message="the callback and the chain's last step ran")
+    client = on_cluster.client
+    assert set(client.hgetall("test:count").values()) == {"1"}
+    collected = [x for x in ran(client) if x["task"] == "flow_collect"]
+    assert [(c["n"], c["nones"]) for c in collected] == [(n, n)]  # once, every result
+    assert Job.fetch(steps[-1].id).result == 3
