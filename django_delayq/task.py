@@ -203,6 +203,11 @@ class Task(Generic[P, T]):
         if conf.EAGER:
             from .eager import run_eagerly
 
+            if self.pass_results:  # the parents ran already: their results, if known
+                results = [getattr(p, "result", None) for p in self.depends_on or ()]
+                head = (results[0] if results else None) if self.pass_results == "one" \
+                    else results
+                args = (head, *args)  # type: ignore[assignment]
             return run_eagerly(self, args, kwargs, positional_names(self.func))
         broker = get_broker()
         res = broker.enqueue(

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .conf import conf
 from .connection import get_broker
 from .engine import EnqueueRequest, EnqueueResult, Job
 from .engine.broker import new_job_id
@@ -69,6 +70,8 @@ def _send(steps: Sequence[_Step]) -> list[Job]:
     """Enqueue ``steps`` (parents before dependants): every step is checked first, then
     runs of consecutive steps of one queue go as one ``enqueue_many`` each."""
     requests = [step.request() for step in steps]  # every check before any write
+    if conf.EAGER:
+        return _run_eagerly(steps)
     broker = get_broker()
     results: list[EnqueueResult] = []
     start = 0
@@ -83,6 +86,27 @@ def _send(steps: Sequence[_Step]) -> list[Job]:
         jobs.append(Job(id=res.job_id, queue=step.queue, task_name=step.task.name,
                         status=res.status, enqueued_at=reply_time(res.enqueued_at_ms),
                         created=res.added, broker=broker, parent_refs=list(step.parents)))
+    return jobs
+
+
+def _run_eagerly(steps: Sequence[_Step]) -> list[Job]:
+    """Eager mode: run the steps now, in order, each with its parents' results; a step
+    whose parent did not complete follows its policy without a queue."""
+    done: dict[str, Job] = {}
+    jobs = []
+    for step in steps:
+        parents = [done[job_id] for _, job_id in step.parents]
+        broken = [p for p in parents if p.status != "completed"]
+        if broken and step.on_parent_failure != "run":
+            job = Job(id=step.job_id, queue=step.queue, task_name=step.task.name,
+                      status="failed" if step.on_parent_failure == "fail" else "cancelled",
+                      error=f"DependencyFailed: parent {broken[0].id} {broken[0].status}")
+        else:
+            task = step.task.using(job_id=step.job_id, depends_on=parents or None,
+                                   pass_results=step.pass_results or None)
+            job = task.enqueue(*step.call.args, **step.call.kwargs)
+        done[step.job_id] = job
+        jobs.append(job)
     return jobs
 
 

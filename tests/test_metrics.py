@@ -55,8 +55,8 @@ def test_figures_after_a_known_run(client, broker):
     assert value(m, "delayq_jobs_retried_total", **d) == 1
     assert value(m, "delayq_jobs_enqueued_total", queue="other") == 1
     assert value(m, "delayq_jobs_started_total", queue="other") == 0
-    for status, n in {"waiting": 0, "scheduled": 1, "ready": 0, "active": 0, "completed": 3, "failed": 1,
-                      "cancelled": 0}.items():
+    for status, n in {"waiting": 0, "scheduled": 1, "ready": 0, "active": 0, "completed": 3,
+                      "failed": 1, "cancelled": 0}.items():
         assert value(m, "delayq_jobs", queue="default", status=status) == n, status
     assert value(m, "delayq_jobs", queue="other", status="ready") == 1
     assert value(m, "delayq_queue_paused", queue="other") == 1

@@ -225,3 +225,50 @@ def test_enqueue_many_takes_dependencies_one_round_trip_per_chunk(broker):
     assert Job.fetch("cb").status == "waiting"
     assert json.loads(broker.client.hget(broker.keys_for("default", "cb").job("cb"), "d")) == [
         ["default", f"r{i}"] for i in range(5)]
+
+
+# -- the Django layer: mirror, admin, API, Tasks backend, eager mode ---------------------
+
+
+def test_waiting_jobs_in_the_mirror_admin_and_api(admin_client, redis_client):
+    from django_delayq.mirror import Mirror
+    from django_delayq.models import Job as Row
+
+    parent = tasks.record.using(delay=600).enqueue("p")
+    child = tasks.record_other.using(depends_on=[parent]).enqueue("c")
+    Mirror(block=0.1).run(burst=True)
+    row = Row.objects.get(job_id=child.id)
+    assert row.status == "waiting"
+    assert row.parents == [["default", parent.id]]
+    assert Row.objects.filter(status="waiting").count() == 1  # the admin's status filter
+    parent_row = Row.objects.get(job_id=parent.id)
+    page = admin_client.get(f"/admin/django_delayq/job/{parent_row.pk}/change/").content
+    assert b"dq-workflow" in page
+    assert b"then" in page
+    assert child.id.encode() in page
+    assert b"dq-status-waiting" in page  # the dependant's live status
+    detail = admin_client.get(f"/api/delayq/jobs/other/{child.id}/").json()
+    assert detail["live"]["status"] == "waiting"
+    assert detail["workflow"]["parents"] == [{"queue": "default", "job_id": parent.id,
+                                             "task": tasks.record.name,
+                                             "status": "scheduled"}]
+    counts = admin_client.get("/api/delayq/queues/").json()
+    assert {q["name"]: q["counts"]["waiting"] for q in counts}["other"] == 1
+
+
+def test_the_tasks_backend_reports_a_waiting_job_ready():
+    from django_delayq.backends import STATUS_MAP, TaskResultStatus
+
+    assert STATUS_MAP["waiting"] == TaskResultStatus.READY
+
+
+def test_chains_and_groups_run_in_order_in_eager_mode(settings):
+    settings.DELAYQ = {**settings.DELAYQ, "EAGER": True}
+    jobs = chain(tasks.flow_step.bind(1), tasks.flow_step.bind(), pass_results=True).enqueue()
+    assert [j.result for j in jobs] == [2, 3]
+    done = group([tasks.flow_member.bind(1), tasks.flow_member.bind(2)]).then(
+        tasks.flow_collect.bind("eager")).enqueue()
+    assert done.callback is not None
+    assert done.callback.result == 2
+    failing = chain(tasks.raises.bind("boom"), tasks.record.bind("never")).enqueue()
+    assert [j.status for j in failing] == ["failed", "cancelled"]

@@ -29,7 +29,14 @@ traceback      ``tb``  traceback of the latest failure
 progress       ``g``   fraction done, 0..1, as the task reported it
 timeout        ``o``   time limit of each attempt, ms               none
 attempt_log    ``h``   the last 25 attempts, JSON (see below)       ``[]``
+parents        ``d``   parents waited for, JSON ``[[queue, id]]``   none
+(policy)       ``dp``  on a parent's failure: run, fail             cancel
+(results)      ``dr``  parents' results passed: one, all            none
+(linked)       ``dc``  '1' once a dependant waits for this job      none
 =============  ======  ===========================================  =======
+
+The last four serve workflows (``lua/includes/flows.lua`` describes them and the keys
+``<job key>:w``, ``:r`` and ``:c`` that go with them).
 
 ``attempt_log`` is a JSON array of ``{"n": attempt, "w": worker, "b": start ms,
 "f": end ms, "o": outcome, "x": error}``, oldest first, capped at the last

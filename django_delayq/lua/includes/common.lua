@@ -12,6 +12,7 @@
 --   gm progress message
 --   x error                tb traceback           o time limit, ms (absent: none)
 --   h attempt log, JSON (absent: [])
+--   d dp dr dc: workflows (parents, policy, results passed, linked), see flows.lua
 -- A field shown with a default is not stored while it equals it: read it as
 -- `tonumber(x) or default`.
 
