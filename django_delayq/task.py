@@ -278,10 +278,12 @@ class Task(Generic[P, T]):
         arguments raise ``TypeError``); a missing one is allowed, as a workflow may pass
         a parent's result first, and is refused when the job is enqueued.
         """
-        try:
-            signature(self.func).bind_partial(*args, **kwargs)
-        except TypeError as exc:
-            raise TypeError(f"{self.name}: {exc}") from None
+        shape = arg_shape(self.func)
+        if shape is None or not shape.accepts(args, kwargs):
+            try:
+                signature(self.func).bind_partial(*args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(f"{self.name}: {exc}") from None
         return Call(args, kwargs, job_id=self.job_id, run_at=self.run_at, delay=self.delay,
                     priority=self.priority, max_attempts=self.max_attempts, task=self)
 

@@ -39,13 +39,20 @@ class _Step:
     task: Task[Any, Any]
     call: Call
     job_id: str
+    queue: str
     parents: tuple[tuple[str, str], ...] = ()
     pass_results: str = ""
     on_parent_failure: str = "cancel"
 
-    @property
-    def queue(self) -> str:
-        return self.task.queue_name
+    @classmethod
+    def of(cls, call: Any, what: str, queues: dict[int, str], **options: Any) -> _Step:
+        """The step of a ``Call`` (``queues`` remembers each task's queue: a group's
+        members mostly share one task, and reading the setting costs)."""
+        task, call = _task_of(call, what)
+        queue = queues.get(id(task))
+        if queue is None:
+            queue = queues[id(task)] = task.queue_name
+        return cls(task, call, call.job_id or new_job_id(), queue, **options)
 
     def request(self) -> EnqueueRequest:
         task, call = self.task, self.call
@@ -110,10 +117,6 @@ def _run_eagerly(steps: Sequence[_Step]) -> list[Job]:
     return jobs
 
 
-def _job_id(call: Call) -> str:
-    return call.job_id or new_job_id()
-
-
 @dataclass(frozen=True)
 class Chain:
     """Steps that run one after another, each once the one before it succeeded."""
@@ -125,12 +128,12 @@ class Chain:
     def enqueue(self) -> list[Job]:
         """Enqueue every step (the first ready, the others ``waiting``); the jobs in order."""
         steps: list[_Step] = []
+        queues: dict[int, str] = {}
         for call in self.calls:
-            task, call = _task_of(call, "chain")
             parents = ((steps[-1].queue, steps[-1].job_id),) if steps else ()
-            steps.append(_Step(task, call, _job_id(call), parents,
-                               "one" if parents and self.pass_results else "",
-                               self.on_parent_failure))
+            steps.append(_Step.of(call, "chain", queues, parents=parents,
+                                  pass_results="one" if parents and self.pass_results else "",
+                                  on_parent_failure=self.on_parent_failure))
         return _send(steps)
 
 
@@ -181,15 +184,13 @@ class Group:
         """Enqueue the members, then the callback (a member's queue's ``enqueue_many``
         per run of members of one queue; the callback in the same call when it shares
         the queue)."""
-        steps = []
-        for call in self.calls:
-            task, call = _task_of(call, "group")
-            steps.append(_Step(task, call, _job_id(call)))
+        queues: dict[int, str] = {}
+        steps = [_Step.of(call, "group", queues) for call in self.calls]
         if self.callback is not None:
-            task, call = _task_of(self.callback, "then")
-            steps.append(_Step(task, call, _job_id(call),
-                               tuple((s.queue, s.job_id) for s in steps), "all",
-                               self.on_member_failure))
+            steps.append(_Step.of(self.callback, "then", queues,
+                                  parents=tuple((s.queue, s.job_id) for s in steps),
+                                  pass_results="all",
+                                  on_parent_failure=self.on_member_failure))
         jobs = _send(steps)
         if self.callback is None:
             return GroupJobs(jobs)

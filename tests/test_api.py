@@ -451,7 +451,7 @@ def test_schema_is_valid_and_lists_every_endpoint(staff: APIClient) -> None:
     page_schema = schema["components"]["schemas"][page.rsplit("/", 1)[1]]
     assert {"count", "next", "previous", "results"} <= set(page_schema["properties"])
     assert schema["components"]["schemas"]["JobStatusEnum"]["enum"] == [
-        "scheduled", "ready", "claimed", "active", "completed", "failed", "cancelled"]
+        "waiting", "scheduled", "ready", "claimed", "active", "completed", "failed", "cancelled"]
     assert "409" in paths[f"{API}/jobs/{{queue}}/{{job_id}}/cancel/"]["post"]["responses"]
     for path, operations in paths.items():
         for method, operation in operations.items():
