@@ -199,7 +199,9 @@ def apply_event(row: Job, event: Event) -> None:
         row.progress = to_fraction(f.get("g"))
         row.progress_message = storable_text(f.get("gm", "")[:500])
     elif kind in ("promoted", "reclaimed", "released"):
-        row.status = JobStatus.READY
+        # a job released by its last parent (workflows) may be scheduled for later
+        scheduled = f.get("status") == "scheduled"
+        row.status = JobStatus.SCHEDULED if scheduled else JobStatus.READY
     elif kind in ("purged", "orphaned"):
         row.status = JobStatus.PURGED
         row.finished_at = row.finished_at or at
