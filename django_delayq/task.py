@@ -96,11 +96,13 @@ class Task(Generic[P, T]):
                 validation.timeout_ms(self.timeout)
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"{self.name}: {exc}") from None
-        try:
-            dependencies(self.depends_on, self.queue_name, self.on_parent_failure,
-                         self.pass_results)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"{self.name}: {exc}") from None
+        if self.depends_on is not None or self.on_parent_failure != "cancel" or \
+                self.pass_results:
+            try:
+                dependencies(self.depends_on, self.queue_name, self.on_parent_failure,
+                             self.pass_results)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"{self.name}: {exc}") from None
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue_name!r}>"

@@ -272,3 +272,13 @@ def test_chains_and_groups_run_in_order_in_eager_mode(settings):
     assert done.callback.result == 2
     failing = chain(tasks.raises.bind("boom"), tasks.record.bind("never")).enqueue()
     assert [j.status for j in failing] == ["failed", "cancelled"]
+
+
+def test_an_unreadable_outbox_entry_is_dropped_and_the_others_delivered(broker, redis_client):
+    parent = tasks.record_other.using(delay=600).enqueue("p")
+    child = tasks.record.using(depends_on=[parent], on_parent_failure="run").enqueue("c")
+    outbox = broker.keys_for("other", parent.id).flow_outbox
+    redis_client.rpush(outbox, "not json", '{"m": "R x"}')
+    assert Job.fetch(parent.id, "other").cancel()  # delivers its outbox at once
+    assert status(child) == "ready"
+    assert redis_client.llen(outbox) == 0

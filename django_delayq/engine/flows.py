@@ -14,6 +14,7 @@ crash changes nothing: nothing is lost, nothing released twice
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
@@ -39,6 +40,8 @@ class Broker(Protocol):
     def batch(self) -> Batch: ...
 
     def connection_errors(self) -> AbstractContextManager[None]: ...
+
+logger = logging.getLogger(__name__)
 
 #: What a dependant does when a parent fails for good, is cancelled or is gone.
 POLICIES = ("cancel", "run", "fail")
@@ -199,12 +202,18 @@ def deliver(broker: Broker, keys: QueueKeys, *, limit: int = DELIVER_BATCH) -> i
         crash_point("deliver:read")
         resolutions: dict[QueueKeys, list[tuple[str, str, str, str, str]]] = {}
         for raw in entries:
-            entry = json.loads(raw)
-            _, index, queue, shard, child_id = entry["m"].split(" ", 4)
-            child_keys = QueueKeys(broker.config.prefix, queue,
-                                   None if shard == "-" else int(shard))
-            resolutions.setdefault(child_keys, []).append(
-                (child_id, index, entry["o"], entry["p"], entry["v"]))
+            try:
+                entry = json.loads(raw)
+                _, index, queue, shard, child_id = entry["m"].split(" ", 4)
+                child_keys = QueueKeys(broker.config.prefix, queue,
+                                       None if shard == "-" else int(shard))
+                resolution = (child_id, index, entry["o"], entry["p"], entry["v"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                # not written by the scripts (by hand?): dropped, so it cannot block the rest
+                logger.warning("dropping an unreadable outbox entry shard=%s entry=%r",
+                               keys.tag, raw[:200])
+                continue
+            resolutions.setdefault(child_keys, []).append(resolution)
         _resolve(broker, resolutions)
         crash_point("deliver:resolved")
         pipe = client.pipeline(transaction=False)

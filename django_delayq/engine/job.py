@@ -138,7 +138,8 @@ class Job:
         return job
 
     def cancel(self) -> bool:
-        """Cancel the job if it has not started. Returns whether it was cancelled."""
+        """Cancel the job if it has not started (a waiting one too). Returns whether it
+        was cancelled; its dependants then follow their ``on_parent_failure`` policy."""
         broker = self._broker
         keys = broker.keys_for(self.queue, self.id)
         with broker.connection_errors():

@@ -15,7 +15,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from ..engine import Broker, QueueKeys, flows
+from ..engine import Broker, DelayQError, QueueKeys, flows
 from ..engine.workers import record_alive
 from .acks import by_shard
 from .ledger import Ledger
@@ -69,7 +69,11 @@ class Heartbeat:
         # Releases of dependants in other shards that no acker delivered (its worker
         # died between two steps): delivering again is harmless (engine/flows.py).
         for keys in undelivered:
-            flows.deliver(self.broker, keys)
+            try:
+                flows.deliver(self.broker, keys)
+            except (RedisError, DelayQError) as exc:
+                logger.warning("releases of dependants not delivered, next beat retries "
+                               "queue=%s error=%s", keys.queue, exc)
         self.record_alive()
 
     def record_alive(self) -> None:
