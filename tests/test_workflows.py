@@ -62,6 +62,7 @@ def test_parents_that_already_finished_are_resolved_at_enqueue(broker):
     assert status(done) == "completed"
     assert status(failed) == "failed"
     after_done = tasks.record.using(depends_on=[done]).enqueue("a")
+    assert after_done.status == "ready"
     assert status(after_done) == "ready"
     cancelled = tasks.record.using(depends_on=[failed]).enqueue("b")
     assert status(cancelled) == "cancelled"
@@ -165,7 +166,6 @@ def test_a_diamond_runs_its_last_job_once_with_both_results(spawned, redis_clien
     right = tasks.flow_step.using(depends_on=[top], pass_results="one").enqueue(tag="right")
     bottom = tasks.flow_collect.using(depends_on=[left, right],
                                       pass_results="all").enqueue("bottom")
-    spawned("default", "-c", "4")
     spawned("default", "-c", "4")
     wait_until(lambda: status(bottom) == "completed", message="the diamond ended")
     (collected,) = notes(redis_client, "flow_collect")

@@ -327,7 +327,12 @@ class Broker:
             flows.check_parents_exist(self, deps.parents)
             results: list[EnqueueResult] = []
             self.enqueue_many(queue, [], results=results, _encoded=[(argv, deps)])
-            return results[0]
+            res = results[0]
+            if res.added:  # parents that had finished may have released it already
+                with self.connection_errors():
+                    res.status = self.client.hget(self.keys_for(queue, res.job_id).job(
+                        res.job_id), "s") or res.status
+            return res
         keys = self.keys_for(queue, argv[0])
         wait = self.replica_wait()
         # The job id is chosen above, before the first try: a retry through a failover
