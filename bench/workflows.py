@@ -10,10 +10,13 @@ Starts a throwaway Redis and measures on it:
 - ``total_s``: from the first member's enqueue to the callback's start;
 - ``bytes_per_waiting``: Redis memory (``used_memory``) per job waiting for one parent,
   over ``--waiting`` such jobs, next to ``bytes_per_scheduled`` for as many plain
-  scheduled jobs.
+  scheduled jobs;
+- ``bytes_per_member_waiting``: Redis memory per member of the enqueued group and its
+  callback, before any worker runs.
 
-Celery's chord is not run here (the peers' virtualenv of ``make bench`` has Celery;
-this script needs only the project's).
+With ``--celery PYTHON`` (a Python with Celery, as ``bench/.venv-peers/bin/python``),
+Celery's chord runs the same workload on the same Redis afterwards
+(``adapters/celery_chord.py``), and both lines are printed.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def main() -> None:
     parser.add_argument("--waiting", type=int, default=10_000)
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--celery", help="a Python with Celery: run its chord too")
     opts = parser.parse_args()
     with RedisServer() as server:
         import common
@@ -72,10 +76,12 @@ def main() -> None:
         waiting = (_memory(client) - base) / opts.waiting
         client.flushall()
         # -- a group of N members and its callback, run by worker processes
+        base = _memory(client)
         started = time.monotonic()
         jobs = group(tasks.member.bind(i) for i in range(opts.members)).then(
             tasks.callback.bind()).enqueue()
         enqueued_s = time.monotonic() - started
+        per_member = (_memory(client) - base) / opts.members
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, sys.path[:2])))
         procs = [subprocess.Popen([sys.executable, "-m", "django", "runworker", "bench",
                                    "-c", str(opts.threads), "--no-mirror", "-v", "0"],
@@ -94,11 +100,19 @@ def main() -> None:
         last = int(client.get(tasks.LAST_MEMBER_KEY))
         callback = int(client.get(tasks.CALLBACK_KEY))
         print(json.dumps({
-            "members": opts.members, "procs": opts.procs, "threads": opts.threads,
+            "lib": "django-delayq", "members": opts.members, "procs": opts.procs,
+            "threads": opts.threads,
             "enqueue_s": round(enqueued_s, 3), "total_s": round(total_s, 3),
             "release_ms": round((callback - last) / 1000, 2),
+            "bytes_per_member_waiting": round(per_member),
             "bytes_per_waiting": round(waiting), "bytes_per_scheduled": round(scheduled),
         }))
+        if opts.celery:
+            subprocess.run([opts.celery, str(ADAPTERS / "celery_chord.py"), server.url,
+                            str(opts.members), str(opts.procs), str(opts.threads)],
+                           cwd=ADAPTERS, check=True,
+                           env={k: v for k, v in os.environ.items()
+                                if k != "DJANGO_SETTINGS_MODULE"})
 
 
 if __name__ == "__main__":
