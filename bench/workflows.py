@@ -82,20 +82,16 @@ def main() -> None:
             tasks.callback.bind()).enqueue()
         enqueued_s = time.monotonic() - started
         per_member = (_memory(client) - base) / opts.members
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, sys.path[:2])))
-        procs = [subprocess.Popen([sys.executable, "-m", "django", "runworker", "bench",
-                                   "-c", str(opts.threads), "--no-mirror", "-v", "0"],
-                                  cwd=ADAPTERS, env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL) for _ in range(opts.procs)]
+        os.environ["PYTHONPATH"] = str(ADAPTERS.parent.parent)  # this checkout's package
+        procs = [common.start_process([sys.executable, "-m", "django", "runworker", "bench",
+                                       "-c", str(opts.threads), "--no-mirror", "-v", "0"],
+                                      f"delayq-flows-{i}") for i in range(opts.procs)]
         try:
             assert jobs.callback is not None
             while Job.fetch(jobs.callback.id, "bench").status != "completed":
                 time.sleep(0.05)
         finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                proc.wait(timeout=30)
+            common.stop_processes(procs)
         total_s = time.monotonic() - started
         last = int(client.get(tasks.LAST_MEMBER_KEY))
         callback = int(client.get(tasks.CALLBACK_KEY))

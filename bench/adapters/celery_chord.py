@@ -16,38 +16,31 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
+import common
 import redis
 from celery import Celery, chord
 
-URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:1/0")
+URL = os.environ.get(common.URL_ENV, "redis://127.0.0.1:1/0")
 app = Celery("celery_chord", broker=URL, backend=URL)
 app.conf.update(task_default_queue="chord", worker_hijack_root_logger=False,
                 broker_connection_retry_on_startup=True, result_expires=3600)
 LAST_MEMBER_KEY = "bench:chord:last_member_us"
 CALLBACK_KEY = "bench:chord:callback_us"
-MAX_TIME = """
-local t = redis.call('TIME')
-local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local old = tonumber(redis.call('GET', KEYS[1]) or '0')
-if us > old then redis.call('SET', KEYS[1], us) end
-return us
-"""
 _client = redis.Redis.from_url(URL)
 
 
 @app.task(name="chord.member")
 def member(i: int) -> int:
-    _client.eval(MAX_TIME, 1, LAST_MEMBER_KEY)
+    common.note_time(_client, LAST_MEMBER_KEY)
     return i
 
 
 @app.task(name="chord.callback")
 def callback(results: list[int]) -> int:
-    _client.eval(MAX_TIME, 1, CALLBACK_KEY)
+    common.note_time(_client, CALLBACK_KEY)
     return len(results)
 
 
@@ -61,22 +54,16 @@ def main() -> None:
     published_s = time.monotonic() - started
     per_member = (int(client.info("memory")["used_memory"]) - base) / members
     celery_bin = os.path.join(os.path.dirname(sys.executable), "celery")
-    env = dict(os.environ, BENCH_REDIS_URL=url,
-               PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
-    workers = [subprocess.Popen(
+    workers = [common.start_process(
         [celery_bin, "-A", "celery_chord", "worker", "--pool", "threads", "--concurrency",
          str(threads), "-Q", "chord", "--without-gossip", "--without-mingle",
          "--without-heartbeat", "-n", f"chord{i}@%h", "--loglevel", "WARNING"],
-        cwd=os.path.dirname(os.path.abspath(__file__)), env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(procs)]
+        f"celery-chord-{i}", {common.URL_ENV: url}) for i in range(procs)]
     try:
         while not client.exists(CALLBACK_KEY):
             time.sleep(0.05)
     finally:
-        for proc in workers:
-            proc.terminate()
-        for proc in workers:
-            proc.wait(timeout=30)
+        common.stop_processes(workers)
     total_s = time.monotonic() - started
     last, cb = int(client.get(LAST_MEMBER_KEY)), int(client.get(CALLBACK_KEY))
     print(json.dumps({"lib": "celery", "members": members, "enqueue_s": round(published_s, 3),

@@ -307,6 +307,22 @@ def start_process(argv: Sequence[str], name: str, extra_env: dict[str, str] | No
     return proc
 
 
+#: Keep in KEYS[1] the latest Redis time (µs) any caller noted (the workflow benchmark:
+#: when the last member of a group ended, when its callback started).
+MAX_TIME_LUA = """
+local t = redis.call('TIME')
+local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local old = tonumber(redis.call('GET', KEYS[1]) or '0')
+if us > old then redis.call('SET', KEYS[1], us) end
+return us
+"""
+
+
+def note_time(client: redis.Redis, key: str) -> None:
+    """Raise ``key`` to the Redis time now (see ``MAX_TIME_LUA``)."""
+    client.eval(MAX_TIME_LUA, 1, key)
+
+
 def stop_processes(procs: Iterable[subprocess.Popen], grace: float = 10.0) -> None:
     """SIGTERM each worker's process group, then SIGKILL whatever is left after grace."""
     procs = list(procs)

@@ -21,24 +21,17 @@ def late(due_us: int) -> None:
 #: member's finish, and of the callback's start.
 LAST_MEMBER_KEY = "bench:flow:last_member_us"
 CALLBACK_KEY = "bench:flow:callback_us"
-_MAX_TIME = """
-local t = redis.call('TIME')
-local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local old = tonumber(redis.call('GET', KEYS[1]) or '0')
-if us > old then redis.call('SET', KEYS[1], us) end
-return us
-"""
 
 
 @task(queue="bench", max_attempts=1)
 def member(i: int) -> int:
     """A group member: note the Redis time it finished (the latest one wins)."""
-    common._client().eval(_MAX_TIME, 1, LAST_MEMBER_KEY)
+    common.note_time(common._client(), LAST_MEMBER_KEY)
     return i
 
 
 @task(queue="bench", max_attempts=1)
 def callback(results: list[int]) -> int:
     """The group's callback: note the Redis time it started."""
-    common._client().eval(_MAX_TIME, 1, CALLBACK_KEY)
+    common.note_time(common._client(), CALLBACK_KEY)
     return len(results)
