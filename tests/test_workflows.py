@@ -254,6 +254,9 @@ def test_waiting_jobs_in_the_mirror_admin_and_api(admin_client, redis_client):
                                              "status": "scheduled"}]
     counts = admin_client.get("/api/delayq/queues/").json()
     assert {q["name"]: q["counts"]["waiting"] for q in counts}["other"] == 1
+    cancelled = admin_client.post(f"/api/delayq/jobs/other/{child.id}/cancel/")
+    assert cancelled.status_code == 200
+    assert cancelled.json()["status"] == "cancelled"
 
 
 def test_the_tasks_backend_reports_a_waiting_job_ready():

@@ -201,11 +201,12 @@ class JobCancelView(DelayQAPIView):
     @document(summary="Cancel a job", request=None,
                    responses={200: s.LiveJobSerializer, **NOT_FOUND, **CONFLICT, **ERRORS})
     def post(self, request: Request, queue: str, job_id: str) -> Response:
-        """Cancel a scheduled or ready job (409 once it started or finished)."""
+        """Cancel a waiting, scheduled or ready job (409 once it started or finished); the
+        jobs that wait for it follow their policy."""
         job = Job(id=job_id, queue=queue)
         if not job.cancel():
-            raise Conflict(f"Job {job_id!r} is {job.status}: only a scheduled or ready job can "
-                           "be cancelled.")
+            raise Conflict(f"Job {job_id!r} is {job.status}: only a waiting, scheduled or "
+                           "ready job can be cancelled.")
         logger.info("job cancelled job=%s queue=%s user=%s", job_id, queue, request.user)
         return Response(s.LiveJobSerializer(job.refresh()).data)
 
