@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any
 
+from django_delayq.engine import Broker, EnqueueRequest
 from django_delayq.engine.keys import QueueKeys
 
 CHUNK = 1_000
@@ -30,16 +30,16 @@ class Generated:
         return self.jobs * EVENTS_PER_JOB
 
 
-def generate(task: Any, keys: QueueKeys, client: Any, jobs: int, *,
+def generate(broker: Broker, task: str, keys: QueueKeys, jobs: int, *,
              t0: dt.datetime) -> Generated:
     """Enqueue ``jobs`` jobs of ``task`` due from ``t0`` (one per ms), then append the
     events of one completed attempt each: started (1,000 jobs at a time) 1 to 3 s
     after the last run_at of its chunk, finished ``chunk % 7`` s later."""
-    from django_delayq.task import Call
-
     t0_ms = int(t0.timestamp() * 1000)
-    task.enqueue_many(Call(args=[i], job_id=f"g-{i}", run_at=t0 + dt.timedelta(milliseconds=i))
-                      for i in range(jobs))
+    broker.enqueue_many(keys.queue, (
+        EnqueueRequest(task=task, args=[i], job_id=f"g-{i}",
+                       run_at=t0 + dt.timedelta(milliseconds=i)) for i in range(jobs)))
+    client = broker.client
     lateness: list[float] = []
     duration: list[float] = []
     pipe = client.pipeline(transaction=False)

@@ -86,14 +86,16 @@ def test_export_writes_each_event_once_in_its_own_group(tmp_path, broker, redis_
     exporter = export(tmp_path, broker)
     expected = stream_events(redis_client)
     assert lake_events(tmp_path) == expected
-    assert exporter.rows == sum(expected.values()) and exporter.lost == 0
+    assert exporter.rows == sum(expected.values())
+    assert exporter.lost == 0
     assert pending(redis_client) == 0
     # The mirror's group is another one: the export neither created nor moved it.
     groups = {g["name"]: g for g in redis_client.xinfo_groups(KEYS.events)}
     assert set(groups) == {GROUP}
     day = dt.datetime.now(UTC).strftime("%Y-%m-%d")
     files = sorted(p.name for p in (tmp_path / f"date={day}").iterdir())
-    assert files and all(f.startswith("default~x~") and f.endswith(".parquet") for f in files)
+    assert files
+    assert all(f.startswith("default~x~") and f.endswith(".parquet") for f in files)
     table = read_all(str(tmp_path))
     rows = table.to_pylist()
     enq = {r["job_id"]: r for r in rows if r["event"] == "enqueued"}
@@ -120,7 +122,8 @@ def test_the_mirror_and_the_export_ack_apart(tmp_path, broker, redis_client):
     redis_client.xgroup_create(KEYS.events, MIRROR_GROUP, id="0")
     mirror = Mirror(block=0.1, queues=["default"], broker=broker)
     assert mirror.drain(timeout=30) == redis_client.xlen(KEYS.events)
-    assert pending(redis_client) == 0 and pending(redis_client, MIRROR_GROUP) == 0
+    assert pending(redis_client) == 0
+    assert pending(redis_client, MIRROR_GROUP) == 0
 
 
 @pytest.mark.parametrize("second", [{"name": "first", "batch_size": 7},
@@ -135,7 +138,8 @@ def test_a_crash_between_file_and_ack_writes_nothing_twice(tmp_path, broker, red
                               name="first")
     with pytest.raises(Crash):
         crashing.run(burst=True)
-    assert crashing.files == 3 and pending(redis_client) == 10
+    assert crashing.files == 3
+    assert pending(redis_client) == 10
     written = lake_events(tmp_path)
     assert sum(written.values()) > 0
     # Run again, with other batch boundaries (or as another consumer): the entries of the
@@ -215,8 +219,7 @@ def spark() -> Iterator[Any]:
 @pytest.mark.django_db
 def test_the_lake_report_equals_the_table_report(tmp_path, broker, spark):
     from django_delayq.mirror import Mirror
-    from django_delayq.spark import attempts_from_lake, build_report, jobs_from_lake
-    from django_delayq.spark import jobs_from_orm
+    from django_delayq.spark import attempts_from_lake, build_report, jobs_from_lake, jobs_from_orm
 
     jobs = ran_jobs()
     Mirror(block=0.1, broker=broker).run(burst=True)
@@ -225,7 +228,8 @@ def test_the_lake_report_equals_the_table_report(tmp_path, broker, spark):
     from_lake = build_report(jobs_from_lake(spark, str(tmp_path)), top=5)
     assert from_table.jobs == from_lake.jobs == len(jobs)
     assert from_lake.summary == from_table.summary
-    assert from_lake.latest == from_table.latest and from_lake.longest == from_table.longest
+    assert from_lake.latest == from_table.latest
+    assert from_lake.longest == from_table.longest
     failing = {r["attempt"]: r for r in attempts_from_lake(spark, str(tmp_path))
                .where(f"job_id = '{jobs[-1].id}'").collect()}
     assert [failing[n]["outcome"] for n in (1, 2, 3)] == ["retried", "retried", "failed"]
@@ -242,7 +246,7 @@ def test_100k_jobs_exported_twice_read_back_exactly(tmp_path, broker, redis_clie
     from django_delayq.spark.lake import lake_events as read_lake
 
     t0 = dt.datetime(2026, 1, 5, 12, tzinfo=UTC)
-    made = generate(tasks.record, KEYS, redis_client, 100_000, t0=t0)
+    made = generate(broker, tasks.record.name, KEYS, 100_000, t0=t0)
     crashing = CrashBeforeAck(str(tmp_path), broker=broker, batch_size=60, after=4)
     with pytest.raises(Crash):
         crashing.run(burst=True)

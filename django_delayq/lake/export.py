@@ -22,7 +22,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -44,6 +44,8 @@ _ENDS_ATTEMPT = frozenset(("completed", "failed", "retried"))
 #: Job hash fields read at export time: task, run_at, priority, max attempts, log.
 _HASH_FIELDS = ("t", "r", "p", "m", "h")
 _PIPELINE = 5_000
+#: Rows a file holds at most (about: a file ends after the entry that reaches it).
+ROWS_PER_FILE = 250_000
 
 Entry = tuple[str, "dict[str, str] | None"]
 
@@ -63,7 +65,7 @@ class Exporter:
     """
 
     def __init__(self, where: str, *, broker: Broker, name: str | None = None,
-                 batch_size: int = 10_000, block: float = 1.0, claim_idle: float = 60.0,
+                 batch_size: int = 2_000, block: float = 1.0, claim_idle: float = 60.0,
                  queues: Iterable[str] | None = None, refresh_interval: float = 10.0) -> None:
         self.where = where
         self.filesystem, self.root = store.open_lake(where)
@@ -239,8 +241,10 @@ class Exporter:
         present = [(i, f) for i, f in entries if f is not None]
         if len(present) < len(entries):
             self._lose(keys, len(entries) - len(present))
-        columns = self._columns(keys, present)
-        if columns["stream_id"]:
+        for chunk in _chunks(present):
+            columns = self._columns(keys, chunk)
+            if not columns["stream_id"]:
+                continue
             table = pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
             for day, part in _by_day(table):
                 if recovered:
@@ -371,6 +375,23 @@ def _attempt_log(raw: str | None) -> dict[int, dict[str, Any]]:
     if not isinstance(log, list):
         return {}
     return {int(e["n"]): e for e in log if isinstance(e, dict) and _int(e.get("n"))}
+
+
+def _chunks(entries: list[tuple[str, dict[str, str]]]
+            ) -> Iterator[list[tuple[str, dict[str, str]]]]:
+    """``entries`` in runs of about :data:`ROWS_PER_FILE` rows (a bulk entry names up to
+    1,000 jobs), so that a batch's memory and its files stay bounded."""
+    chunk: list[tuple[str, dict[str, str]]] = []
+    rows = 0
+    for entry in entries:
+        chunk.append(entry)
+        jobs = entry[1].get("jobs")
+        rows += jobs.count(" ") + 1 if jobs else 1
+        if rows >= ROWS_PER_FILE:
+            yield chunk
+            chunk, rows = [], 0
+    if chunk:
+        yield chunk
 
 
 def _order(entry_id: str) -> tuple[int, int]:

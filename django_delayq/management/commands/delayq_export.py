@@ -33,8 +33,9 @@ class Command(BaseCommand):
                             "default: every known queue, refreshed)")
         parser.add_argument("--burst", action="store_true",
                             help="export what the streams hold, then exit")
-        parser.add_argument("--batch-size", type=int, default=10_000,
-                            help="stream entries per batch, and so at most per file")
+        parser.add_argument("--batch-size", type=int, default=2_000,
+                            help="stream entries read per batch (a batch is written as "
+                            "files of at most about 250,000 events)")
         parser.add_argument("--claim-idle", type=float, default=60.0,
                             help="seconds another exporter's unacknowledged entries may "
                                  "sit before this one takes them")
