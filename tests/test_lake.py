@@ -4,6 +4,7 @@ file and its acknowledgement, and read back by Spark per attempt and per job."""
 from __future__ import annotations
 
 import datetime as dt
+import io
 import signal
 import subprocess
 import sys
@@ -218,8 +219,11 @@ def spark() -> Iterator[Any]:
 @pytest.mark.spark
 @pytest.mark.django_db
 def test_the_lake_report_equals_the_table_report(tmp_path, broker, spark):
+    from django.core.management import call_command
+
     from django_delayq.mirror import Mirror
     from django_delayq.spark import attempts_from_lake, build_report, jobs_from_lake, jobs_from_orm
+    from django_delayq.spark.render import format_table
 
     jobs = ran_jobs()
     Mirror(block=0.1, broker=broker).run(burst=True)
@@ -235,6 +239,10 @@ def test_the_lake_report_equals_the_table_report(tmp_path, broker, spark):
     assert [failing[n]["outcome"] for n in (1, 2, 3)] == ["retried", "retried", "failed"]
     assert all(failing[n]["duration"] >= 0 and failing[n]["worker"] for n in (1, 2, 3))
     assert failing[2]["run_at"] > failing[1]["finished_at"]
+    # The command takes the lake for --input and prints the same summary.
+    out = io.StringIO()
+    call_command("delayq_report", "--input", str(tmp_path), "--top", "0", stdout=out)
+    assert out.getvalue().startswith(format_table(from_table))
 
 
 @pytest.mark.spark
