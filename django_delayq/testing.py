@@ -8,6 +8,7 @@ with no persistence unless asked, and stops it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -65,6 +66,10 @@ def free_cluster_port() -> int:
     raise RuntimeError("no free pair of ports for a Redis Cluster node")
 
 
+class _PortTaken(RuntimeError):
+    """Another process answered on the port a server was started on."""
+
+
 class RedisServer:
     """A redis-server process on 127.0.0.1 that lives as long as this object.
 
@@ -75,6 +80,7 @@ class RedisServer:
     def __init__(self, *, port: int | None = None, appendonly: bool = False,
                  extra_args: tuple[str, ...] = (), binary: str | None = None) -> None:
         self.port = port or free_port()
+        self._port_given = port is not None
         self.appendonly = appendonly
         self.extra_args = extra_args
         self.binary = binary or find_redis_server()
@@ -86,17 +92,30 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
-        args = [
+        """Start the server; ``port`` is final once this returns (a free port picked at
+        construction can be taken by another process before the server binds it: then
+        another is picked, unless the port was given)."""
+        for _ in range(5):
+            self.process = subprocess.Popen(self._command(), stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL, start_new_session=True)
+            try:
+                self._wait_ready()
+                return self
+            except _PortTaken:
+                self.stop()
+                if self._port_given:
+                    raise
+                self.port = free_port()
+        raise RuntimeError("redis-server found every port it was given taken")
+
+    def _command(self) -> list[str]:
+        return [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
             "--save", "", "--daemonize", "no", "--loglevel", "warning",
             "--logfile", os.path.join(self.dir, "redis.log"),
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", "everysec", *self.extra_args,
         ]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
-        self._wait_ready()
-        return self
 
     def _wait_ready(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
@@ -104,17 +123,38 @@ class RedisServer:
             if self.process is not None and self.process.poll() is not None:
                 log = Path(self.dir, "redis.log")
                 text = log.read_text() if log.exists() else ""
+                if "Address already in use" in text:
+                    raise _PortTaken(self.port)
                 raise RuntimeError(f"redis-server exited at start: {text[-2000:]}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
                     s.sendall(b"PING\r\n")
+                    reply = s.recv(64)
                     # A server started with --requirepass answers NOAUTH: it is up.
-                    if s.recv(64).startswith((b"+PONG", b"-NOAUTH")):
+                    if reply.startswith(b"-NOAUTH"):
                         return
+                    if reply.startswith(b"+PONG"):
+                        if self._answered_by_me(s):
+                            return
+                        raise _PortTaken(self.port)
             except OSError:
                 pass
             time.sleep(0.02)
         raise RuntimeError(f"redis-server did not answer on port {self.port} in {timeout}s")
+
+    def _answered_by_me(self, conn: socket.socket) -> bool:
+        """Whether the server on the port is this object's process, not another one that
+        held the port first (the port was free when picked, not when bound)."""
+        conn.sendall(b"INFO server\r\n")
+        data = b""
+        while b"process_id:" not in data or not data.endswith(b"\r\n"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        found = re.search(rb"process_id:(\d+)", data)
+        return (found is not None and self.process is not None
+                and int(found.group(1)) == self.process.pid)
 
     def stop(self) -> None:
         if self.process is None:
@@ -166,20 +206,18 @@ class SentinelServer(RedisServer):
                  binary: str | None = None) -> None:
         super().__init__(binary=binary)
         self.config = Path(self.dir, "sentinel.conf")
+        self._monitor = (f"sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n"
+                         f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
+                         f"sentinel failover-timeout {service} {failover_timeout_ms}\n"
+                         f"sentinel parallel-syncs {service} 1\n")
+
+    def _command(self) -> list[str]:
+        # Written at each start: the port may have changed (see RedisServer.start).
         self.config.write_text(
             f"port {self.port}\nbind 127.0.0.1\ndir {self.dir}\n"
             f"logfile {os.path.join(self.dir, 'redis.log')}\nloglevel warning\n"
-            f"sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n"
-            f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
-            f"sentinel failover-timeout {service} {failover_timeout_ms}\n"
-            f"sentinel parallel-syncs {service} 1\n")
-
-    def start(self) -> SentinelServer:
-        self.process = subprocess.Popen(
-            [self.binary, str(self.config), "--sentinel", "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        self._wait_ready()
-        return self
+            + self._monitor)
+        return [self.binary, str(self.config), "--sentinel", "--daemonize", "no"]
 
 
 class RedisSentinelGroup:
@@ -194,15 +232,11 @@ class RedisSentinelGroup:
                  down_after_ms: int = 1000, binary: str | None = None) -> None:
         self.service = service
         self._not_ready = ""
+        self._sizes = (replicas, sentinels, down_after_ms)
         self.primary = RedisServer(binary=binary, extra_args=REPLICATION_ARGS)
-        self.replicas = [
-            RedisServer(binary=binary, extra_args=("--replicaof", "127.0.0.1",
-                                                   str(self.primary.port), *REPLICATION_ARGS))
-            for _ in range(replicas)]
-        self.sentinels = [
-            SentinelServer(service, self.primary.port, quorum=sentinels // 2 + 1,
-                           down_after_ms=down_after_ms, binary=binary)
-            for _ in range(sentinels)]
+        # Made by start(), once the primary's port is final.
+        self.replicas: list[RedisServer] = []
+        self.sentinels: list[SentinelServer] = []
 
     @property
     def servers(self) -> list[RedisServer]:
@@ -213,8 +247,19 @@ class RedisSentinelGroup:
         return f"redis+sentinel://{hosts}/{self.service}/{db}"
 
     def start(self, timeout: float = 30.0) -> RedisSentinelGroup:
+        replicas, sentinels, down_after_ms = self._sizes
+        binary = self.primary.binary
         try:
-            for server in [*self.servers, *self.sentinels]:
+            self.primary.start()
+            self.replicas = [
+                RedisServer(binary=binary, extra_args=(
+                    "--replicaof", "127.0.0.1", str(self.primary.port), *REPLICATION_ARGS))
+                for _ in range(replicas)]
+            self.sentinels = [
+                SentinelServer(self.service, self.primary.port, quorum=sentinels // 2 + 1,
+                               down_after_ms=down_after_ms, binary=binary)
+                for _ in range(sentinels)]
+            for server in [*self.replicas, *self.sentinels]:
                 server.start()
             self._wait(lambda: self._ready(), timeout,
                        lambda: f"did not settle ({self._not_ready})")

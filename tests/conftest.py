@@ -159,6 +159,35 @@ def worker_env(redis_url: str | None = None, **extra: str) -> dict[str, str]:
     return env
 
 
+def rerun_on_postgresql(test_file: str, *, this_test: str, timeout: float = 900) -> str:
+    """Run ``test_file`` again in a pytest of its own on the PostgreSQL settings (less
+    ``this_test``, the test calling this), and fail unless every test of it passed."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        pytest.fail("run this test with the default (SQLite) settings; it starts PostgreSQL runs")
+    import psycopg
+
+    try:
+        psycopg.connect(services.pg_admin_dsn(), connect_timeout=5).close()
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"PostgreSQL is not reachable at {services.pg_where()} (trust auth), and "
+                    f"{test_file} must also pass on PostgreSQL: unset DELAYQ_TEST_PG_URL to "
+                    f"let the suite start its own. {exc}")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "--ds=tests.settings_postgres", "-p", "no:cacheprovider",
+         "-q", test_file, "-k", f"not {this_test}"],
+        cwd=ROOT, env=worker_env(DJANGO_SETTINGS_MODULE="tests.settings_postgres"),
+        capture_output=True, text=True, timeout=timeout,
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert " passed" in output, output
+    assert "skipped" not in output, output
+    assert "failed" not in output, output
+    return output
+
+
 def spawn_worker(*args: str, redis_url: str | None = None, env: dict[str, str] | None = None,
                  **popen: Any) -> subprocess.Popen[str]:
     """``manage.py runworker ARGS`` in a new process (its stderr is piped, as text);

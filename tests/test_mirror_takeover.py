@@ -22,10 +22,6 @@ from tests.testapp.tasks import record
 
 
 @pytest.mark.postgres
-@pytest.mark.xfail(
-    os.environ.get("PYTEST_XDIST_WORKER") is not None, strict=False,
-    reason="known open bug: under pytest-xdist the burst mirror takes nothing over "
-           "(mirrored=0); passes in one process. Tracked in issue 18.")
 def test_a_sigkilled_workers_pending_mirror_events_are_taken_over_by_a_burst(
         redis_client, pg_database):  # noqa: F811
     import psycopg
@@ -98,3 +94,23 @@ def test_consumers_of_ended_processes_on_this_host_are_gone(redis_client):
     redis_client.hset(gk.worker("stale"), mapping={"host": "elsewhere", "pid": "1"})
     assert consumers_gone(broker, [mirror_consumer("fresh"), mirror_consumer("stale")]) == {
         mirror_consumer("stale")}
+
+
+def test_events_delivered_just_before_their_consumer_died_are_taken_over_at_once(
+        redis_client):
+    from django_delayq.mirror.takeover import claim_from_gone
+
+    broker = get_broker()
+    keys = broker.shards("default")[0]
+    redis_client.xgroup_create(keys.events, GROUP, id="0", mkstream=True)
+    jobs = [record.using(delay=3600).enqueue(f"g{i}") for i in range(5)]
+    ghost = mirror_consumer("never-registered")  # no worker record: certainly gone
+    got = redis_client.xreadgroup(GROUP, ghost, {keys.events: ">"}, count=100)
+    read = sum(len(entries) for _, entries in got)
+    assert read >= len(jobs)
+    # At once: the entries have been idle for less than the take-over's minimum idle
+    # time, and nobody else will ever touch them.
+    taken = [entry for batch in claim_from_gone(broker, keys, "me", 100) for entry in batch]
+    assert len(taken) == read
+    assert {c["name"]: c["pending"] for c in redis_client.xinfo_consumers(
+        keys.events, GROUP)}.get(ghost, 0) == 0

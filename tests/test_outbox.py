@@ -34,8 +34,14 @@ from django_delayq.models import OutboxEntry
 from django_delayq.outbox import OUTBOX, OutboxJob, Relay
 from django_delayq.task import registry
 from django_delayq.testing import RedisServer
-from tests import services
-from tests.conftest import ROOT, OutputReader, wait_until, worker_env, worker_thread
+from tests.conftest import (
+    ROOT,
+    OutputReader,
+    rerun_on_postgresql,
+    wait_until,
+    worker_env,
+    worker_thread,
+)
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -625,24 +631,5 @@ def test_bad_outbox_settings_fail_the_checks():
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_outbox_tests_pass_on_postgresql():
-    if connection.vendor == "postgresql":
-        pytest.fail("run this test with the default (SQLite) settings; it starts PostgreSQL runs")
-    import psycopg
-
-    try:
-        psycopg.connect(services.pg_admin_dsn(), connect_timeout=5).close()
-    except psycopg.OperationalError as exc:
-        pytest.fail(f"PostgreSQL is not reachable at {services.pg_where()} (trust auth), and "
-                    f"the outbox tests must also pass on PostgreSQL: unset DELAYQ_TEST_PG_URL "
-                    f"to let the suite start its own. {exc}")
-    env = worker_env(DJANGO_SETTINGS_MODULE="tests.settings_postgres")
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "--ds=tests.settings_postgres", "-p", "no:cacheprovider",
-         "-q", "tests/test_outbox.py", "-k", "not test_outbox_tests_pass_on_postgresql"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-    )
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output
-    assert " passed" in output, output
-    assert "skipped" not in output, output
-    assert "failed" not in output, output
+    rerun_on_postgresql("tests/test_outbox.py", this_test="test_outbox_tests_pass_on_postgresql",
+                        timeout=900)

