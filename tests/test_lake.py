@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import json
 import signal
 import subprocess
 import sys
@@ -170,6 +171,18 @@ def test_a_killed_export_process_rerun_leaves_no_duplicate(tmp_path, redis_clien
     assert done.returncode == 0, done.stderr
     assert lake_events(tmp_path) == expected
     assert pending(redis_client) == 0
+
+
+def test_runworker_exports_on_a_thread_when_lake_path_is_set(tmp_path, redis_client):
+    jobs = [tasks.record.enqueue(f"w{i}") for i in range(5)]
+    env = worker_env(DELAYQ_TEST_SETTINGS=json.dumps({"LAKE_PATH": str(tmp_path)}))
+    done = subprocess.run([sys.executable, "-m", "django", "runworker", "--burst"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert all(j.refresh().status == "completed" for j in jobs)
+    # Stopping, the thread exported what the worker's last acks wrote.
+    assert lake_events(tmp_path) == stream_events(redis_client)
+    assert {e for _, e, _ in lake_events(tmp_path)} >= {"enqueued", "completed"}
 
 
 def test_trimmed_events_are_counted_as_lost(tmp_path, broker, redis_client):
