@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Any
 
 from django_delayq.engine import Broker, EnqueueRequest
 from django_delayq.engine.keys import QueueKeys
+from django_delayq.lake import Exporter
 
 CHUNK = 1_000
 EVENTS_PER_JOB = 4  # enqueued, claimed, started, completed
@@ -59,3 +61,21 @@ def generate(broker: Broker, task: str, keys: QueueKeys, jobs: int, *,
             pipe.execute()
     pipe.execute()
     return Generated(jobs, lateness, duration)
+
+
+class Crash(Exception):
+    """Raised where a process would die: after a file, before its acknowledgement."""
+
+
+class CrashBeforeAck(Exporter):
+    """Dies before acknowledging its ``after``-th batch (its file is written)."""
+
+    def __init__(self, *args: Any, after: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.after = after
+
+    def _acknowledge(self, keys: QueueKeys, ids: list[str]) -> None:
+        self.after -= 1
+        if self.after <= 0:
+            raise Crash
+        super()._acknowledge(keys, ids)

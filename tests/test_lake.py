@@ -22,29 +22,11 @@ from django_delayq.lake import GROUP, Exporter
 from django_delayq.lake.store import read_all
 from django_delayq.mirror import GROUP as MIRROR_GROUP
 from tests.conftest import ROOT, wait_until, worker_env, worker_thread
-from tests.lake_events import generate
+from tests.lake_events import Crash, CrashBeforeAck, generate
 from tests.testapp import tasks
 
 KEYS = QueueKeys("dq", "default")
 UTC = dt.UTC
-
-
-class Crash(Exception):
-    """Raised where a process would die: after a file, before its acknowledgement."""
-
-
-class CrashBeforeAck(Exporter):
-    """Dies before acknowledging its ``after``-th batch (its file is written)."""
-
-    def __init__(self, *args: Any, after: int = 1, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.after = after
-
-    def _acknowledge(self, keys: QueueKeys, ids: list[str]) -> None:
-        self.after -= 1
-        if self.after <= 0:
-            raise Crash
-        super()._acknowledge(keys, ids)
 
 
 def export(lake: Path, broker: Any, **kwargs: Any) -> Exporter:
