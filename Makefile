@@ -52,6 +52,7 @@ typecheck: $(STAMP)
 ## Benchmarks against the peers (RQ, Celery, Dramatiq, Huey, arq, SAQ) on one Redis.
 bench: $(STAMP)
 	./bench/run.sh
+	$(BIN)/python bench/shards.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache

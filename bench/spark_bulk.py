@@ -54,14 +54,15 @@ def bench_enqueue_many(url: str, jobs: int, chunk_size: int) -> dict[str, float]
 
 
 def bench_spark(url: str, jobs: int, chunk_size: int, master: str,
-                partitions: int | None) -> dict[str, object]:
+                partitions: int | None, extra: dict[str, str] | None = None
+                ) -> dict[str, object]:
     from pyspark.sql import functions as F
 
     from django_delayq.spark import enqueue_dataframe, spark_session
 
     started = time.perf_counter()
     spark = spark_session(master, app_name="delayq-bench", config={
-        "spark.ui.enabled": "false", "spark.driver.memory": "2g"})
+        "spark.ui.enabled": "false", "spark.driver.memory": "2g", **(extra or {})})
     startup = time.perf_counter() - started
     df = spark.range(0, jobs, numPartitions=partitions or spark.sparkContext.defaultParallelism)
     df = df.select(F.col("id").alias("n"), F.timestamp_seconds(

@@ -223,6 +223,22 @@ def _outbox(value: Any) -> list[str]:
     return problems
 
 
+def _lake_path(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, str) or not value.strip():
+        return [f"must be a path or a filesystem URL (or None), not {value!r}."]
+    from .lake.store import open_lake  # PyArrow: only when a lake is configured
+
+    try:
+        open_lake(value)
+    except (ValueError, ImportError) as exc:
+        return [str(exc)]
+    if given().get("EVENTS_MAXLEN", 100_000) == 0:
+        return ["is set while EVENTS_MAXLEN is 0: no events are recorded to export."]
+    return []
+
+
 def _spark_master(value: Any) -> list[str]:
     if not isinstance(value, str) or not SPARK_MASTER_RE.match(value):
         return [f"must be a Spark master URL such as local[*], local[4], spark://host:7077, "
@@ -346,6 +362,12 @@ class DelayQSettings:
     MIRROR_CLAIM_IDLE = Setting(60.0, float, "E032", number(minimum=0),
                                 "Seconds another mirror's unacknowledged events may sit "
                                 "before this one takes them over.")
+    # The job-history lake: a local path or filesystem URL (s3://, gs://, hdfs://...)
+    # that runworker's export thread appends every queue's events to (None: off; the
+    # delayq_export command takes the path itself).
+    LAKE_PATH = Setting(None, optional(str), "E033", _lake_path,
+                        "Where runworker's export thread writes the job-history lake "
+                        "(None: no thread).")
     # The transactional outbox (Task.enqueue_in_transaction): keys left out keep their
     # defaults (OUTBOX_DEFAULTS).
     OUTBOX = Setting(OUTBOX_DEFAULTS, _outbox_options, "E090", _outbox,

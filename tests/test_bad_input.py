@@ -305,6 +305,7 @@ CHECK_CASES: dict[str, Any] = {
     "E030": {"MIRROR_RETENTION": -1},
     "E031": {"MIRROR_BATCH_SIZE": 0},
     "E032": {"MIRROR_CLAIM_IDLE": "1m"},
+    "E033": {"LAKE_PATH": ["/tmp/lake"]},
     "E040": {"API_PERMISSION_CLASSES": ["no.such.Permission"]},
     "E060": {"SPARK_MASTER": "local[0]"},
     "E070": {"MIN_REPLICAS": -1},

@@ -122,3 +122,37 @@ def test_the_jdbc_reader_on_the_cluster_and_postgresql(cluster: SparkCluster) ->
     output = run.stdout + run.stderr
     assert run.returncode == 0, output
     assert "2 passed" in output, output
+
+
+def test_the_lake_report_on_the_cluster(spark: Any, broker: Any, tmp_path: Path) -> None:
+    import datetime as dt
+
+    import numpy as np
+
+    from django_delayq.engine.keys import QueueKeys
+    from django_delayq.lake import Exporter
+    from django_delayq.spark import build_report, jobs_from_lake
+    from tests.lake_events import generate
+
+    keys = QueueKeys("dq", "lake")
+    made = generate(broker, "lake.work", keys, 5_000,
+                    t0=dt.datetime(2026, 1, 5, 12, tzinfo=dt.UTC))
+    Exporter(str(tmp_path), broker=broker, queues=["lake"], batch_size=5).run(burst=True)
+    jobs = jobs_from_lake(spark, str(tmp_path))
+    report = build_report(jobs, top=0)
+    row = report.row("lake", "lake.work")
+    assert (row["total"], row["completed"]) == (5_000, 5_000)
+    want = np.percentile(np.array(made.lateness), [50, 95, 99], method="linear")
+    got = [row["lateness_p50"], row["lateness_p95"], row["lateness_p99"]]
+    assert got == pytest.approx(list(want), rel=1e-12, abs=1e-9)
+
+    def probe(rows: Iterator[Any]) -> Iterator[tuple[int, int, bool]]:
+        import os as executor_os
+        import sys as executor_sys
+
+        yield (executor_os.getpid(), sum(1 for _ in rows),
+               "django" in executor_sys.modules)
+
+    found = jobs.rdd.mapPartitions(probe).collect()
+    assert sum(n for _, n, _ in found) == 5_000
+    assert all(pid != os.getpid() and not imported for pid, _, imported in found)

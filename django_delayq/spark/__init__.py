@@ -6,7 +6,8 @@ Needs the ``spark`` extra (PySpark, PyArrow, Matplotlib) and a Java runtime::
 
 ``enqueue_dataframe`` turns the rows of a DataFrame into jobs from the Spark executors,
 through the engine alone (executors need no Django). ``load_jobs``, ``jobs_from_orm`` and
-``jobs_from_jdbc`` read the job history into a DataFrame and ``build_report`` summarises
+``jobs_from_jdbc`` read the job history into a DataFrame (``jobs_from_lake`` and
+``attempts_from_lake`` from the job-history lake) and ``build_report`` summarises
 it per queue and task. See docs/spark.md.
 """
 
@@ -30,7 +31,9 @@ _EXPORTS = {
     "enqueue_dataframe": "enqueue",
     "export_jobs": "history",
     "jobs_from_file": "history",
+    "attempts_from_lake": "lake",
     "jobs_from_jdbc": "jdbc",
+    "jobs_from_lake": "lake",
     "jobs_from_orm": "history",
     "load_jobs": "history",
     "Report": "report",
@@ -45,11 +48,13 @@ __all__ = [
     "RejectedRow",
     "Report",
     "SparkSetupError",
+    "attempts_from_lake",
     "build_report",
     "enqueue_dataframe",
     "export_jobs",
     "jobs_from_file",
     "jobs_from_jdbc",
+    "jobs_from_lake",
     "jobs_from_orm",
     "load_jobs",
     "resolve_master",
@@ -60,6 +65,7 @@ if TYPE_CHECKING:
     from .enqueue import EnqueueSummary, RejectedRow, enqueue_dataframe
     from .history import export_jobs, jobs_from_file, jobs_from_orm, load_jobs
     from .jdbc import jobs_from_jdbc
+    from .lake import attempts_from_lake, jobs_from_lake
     from .report import Report, build_report
     from .session import SparkSetupError, resolve_master, spark_session
 

@@ -5,7 +5,8 @@
 batch in hand is written and acknowledged; with ``--drain-on-stop`` (what the pool of
 ``runworker --processes`` runs) it then mirrors what is left, for at most 5 seconds,
 unless a second signal comes. The outbox relay runs on a thread unless
-``DELAYQ["OUTBOX"]["RELAY"]`` is False. Without the Job table (no ``migrate`` yet) it
+``DELAYQ["OUTBOX"]["RELAY"]`` is False, and the lake export when ``DELAYQ["LAKE_PATH"]``
+is set. Without the Job table (no ``migrate`` yet) it
 says so and exits 0.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_delayq.engine.keys import validate_queue_name
+from django_delayq.lake.runner import start_export_thread
 from django_delayq.management.commands.runworker import configure_logging
 from django_delayq.mirror import Mirror, table_exists
 from django_delayq.outbox import start_relay_threads, stop_relay_threads
@@ -70,6 +72,7 @@ class Command(BaseCommand):
             signal.signal(signal.SIGTERM, on_signal)
             signal.signal(signal.SIGINT, on_signal)
         relays = start_relay_threads(known_tasks=registry)  # none if OUTBOX RELAY is False
+        lake = start_export_thread()  # none unless DELAYQ["LAKE_PATH"] is set
         try:
             count = mirror.run(burst=options["burst"])
             if options["drain_on_stop"] and len(signals) == 1:
@@ -77,5 +80,7 @@ class Command(BaseCommand):
                 count += mirror.run(burst=True, timeout=5.0)
         finally:
             stop_relay_threads(relays)
+            if lake is not None:
+                lake.stop(timeout=5.0, drain=True)
         if options["verbosity"]:
             self.stdout.write(f"Mirrored {count} events.")

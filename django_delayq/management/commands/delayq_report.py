@@ -1,7 +1,7 @@
 """``manage.py delayq_report``: job-history analytics on Spark.
 
 Reads the mirrored jobs (through Spark's JDBC source on the executors, through the ORM on
-the driver, or ``--input`` an export), then prints per
+the driver, or ``--input`` the job-history lake or an export), then prints per
 queue and task: counts by status, success rate, start lateness and duration
 p50/p95/p99 (exact), throughput per minute and the worst offenders; ``--out DIR``
 also writes CSVs and a PNG chart. ``--export PATH`` writes the jobs to Parquet instead.
@@ -20,8 +20,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--since", help="only jobs active in this window, e.g. 24h, "
                             "90m, 7d (default: all)")
-        parser.add_argument("--input", help="a .parquet, .csv or .jsonl export of the job "
-                            "table (default: read the table through the ORM)")
+        parser.add_argument("--input", help="a job-history lake (a directory of date= "
+                            "partitions, or its URL: see delayq_export), or a .parquet, "
+                            ".csv or .jsonl export of the job table (default: read the "
+                            "table)")
         parser.add_argument("--source", choices=("auto", "jdbc", "orm"), default="auto",
                             help="how to read the job table: jdbc (the executors read id "
                             "slices in parallel; PostgreSQL), orm (the driver reads it "
@@ -65,13 +67,18 @@ class Command(BaseCommand):
             self.stdout.write(f"exported {rows} jobs to {options['export']}")
             return
 
-        source = "file" if options["input"] else self._source(options["source"])
+        source = self._input(options["input"]) if options["input"] else self._source(
+            options["source"])
         config = jdbc.spark_config() if source == "jdbc" else {}
         spark = spark_session(options["master"], app_name="delayq_report", config=config)
         try:
             if source == "jdbc":
                 df = jdbc.jobs_from_jdbc(spark, since=since,
                                          num_partitions=options["partitions"])
+            elif source == "lake":
+                from django_delayq.spark.lake import jobs_from_lake
+
+                df = jobs_from_lake(spark, options["input"], since=since)
             else:
                 df = load_jobs(spark, options["input"], since=since)
         except (ValueError, FileNotFoundError) as exc:
@@ -83,6 +90,14 @@ class Command(BaseCommand):
         if options["out"]:
             paths = write_report(report, options["out"])
             self.stdout.write("wrote " + ", ".join(str(p) for p in paths))
+
+    @staticmethod
+    def _input(path: str) -> str:
+        """``lake`` for a lake (a directory of ``date=`` partitions, or a URL), else
+        ``file``."""
+        from django_delayq.spark.lake import is_lake
+
+        return "lake" if is_lake(path) else "file"
 
     def _source(self, asked: str) -> str:
         """``jdbc`` or ``orm``: what was asked, or for ``auto`` what this database allows."""

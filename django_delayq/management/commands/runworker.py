@@ -30,6 +30,7 @@ from django_delayq.conf import conf
 from django_delayq.engine import workers as liveness
 from django_delayq.engine.keys import validate_queue_name
 from django_delayq.engine.workers import mirror_consumer
+from django_delayq.lake.runner import start_export_thread
 from django_delayq.mirror import MirrorThread
 from django_delayq.outbox import start_relay_threads, stop_relay_threads
 from django_delayq.task import registry
@@ -129,6 +130,7 @@ class Command(BaseCommand):
         # says it is gone, other mirrors take over its pending events at once.
         mirror = None if options["no_mirror"] else MirrorThread(
             name=mirror_consumer(worker.name)).start()
+        lake = None if options["no_mirror"] else start_export_thread()  # LAKE_PATH set
         relays = start_relay_threads(known_tasks=registry)  # none if OUTBOX RELAY is False
         try:
             code = worker.run()
@@ -136,6 +138,8 @@ class Command(BaseCommand):
             stop_relay_threads(relays)
             if mirror is not None:
                 mirror.stop(timeout=5.0, drain=True)  # mirror the last events too
+            if lake is not None:
+                lake.stop(timeout=5.0, drain=True)
         if code == 0 and recycle is not None and recycle.reason and not signals:
             code = EXIT_RECYCLE  # stopped by a limit, not by a signal: replace me
         if code == EXIT_RESTART:

@@ -1,0 +1,432 @@
+"""The exporter: every queue shard's events stream -> the lake's Parquet files.
+
+It reads through its own consumer group (:data:`GROUP`), so its position and its
+acknowledgements are independent of the model mirror's. A batch of entries is written
+as one file per UTC day, and acknowledged only once that file is durable
+(:func:`.store.write`): a crash in between leaves the entries pending, and they are read
+again. Entries read again are checked against the files already written (a file's name
+gives the range of stream ids it may hold, its ``stream_id`` column the ids it does):
+those found are acknowledged without being written twice, so no event is in the lake
+twice, whatever the batch boundaries of the second run.
+
+The streams are capped (``DELAYQ["EVENTS_MAXLEN"]``, an approximate ``MAXLEN`` trim on
+every append, blind to consumer groups): entries trimmed before the exporter read them
+are gone. The exporter counts them (:attr:`Exporter.lost`) and logs an error; keep the
+cap above the events a queue shard appends while the exporter may be behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+from redis.exceptions import RedisError, ResponseError
+
+from ..engine import Broker, Queue
+from ..engine.errors import DelayQConnectionError
+from ..engine.keys import QueueKeys
+from . import store
+from .schema import ARROW_SCHEMA, day_of
+
+logger = logging.getLogger(__name__)
+
+#: The consumer group every exporter reads through (the mirror's is ``delayq-mirror``).
+GROUP = "delayq-lake"
+#: Events whose rows take fields of the job hash.
+_ENQUEUED = "enqueued"
+_ENDS_ATTEMPT = frozenset(("completed", "failed", "retried"))
+#: Job hash fields read at export time: task, run_at, priority, max attempts, log.
+_HASH_FIELDS = ("t", "r", "p", "m", "h")
+_PIPELINE = 5_000
+#: Rows a file holds at most (about: a file ends after the entry that reaches it).
+ROWS_PER_FILE = 250_000
+
+Entry = tuple[str, "dict[str, str] | None"]
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class Exporter:
+    """Appends the events of every queue (or of ``queues``) to the lake at ``where``.
+
+    ``run()`` loops until :meth:`request_stop`; ``run(burst=True)`` exports what the
+    streams hold and returns. Redis errors are logged and retried with a capped backoff.
+    """
+
+    def __init__(self, where: str, *, broker: Broker, name: str | None = None,
+                 batch_size: int = 2_000, block: float = 1.0, claim_idle: float = 60.0,
+                 queues: Iterable[str] | None = None, refresh_interval: float = 10.0) -> None:
+        self.where = where
+        self.filesystem, self.root = store.open_lake(where)
+        self.broker = broker
+        # Stable across restarts on one host: a restarted exporter re-reads its own
+        # pending entries at once (others' only after claim_idle).
+        self.name = name or f"{socket.gethostname()}:lake"
+        self.batch_size = batch_size
+        self.block = block
+        self.claim_idle_ms = int(claim_idle * 1000)
+        self.fixed_queues = list(queues) if queues else None
+        self.refresh_interval = refresh_interval
+        self.rows = 0      # rows written (one per job per entry)
+        self.entries = 0   # entries acknowledged
+        self.files = 0     # files written
+        self.lost = 0      # entries trimmed from a stream before the exporter read them
+        self.skipped = 0   # garbled entries acknowledged without a row
+        self._stop = threading.Event()
+        self._shards: list[QueueKeys] = []
+        self._ready: set[str] = set()
+        self._recovered: set[str] = set()
+        self._refreshed_at = 0.0
+        self._claim_due = 0.0
+        self._trimmed_seen: dict[str, int] = {}
+
+    # -- control ---------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def run(self, *, burst: bool = False, timeout: float | None = None) -> int:
+        """Export until stopped (``burst``: until the streams are drained); return the
+        number of entries acknowledged by this run."""
+        from ..worker.backoff import Backoff
+
+        logger.info("lake export started lake=%s consumer=%s burst=%s", self.where,
+                    self.name, burst)
+        before = self.entries
+        backoff = Backoff(self._stop, first=0.5, cap=30.0)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._stop.is_set():
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            try:
+                done = self.step()
+                backoff.reset()
+            except (RedisError, DelayQConnectionError) as exc:
+                logger.warning("lake export cannot reach Redis, retrying in %.1fs error=%s",
+                               backoff.delay, exc)
+                self._ready.clear()
+                self._recovered.clear()
+                backoff.wait()
+                continue
+            except OSError as exc:
+                logger.warning("lake export cannot write, retrying in %.1fs error=%s",
+                               backoff.delay, exc)
+                self._recovered.clear()  # the batch is pending: read it again
+                backoff.wait()
+                continue
+            if done == 0:
+                if burst:
+                    break
+                self._stop.wait(self.block)
+        return self.entries - before
+
+    # -- reading ---------------------------------------------------------------------
+
+    def step(self) -> int:
+        """Export one batch per stream: pending entries first, then new ones."""
+        self._refresh_shards()
+        handled = 0
+        for keys in self._shards:
+            if keys.events not in self._recovered:
+                got = self._read(keys, "0")
+                if got:
+                    handled += self._export(keys, got, recovered=True)
+                    continue
+                self._recovered.add(keys.events)
+        if time.monotonic() >= self._claim_due:
+            for keys in self._shards:
+                handled += self._take_over(keys)
+            self._claim_due = time.monotonic() + max(1.0, self.claim_idle_ms / 2000)
+        for keys in self._shards:
+            got = self._read(keys, ">")
+            if got:
+                handled += self._export(keys, got, recovered=False)
+        return handled
+
+    def _read(self, keys: QueueKeys, start: str) -> list[Entry]:
+        try:
+            reply = self.broker.client.xreadgroup(GROUP, self.name, {keys.events: start},
+                                                  count=self.batch_size) or []
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self._ready.discard(keys.events)
+            self._refreshed_at = 0.0
+            return []
+        return [entry for _, got in reply for entry in got]
+
+    def _take_over(self, keys: QueueKeys) -> int:
+        """Export one batch of another exporter's entries pending past ``claim_idle``."""
+        reply = self.broker.client.xautoclaim(keys.events, GROUP, self.name,
+                                              self.claim_idle_ms, start_id="0-0",
+                                              count=self.batch_size)
+        entries = [e for e in reply[1] if e is not None] if len(reply) > 1 else []
+        deleted = list(reply[2]) if len(reply) > 2 else []
+        if deleted:  # pending, but trimmed from the stream: nothing left to export
+            self._lose(keys, len(deleted))
+            self.broker.client.xack(keys.events, GROUP, *deleted)
+        return self._export(keys, entries, recovered=True) if entries else len(deleted)
+
+    def _refresh_shards(self) -> None:
+        now = time.monotonic()
+        if self._shards and now - self._refreshed_at < self.refresh_interval:
+            return
+        names = self.fixed_queues or [q.name for q in Queue.all(broker=self.broker)]
+        self._shards = [k for name in names for k in self.broker.shards(name)]
+        self._refreshed_at = now
+        for keys in self._shards:
+            if keys.events not in self._ready:
+                try:
+                    self._create_group(keys)
+                except ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
+                self._ready.add(keys.events)
+            self._check_trimmed(keys)
+
+    def _create_group(self, keys: QueueKeys) -> None:
+        """The group, reading from the stream's first entry; what was trimmed before the
+        lake began is not counted as lost."""
+        client = self.broker.client
+        try:
+            info = client.xinfo_stream(keys.events)
+            before = int(info["entries-added"]) - int(info["length"])
+        except (ResponseError, KeyError, TypeError):
+            before = None  # no stream yet
+        if before:
+            client.xgroup_create(keys.events, GROUP, id="0", entries_read=before)
+        else:
+            client.xgroup_create(keys.events, GROUP, id="0", mkstream=True)
+
+    def _check_trimmed(self, keys: QueueKeys) -> None:
+        """Count entries trimmed from the stream before this group read them."""
+        client = self.broker.client
+        try:
+            info = client.xinfo_stream(keys.events)
+            group = next((g for g in client.xinfo_groups(keys.events)
+                          if g.get("name") == GROUP), None)
+        except ResponseError:
+            return
+        read = None if group is None else group.get("entries-read")
+        if read is None or info.get("entries-added") is None:
+            return
+        unread = max(0, int(info["entries-added"]) - int(info["length"]) - int(read))
+        new = unread - self._trimmed_seen.get(keys.events, 0)
+        if new > 0:
+            self._lose(keys, new)
+        self._trimmed_seen[keys.events] = max(unread, self._trimmed_seen.get(keys.events, 0))
+
+    def _lose(self, keys: QueueKeys, count: int) -> None:
+        self.lost += count
+        logger.error("events trimmed from the stream before the lake export read them "
+                     "stream=%s count=%d (raise DELAYQ['EVENTS_MAXLEN'] or export more "
+                     "often)", keys.events, count)
+
+    # -- writing ---------------------------------------------------------------------
+
+    def _export(self, keys: QueueKeys, entries: list[Entry], *, recovered: bool) -> int:
+        """Write ``entries`` (one file per day), then acknowledge them."""
+        ids = [entry_id for entry_id, _ in entries]
+        present = [(i, f) for i, f in entries if f is not None]
+        if len(present) < len(entries):
+            self._lose(keys, len(entries) - len(present))
+        for chunk in _chunks(present):
+            columns = self._columns(keys, chunk)
+            if not columns["stream_id"]:
+                continue
+            table = pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
+            for day, part in _by_day(table):
+                if recovered:
+                    part = self._not_yet_written(keys, day, part)
+                if part.num_rows:
+                    self._write(keys, day, part)
+        self._acknowledge(keys, ids)
+        self.entries += len(ids)
+        return len(ids)
+
+    def _acknowledge(self, keys: QueueKeys, ids: list[str]) -> None:
+        """Acknowledge entries whose files are durable (what a crash may fall between)."""
+        for start in range(0, len(ids), 10_000):
+            self.broker.client.xack(keys.events, GROUP, *ids[start:start + 10_000])
+
+    def _write(self, keys: QueueKeys, day: str, part: pa.Table) -> None:
+        stream_ids = part.column("stream_id")
+        name = store.FileName(keys.queue, keys.shard, str(stream_ids[0]),
+                              str(stream_ids[-1]))
+        path = store.write(self.filesystem, self.root, day, name, part)
+        self.rows += part.num_rows
+        self.files += 1
+        logger.debug("lake file written path=%s rows=%d", path, part.num_rows)
+
+    def _not_yet_written(self, keys: QueueKeys, day: str, part: pa.Table) -> pa.Table:
+        """The rows of ``part`` whose entries no file of the lake holds yet."""
+        ms = part.column("stream_ms").to_pylist()
+        seq = part.column("stream_seq").to_pylist()
+        lo, hi = min(zip(ms, seq, strict=True)), max(zip(ms, seq, strict=True))
+        written: set[str] = set()
+        for path, name in store.files_of(self.filesystem, self.root, day, keys.queue,
+                                         keys.shard):
+            if _order(name.first) <= hi and _order(name.last) >= lo:
+                written |= store.stream_ids_in(self.filesystem, path)
+        if not written:
+            return part
+        keep = [sid not in written for sid in part.column("stream_id").to_pylist()]
+        logger.info("lake export found entries already written stream=%s day=%s count=%d",
+                    keys.events, day, keep.count(False))
+        return part.filter(pa.array(keep))
+
+    def _columns(self, keys: QueueKeys, entries: list[tuple[str, dict[str, str]]]
+                 ) -> dict[str, list[Any]]:
+        """The rows of ``entries``, column by column (one row per job per entry)."""
+        cols: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
+        for entry_id, fields in entries:
+            try:
+                ms_text, _, seq_text = entry_id.partition("-")
+                ms, seq = int(ms_text), int(seq_text or 0)
+                event = fields["event"]
+                if "jobs" in fields:
+                    jobs = fields["jobs"].split(" ")
+                    given = fields.get("attempts")
+                    attempts = ([_int(a) for a in given.split(" ")] if given
+                                else [None] * len(jobs))
+                    if len(attempts) != len(jobs):
+                        raise ValueError("jobs and attempts differ in length")
+                else:
+                    jobs, attempts = [fields["job"]], [_int(fields.get("attempt"))]
+                ts = int(fields["ts"])
+            except (KeyError, ValueError, AttributeError) as exc:
+                self.skipped += 1
+                logger.warning("lake export skipping a garbled entry stream=%s id=%s "
+                               "error=%s", keys.events, entry_id, exc)
+                continue
+            n = len(jobs)
+            cols["stream_id"] += [entry_id] * n
+            cols["stream_ms"] += [ms] * n
+            cols["stream_seq"] += [seq] * n
+            cols["queue"] += [keys.queue] * n
+            cols["shard"] += [keys.shard] * n
+            cols["event"] += [event] * n
+            cols["job_id"] += jobs
+            cols["ts"] += [ts] * n
+            cols["attempt"] += attempts
+            cols["worker"] += [fields.get("worker")] * n
+            cols["run_at"] += [_int(fields.get("run_at"))] * n
+            cols["error"] += [fields.get("error")] * n
+        self._enrich(keys, cols)
+        return cols
+
+    def _enrich(self, keys: QueueKeys, cols: dict[str, list[Any]]) -> None:
+        """Fill the columns the events do not carry from the job hashes (one HMGET per
+        job of the batch that was enqueued or ended an attempt)."""
+        rows = len(cols["job_id"])
+        for name in ("task_name", "priority", "max_attempts", "started_at"):
+            cols[name] = [None] * rows
+        wanted = sorted({job for job, event in zip(cols["job_id"], cols["event"], strict=True)
+                         if event == _ENQUEUED or event in _ENDS_ATTEMPT})
+        hashes: dict[str, list[str | None]] = {}
+        client = self.broker.client
+        for start in range(0, len(wanted), _PIPELINE):
+            part = wanted[start:start + _PIPELINE]
+            pipe = client.pipeline(transaction=False)
+            for job in part:
+                pipe.hmget(keys.job(job), *_HASH_FIELDS)
+            hashes.update(zip(part, pipe.execute(), strict=True))
+        logs: dict[str, dict[int, dict[str, Any]]] = {}
+        for i in range(rows):
+            event = cols["event"][i]
+            found = hashes.get(cols["job_id"][i])
+            if found is None or found[0] is None:
+                continue  # the job hash is gone: only the event's own fields
+            task, run_at, priority, max_attempts, raw_log = found
+            if event == _ENQUEUED:
+                cols["task_name"][i] = task
+                cols["priority"][i] = _int(priority) or 0
+                cols["max_attempts"][i] = _int(max_attempts) or 1
+                # A job already retried has the retry's run_at: the first one is lost.
+                if '"o":"retried"' not in (raw_log or ""):
+                    cols["run_at"][i] = _int(run_at) if run_at else cols["ts"][i]
+            elif event in _ENDS_ATTEMPT:
+                job = cols["job_id"][i]
+                if job not in logs:
+                    logs[job] = _attempt_log(raw_log)
+                entry = logs[job].get(cols["attempt"][i] or -1)
+                if entry is not None:
+                    cols["started_at"][i] = _int(entry.get("b")) or None
+                    if not cols["worker"][i]:
+                        cols["worker"][i] = entry.get("w") or None
+
+
+def _attempt_log(raw: str | None) -> dict[int, dict[str, Any]]:
+    try:
+        log = json.loads(raw) if raw else []
+    except ValueError:
+        return {}
+    if not isinstance(log, list):
+        return {}
+    return {int(e["n"]): e for e in log if isinstance(e, dict) and _int(e.get("n"))}
+
+
+def _chunks(entries: list[tuple[str, dict[str, str]]]
+            ) -> Iterator[list[tuple[str, dict[str, str]]]]:
+    """``entries`` in runs of about :data:`ROWS_PER_FILE` rows (a bulk entry names up to
+    1,000 jobs), so that a batch's memory and its files stay bounded."""
+    chunk: list[tuple[str, dict[str, str]]] = []
+    rows = 0
+    for entry in entries:
+        chunk.append(entry)
+        jobs = entry[1].get("jobs")
+        rows += jobs.count(" ") + 1 if jobs else 1
+        if rows >= ROWS_PER_FILE:
+            yield chunk
+            chunk, rows = [], 0
+    if chunk:
+        yield chunk
+
+
+def _order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _by_day(table: pa.Table) -> list[tuple[str, pa.Table]]:
+    """``table`` split by the UTC day of its stream ids (a batch rarely spans two)."""
+    ms = table.column("stream_ms")
+    first, last = day_of(ms[0].as_py()), day_of(ms[-1].as_py())
+    if first == last:
+        return [(first, table)]
+    days = [day_of(v) for v in ms.to_pylist()]
+    return [(day, table.filter(pa.array([d == day for d in days])))
+            for day in sorted(set(days))]
+
+
+class ExportThread:
+    """An :class:`Exporter` on a daemon thread (what ``runworker`` starts when
+    ``DELAYQ["LAKE_PATH"]`` is set)."""
+
+    def __init__(self, where: str, **kwargs: Any) -> None:
+        self.exporter = Exporter(where, **kwargs)
+        self._thread = threading.Thread(target=self.exporter.run, name="delayq-lake",
+                                        daemon=True)
+
+    def start(self) -> ExportThread:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0, *, drain: bool = False) -> None:
+        """Stop the thread; with ``drain``, then export what is left (at most ``timeout``)."""
+        self.exporter.request_stop()
+        self._thread.join(timeout)
+        if drain and not self._thread.is_alive():
+            self.exporter._stop.clear()
+            self.exporter.run(burst=True, timeout=timeout)

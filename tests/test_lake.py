@@ -1,0 +1,273 @@
+"""The job-history lake: events exported to Parquet once each, whatever crashes between a
+file and its acknowledgement, and read back by Spark per attempt and per job."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from django_delayq.engine.keys import QueueKeys
+from django_delayq.lake import GROUP, Exporter
+from django_delayq.lake.store import read_all
+from django_delayq.mirror import GROUP as MIRROR_GROUP
+from tests.conftest import ROOT, wait_until, worker_env, worker_thread
+from tests.lake_events import Crash, CrashBeforeAck, generate
+from tests.testapp import tasks
+
+KEYS = QueueKeys("dq", "default")
+UTC = dt.UTC
+
+
+def export(lake: Path, broker: Any, **kwargs: Any) -> Exporter:
+    exporter = Exporter(str(lake), broker=broker, block=0.1, **kwargs)
+    exporter.run(burst=True)
+    return exporter
+
+
+def stream_events(client: Any, keys: QueueKeys = KEYS) -> Counter[tuple[str, str, str]]:
+    """Every (entry id, event, job) the stream holds."""
+    found: Counter[tuple[str, str, str]] = Counter()
+    for entry_id, fields in client.xrange(keys.events):
+        jobs = fields["jobs"].split(" ") if "jobs" in fields else [fields["job"]]
+        for job in jobs:
+            found[(entry_id, fields["event"], job)] += 1
+    return found
+
+
+def lake_events(lake: Path) -> Counter[tuple[str, str, str]]:
+    table = read_all(str(lake))
+    return Counter(zip(table.column("stream_id").to_pylist(), table.column("event").to_pylist(),
+                       table.column("job_id").to_pylist(), strict=True))
+
+
+def pending(client: Any, group: str = GROUP) -> int:
+    return int(client.xpending(KEYS.events, group)["pending"])
+
+
+def ran_jobs() -> list[Any]:
+    done = [tasks.record.using(priority=3).enqueue(f"a{i}") for i in range(5)]
+    late = [tasks.record.using(delay=0.3).enqueue(f"l{i}") for i in range(3)]
+    failed = tasks.always_fails.enqueue("f")
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: all(j.refresh().status == "completed" for j in done + late)
+                   and failed.refresh().status == "failed", message="jobs to finish")
+    return [*done, *late, failed]
+
+
+def test_export_writes_each_event_once_in_its_own_group(tmp_path, broker, redis_client):
+    jobs = ran_jobs()
+    exporter = export(tmp_path, broker)
+    expected = stream_events(redis_client)
+    assert lake_events(tmp_path) == expected
+    assert exporter.rows == sum(expected.values())
+    assert exporter.lost == 0
+    assert pending(redis_client) == 0
+    # The mirror's group is another one: the export neither created nor moved it.
+    groups = {g["name"]: g for g in redis_client.xinfo_groups(KEYS.events)}
+    assert set(groups) == {GROUP}
+    day = dt.datetime.now(UTC).strftime("%Y-%m-%d")
+    files = sorted(p.name for p in (tmp_path / f"date={day}").iterdir())
+    assert files
+    assert all(f.startswith("default~x~") and f.endswith(".parquet") for f in files)
+    table = read_all(str(tmp_path))
+    rows = table.to_pylist()
+    enq = {r["job_id"]: r for r in rows if r["event"] == "enqueued"}
+    assert enq[jobs[0].id]["task_name"] == tasks.record.name
+    assert enq[jobs[0].id]["priority"] == 3
+    assert enq[jobs[5].id]["run_at"] == jobs[5].run_at
+    ends = [r for r in rows if r["job_id"] == jobs[-1].id and r["event"] in ("retried", "failed")]
+    assert [(r["event"], r["attempt"]) for r in ends] == [
+        ("retried", 1), ("retried", 2), ("failed", 3)]
+    assert all(r["started_at"] is not None for r in ends)
+    # Nothing new: a second run writes nothing.
+    again = export(tmp_path, broker)
+    assert (again.entries, again.files) == (0, 0)
+    assert lake_events(tmp_path) == expected
+
+
+def test_the_mirror_and_the_export_ack_apart(tmp_path, broker, redis_client):
+    from django_delayq.mirror import Mirror
+
+    ran_jobs()
+    exporter = export(tmp_path, broker)
+    assert exporter.entries == redis_client.xlen(KEYS.events)
+    # The mirror then reads the whole stream through its own group, from the start.
+    redis_client.xgroup_create(KEYS.events, MIRROR_GROUP, id="0")
+    mirror = Mirror(block=0.1, queues=["default"], broker=broker)
+    assert mirror.drain(timeout=30) == redis_client.xlen(KEYS.events)
+    assert pending(redis_client) == 0
+    assert pending(redis_client, MIRROR_GROUP) == 0
+
+
+@pytest.mark.parametrize("second", [{"name": "first", "batch_size": 7},
+                                    {"name": "other", "claim_idle": 0}])
+def test_a_crash_between_file_and_ack_writes_nothing_twice(tmp_path, broker, redis_client,
+                                                            second):
+    tasks.record.enqueue_many([f"x{i}"] for i in range(2_500))
+    for i in range(40):
+        tasks.record.enqueue(f"one-{i}")
+    expected = stream_events(redis_client)
+    crashing = CrashBeforeAck(str(tmp_path), broker=broker, batch_size=10, after=3,
+                              name="first")
+    with pytest.raises(Crash):
+        crashing.run(burst=True)
+    assert crashing.files == 3
+    assert pending(redis_client) == 10
+    written = lake_events(tmp_path)
+    assert sum(written.values()) > 0
+    # Run again, with other batch boundaries (or as another consumer): the entries of the
+    # file already written are acknowledged, not written again.
+    export(tmp_path, broker, **second)
+    assert lake_events(tmp_path) == expected
+    assert pending(redis_client) == 0
+
+
+def test_a_killed_export_process_rerun_leaves_no_duplicate(tmp_path, redis_client):
+    for n in range(20):
+        tasks.record.enqueue_many([f"{n}-{i}"] for i in range(1_000))
+    expected = stream_events(redis_client)
+    command = [sys.executable, "-m", "django", "delayq_export", str(tmp_path), "--burst",
+               "--batch-size", "1"]
+    proc = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: len(list(tmp_path.glob("date=*/*.parquet"))) >= 2 or
+                   proc.poll() is not None, timeout=60, message="the first files")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert sum(lake_events(tmp_path).values()) < sum(expected.values())
+    done = subprocess.run(command, cwd=ROOT, env=worker_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert lake_events(tmp_path) == expected
+    assert pending(redis_client) == 0
+
+
+def test_runworker_exports_on_a_thread_when_lake_path_is_set(tmp_path, redis_client):
+    jobs = [tasks.record.enqueue(f"w{i}") for i in range(5)]
+    env = worker_env(DELAYQ_TEST_SETTINGS=json.dumps({"LAKE_PATH": str(tmp_path)}))
+    done = subprocess.run([sys.executable, "-m", "django", "runworker", "--burst"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert all(j.refresh().status == "completed" for j in jobs)
+    # Stopping, the thread exported what the worker's last acks wrote.
+    assert lake_events(tmp_path) == stream_events(redis_client)
+    assert {e for _, e, _ in lake_events(tmp_path)} >= {"enqueued", "completed"}
+
+
+def test_trimmed_events_are_counted_as_lost(tmp_path, broker, redis_client):
+    for i in range(5):
+        tasks.record.enqueue(f"before-{i}")
+    redis_client.xtrim(KEYS.events, maxlen=2, approximate=False)
+    # Trimmed before the lake began: not lost to it.
+    assert (export(tmp_path, broker).lost, export(tmp_path, broker).rows) == (0, 0)
+    assert sum(lake_events(tmp_path).values()) == 2
+    for i in range(30):
+        tasks.record.enqueue(f"t{i}")
+    redis_client.xtrim(KEYS.events, maxlen=10, approximate=False)
+    exporter = export(tmp_path, broker)
+    assert (exporter.lost, exporter.rows) == (20, 10)
+
+
+def test_export_command_needs_a_lake(capsys):
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="LAKE_PATH"):
+        call_command("delayq_export", "--burst")
+    with pytest.raises(CommandError, match="batch-size"):
+        call_command("delayq_export", "/tmp/lake", "--batch-size", "0")
+
+
+# -- Spark -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from django_delayq.spark import SparkSetupError, spark_session
+
+    try:
+        session = spark_session("local[2]", app_name="delayq-lake-tests", config={
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "4",
+            "spark.default.parallelism": "2",
+            "spark.driver.memory": "1500m",
+            "spark.sql.session.timeZone": "UTC",
+        })
+    except SparkSetupError as exc:
+        pytest.fail(f"Spark cannot start, so the lake tests cannot run: {exc}")
+    yield session
+    session.stop()
+
+
+@pytest.mark.spark
+@pytest.mark.django_db
+def test_the_lake_report_equals_the_table_report(tmp_path, broker, spark):
+    from django.core.management import call_command
+
+    from django_delayq.mirror import Mirror
+    from django_delayq.spark import attempts_from_lake, build_report, jobs_from_orm
+    from django_delayq.spark.render import format_table, write_report
+
+    jobs = ran_jobs()
+    Mirror(block=0.1, broker=broker).run(burst=True)
+    lake = tmp_path / "lake"
+    export(lake, broker)
+    from_table = build_report(jobs_from_orm(spark), top=5)
+    assert from_table.jobs == len(jobs)
+    write_report(from_table, tmp_path / "table")
+    # delayq_report takes the lake for --input: the same table, the same CSVs (summary,
+    # timeline and worst offenders, every value written out).
+    out = io.StringIO()
+    call_command("delayq_report", "--input", str(lake), "--top", "5",
+                 "--out", str(tmp_path / "from-lake"), stdout=out)
+    assert out.getvalue().startswith(format_table(from_table))
+    for name in ("summary.csv", "timeline.csv", "latest.csv", "longest.csv"):
+        table_csv = (tmp_path / "table" / name).read_text()
+        assert (tmp_path / "from-lake" / name).read_text() == table_csv, name
+    failing = {r["attempt"]: r for r in attempts_from_lake(spark, str(lake))
+               .where(f"job_id = '{jobs[-1].id}'").collect()}
+    assert [failing[n]["outcome"] for n in (1, 2, 3)] == ["retried", "retried", "failed"]
+    assert all(failing[n]["duration"] >= 0 and failing[n]["worker"] for n in (1, 2, 3))
+    assert failing[2]["run_at"] > failing[1]["finished_at"]
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_100k_jobs_exported_twice_read_back_exactly(tmp_path, broker, redis_client, spark):
+    from pyspark.sql import functions as F
+
+    from django_delayq.spark import attempts_from_lake
+    from django_delayq.spark.lake import lake_events as read_lake
+
+    t0 = dt.datetime(2026, 1, 5, 12, tzinfo=UTC)
+    made = generate(broker, tasks.record.name, KEYS, 100_000, t0=t0)
+    crashing = CrashBeforeAck(str(tmp_path), broker=broker, batch_size=60, after=4)
+    with pytest.raises(Crash):
+        crashing.run(burst=True)
+    export(tmp_path, broker, batch_size=25)
+    events = read_lake(spark, str(tmp_path))
+    assert events.count() == made.events
+    assert events.select("stream_id", "job_id").distinct().count() == made.events
+    attempts = attempts_from_lake(spark, str(tmp_path))
+    stats = attempts.agg(
+        F.count(F.lit(1)).alias("n"),
+        F.sum(F.when(F.col("outcome") == "completed", 1).otherwise(0)).alias("done"),
+        F.expr("percentile(lateness, array(0.5, 0.95, 0.99))").alias("late"),
+        F.expr("percentile(duration, array(0.5, 0.95, 0.99))").alias("dur"),
+    ).first()
+    assert (stats["n"], stats["done"]) == (made.jobs, made.jobs)
+    for got, values in ((stats["late"], made.lateness), (stats["dur"], made.duration)):
+        want = np.percentile(np.array(values), [50, 95, 99], method="linear")
+        assert got == pytest.approx(list(want), rel=1e-12, abs=1e-9)
