@@ -199,7 +199,8 @@ def apply_event(row: Job, event: Event) -> None:
         row.progress = to_fraction(f.get("g"))
         row.progress_message = storable_text(f.get("gm", "")[:500])
     elif kind in ("promoted", "reclaimed", "released"):
-        # a job released by its last parent (workflows) may be scheduled for later
+        row.status = JobStatus.READY
+    elif kind == "unblocked":  # its last parent ended (workflows): due now or later
         scheduled = f.get("status") == "scheduled"
         row.status = JobStatus.SCHEDULED if scheduled else JobStatus.READY
     elif kind in ("purged", "orphaned"):

@@ -20,12 +20,13 @@ from .history import FIELDS, filter_since
 
 #: Events that end an attempt, and what the attempt's outcome is then.
 ENDS = ("completed", "failed", "retried", "reclaimed", "released")
-#: The job status each event leaves (retried and rescheduled: scheduled or ready by run_at).
+#: The job status each event leaves (retried, rescheduled and unblocked, when a job's last
+#: parent ended: scheduled or ready by run_at).
 STATUS_AFTER = {
     "enqueued": None, "claimed": "claimed", "started": "active", "completed": "completed",
     "failed": "failed", "cancelled": "cancelled", "retried": None, "rescheduled": None,
     "promoted": "ready", "reclaimed": "ready", "released": "ready", "purged": "purged",
-    "orphaned": "purged",
+    "orphaned": "purged", "unblocked": None,
 }
 FINISHED = ("completed", "failed", "cancelled", "purged")
 
@@ -122,7 +123,7 @@ def attempts_from_lake(spark: SparkSession, where: str | Path) -> DataFrame:
 
 def _status(event: Column, due: Column, ts: Column) -> Column:
     waiting = F.when(due > ts, F.lit("scheduled")).otherwise(F.lit("ready"))
-    out = F.when(event.isin("enqueued", "retried", "rescheduled"), waiting)
+    out = F.when(event.isin("enqueued", "retried", "rescheduled", "unblocked"), waiting)
     for name, status in STATUS_AFTER.items():
         if status is not None:
             out = out.when(event == name, F.lit(status))

@@ -79,7 +79,7 @@ local function release_waiting(k, job_id, now)
   redis.call('ZREM', k.waiting, job_id)
   local run_at = tonumber(f[2] or f[3]) or now
   local status = place_job(k, job_key, job_id, tonumber(f[1]) or 0, run_at, now)
-  emit(k.events, k.maxlen, 'released', job_id, now, 'status', status, 'run_at', run_at)
+  emit(k.events, k.maxlen, 'unblocked', job_id, now, 'status', status, 'run_at', run_at)
 end
 
 -- Resolve parent `index` of the waiting job `job_id` of this shard: the parent
