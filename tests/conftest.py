@@ -39,7 +39,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 #: Test modules that share one costly module-scoped fixture (a SparkSession, a browser)
 #: run on one xdist worker, so it starts once.
-SHARED_FIXTURE_MODULES = {"test_spark": "spark", "test_lake": "spark", "test_browser": "browser"}
+SHARED_FIXTURE_MODULES = {"test_spark": "spark", "test_lake": "spark", "test_browser": "browser",
+                          "test_spark_cluster": "spark-cluster"}
 #: The heavy tests (fault injection, soaks, the benchmark smoke run) run one at a time, on
 #: one xdist worker, while the other worker runs the rest.
 HEAVY = "heavy"
