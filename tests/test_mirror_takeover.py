@@ -38,8 +38,9 @@ def test_a_sigkilled_workers_pending_mirror_events_are_taken_over_by_a_burst(
             lock.execute(
                 "INSERT INTO django_delayq_job (job_id, queue, task_name, status, priority, "
                 "args, kwargs, attempts, max_attempts, worker, error, traceback, "
-                "last_event_id, updated_at, attempt_log, progress_message) VALUES (%s, "
-                "'default', '', 'ready', 0, '[]', '{}', 0, 1, '', '', '', '', now(), '[]', '')",
+                "last_event_id, updated_at, attempt_log, progress_message, parents) VALUES (%s, "
+                "'default', '', 'ready', 0, '[]', '{}', 0, 1, '', '', '', '', now(), '[]', '', "
+                "'[]')",
                 (job.id,))
     lock.execute("SELECT id FROM django_delayq_job FOR UPDATE")
     worker = subprocess.Popen(
