@@ -125,16 +125,18 @@ class BulkResult:
     chunks: int = 0
 
 
-def _split_waits(argvs: list[list[Any]]) -> tuple[list[list[Any]], list[list[Any]]]:
-    """The enqueue script's job values and flow values of ``argvs`` (a job that waits
-    carries its dependencies as a 10th value)."""
+def _split_waits(broker: Broker, keys: QueueKeys,
+                 argvs: list[list[Any]]) -> tuple[list[list[Any]], list[list[Any]]]:
+    """The enqueue script's job values and flow values of ``argvs``, jobs of the shard
+    ``keys`` (a job that waits carries its dependencies as a 10th value)."""
     if all(len(argv) == 9 for argv in argvs):
         return argvs, []
     plain, waits = [], []
     for index, argv in enumerate(argvs, 1):
         plain.append(argv[:9])
         if len(argv) > 9:
-            waits.append(argv[9].waits(index))
+            here, _ = argv[9].split(broker, keys)
+            waits.append(argv[9].waits(index, here))
     return plain, waits
 
 
@@ -470,12 +472,7 @@ class Broker:
                 deadline = self._retry_or_raise(exc, deadline)
         total.chunks += 1
         failure = next((reply for reply, _ in sent if isinstance(reply, Exception)), None)
-        waiting = [(self.keys_for(queue, argv[0]), argv[0], argv[9])
-                   for reply, argvs in sent if not isinstance(reply, Exception)
-                   for argv, added in zip(argvs, reply[0::4], strict=True)
-                   if len(argv) > 9 and added]
-        if waiting:
-            flows.link(self, waiting)
+        self._link_elsewhere(queue, sent)
         for reply, argvs in sent:
             if isinstance(reply, Exception):
                 continue
@@ -499,6 +496,29 @@ class Broker:
         if wait is not None and confirmed is not None and confirmed < wait[0]:
             raise NotReplicated([argv[0] for argv in chunk], confirmed, *wait)
 
+    def _link_elsewhere(self, queue: str, sent: list[tuple[Any, list[list[Any]]]]) -> None:
+        """After the enqueue calls: link the new waiting jobs to their parents in other
+        shards (the script linked those of their own), and link again the jobs that
+        were already there and still wait (their first producer may have died before
+        linking them)."""
+        new: list[tuple[QueueKeys, str, list[flows.Link]]] = []
+        again: list[tuple[QueueKeys, str]] = []
+        for reply, argvs in sent:
+            if isinstance(reply, Exception):
+                continue
+            for argv, added, status in zip(argvs, reply[0::4], reply[1::4], strict=True):
+                if added and len(argv) > 9:
+                    keys = self.keys_for(queue, argv[0])
+                    _, elsewhere = argv[9].split(self, keys)
+                    if elsewhere:
+                        new.append((keys, argv[0], elsewhere))
+                elif not added and status == "waiting":
+                    again.append((self.keys_for(queue, argv[0]), argv[0]))
+        if new:
+            flows.link(self, new)
+        if again:
+            flows.relink(self, again)
+
     def _send_by_shard(
         self, by_shard: dict[QueueKeys, list[list[Any]]], wait: tuple[int, int] | None,
     ) -> tuple[list[tuple[Any, list[list[Any]]]], int | None]:
@@ -507,13 +527,14 @@ class Broker:
         if len(by_shard) == 1 and self._held is not None:
             # One shard: one script call on a held connection, without a pipeline.
             ((keys, argvs),) = by_shard.items()
-            plain, waits = _split_waits(argvs)
+            plain, waits = _split_waits(self, keys, argvs)
             if wait is None:
                 return [(self.commands.enqueue(keys, plain, waits), argvs)], None
             reply, confirmed = self.commands.enqueue_and_wait(keys, plain, wait, waits)
             return [(reply, argvs)], confirmed
         batch = self.batch()
-        order = [(self.commands.add_enqueue(batch, keys, *_split_waits(argvs)), argvs)
+        order = [(self.commands.add_enqueue(batch, keys, *_split_waits(self, keys, argvs)),
+                  argvs)
                  for keys, argvs in by_shard.items()]
         # A shard that refuses its call (its cluster slot is moving) must not hide what
         # the others added: they are counted in ``total`` before the error is raised.
@@ -645,9 +666,13 @@ class Broker:
         """Add a lease extension of ``(job_id, attempt)`` pairs to ``batch``."""
         return self.commands.add_extend(batch, keys, leases, lease_ms)
 
-    def add_reclaim(self, batch: Batch, keys: QueueKeys, limit: int = 1_000) -> int:
-        """Add a reclaim of expired leases on the shard ``keys`` to ``batch``."""
-        return self.commands.add_reclaim(batch, keys, limit)
+    def add_reclaim(self, batch: Batch, keys: QueueKeys, limit: int = 1_000, *,
+                    link_grace_ms: int | None = None) -> int:
+        """Add a reclaim of expired leases on the shard ``keys`` to ``batch``; its reply
+        also lists the waiting jobs to link again (see :func:`.flows.repair`), those
+        unconfirmed for ``link_grace_ms`` (default: one lease)."""
+        grace = self.config.lease_ms if link_grace_ms is None else link_grace_ms
+        return self.commands.add_reclaim(batch, keys, limit, grace)
 
     def add_release(
         self, batch: Batch, keys: QueueKeys, leases: Sequence[tuple[str, int]], *,

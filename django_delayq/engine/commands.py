@@ -35,35 +35,40 @@ class Commands:
 
     # -- producing ----------------------------------------------------------------
 
-    @staticmethod
-    def _enqueue_call(keys: QueueKeys, argvs: list[list[Any]], maxlen: int,
+    def _enqueue_call(self, keys: QueueKeys, argvs: list[list[Any]], maxlen: int,
                       waits: Sequence[Sequence[Any]] = ()) -> tuple[list[str], list[Any]]:
         """``argvs``: per job, id, task, args JSON, kwargs JSON, priority, run_at ms or
         '', delay ms or '', max attempts, time limit ms or '' (all on the shard ``keys``);
         ``waits``: per job that waits for parents, its index in ``argvs`` (1-based),
-        parents JSON, policy ('' for cancel), results passed ('', 'one', 'all')."""
+        parents JSON, policy ('' for cancel), results passed ('', 'one', 'all'), the
+        indexes of its parents in this shard (space-separated)."""
         script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq]
         script_keys += [keys.job(argv[0]) for argv in argvs]
         script_keys += [keys.stats, keys.waiting]
         args: list[Any] = [maxlen, len(waits)]
         for argv in argvs:
             args += argv
-        for wait in waits:
-            args += wait
+        if waits:
+            for wait in waits:
+                args += wait
+            flow_keys, flow_args = self._flow_call(keys)
+            script_keys += [*flow_keys, keys.flow_linking]
+            args += flow_args
         return script_keys, args
 
     def enqueue(self, keys: QueueKeys, argvs: list[list[Any]],
                 waits: Sequence[Sequence[Any]] = ()) -> list[Any]:
         """Enqueue jobs now; per job 4 values: added (0/1), status, run_at ms, enqueued_at ms."""
+        if waits:
+            return list(run_script(self.client, "enqueue", *self._enqueue_call(
+                keys, argvs, self.config.events_maxlen, waits), self.held))
         # _enqueue_call() written out: this is every producer's hot path (one call less)
         script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq]
         script_keys += [keys.job(argv[0]) for argv in argvs]
         script_keys += [keys.stats, keys.waiting]
-        args: list[Any] = [self.config.events_maxlen, len(waits)]
+        args: list[Any] = [self.config.events_maxlen, 0]
         for argv in argvs:
             args += argv
-        for wait in waits:
-            args += wait
         reply: list[Any] = run_script(self.client, "enqueue", script_keys, args, self.held)
         return reply
 
@@ -99,6 +104,11 @@ class Commands:
         for parent_id, member in links:
             args += [parent_id, member]
         return batch.add("link", [keys.job_prefix], args)
+
+    def add_linked(self, batch: Batch, keys: QueueKeys, job_ids: Sequence[str]) -> int:
+        """Note that the waiting jobs ``job_ids`` of the shard ``keys`` are linked to every
+        parent elsewhere (they leave the linking set); the reply is how many did."""
+        return batch.add("linked", [keys.flow_linking], list(job_ids))
 
     def add_resolve(self, batch: Batch, keys: QueueKeys,
                     resolutions: Sequence[tuple[str, str, str, str, str]]) -> int:
@@ -175,16 +185,18 @@ class Commands:
             args += [job_id, attempt]
         return batch.add("extend", [keys.active, keys.job_prefix], args)
 
-    def add_reclaim(self, batch: Batch, keys: QueueKeys, limit: int) -> int:
+    def add_reclaim(self, batch: Batch, keys: QueueKeys, limit: int, link_grace_ms: int) -> int:
         """Return up to ``limit`` expired leases to ready (or dead-letter them); the reply
-        is (returned, dead-lettered, outbox entries still to deliver)."""
+        is (returned, dead-lettered, outbox entries still to deliver, ids of waiting jobs
+        whose links elsewhere are unconfirmed for longer than ``link_grace_ms``)."""
         cfg = self.config
         flow_keys, flow_args = self._flow_call(keys)
         return batch.add(
             "reclaim",
             [keys.active, keys.ready, keys.failed, keys.marker, keys.events, keys.stats,
-             keys.job_prefix, *flow_keys],
-            [limit, cfg.failed_ttl_ms, cfg.keep_failed, cfg.events_maxlen, *flow_args],
+             keys.job_prefix, *flow_keys, keys.flow_linking],
+            [limit, cfg.failed_ttl_ms, cfg.keep_failed, cfg.events_maxlen, *flow_args,
+             link_grace_ms],
         )
 
     def add_release(self, batch: Batch, keys: QueueKeys, leases: Sequence[tuple[str, int]],

@@ -103,6 +103,12 @@ class QueueKeys:
         return self._key("flow:outbox")
 
     @cached_property
+    def flow_linking(self) -> str:
+        """Waiting jobs whose links to parents in other shards are not yet confirmed, by
+        enqueued time (ZSET; a heartbeat links those left there too long again)."""
+        return self._key("flow:linking")
+
+    @cached_property
     def marker(self) -> str:
         return self._key("marker")
 
