@@ -221,11 +221,25 @@ def test_the_lake_report_equals_the_table_report(tmp_path, broker, spark):
     from django_delayq.spark.render import format_table, write_report
 
     jobs = ran_jobs()
+    failed = jobs[-1]
+    # Jobs that have not run: one waiting for its parent, one released at enqueue by its
+    # finished parent (its entries say waiting, then ready), one claimed by a worker
+    # that has not started it.
+    parent = tasks.record.using(delay=600).enqueue("parent")
+    waiting = tasks.record.using(depends_on=[parent]).enqueue("waits")
+    released = tasks.record.using(depends_on=[jobs[0]]).enqueue("released")
+    claimed = tasks.record_other.enqueue("claimed")
+    (claim,) = broker.claim("other", 1, "tester")
+    assert [c.id for c in claim.jobs] == [claimed.id]
+    jobs += [parent, waiting, released, claimed]
     Mirror(block=0.1, broker=broker).run(burst=True)
     lake = tmp_path / "lake"
     export(lake, broker)
     from_table = build_report(jobs_from_orm(spark), top=5)
     assert from_table.jobs == len(jobs)
+    default, other = from_table.row("default"), from_table.row("other")
+    assert (default["waiting"], default["scheduled"], default["ready"]) == (1, 1, 1)
+    assert (other["claimed"], other["total"]) == (1, 1)
     write_report(from_table, tmp_path / "table")
     # delayq_report takes the lake for --input: the same table, the same CSVs (summary,
     # timeline and worst offenders, every value written out).
@@ -237,7 +251,7 @@ def test_the_lake_report_equals_the_table_report(tmp_path, broker, spark):
         table_csv = (tmp_path / "table" / name).read_text()
         assert (tmp_path / "from-lake" / name).read_text() == table_csv, name
     failing = {r["attempt"]: r for r in attempts_from_lake(spark, str(lake))
-               .where(f"job_id = '{jobs[-1].id}'").collect()}
+               .where(f"job_id = '{failed.id}'").collect()}
     assert [failing[n]["outcome"] for n in (1, 2, 3)] == ["retried", "retried", "failed"]
     assert all(failing[n]["duration"] >= 0 and failing[n]["worker"] for n in (1, 2, 3))
     assert failing[2]["run_at"] > failing[1]["finished_at"]

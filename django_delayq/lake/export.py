@@ -322,6 +322,7 @@ class Exporter:
             cols["attempt"] += attempts
             cols["worker"] += [fields.get("worker")] * n
             cols["run_at"] += [_int(fields.get("run_at"))] * n
+            cols["status"] += [fields.get("status")] * n
             cols["error"] += [fields.get("error")] * n
         self._enrich(keys, cols)
         return cols

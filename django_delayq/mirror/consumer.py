@@ -44,6 +44,7 @@ from ..engine import Broker, Queue
 from ..engine.errors import DelayQConnectionError
 from ..engine.keys import QueueKeys
 from ..engine.queue import SKIPS_KEPT
+from ..engine.status import FINISHED_IN_HISTORY
 from ..models import Job, JobStatus
 from ..worker.backoff import Backoff
 from .events import Event, apply_event, parse_entry, row_from_hash, stream_id
@@ -61,7 +62,6 @@ UPDATE_FIELDS = [
 #: Errors that stop a batch to be read again later (nothing is skipped for them): Redis
 #: or the database is away. Any other error of one event skips that event alone.
 STALLS = (OperationalError, InterfaceError, RedisError, DelayQConnectionError)
-FINISHED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.PURGED)
 #: Seconds between two looks for consumers that are gone (their pending entries are
 #: taken over at once).
 GONE_CHECK_EVERY = 2.0
@@ -387,7 +387,7 @@ class Mirror:
         if retention is None:
             return 0
         cutoff = timezone.now() - dt.timedelta(seconds=retention)
-        old = Job.objects.filter(status__in=FINISHED).filter(
+        old = Job.objects.filter(status__in=FINISHED_IN_HISTORY).filter(
             Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, updated_at__lt=cutoff))
         deleted, _ = old.delete()
         if deleted:

@@ -16,19 +16,20 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from ..engine.status import FINISHED_IN_HISTORY
 from .history import FIELDS, filter_since
 
 #: Events that end an attempt, and what the attempt's outcome is then.
 ENDS = ("completed", "failed", "retried", "reclaimed", "released")
-#: The job status each event leaves (retried, rescheduled and unblocked, when a job's last
-#: parent ended: scheduled or ready by run_at).
+#: The job status each event leaves. None: the status the entry names (``status``: an
+#: enqueue of jobs that wait, a release of one whose last parent ended), else scheduled
+#: or ready by run_at (an enqueue, a retry, a reschedule).
 STATUS_AFTER = {
     "enqueued": None, "claimed": "claimed", "started": "active", "completed": "completed",
     "failed": "failed", "cancelled": "cancelled", "retried": None, "rescheduled": None,
     "promoted": "ready", "reclaimed": "ready", "released": "ready", "purged": "purged",
     "orphaned": "purged", "unblocked": None,
 }
-FINISHED = ("completed", "failed", "cancelled", "purged")
 
 
 def lake_uri(where: str | Path) -> str:
@@ -121,12 +122,11 @@ def attempts_from_lake(spark: SparkSession, where: str | Path) -> DataFrame:
     )
 
 
-def _status(event: Column, due: Column, ts: Column) -> Column:
-    waiting = F.when(due > ts, F.lit("scheduled")).otherwise(F.lit("ready"))
-    out = F.when(event.isin("enqueued", "retried", "rescheduled", "unblocked"), waiting)
+def _status(event: Column, due: Column, ts: Column, named: Column) -> Column:
+    by_run_at = F.when(due > ts, F.lit("scheduled")).otherwise(F.lit("ready"))
+    out = F.when(named.isNotNull(), named)
     for name, status in STATUS_AFTER.items():
-        if status is not None:
-            out = out.when(event == name, F.lit(status))
+        out = out.when(event == name, by_run_at if status is None else F.lit(status))
     return out
 
 
@@ -137,7 +137,7 @@ def jobs_from_lake(spark: SparkSession, where: str | Path, *,
     events = _with_run_at(lake_events(spark, where))
     known = events.where(F.col("event").isin(*STATUS_AFTER))
     last = (known.groupBy("queue", "job_id")
-            .agg(F.max_by(F.struct("event", "due", "ts"), _order()).alias("newest"),
+            .agg(F.max_by(F.struct("event", "due", "ts", "status"), _order()).alias("newest"),
                  F.max("attempt").alias("attempts"),
                  F.max_by("error", F.when(F.col("error").isNotNull(), _order()))
                  .alias("error")))
@@ -146,11 +146,12 @@ def jobs_from_lake(spark: SparkSession, where: str | Path, *,
     last_attempt = (attempts.withColumn("rank", F.row_number().over(newest))
                     .where("rank = 1").select("queue", "job_id", "started_at", "worker",
                                               F.col("finished_at").alias("attempt_end")))
-    status = _status(F.col("newest.event"), F.col("newest.due"), F.col("newest.ts"))
+    status = _status(F.col("newest.event"), F.col("newest.due"), F.col("newest.ts"),
+                     F.col("newest.status"))
     jobs = (last.join(_job_facts(events), ["queue", "job_id"], "left")
             .join(last_attempt, ["queue", "job_id"], "left")
             .withColumn("status", status))
-    finished = F.when(F.col("status").isin(*FINISHED), F.col("newest.ts"))
+    finished = F.when(F.col("status").isin(*FINISHED_IN_HISTORY), F.col("newest.ts"))
     df = jobs.select(
         "job_id", "queue", "task_name", "status", "priority",
         F.col("newest.due").alias("run_at"), "enqueued_at", "started_at",

@@ -18,7 +18,10 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-STATUSES = ("scheduled", "ready", "active", "completed", "failed", "cancelled", "purged")
+from ..engine.status import HISTORY_STATUSES
+
+#: A count per status in each summary row, in lifecycle order (waiting to purged).
+STATUSES = HISTORY_STATUSES
 PERCENTILES = (0.5, 0.95, 0.99)
 ALL_TASKS = "*"
 #: The most timeline buckets a report draws; longer windows get wider buckets.
