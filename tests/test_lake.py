@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,6 +132,40 @@ def test_a_crash_between_file_and_ack_writes_nothing_twice(tmp_path, broker, red
     export(tmp_path, broker, **second)
     assert lake_events(tmp_path) == expected
     assert pending(redis_client) == 0
+
+
+def test_a_batch_taken_over_from_a_slow_exporter_is_written_once(tmp_path, broker,
+                                                                  redis_client):
+    """Exporter A reads a batch and stalls before its file; B takes the batch over (its
+    entries idle past B's claim_idle), exports everything and acknowledges; then A
+    wakes and writes its file. B took A's batch whole, so both wrote the same file."""
+    tasks.record.enqueue_many([f"x{i}"] for i in range(300))
+    for i in range(30):
+        tasks.record.enqueue(f"one-{i}")
+    expected = stream_events(redis_client)
+    writing, resume = threading.Event(), threading.Event()
+
+    class Stalled(Exporter):
+        def _write(self, keys: QueueKeys, day: str, part: Any) -> None:
+            writing.set()
+            assert resume.wait(30)
+            super()._write(keys, day, part)
+
+    slow = Stalled(str(tmp_path), broker=broker, name="slow", batch_size=20)
+    thread = threading.Thread(target=slow.step)
+    thread.start()
+    try:
+        assert writing.wait(30)
+        other = export(tmp_path, broker, name="other", batch_size=7, claim_idle=0)
+        assert lake_events(tmp_path) == expected
+        assert other.entries == redis_client.xlen(KEYS.events)
+    finally:
+        resume.set()
+        thread.join(30)
+    assert slow.files == 1
+    assert lake_events(tmp_path) == expected  # A's file replaced B's: the same name
+    assert pending(redis_client) == 0
+    assert redis_client.hlen(KEYS.batches(GROUP)) == 0
 
 
 def test_a_killed_export_process_rerun_leaves_no_duplicate(tmp_path, redis_client):

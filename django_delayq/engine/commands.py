@@ -119,6 +119,27 @@ class Commands:
             args += resolution
         return batch.add("resolve", script_keys, args)
 
+    # -- reading events streams in batches (engine/streams.py) ------------------------
+
+    def batch_read(self, keys: QueueKeys, group: str, consumer: str, count: int) -> list[Any]:
+        """Read up to ``count`` new entries of the shard's stream as ``consumer``'s batch:
+        ['busy'], or ['ok', entries...]."""
+        return list(run_script(self.client, "batch_read", [keys.events, keys.batches(group)],
+                               [group, consumer, count]))
+
+    def batch_claim(self, keys: QueueKeys, group: str, owner: str, taker: str,
+                    min_idle_ms: int, count: int) -> list[Any]:
+        """Move ``owner``'s batch in progress to ``taker``, whole: ['none'], or ['ok',
+        first id, last id, deleted ids joined by spaces, entries...]."""
+        return list(run_script(self.client, "batch_claim", [keys.events, keys.batches(group)],
+                               [group, owner, taker, min_idle_ms, count]))
+
+    def batch_ack(self, keys: QueueKeys, group: str, consumer: str, record: str,
+                  ids: Sequence[str]) -> int:
+        """Acknowledge a finished batch (``record``: '<first> <last>') and its entries."""
+        return int(run_script(self.client, "batch_ack", [keys.events, keys.batches(group)],
+                              [group, consumer, record, *ids]))
+
     def advance_schedule(self, marks_key: str, task: str, occurrence_ms: int) -> int:
         """Raise ``task``'s mark of the latest periodic occurrence enqueued (never lower it)."""
         return int(run_script(self.client, "advance_schedule", [marks_key],

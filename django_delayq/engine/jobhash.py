@@ -14,7 +14,7 @@ import datetime as dt
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from . import validation as check
 from .codec import decode
@@ -22,6 +22,7 @@ from .fields import logical
 from .status import JOB_STATUSES
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_D = TypeVar("_D")
 
 
 def from_ms(value: Any) -> dt.datetime | None:
@@ -41,6 +42,13 @@ def from_ms(value: Any) -> dt.datetime | None:
             raise check.InvalidTime(f"not a time in milliseconds: {str(value)[:40]!r}") from None
     check.check_time_ms(ms, f"time {ms} ms")
     return _EPOCH + dt.timedelta(milliseconds=ms)
+
+
+def to_ms(value: dt.datetime | None) -> int | None:
+    """An aware datetime as epoch milliseconds, exactly (the inverse of :func:`from_ms`)."""
+    if value is None:
+        return None
+    return (value - _EPOCH) // dt.timedelta(milliseconds=1)
 
 
 def reply_time(value: Any) -> dt.datetime | None:
@@ -115,8 +123,16 @@ def read_times(data: dict[str, Any], *names: str) -> tuple[dict[str, dt.datetime
     return {name: reader.time(name) for name in names}, reader.damaged
 
 
-def to_int(value: Any, default: int = 0) -> int:
-    """``value`` as an int, or ``default`` when it is absent or not a number."""
+@overload
+def to_int(value: Any) -> int: ...
+
+
+@overload
+def to_int(value: Any, default: _D) -> int | _D: ...
+
+
+def to_int(value: Any, default: Any = 0) -> Any:
+    """``value`` as an int, or ``default`` (0) when it is absent or not a number."""
     try:
         return int(value)
     except (TypeError, ValueError):

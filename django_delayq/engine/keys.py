@@ -108,6 +108,11 @@ class QueueKeys:
         enqueued time (ZSET; a heartbeat links those left there too long again)."""
         return self._key("flow:linking")
 
+    def batches(self, group: str) -> str:
+        """The batches in progress of the consumers of ``group`` on this shard's events
+        stream: consumer -> '<first id> <last id>' (HASH; see engine/streams.py)."""
+        return self._key(f"batches:{group}")
+
     @cached_property
     def marker(self) -> str:
         return self._key("marker")

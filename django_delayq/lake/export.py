@@ -17,7 +17,6 @@ cap above the events a queue shard appends while the exporter may be behind.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import threading
@@ -28,8 +27,10 @@ from typing import Any
 import pyarrow as pa
 from redis.exceptions import RedisError, ResponseError
 
-from ..engine import Broker, Queue
+from ..engine import Broker, Queue, streams
 from ..engine.errors import DelayQConnectionError
+from ..engine.fields import stored
+from ..engine.jobhash import JobHash, read_job_hash, to_int, to_ms
 from ..engine.keys import QueueKeys
 from . import store
 from .schema import ARROW_SCHEMA, day_of
@@ -41,20 +42,12 @@ GROUP = "delayq-lake"
 #: Events whose rows take fields of the job hash.
 _ENQUEUED = "enqueued"
 _ENDS_ATTEMPT = frozenset(("completed", "failed", "retried"))
-#: Job hash fields read at export time: task, run_at, priority, max attempts, log.
-_HASH_FIELDS = ("t", "r", "p", "m", "h")
+#: Job hash fields read at export time (their stored names).
+_STORED = tuple(stored(name) for name in ("status", "task", "run_at", "enqueued_at",
+                                          "priority", "max_attempts", "attempt_log"))
 _PIPELINE = 5_000
 #: Rows a file holds at most (about: a file ends after the entry that reaches it).
 ROWS_PER_FILE = 250_000
-
-Entry = tuple[str, "dict[str, str] | None"]
-
-
-def _int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 class Exporter:
@@ -134,14 +127,15 @@ class Exporter:
     # -- reading ---------------------------------------------------------------------
 
     def step(self) -> int:
-        """Export one batch per stream: pending entries first, then new ones."""
+        """Export one batch per stream: this exporter's batch in progress first (after a
+        crash or an error), then batches other exporters left idle, then new entries."""
         self._refresh_shards()
         handled = 0
         for keys in self._shards:
             if keys.events not in self._recovered:
-                got = self._read(keys, "0")
-                if got:
-                    handled += self._export(keys, got, recovered=True)
+                mine = self._claim(keys, self.name, 0)
+                if mine is not None:
+                    handled += self._export(keys, mine)
                     continue
                 self._recovered.add(keys.events)
         if time.monotonic() >= self._claim_due:
@@ -149,34 +143,50 @@ class Exporter:
                 handled += self._take_over(keys)
             self._claim_due = time.monotonic() + max(1.0, self.claim_idle_ms / 2000)
         for keys in self._shards:
-            got = self._read(keys, ">")
-            if got:
-                handled += self._export(keys, got, recovered=False)
+            try:
+                batch = streams.read_batch(self.broker.commands, keys, GROUP, self.name,
+                                           self.batch_size)
+            except streams.GroupGone:
+                self._group_gone(keys)
+                continue
+            except streams.BatchInProgress:
+                self._recovered.discard(keys.events)  # take it back next round
+                continue
+            if batch is not None:
+                handled += self._export(keys, batch, recovered=False)
         return handled
 
-    def _read(self, keys: QueueKeys, start: str) -> list[Entry]:
+    def _claim(self, keys: QueueKeys, owner: str, min_idle_ms: int) -> streams.StreamBatch | None:
         try:
-            reply = self.broker.client.xreadgroup(GROUP, self.name, {keys.events: start},
-                                                  count=self.batch_size) or []
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            self._ready.discard(keys.events)
-            self._refreshed_at = 0.0
-            return []
-        return [entry for _, got in reply for entry in got]
+            return streams.claim_batch(self.broker.commands, keys, GROUP, owner, self.name,
+                                       min_idle_ms, self.batch_size)
+        except streams.GroupGone:
+            self._group_gone(keys)
+            return None
+
+    def _group_gone(self, keys: QueueKeys) -> None:
+        self._ready.discard(keys.events)
+        self._refreshed_at = 0.0
 
     def _take_over(self, keys: QueueKeys) -> int:
-        """Export one batch of another exporter's entries pending past ``claim_idle``."""
-        reply = self.broker.client.xautoclaim(keys.events, GROUP, self.name,
-                                              self.claim_idle_ms, start_id="0-0",
-                                              count=self.batch_size)
-        entries = [e for e in reply[1] if e is not None] if len(reply) > 1 else []
-        deleted = list(reply[2]) if len(reply) > 2 else []
-        if deleted:  # pending, but trimmed from the stream: nothing left to export
-            self._lose(keys, len(deleted))
-            self.broker.client.xack(keys.events, GROUP, *deleted)
-        return self._export(keys, entries, recovered=True) if entries else len(deleted)
+        """Export the batches of other exporters idle for ``claim_idle``, each whole: one
+        still being written by a slow exporter is then written twice into the same files
+        (the second write replaces the first), never into two."""
+        try:
+            owners = streams.pending_consumers(self.broker.client, keys.events, GROUP)
+        except streams.GroupGone:
+            self._group_gone(keys)
+            return 0
+        handled = 0
+        for owner in owners:
+            if owner == self.name:
+                continue
+            batch = self._claim(keys, owner, self.claim_idle_ms)
+            if batch is not None:
+                logger.info("lake export took over a batch stream=%s from=%s entries=%d",
+                            keys.events, owner, len(batch.entries))
+                handled += self._export(keys, batch)
+        return handled
 
     def _refresh_shards(self) -> None:
         now = time.monotonic()
@@ -187,11 +197,7 @@ class Exporter:
         self._refreshed_at = now
         for keys in self._shards:
             if keys.events not in self._ready:
-                try:
-                    self._create_group(keys)
-                except ResponseError as exc:
-                    if "BUSYGROUP" not in str(exc):
-                        raise
+                self._create_group(keys)
                 self._ready.add(keys.events)
             self._check_trimmed(keys)
 
@@ -204,10 +210,7 @@ class Exporter:
             before = int(info["entries-added"]) - int(info["length"])
         except (ResponseError, KeyError, TypeError):
             before = None  # no stream yet
-        if before:
-            client.xgroup_create(keys.events, GROUP, id="0", entries_read=before)
-        else:
-            client.xgroup_create(keys.events, GROUP, id="0", mkstream=True)
+        streams.ensure_group(client, keys.events, GROUP, entries_read=before)
 
     def _check_trimmed(self, keys: QueueKeys) -> None:
         """Count entries trimmed from the stream before this group read them."""
@@ -235,12 +238,22 @@ class Exporter:
 
     # -- writing ---------------------------------------------------------------------
 
-    def _export(self, keys: QueueKeys, entries: list[Entry], *, recovered: bool) -> int:
-        """Write ``entries`` (one file per day), then acknowledge them."""
-        ids = [entry_id for entry_id, _ in entries]
-        present = [(i, f) for i, f in entries if f is not None]
-        if len(present) < len(entries):
-            self._lose(keys, len(entries) - len(present))
+    def _export(self, keys: QueueKeys, batch: streams.StreamBatch, *,
+                recovered: bool = True) -> int:
+        """Write a batch (one file per day and about :data:`ROWS_PER_FILE` rows), then
+        acknowledge it.
+
+        The files are named by the entries they hold, and a batch is always written
+        with the entries it was read with, so writing it again (after a crash, or by an
+        exporter that took it over from a slow one) replaces its files. A batch taken
+        back or over also leaves out rows that other files hold (its first writer may
+        have finished them).
+        """
+        if batch.deleted:
+            self._lose(keys, len(batch.deleted))
+        present = [(i, f) for i, f in batch.entries if f is not None]
+        if len(present) < len(batch.entries):
+            self._lose(keys, len(batch.entries) - len(present))
         for chunk in _chunks(present):
             columns = self._columns(keys, chunk)
             if not columns["stream_id"]:
@@ -251,14 +264,13 @@ class Exporter:
                     part = self._not_yet_written(keys, day, part)
                 if part.num_rows:
                     self._write(keys, day, part)
-        self._acknowledge(keys, ids)
-        self.entries += len(ids)
-        return len(ids)
+        self._acknowledge(keys, batch)
+        self.entries += len(batch.entries)
+        return len(batch.entries)
 
-    def _acknowledge(self, keys: QueueKeys, ids: list[str]) -> None:
-        """Acknowledge entries whose files are durable (what a crash may fall between)."""
-        for start in range(0, len(ids), 10_000):
-            self.broker.client.xack(keys.events, GROUP, *ids[start:start + 10_000])
+    def _acknowledge(self, keys: QueueKeys, batch: streams.StreamBatch) -> None:
+        """Acknowledge a batch whose files are durable (what a crash may fall between)."""
+        streams.ack_batch(self.broker.commands, keys, GROUP, self.name, batch)
 
     def _write(self, keys: QueueKeys, day: str, part: pa.Table) -> None:
         stream_ids = part.column("stream_id")
@@ -298,12 +310,12 @@ class Exporter:
                 if "jobs" in fields:
                     jobs = fields["jobs"].split(" ")
                     given = fields.get("attempts")
-                    attempts = ([_int(a) for a in given.split(" ")] if given
+                    attempts = ([to_int(a, None) for a in given.split(" ")] if given
                                 else [None] * len(jobs))
                     if len(attempts) != len(jobs):
                         raise ValueError("jobs and attempts differ in length")
                 else:
-                    jobs, attempts = [fields["job"]], [_int(fields.get("attempt"))]
+                    jobs, attempts = [fields["job"]], [to_int(fields.get("attempt"), None)]
                 ts = int(fields["ts"])
             except (KeyError, ValueError, AttributeError) as exc:
                 self.skipped += 1
@@ -321,7 +333,7 @@ class Exporter:
             cols["ts"] += [ts] * n
             cols["attempt"] += attempts
             cols["worker"] += [fields.get("worker")] * n
-            cols["run_at"] += [_int(fields.get("run_at"))] * n
+            cols["run_at"] += [to_int(fields.get("run_at"), None)] * n
             cols["status"] += [fields.get("status")] * n
             cols["error"] += [fields.get("error")] * n
         self._enrich(keys, cols)
@@ -329,53 +341,46 @@ class Exporter:
 
     def _enrich(self, keys: QueueKeys, cols: dict[str, list[Any]]) -> None:
         """Fill the columns the events do not carry from the job hashes (one HMGET per
-        job of the batch that was enqueued or ended an attempt)."""
+        job of the batch that was enqueued or ended an attempt, decoded by the engine's
+        one decoder: a damaged field reads as its default, as everywhere)."""
         rows = len(cols["job_id"])
         for name in ("task_name", "priority", "max_attempts", "started_at"):
             cols[name] = [None] * rows
         wanted = sorted({job for job, event in zip(cols["job_id"], cols["event"], strict=True)
                          if event == _ENQUEUED or event in _ENDS_ATTEMPT})
-        hashes: dict[str, list[str | None]] = {}
+        hashes: dict[str, JobHash] = {}
         client = self.broker.client
         for start in range(0, len(wanted), _PIPELINE):
             part = wanted[start:start + _PIPELINE]
             pipe = client.pipeline(transaction=False)
             for job in part:
-                pipe.hmget(keys.job(job), *_HASH_FIELDS)
-            hashes.update(zip(part, pipe.execute(), strict=True))
-        logs: dict[str, dict[int, dict[str, Any]]] = {}
+                pipe.hmget(keys.job(job), *_STORED)
+            for job, values in zip(part, pipe.execute(), strict=True):
+                found = {name: v for name, v in zip(_STORED, values, strict=True)
+                         if v is not None}
+                if found:  # else the job hash is gone: only the event's own fields
+                    hashes[job] = read_job_hash(found)
+        attempts: dict[str, dict[int, dict[str, Any]]] = {}
         for i in range(rows):
-            event = cols["event"][i]
-            found = hashes.get(cols["job_id"][i])
-            if found is None or found[0] is None:
-                continue  # the job hash is gone: only the event's own fields
-            task, run_at, priority, max_attempts, raw_log = found
-            if event == _ENQUEUED:
-                cols["task_name"][i] = task
-                cols["priority"][i] = _int(priority) or 0
-                cols["max_attempts"][i] = _int(max_attempts) or 1
+            job = cols["job_id"][i]
+            h = hashes.get(job)
+            if h is None:
+                continue
+            if cols["event"][i] == _ENQUEUED:
+                cols["task_name"][i] = h.task or None
+                cols["priority"][i] = h.priority
+                cols["max_attempts"][i] = h.max_attempts
                 # A job already retried has the retry's run_at: the first one is lost.
-                if '"o":"retried"' not in (raw_log or ""):
-                    cols["run_at"][i] = _int(run_at) if run_at else cols["ts"][i]
-            elif event in _ENDS_ATTEMPT:
-                job = cols["job_id"][i]
-                if job not in logs:
-                    logs[job] = _attempt_log(raw_log)
-                entry = logs[job].get(cols["attempt"][i] or -1)
+                if not any(a["outcome"] == "retried" for a in h.attempt_log):
+                    cols["run_at"][i] = to_ms(h.run_at) or cols["ts"][i]
+            else:
+                if job not in attempts:
+                    attempts[job] = {a["attempt"]: a for a in h.attempt_log}
+                entry = attempts[job].get(cols["attempt"][i] or -1)
                 if entry is not None:
-                    cols["started_at"][i] = _int(entry.get("b")) or None
+                    cols["started_at"][i] = to_ms(entry["started_at"])
                     if not cols["worker"][i]:
-                        cols["worker"][i] = entry.get("w") or None
-
-
-def _attempt_log(raw: str | None) -> dict[int, dict[str, Any]]:
-    try:
-        log = json.loads(raw) if raw else []
-    except ValueError:
-        return {}
-    if not isinstance(log, list):
-        return {}
-    return {int(e["n"]): e for e in log if isinstance(e, dict) and _int(e.get("n"))}
+                        cols["worker"][i] = entry["worker"] or None
 
 
 def _chunks(entries: list[tuple[str, dict[str, str]]]

@@ -36,11 +36,11 @@ from django.db import (
 from django.db.models import Q
 from django.utils import timezone
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from ..conf import conf
 from ..connection import get_broker
-from ..engine import Broker, Queue
+from ..engine import Broker, Queue, streams
 from ..engine.errors import DelayQConnectionError
 from ..engine.keys import QueueKeys
 from ..engine.queue import SKIPS_KEPT
@@ -197,10 +197,10 @@ class Mirror:
             return handled
         return self._read_new({keys.events: ">" for keys in self._shards}, wait)
 
-    def _read_new(self, streams: dict[str, str], block: int | None) -> int:
+    def _read_new(self, wanted: dict[str, str], block: int | None) -> int:
         by_stream = {keys.events: keys for keys in self._shards}
         handled = 0
-        for stream, got in self._read(streams, block=block):
+        for stream, got in self._read(wanted, block=block):
             if got:
                 handled += self._apply(by_stream[stream], got)
         return handled
@@ -211,10 +211,8 @@ class Mirror:
 
     def _take_over(self, keys: QueueKeys) -> int:
         """Claim and apply one batch of another consumer's long-pending entries."""
-        reply = self.broker.client.xautoclaim(keys.events, GROUP, self.name,
-                                              self.claim_idle_ms, start_id="0-0",
-                                              count=self.batch_size)
-        entries = [e for e in reply[1] if e is not None] if len(reply) > 1 else []
+        entries, _ = streams.take_over_idle(self.broker.client, keys.events, GROUP, self.name,
+                                            self.claim_idle_ms, self.batch_size)
         if not entries:
             return 0
         logger.info("mirror took over pending events stream=%s count=%d", keys.events,
@@ -239,20 +237,14 @@ class Mirror:
     def _ensure_group(self, keys: QueueKeys) -> None:
         if keys.events in self._ready:
             return
-        try:
-            self.broker.client.xgroup_create(keys.events, GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        streams.ensure_group(self.broker.client, keys.events, GROUP)
         self._ready.add(keys.events)
 
-    def _read(self, streams: dict[str, str], block: int | None = None) -> list[Any]:
+    def _read(self, wanted: dict[str, str], block: int | None = None) -> list[Any]:
         try:
-            return self.broker.client.xreadgroup(
-                GROUP, self.name, streams, count=self.batch_size, block=block) or []
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
+            return streams.read(self.broker.client, GROUP, self.name, wanted,
+                                self.batch_size, block)
+        except streams.GroupGone:
             # A stream or its group was deleted (FLUSHDB, a Redis without persistence
             # restarted): create the groups again on the next round.
             self._ready.clear()
@@ -301,7 +293,7 @@ class Mirror:
 
     def _acknowledge(self, keys: QueueKeys, ids: list[str]) -> None:
         """Acknowledge entries whose rows are committed (what a crash may fall between)."""
-        self.broker.client.xack(keys.events, GROUP, *ids)
+        streams.ack(self.broker.client, keys.events, GROUP, ids)
 
     def _write_one_by_one(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
         """Write each job alone; a job whose row cannot be written is skipped.
