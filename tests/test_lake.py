@@ -216,6 +216,31 @@ def test_trimmed_events_are_counted_as_lost(tmp_path, broker, redis_client):
     assert (exporter.lost, exporter.rows) == (20, 10)
 
 
+def test_an_entry_the_lake_cannot_hold_is_skipped_and_shown(tmp_path, broker, redis_client):
+    """Hand-written entries with a time or an attempt no column can hold: each is left
+    out, counted where the mirror's skips are, and logged; the rest is exported."""
+    from django_delayq import Queue
+
+    tasks.record.enqueue("before")
+    bad = [redis_client.xadd(KEYS.events, fields) for fields in (
+        {"event": "completed", "job": "x", "ts": "1e40"},
+        {"event": "completed", "job": "y", "ts": str(10**20)},
+        {"event": "started", "job": "z", "ts": "1767614400000", "attempt": str(2**40)},
+        {"event": "started", "jobs": "a b", "attempts": "1", "ts": "1767614400000"},
+    )]
+    tasks.record.enqueue("after")
+    expected = Counter({k: n for k, n in stream_events(redis_client).items()
+                        if k[0] not in bad})
+    exporter = export(tmp_path, broker)
+    assert exporter.skipped == len(bad)
+    assert lake_events(tmp_path) == expected
+    assert pending(redis_client) == 0
+    count, reasons = Queue("default").skipped_events()
+    assert count == len(bad)
+    assert sorted(r.split(" id=")[1].split(" ")[0] for r in reasons) == sorted(bad)
+    assert all(" lake export id=" in r and "garbled event" in r for r in reasons)
+
+
 def test_export_command_needs_a_lake(capsys):
     from django.core.management import CommandError, call_command
 

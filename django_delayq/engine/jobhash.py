@@ -14,7 +14,7 @@ import datetime as dt
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import Any
 
 from . import validation as check
 from .codec import decode
@@ -22,7 +22,6 @@ from .fields import logical
 from .status import JOB_STATUSES
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-_D = TypeVar("_D")
 
 
 def from_ms(value: Any) -> dt.datetime | None:
@@ -123,16 +122,8 @@ def read_times(data: dict[str, Any], *names: str) -> tuple[dict[str, dt.datetime
     return {name: reader.time(name) for name in names}, reader.damaged
 
 
-@overload
-def to_int(value: Any) -> int: ...
-
-
-@overload
-def to_int(value: Any, default: _D) -> int | _D: ...
-
-
-def to_int(value: Any, default: Any = 0) -> Any:
-    """``value`` as an int, or ``default`` (0) when it is absent or not a number."""
+def to_int(value: Any, default: int = 0) -> int:
+    """``value`` as an int, or ``default`` when it is absent or not a number."""
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -198,11 +189,15 @@ def parse_attempt_log(raw: str | None) -> list[dict[str, Any]]:
     for entry in entries if isinstance(entries, list) else []:
         if not isinstance(entry, dict):
             continue
+        try:
+            started, finished = (from_ms(to_int(entry.get(k)) or None) for k in "bf")
+        except ValueError:  # a time out of range: not an entry the worker writes
+            continue
         log.append({
             "attempt": to_int(entry.get("n")),
             "worker": str(entry.get("w") or ""),
-            "started_at": from_ms(to_int(entry.get("b")) or None),
-            "finished_at": from_ms(to_int(entry.get("f")) or None),
+            "started_at": started,
+            "finished_at": finished,
             "outcome": str(entry.get("o") or ""),
             "error": str(entry.get("x") or ""),
         })

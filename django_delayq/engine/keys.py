@@ -140,7 +140,7 @@ class QueueKeys:
 
     @cached_property
     def skipped(self) -> str:
-        """How many events the model mirror could not apply and skipped (STRING)."""
+        """How many events the mirror or the lake export could not use and skipped (STRING)."""
         return self._key("mirror:skipped")
 
     @cached_property

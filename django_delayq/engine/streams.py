@@ -17,6 +17,7 @@ consumer left pending. Two ways to take over:
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from redis.exceptions import ResponseError
 from .commands import Commands
 from .errors import DelayQError
 from .keys import QueueKeys
+from .queue import SKIPS_KEPT
 
 #: One stream entry: its id and fields (None: the entry was trimmed from the stream).
 Entry = tuple[str, "dict[str, str] | None"]
@@ -94,6 +96,20 @@ def ack(client: Any, stream: str, group: str, ids: Sequence[str]) -> None:
     durable)."""
     for start in range(0, len(ids), ACK_SLICE):
         client.xack(stream, group, *ids[start:start + ACK_SLICE])
+
+
+def record_skip(client: Any, keys: QueueKeys, reader: str, entry_id: str, reason: str) -> str:
+    """Keep an entry that ``reader`` ('mirror', 'lake export') skipped as unusable where
+    operators see it: the shard's count and its newest reasons (``Queue.skipped_events()``:
+    the dashboard, the API). Returns the reason as kept (one line)."""
+    reason = reason.replace("\n", " ")[:300]
+    when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    pipe = client.pipeline(transaction=False)
+    pipe.incr(keys.skipped)
+    pipe.lpush(keys.skipped_log, f"{when} {reader} id={entry_id} {reason}")
+    pipe.ltrim(keys.skipped_log, 0, SKIPS_KEPT - 1)
+    pipe.execute()
+    return reason
 
 
 def pending_consumers(client: Any, stream: str, group: str) -> list[str]:

@@ -30,8 +30,9 @@ from redis.exceptions import RedisError, ResponseError
 from ..engine import Broker, Queue, streams
 from ..engine.errors import DelayQConnectionError
 from ..engine.fields import stored
-from ..engine.jobhash import JobHash, read_job_hash, to_int, to_ms
+from ..engine.jobhash import JobHash, read_job_hash, to_ms
 from ..engine.keys import QueueKeys
+from ..engine.validation import check_time_ms
 from . import store
 from .schema import ARROW_SCHEMA, day_of
 
@@ -46,6 +47,7 @@ _ENDS_ATTEMPT = frozenset(("completed", "failed", "retried"))
 _STORED = tuple(stored(name) for name in ("status", "task", "run_at", "enqueued_at",
                                           "priority", "max_attempts", "attempt_log"))
 _PIPELINE = 5_000
+MAX_INT32 = 2**31 - 1
 #: Rows a file holds at most (about: a file ends after the entry that reaches it).
 ROWS_PER_FILE = 250_000
 
@@ -304,23 +306,23 @@ class Exporter:
         cols: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
         for entry_id, fields in entries:
             try:
-                ms_text, _, seq_text = entry_id.partition("-")
-                ms, seq = int(ms_text), int(seq_text or 0)
+                ms, seq = _order(entry_id)
                 event = fields["event"]
                 if "jobs" in fields:
                     jobs = fields["jobs"].split(" ")
                     given = fields.get("attempts")
-                    attempts = ([to_int(a, None) for a in given.split(" ")] if given
+                    attempts = ([_attempt(a) for a in given.split(" ")] if given
                                 else [None] * len(jobs))
                     if len(attempts) != len(jobs):
                         raise ValueError("jobs and attempts differ in length")
                 else:
-                    jobs, attempts = [fields["job"]], [to_int(fields.get("attempt"), None)]
-                ts = int(fields["ts"])
-            except (KeyError, ValueError, AttributeError) as exc:
-                self.skipped += 1
-                logger.warning("lake export skipping a garbled entry stream=%s id=%s "
-                               "error=%s", keys.events, entry_id, exc)
+                    jobs, attempts = [fields["job"]], [_attempt(fields.get("attempt"))]
+                if not event or not all(jobs):
+                    raise ValueError("empty event or job")
+                ts = _time_ms(fields["ts"])
+                run_at = _time_ms(fields.get("run_at"))
+            except (KeyError, ValueError, AttributeError, TypeError) as exc:
+                self._skip(keys, entry_id, f"garbled event: {type(exc).__name__}: {exc}")
                 continue
             n = len(jobs)
             cols["stream_id"] += [entry_id] * n
@@ -333,11 +335,21 @@ class Exporter:
             cols["ts"] += [ts] * n
             cols["attempt"] += attempts
             cols["worker"] += [fields.get("worker")] * n
-            cols["run_at"] += [to_int(fields.get("run_at"), None)] * n
+            cols["run_at"] += [run_at] * n
             cols["status"] += [fields.get("status")] * n
             cols["error"] += [fields.get("error")] * n
         self._enrich(keys, cols)
         return cols
+
+    def _skip(self, keys: QueueKeys, entry_id: str, reason: str) -> None:
+        """Leave an entry out of the lake, where an operator sees it: counted
+        (:attr:`skipped`, ``Queue.skipped_events()``: the dashboard, the API) and logged
+        with its stream id and the reason."""
+        self.skipped += 1
+        reason = streams.record_skip(self.broker.client, keys, "lake export", entry_id,
+                                     reason)
+        logger.error("lake export skipped an event it cannot write stream=%s id=%s "
+                     "reason=%s", keys.events, entry_id, reason)
 
     def _enrich(self, keys: QueueKeys, cols: dict[str, list[Any]]) -> None:
         """Fill the columns the events do not carry from the job hashes (one HMGET per
@@ -403,6 +415,23 @@ def _chunks(entries: list[tuple[str, dict[str, str]]]
 def _order(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+def _time_ms(value: str | None) -> int | None:
+    """A time of an event (ms), checked to be one every reader can represent."""
+    if value is None or value == "":
+        return None
+    return check_time_ms(int(value), f"time {value[:40]!r}")
+
+
+def _attempt(value: str | None) -> int | None:
+    """An attempt number of an event, checked to fit the column."""
+    if value is None or value == "":
+        return None
+    number = int(value)
+    if not 0 <= number <= MAX_INT32:
+        raise ValueError(f"attempt {value[:40]!r} is out of range")
+    return number
 
 
 def _by_day(table: pa.Table) -> list[tuple[str, pa.Table]]:

@@ -43,7 +43,6 @@ from ..connection import get_broker
 from ..engine import Broker, Queue, streams
 from ..engine.errors import DelayQConnectionError
 from ..engine.keys import QueueKeys
-from ..engine.queue import SKIPS_KEPT
 from ..engine.status import FINISHED_IN_HISTORY
 from ..models import Job, JobStatus
 from ..worker.backoff import Backoff
@@ -56,8 +55,8 @@ logger = logging.getLogger(__name__)
 UPDATE_FIELDS = [
     "task_name", "status", "priority", "args", "kwargs", "run_at", "enqueued_at",
     "started_at", "finished_at", "attempts", "max_attempts", "worker", "result", "error",
-    "traceback", "progress", "progress_message", "attempt_log", "parents", "last_event_id",
-    "updated_at",
+    "traceback", "progress", "progress_message", "attempt_log", "parents", "damaged",
+    "last_event_id", "updated_at",
 ]
 #: Errors that stop a batch to be read again later (nothing is skipped for them): Redis
 #: or the database is away. Any other error of one event skips that event alone.
@@ -314,15 +313,9 @@ class Mirror:
     def _record_skip(self, keys: QueueKeys, entry_id: str, reason: str) -> None:
         """Log a skipped event and keep it where operators see it (a count and the newest
         reasons per queue shard: ``Queue.skipped_events()``, the dashboard, the API)."""
-        reason = reason.replace("\n", " ")[:300]
+        reason = streams.record_skip(self.broker.client, keys, "mirror", entry_id, reason)
         logger.error("mirror skipped an event it cannot apply stream=%s id=%s reason=%s",
                      keys.events, entry_id, reason)
-        when = timezone.now().isoformat(timespec="seconds")
-        pipe = self.broker.client.pipeline(transaction=False)
-        pipe.incr(keys.skipped)
-        pipe.lpush(keys.skipped_log, f"{when} id={entry_id} {reason}")
-        pipe.ltrim(keys.skipped_log, 0, SKIPS_KEPT - 1)
-        pipe.execute()
 
     def _write(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
         """Upsert one row per job, in one transaction; ``by_job`` events are oldest first.

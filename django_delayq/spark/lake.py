@@ -157,5 +157,6 @@ def jobs_from_lake(spark: SparkSession, where: str | Path, *,
         F.col("newest.due").alias("run_at"), "enqueued_at", "started_at",
         finished.alias("finished_at"), F.coalesce("attempts", F.lit(0)).alias("attempts"),
         "max_attempts", "worker", "error",
+        F.lit(None).alias("damaged"),  # the lake holds events, not job records
     )
     return filter_since(df.select(*[F.col(n).cast(t).alias(n) for n, t, _ in FIELDS]), since)
