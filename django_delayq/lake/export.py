@@ -32,6 +32,7 @@ from ..engine.errors import DelayQConnectionError
 from ..engine.fields import stored
 from ..engine.jobhash import JobHash, read_job_hash, to_ms
 from ..engine.keys import QueueKeys
+from ..engine.urls import redact
 from ..engine.validation import check_time_ms
 from . import store
 from .schema import ARROW_SCHEMA, day_of
@@ -96,7 +97,7 @@ class Exporter:
         number of entries acknowledged by this run."""
         from ..worker.backoff import Backoff
 
-        logger.info("lake export started lake=%s consumer=%s burst=%s", self.where,
+        logger.info("lake export started lake=%s consumer=%s burst=%s", redact(self.where),
                     self.name, burst)
         before = self.entries
         backoff = Backoff(self._stop, first=0.5, cap=30.0)

@@ -13,11 +13,16 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+from pyarrow import fs as pafs
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from ..engine.status import FINISHED_IN_HISTORY
-from .history import FIELDS, filter_since
+from ..lake.schema import PARTITION
+from ..lake.store import open_lake
+from .history import FIELDS, FORMATS, filter_since
+
+PARTITION_PREFIX = f"{PARTITION}="
 
 #: Events that end an attempt, and what the attempt's outcome is then.
 ENDS = ("completed", "failed", "retried", "reclaimed", "released")
@@ -45,12 +50,30 @@ def lake_uri(where: str | Path) -> str:
 
 
 def is_lake(where: str | Path) -> bool:
-    """Whether ``where`` looks like a lake: a directory with ``date=`` partitions."""
+    """Whether ``where`` is a lake: a directory (or a URL of one) with ``date=``
+    partitions, not a file export.
+
+    A URL whose name ends like a file (``s3a://b/jobs.parquet``, ``.csv``, ``.jsonl``)
+    is a file. Another URL is looked at through ``pyarrow.fs`` when PyArrow opens it (a
+    directory with ``date=`` partitions is a lake, anything else a file export); one it
+    cannot open (Spark's own ``s3a://``, no credentials here) is taken as a lake.
+    """
     text = str(where)
-    if "://" in text:
+    if "://" not in text:
+        path = Path(text)
+        return path.is_dir() and any(p.name.startswith(PARTITION_PREFIX)
+                                     for p in path.iterdir())
+    name = text.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    if Path(name).suffix.lower() in FORMATS:
+        return False
+    try:
+        filesystem, root = open_lake(text)
+        if filesystem.get_file_info(root).type != pafs.FileType.Directory:
+            return False
+        return any(info.base_name.startswith(PARTITION_PREFIX) for info in
+                   filesystem.get_file_info(pafs.FileSelector(root)))
+    except (ValueError, OSError):
         return True
-    path = Path(text)
-    return path.is_dir() and any(p.name.startswith("date=") for p in path.iterdir())
 
 
 def lake_events(spark: SparkSession, where: str | Path) -> DataFrame:
