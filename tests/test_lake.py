@@ -289,7 +289,8 @@ def test_the_lake_on_a_local_s3_endpoint(s3_lake, broker, redis_client, caplog):
     filesystem, root = open_lake(s3_lake)
     names = [i.base_name for i in filesystem.get_file_info(
         pafs.FileSelector(root, recursive=True)) if i.is_file]
-    assert names and all(n.startswith("default~x~") and n.endswith(".parquet") for n in names)
+    assert names
+    assert all(n.startswith("default~x~") and n.endswith(".parquet") for n in names)
     assert is_lake(s3_lake)
     assert not is_lake(s3_lake.replace("/lake?", "/jobs.parquet?"))
     assert "s3-secret-value" not in caplog.text
