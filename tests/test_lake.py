@@ -29,6 +29,7 @@ from tests.lake_events import Crash, CrashBeforeAck, generate
 from tests.testapp import tasks
 
 KEYS = QueueKeys("dq", "default")
+MILLION = 1_000_000
 UTC = dt.UTC
 
 
@@ -408,18 +409,26 @@ def test_the_lake_and_an_export_through_file_urls(tmp_path, broker, redis_client
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_100k_jobs_exported_twice_read_back_exactly(tmp_path, broker, redis_client, spark):
+@pytest.mark.xdist_group("heavy")  # minutes of both cores: with the other heavy tests
+@pytest.mark.timeout(1800)
+def test_a_million_jobs_exported_twice_read_back_exactly(tmp_path, broker, redis_client,
+                                                         spark):
+    """1,000,000 jobs' events (4,000,000 rows): an export that dies before an ack, then
+    another with other batch boundaries; Spark reads each event once, and every job's
+    attempt with its exact lateness and duration percentiles."""
     from pyspark.sql import functions as F
 
     from django_delayq.spark import attempts_from_lake
     from django_delayq.spark.lake import lake_events as read_lake
 
     t0 = dt.datetime(2026, 1, 5, 12, tzinfo=UTC)
-    made = generate(broker, tasks.record.name, KEYS, 100_000, t0=t0)
+    made = generate(broker, tasks.record.name, KEYS, MILLION, t0=t0)
     crashing = CrashBeforeAck(str(tmp_path), broker=broker, batch_size=60, after=4)
     with pytest.raises(Crash):
         crashing.run(burst=True)
     export(tmp_path, broker, batch_size=25)
+    again = export(tmp_path, broker)  # nothing new: nothing written
+    assert (again.entries, again.files, pending(redis_client)) == (0, 0, 0)
     events = read_lake(spark, str(tmp_path))
     assert events.count() == made.events
     assert events.select("stream_id", "job_id").distinct().count() == made.events

@@ -20,14 +20,17 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ResponseError
 
 from .commands import Commands
 from .errors import DelayQError
 from .keys import QueueKeys
-from .queue import SKIPS_KEPT
+from .queue import SKIPS_KEPT, Queue
+
+if TYPE_CHECKING:
+    from .broker import Broker
 
 #: One stream entry: its id and fields (None: the entry was trimmed from the stream).
 Entry = tuple[str, "dict[str, str] | None"]
@@ -46,6 +49,13 @@ class BatchInProgress(DelayQError):
 
 def _missing(exc: ResponseError) -> bool:
     return "NOGROUP" in str(exc)
+
+
+def shards_to_read(broker: Broker, queues: Sequence[str] | None) -> list[QueueKeys]:
+    """The queue shards whose streams a reader follows: those of ``queues``, or of every
+    queue seen (``Queue.all``) when it names none."""
+    names = list(queues) if queues else [q.name for q in Queue.all(broker=broker)]
+    return [keys for name in names for keys in broker.shards(name)]
 
 
 def ensure_group(client: Any, stream: str, group: str, *, entries_read: int | None = None

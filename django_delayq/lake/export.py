@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow as pa
 from redis.exceptions import RedisError, ResponseError
 
-from ..engine import Broker, Queue, streams
+from ..engine import Broker, streams
 from ..engine.errors import DelayQConnectionError
 from ..engine.fields import stored
 from ..engine.jobhash import JobHash, read_job_hash, to_ms
@@ -195,8 +195,7 @@ class Exporter:
         now = time.monotonic()
         if self._shards and now - self._refreshed_at < self.refresh_interval:
             return
-        names = self.fixed_queues or [q.name for q in Queue.all(broker=self.broker)]
-        self._shards = [k for name in names for k in self.broker.shards(name)]
+        self._shards = streams.shards_to_read(self.broker, self.fixed_queues)
         self._refreshed_at = now
         for keys in self._shards:
             if keys.events not in self._ready:

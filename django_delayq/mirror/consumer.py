@@ -40,7 +40,7 @@ from redis.exceptions import RedisError
 
 from ..conf import conf
 from ..connection import get_broker
-from ..engine import Broker, Queue, streams
+from ..engine import Broker, streams
 from ..engine.errors import DelayQConnectionError
 from ..engine.keys import QueueKeys
 from ..engine.status import FINISHED_IN_HISTORY
@@ -227,8 +227,7 @@ class Mirror:
         now = time.monotonic()
         if self._shards and now - self._refreshed_at < self.refresh_interval:
             return
-        names = self.fixed_queues or [q.name for q in Queue.all(broker=self.broker)]
-        self._shards = [k for name in names for k in self.broker.shards(name)]
+        self._shards = streams.shards_to_read(self.broker, self.fixed_queues)
         self._refreshed_at = now
         for keys in self._shards:
             self._ensure_group(keys)
