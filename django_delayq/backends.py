@@ -47,6 +47,7 @@ from django.utils.module_loading import import_string
 
 from .engine import DelayQError, JobNotFound
 from .engine import Job as EngineJob
+from .engine import errors as engine_errors
 from .engine.keys import QUEUE_NAME_RE
 from .engine.status import Status
 from .task import Task as DelayQTask
@@ -314,8 +315,8 @@ def build_result(task: Task, job: EngineJob, result_id: str, alias: str) -> Task
                                    run_after=run_after)
     errors = []
     if job.error:
-        path = job.error.split(":", 1)[0].strip()
-        errors.append(TaskError(exception_class_path=path, traceback=job.traceback or job.error))
+        errors.append(TaskError(exception_class_path=_error_class_path(job.error),
+                                traceback=job.traceback or job.error))
     if job.status == Status.CANCELLED:
         errors.append(TaskError(exception_class_path=_CANCELLED_PATH,
                                 traceback="The job was cancelled before it ran.\n"))
@@ -334,6 +335,21 @@ def build_result(task: Task, job: EngineJob, result_id: str, alias: str) -> Task
     if status == TaskResultStatus.SUCCESSFUL:
         object.__setattr__(result, "_return_value", job.result)
     return result
+
+
+def _error_class_path(error: str) -> str:
+    """The exception class path of a job's error line (``module.Class: message``).
+
+    delayq's own reasons (``LeaseExpired``, ``DamagedJob``, ``DependencyFailed``), which
+    the scripts record by bare name, become the path of their class in
+    :mod:`django_delayq.engine.errors`, so that ``TaskError.exception_class`` finds it.
+    """
+    path = error.split(":", 1)[0].strip()
+    if "." not in path:
+        known = getattr(engine_errors, path, None)
+        if isinstance(known, type) and issubclass(known, engine_errors.DelayQError):
+            return f"{known.__module__}.{known.__qualname__}"
+    return path
 
 
 def _worker_ids(job: EngineJob) -> list[str]:
@@ -383,9 +399,8 @@ def _send_finished(sender: type, result: TaskResult, outcome: Any, *,
         object.__setattr__(result, "_return_value", json.loads(outcome.result_json))
     else:
         status = TaskResultStatus.FAILED if outcome.final else TaskResultStatus.READY
-        result.errors.append(TaskError(
-            exception_class_path=outcome.error.split(":", 1)[0].strip(),
-            traceback=outcome.traceback or outcome.error))
+        result.errors.append(TaskError(exception_class_path=_error_class_path(outcome.error),
+                                       traceback=outcome.traceback or outcome.error))
     object.__setattr__(result, "status", status)
     object.__setattr__(result, "finished_at", timezone.now())
     if error is None or outcome.ok:
