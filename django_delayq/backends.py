@@ -455,7 +455,7 @@ def _runner(task: Task) -> Callable[..., Any]:
         return value
 
     if inspect.iscoroutinefunction(func):
-        run = _async_runner(task)
+        run = _normalizing(_async_runner(task))
     functools.update_wrapper(run, func)
     if task.takes_context:  # the caller's arguments exclude the leading ``context``
         sig = inspect.signature(func)
@@ -463,6 +463,15 @@ def _runner(task: Task) -> Callable[..., Any]:
             parameters=list(sig.parameters.values())[1:])
     return run
 
+
+def _normalizing(run: Callable[..., Any]) -> Callable[..., Any]:
+    """``run`` (an async runner) returning its value through ``normalize_json``, as
+    :func:`_call` does for sync tasks."""
+
+    async def normalized(*args: Any, **kwargs: Any) -> Any:
+        return normalize_json(await run(*args, **kwargs))
+
+    return normalized
 
 
 def _async_runner(task: Task) -> Callable[..., Any]:

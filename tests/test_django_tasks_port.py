@@ -223,6 +223,16 @@ def test_complex_return_value(run_jobs: Any, tasks_log: Callable[[], list[str]])
     assert "Unsupported type" in result.errors[0].traceback
 
 
+def test_complex_return_value_async(run_jobs: Any) -> None:
+    """Not in Django's tests: an async task's return value is kept as a sync task's."""
+    result = test_tasks.complex_return_value_async.enqueue()
+    run_jobs()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class is TypeError
+    assert "Unsupported type" in result.errors[0].traceback
+
+
 def test_result(run_jobs: Any) -> None:
     result = default_task_backend.enqueue(test_tasks.calculate_meaning_of_life, [], {})
     run_jobs()

@@ -69,6 +69,11 @@ def complex_return_value() -> Any:
     return lambda: True
 
 
+@task(queue_name="async")
+async def complex_return_value_async() -> Any:
+    return lambda: True
+
+
 @task()
 def exit_task() -> None:
     exit(1)
