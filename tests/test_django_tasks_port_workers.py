@@ -40,6 +40,7 @@ from django_delayq.engine.fields import stored
 from django_delayq.worker import EXIT_FORCED, EXIT_RESTART
 from tests.conftest import wait_until
 from tests.testapp import port_tasks as test_tasks
+from tests.testapp import standard_tasks as st
 
 try:  # Django 6+
     from django.tasks import TaskResultStatus, default_task_backend
@@ -238,13 +239,17 @@ def test_invalid_task_path(task_name: str, broker: Any, run_jobs: Any) -> None:
         default_task_backend.get_result(f"default:{sent.job_id}")
 
 
-def test_worker_doesnt_exit(run_jobs: Any) -> None:
-    result = test_tasks.exit_task.enqueue()
+@pytest.mark.parametrize(("task", "exception"), [
+    (test_tasks.exit_task, SystemExit),
+    (test_tasks.failing_task_keyboard_interrupt, KeyboardInterrupt),
+], ids=["exit", "KeyboardInterrupt"])
+def test_worker_doesnt_exit(task: Any, exception: type[BaseException], run_jobs: Any) -> None:
+    result = task.enqueue()
     after = test_tasks.noop_task.enqueue()
     assert run_jobs() == 2
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
-    assert result.errors[0].exception_class is SystemExit
+    assert result.errors[0].exception_class is exception
     after.refresh()
     assert after.status == TaskResultStatus.SUCCESSFUL
 
@@ -323,10 +328,6 @@ def test_bad_worker_options(args: list[str], message: str) -> None:
 # -- runworker in a process of its own ------------------------------------------------
 
 
-def started(redis_client: Any, gate: str) -> bool:
-    return gate in redis_client.lrange(test_tasks.STARTED, 0, -1)
-
-
 def running(result: Any) -> bool:
     """Refresh ``result``: RUNNING yet? (A job's start is noted with the worker's next
     acks, a moment after its task began.)"""
@@ -364,7 +365,7 @@ def test_interrupt_no_tasks(spawned: Spawn) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupt_signals(sig: signal.Signals, spawned: Spawn, redis_client: Any) -> None:
     """A first signal lets the running task finish, then the worker exits 0."""
-    result = test_tasks.wait_for_gate.enqueue("gate:signal")
+    result = st.dj_gated.enqueue("gate:signal")
     process, out = spawned("default", "-c", "1")
     wait_until(lambda: running(result), message=f"the task to run:\n{out.text}")
     assert result.worker_ids != []
@@ -393,8 +394,10 @@ def test_repeat_ctrl_c_and_kill(stop: str, attempts: int, spawned: Spawn, redis_
     """
     settings.TASKS = {"default": {"BACKEND": "django_delayq.backends.DelayQBackend",
                                   "QUEUES": [], "OPTIONS": {"MAX_ATTEMPTS": attempts}}}
-    result = test_tasks.wait_for_gate.enqueue("gate:again")
-    first, out = spawned("default", "-c", "1", "--lease", "1", "--name", "first")
+    result = st.dj_gated.enqueue("gate:again")
+    # A short lease, so that the test need not wait long for it to lapse; not shorter,
+    # so that a heartbeat slowed down by a busy machine still renews it in time.
+    first, out = spawned("default", "-c", "1", "--lease", "3", "--name", "first")
     wait_until(lambda: running(result), message=f"the task to run:\n{out.text}")
     assert result.worker_ids == ["first"]
     if stop == "SIGKILL":
@@ -409,14 +412,14 @@ def test_repeat_ctrl_c_and_kill(stop: str, attempts: int, spawned: Spawn, redis_
         assert first.wait(timeout=30) == EXIT_FORCED, out.text
     assert running(result), "leased until the lease lapses"
     redis_client.set("gate:again", 1)
-    _, out2 = spawned("default", "-c", "1", "--lease", "1", "--name", "second")
+    _, out2 = spawned("default", "-c", "1", "--lease", "3", "--name", "second")
     wait_until(lambda: (result.refresh(), result.is_finished)[1], timeout=30,
                message=f"the job to be taken back:\n{out2.text}")
     if attempts == 1:
         assert result.status == TaskResultStatus.FAILED
         assert result.errors[0].exception_class is LeaseExpired
         assert "worker first stopped renewing the lease" in result.errors[0].traceback
-        assert redis_client.lrange(test_tasks.STARTED, 0, -1) == ["gate:again"], "ran once"
+        assert len(redis_client.lrange("test:dj", 0, -1)) == 1, "it ran once"
     else:
         assert result.status == TaskResultStatus.SUCCESSFUL
         assert result.worker_ids == ["first", "second"]

@@ -3,13 +3,12 @@
 ``tests/test_django_tasks_port.py`` and ``tests/test_django_tasks_port_workers.py``.
 
 Async tasks use a queue of their own, as the other async tasks of the test app do, so
-that workers of the ``default`` queue need no event loop. ``hang`` and ``sleep_for``
-become ``wait_for_gate``: the tests open the gate instead of sleeping.
+that workers of the ``default`` queue need no event loop. For ``hang`` and
+``sleep_for`` the tests use ``standard_tasks.dj_gated``, which waits for a key they set.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from django_delayq.connection import get_broker
@@ -18,10 +17,6 @@ try:
     from django.tasks import TaskContext, task
 except ImportError:  # the django-tasks backport on Django 5.2
     from django_tasks import TaskContext, task
-
-#: The Redis list where ``wait_for_gate`` notes its start, for tests in another process.
-STARTED = "test:port:started"
-
 
 @task()
 def noop_task(*args: Any, **kwargs: Any) -> None:
@@ -97,15 +92,3 @@ def record_tag(tag: str) -> str:
     get_broker().client.rpush("test:port:ran", tag)
     return tag
 
-
-@task()
-def wait_for_gate(gate: str) -> str:
-    """Note the start in :data:`STARTED`, then wait (at most 60 s) for the key ``gate``."""
-    client = get_broker().client
-    client.rpush(STARTED, gate)
-    deadline = time.monotonic() + 60
-    while not client.exists(gate):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gate {gate} never opened")
-        time.sleep(0.02)
-    return gate
