@@ -389,7 +389,6 @@ def test_status_groups_cover_the_lifecycle_once():
         CANCELLABLE,
         FINISHED,
         JOB_STATUSES,
-        LEASED,
         PENDING,
         PURGEABLE,
         RETRYABLE,
@@ -397,12 +396,13 @@ def test_status_groups_cover_the_lifecycle_once():
     )
     from django_delayq.models import JobStatus
 
+    leased = (Status.CLAIMED, Status.ACTIVE)  # in the active set, under a lease
     # a waiting job (depends_on) comes first: it is not scheduled until its parents end
-    assert (Status.WAITING, *PENDING, *LEASED, *FINISHED) == tuple(Status) == JOB_STATUSES
+    assert (Status.WAITING, *PENDING, *leased, *FINISHED) == tuple(Status) == JOB_STATUSES
     assert (Status.WAITING, *PENDING) == CANCELLABLE
     # claimed jobs are in the active set: no set of their own
     assert tuple(s for s in JOB_STATUSES if s != Status.CLAIMED) == STATUSES
     assert set(RETRYABLE) < set(FINISHED)
-    assert set(PURGEABLE) == set(Status) - set(LEASED)
+    assert set(PURGEABLE) == set(Status) - set(leased)
     assert all(isinstance(s, str) and not isinstance(s, Status) for s in JOB_STATUSES)
     assert set(JobStatus.values) == {*JOB_STATUSES, "purged"}

@@ -31,8 +31,6 @@ JOB_STATUSES: Final = tuple(status.value for status in Status)
 #: The statuses with a set of their own in each queue (``Queue.counts()`` counts
 #: claimed jobs under active: both hold a lease).
 STATUSES: Final = tuple(status.value for status in Status if status is not Status.CLAIMED)
-#: Leased to a worker: claimed or running.
-LEASED: Final = (Status.CLAIMED, Status.ACTIVE)
 #: Not started yet: such a job can be cancelled or rescheduled.
 PENDING: Final = (Status.SCHEDULED, Status.READY)
 #: Not started yet and may be cancelled (a waiting job too).
