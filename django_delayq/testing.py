@@ -144,7 +144,7 @@ class RedisServer:
 
     def _answered_by_me(self, conn: socket.socket) -> bool:
         """Whether the server on the port is this object's process, not another one that
-        held the port first (the port was free when picked, not when bound)."""
+        bound the port first (the port was free when picked, not when bound)."""
         conn.sendall(b"INFO server\r\n")
         data = b""
         while b"process_id:" not in data or not data.endswith(b"\r\n"):
