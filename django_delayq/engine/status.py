@@ -39,5 +39,8 @@ CANCELLABLE: Final = (Status.WAITING, Status.SCHEDULED, Status.READY)
 FINISHED: Final = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
 #: Finished without success: such a job can be retried.
 RETRYABLE: Final = (Status.FAILED, Status.CANCELLED)
+#: A job written to the transactional outbox and not yet in Redis (no job hash holds it:
+#: only ``OutboxJob`` and the Django Tasks backend report it).
+OUTBOX: Final = "outbox"
 #: Everything but a running job: what a queue's purge may remove.
 PURGEABLE: Final = (Status.WAITING, Status.SCHEDULED, Status.READY, *FINISHED)

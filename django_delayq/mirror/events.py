@@ -16,7 +16,7 @@ from typing import Any
 from ..engine.fields import stored
 from ..engine.jobhash import decode_stored, from_ms, read_job_hash, to_fraction
 from ..engine.keys import QueueKeys, validate_job_id
-from ..engine.status import JOB_STATUSES
+from ..engine.status import JOB_STATUSES, Status
 from ..models import Job, JobStatus
 
 logger = logging.getLogger("django_delayq.mirror")
@@ -201,7 +201,7 @@ def apply_event(row: Job, event: Event) -> None:
     elif kind in ("promoted", "reclaimed", "released"):
         row.status = JobStatus.READY
     elif kind == "unblocked":  # its last parent ended (workflows): due now or later
-        scheduled = f.get("status") == "scheduled"
+        scheduled = f.get("status") == Status.SCHEDULED
         row.status = JobStatus.SCHEDULED if scheduled else JobStatus.READY
     elif kind in ("purged", "orphaned"):
         row.status = JobStatus.PURGED

@@ -27,6 +27,7 @@ from ..connection import get_broker
 from ..engine import EnqueueRequest, Job, JobNotFound, validation
 from ..engine.fastpaths import positional_names
 from ..engine.jobhash import from_ms
+from ..engine.status import OUTBOX
 from ..models import OutboxEntry
 from .send import send_rows, settle, take
 
@@ -57,9 +58,6 @@ class Enqueueable(Protocol):
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None: ...
 
 logger = logging.getLogger(__name__)
-
-#: The status of a job written to the outbox and not yet in Redis.
-OUTBOX = "outbox"
 
 
 @dataclasses.dataclass(eq=False)

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import time
-from types import TracebackType
 from typing import Any
 
-from .common import REPLICATION_ARGS, free_cluster_port
+from .common import REPLICATION_ARGS, Throwaway, free_cluster_port
 from .server import RedisServer
 
 CLUSTER_SLOTS = 16384
 
 
-class RedisCluster:
+class RedisCluster(Throwaway):
     """A throwaway Redis Cluster of ``masters`` primaries, each with ``replicas`` replicas.
 
     ``url`` is a ``redis+cluster://`` URL for ``DELAYQ["REDIS_URL"]``. The nodes keep no
@@ -146,10 +145,3 @@ class RedisCluster:
     def cleanup(self) -> None:
         for node in self.nodes:
             node.cleanup()
-
-    def __enter__(self) -> RedisCluster:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.cleanup()

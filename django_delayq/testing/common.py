@@ -6,6 +6,8 @@ import os
 import shutil
 import socket
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 
 def find_redis_server() -> str:
@@ -55,6 +57,22 @@ def free_cluster_port() -> int:
     raise RuntimeError("no free pair of ports for a Redis Cluster node")
 
 
+class Throwaway:
+    """Servers that live in a ``with`` block: ``start()`` on entry, ``cleanup()`` on exit."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def cleanup(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.cleanup()
+
+
 #: A replica's first copy starts at once (Redis waits 5 s for more replicas by default).
 REPLICATION_ARGS = ("--repl-diskless-sync-delay", "0")
-

@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-from .common import REPLICATION_ARGS
+from .common import REPLICATION_ARGS, Throwaway
 from .server import RedisServer
 
 
@@ -38,7 +37,7 @@ class SentinelServer(RedisServer):
         return [self.binary, str(self.config), "--sentinel", "--daemonize", "no"]
 
 
-class RedisSentinelGroup:
+class RedisSentinelGroup(Throwaway):
     """A primary, ``replicas`` replicas and ``sentinels`` sentinels on loopback.
 
     ``url`` is a ``redis+sentinel://`` URL naming every sentinel. ``start()`` returns
@@ -145,10 +144,3 @@ class RedisSentinelGroup:
     def cleanup(self) -> None:
         for server in [*self.sentinels, *self.servers]:
             server.cleanup()
-
-    def __enter__(self) -> RedisSentinelGroup:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.cleanup()

@@ -10,16 +10,15 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
-from .common import find_redis_server, free_port
+from .common import Throwaway, find_redis_server, free_port
 
 
 class _PortTaken(RuntimeError):
     """Another process answered on the port a server was started on."""
 
 
-class RedisServer:
+class RedisServer(Throwaway):
     """A redis-server process on 127.0.0.1 that lives as long as this object.
 
     ``appendonly=True`` turns on AOF with ``appendfsync everysec`` (for restart tests).
@@ -130,11 +129,3 @@ class RedisServer:
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.cleanup()
-
