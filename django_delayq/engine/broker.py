@@ -284,8 +284,10 @@ class Broker:
             names=arg_names,
             limit=self.config.max_payload_bytes,
         )
-        return EncodedJob(job_id, task, args_json, kwargs_json, priority, run_at_ms, delay_ms,
-                          max_attempts, timeout_ms)
+        # tuple.__new__: a NamedTuple's own __new__ is Python code, 0.15 us more a job of
+        # a bulk call (the fields are in order, as EncodedJob(...) would take them).
+        return tuple.__new__(EncodedJob, (job_id, task, args_json, kwargs_json, priority,
+                                          run_at_ms, delay_ms, max_attempts, timeout_ms))
 
     def enqueue(
         self,
