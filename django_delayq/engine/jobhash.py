@@ -141,11 +141,8 @@ def to_float(value: Any) -> float | None:
 
 def to_fraction(value: Any) -> float | None:
     """A stored progress fraction, or None when absent, not a number or outside 0..1."""
-    try:
-        fraction = float(value)
-    except (TypeError, ValueError):
-        return None
-    return fraction if 0 <= fraction <= 1 else None
+    fraction = to_float(value)
+    return fraction if fraction is not None and 0 <= fraction <= 1 else None
 
 
 def decode_stored(text: str | None, default: Any) -> Any:
