@@ -10,6 +10,7 @@ import pytest
 from django_delayq.engine import (
     STATUSES,
     Broker,
+    EncodedJob,
     EngineConfig,
     EnqueueRequest,
     InvalidJobState,
@@ -135,6 +136,25 @@ def test_a_job_to_run_at_once_stores_no_run_at_and_reads_its_enqueued_at(bare, r
     assert (again.added, again.run_at_ms) == (False, res.enqueued_at_ms)
     (claimed,) = claim_all(bare, "q")
     assert claimed.run_at_ms == res.enqueued_at_ms
+
+
+def test_an_encoded_job_names_the_enqueue_scripts_values_and_is_what_it_stores(
+        bare, redis_client):
+    job = bare.encode_request(EnqueueRequest(task="t.x", args=[1], kwargs={"k": "v"},
+                                             delay=2, job_id="j1", priority=4,
+                                             max_attempts=5, timeout=3))
+    assert type(job) is EncodedJob
+    assert job == EncodedJob(job_id="j1", task="t.x", args_json="[1]",
+                             kwargs_json='{"k":"v"}', priority=4, run_at_ms="",
+                             delay_ms=2000, max_attempts=5, timeout_ms=3000)
+    (keys,) = bare.shards("q")
+    (added, status, run_at_ms, enqueued_at_ms) = bare.commands.enqueue(keys, [job])
+    assert (added, status, int(run_at_ms) - int(enqueued_at_ms)) == (1, "scheduled", 2000)
+    stored_job = redis_client.hgetall(keys.job("j1"))
+    assert {name: stored_job[stored(name)] for name in
+            ("task", "args", "kwargs", "priority", "max_attempts", "timeout")} == {
+        "task": "t.x", "args": "[1]", "kwargs": '{"k":"v"}', "priority": "4",
+        "max_attempts": "5", "timeout": "3000"}
 
 
 def test_every_field_is_stored_short_and_read_back_by_its_name(bare, redis_client):
