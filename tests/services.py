@@ -297,25 +297,33 @@ def start_postgres() -> str:
         except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
             os.environ[PG_ERROR_ENV] = f"no PostgreSQL for the postgres tests: {exc}"
             SESSION.pg_note = f"PostgreSQL: MISSING: {exc}"
-            return SESSION.pg_note
-        SESSION.postgres = server
-        os.environ.update(DELAYQ_TEST_PG_HOST=server.host, DELAYQ_TEST_PG_PORT=str(server.port),
-                          DELAYQ_TEST_PG_USER=server.user)
-        SESSION.pg_note = (f"PostgreSQL: started, {server.version} on {pg_where()} "
-                           f"({server.bin_dir})")
+        else:
+            SESSION.postgres = server
+            os.environ.update(DELAYQ_TEST_PG_HOST=server.host,
+                              DELAYQ_TEST_PG_PORT=str(server.port),
+                              DELAYQ_TEST_PG_USER=server.user)
+            SESSION.pg_note = (f"PostgreSQL: started, {server.version} on {pg_where()} "
+                               f"({server.bin_dir})")
     _point_settings()
     return SESSION.pg_note
 
 
 def _point_settings() -> None:
     """Under ``--ds=tests.settings_postgres`` the settings were read before the server was
-    known: point the default database at it (no connection is open yet)."""
+    known: point the default database at it (no connection is open yet), or stop the run
+    when there is none (rather than let the settings' default reach whatever listens on
+    5432)."""
     from django.conf import settings
 
     database = settings.DATABASES["default"]
-    if database["ENGINE"].endswith("postgresql") and not os.environ.get(PG_ERROR_ENV):
-        host, port, user = pg_conninfo()
-        database.update(HOST=host, PORT=port, USER=user)
+    if not database["ENGINE"].endswith("postgresql"):
+        return
+    error = os.environ.get(PG_ERROR_ENV)
+    if error:
+        raise pytest.UsageError(f"{error} (settings {settings.SETTINGS_MODULE} run every "
+                                "test on PostgreSQL)")
+    host, port, user = pg_conninfo()
+    database.update(HOST=host, PORT=port, USER=user)
 
 
 def pg_conninfo() -> tuple[str, str, str]:

