@@ -187,7 +187,6 @@ OUTBOX_DEFAULTS: dict[str, Any] = {
     "FAST_PATH": True,  # send a transaction's jobs from an on_commit hook at once
     "CHUNK_SIZE": 500,  # rows the relay (and the commit hook) send per round trip
     "POLL_INTERVAL": 1.0,  # seconds the relay waits between reads of an empty outbox
-    "MAX_ATTEMPTS": 1000,  # failed sends (Redis unreachable) before parking; None: never
     "DATABASES": ["default"],  # database aliases the relay thread reads
 }
 
@@ -210,8 +209,6 @@ def _outbox(value: Any) -> list[str]:
         problems += [f"[{key!r}] {p}" for p in _boolean(options[key])]
     problems += [f"['CHUNK_SIZE'] {p}"
                  for p in number(minimum=1, integer=True)(options["CHUNK_SIZE"])]
-    problems += [f"['MAX_ATTEMPTS'] {p}" for p in
-                 number(minimum=1, integer=True, allow_none=True)(options["MAX_ATTEMPTS"])]
     poll = options["POLL_INTERVAL"]
     if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0.01 <= poll <= 3600:
         problems.append(f"['POLL_INTERVAL'] must be seconds from 0.01 to 3600, not {poll!r}.")
