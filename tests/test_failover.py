@@ -265,6 +265,25 @@ def test_a_demoted_primary_answering_readonly_is_dropped_and_reported():
         assert all(c._sock is None for c in client.connection_pool._available_connections)
 
 
+def test_an_enqueue_that_finds_its_job_there_still_writes_for_its_wait_to_cover():
+    """A retry after NotReplicated finds the job and adds nothing. It still writes (the
+    duplicates counter), so its WAIT waits for the replicas to have everything before
+    it, the first try's job included: Redis 7.2+ counts a connection's WAIT from its
+    last command that wrote."""
+    with RedisServer(extra_args=REPLICATION_ARGS) as primary, RedisServer() as replica:
+        client = redis.Redis.from_url(primary.url, decode_responses=True)
+        redis.Redis(port=replica.port).execute_command("REPLICAOF", "127.0.0.1", primary.port)
+        wait_until(lambda: client.info("replication")["connected_slaves"] == 1,
+                   message="the replica")
+        broker = Broker(client, EngineConfig())
+        broker.enqueue(QUEUE, count_run.name, job_id="twice")
+        before = client.info("replication")["master_repl_offset"]
+        assert not broker.enqueue(QUEUE, count_run.name, job_id="twice").added
+        assert client.info("replication")["master_repl_offset"] > before
+        assert client.hget(broker.keys_for(QUEUE, "twice").stats, "du") == "1"
+        client.close()
+
+
 def test_cluster_primary_killed_under_load_and_a_process_started_after_it_connects(
         mirror_db, workers, fault_report):
     db = mirror_db
