@@ -17,7 +17,7 @@ from django.utils.module_loading import import_string
 
 from .engine.keys import QUEUE_NAME_RE
 from .engine.limits import queue_options
-from .engine.urls import check_url, redact
+from .engine.urls import SENTINEL_SCHEMES, check_url, redact
 
 T = TypeVar("T")
 
@@ -104,6 +104,16 @@ def _redis_url(value: Any) -> list[str]:
         # The URL may hold passwords: the message shows it without them.
         return [f"{redact(value)!r} is not a usable Redis URL: {problem}."]
     return []
+
+
+def _cluster(value: Any) -> list[str]:
+    problems = _boolean(value)
+    url = given().get("REDIS_URL")
+    if value is True and isinstance(url, str) and url.partition("://")[0] in SENTINEL_SCHEMES:
+        problems.append("is True while REDIS_URL is a Sentinel URL: Sentinel serves one "
+                        "primary and its replicas, not a Cluster. Set CLUSTER to False for "
+                        "Sentinel, or name the Cluster's nodes in a redis+cluster:// URL.")
+    return problems
 
 
 def _cache_alias(value: Any) -> list[str]:
@@ -325,7 +335,7 @@ class DelayQSettings:
     QUEUES = Setting({}, dict, "E023", _queues,
                      "Flow control per queue name (rate_limit, interval, shards).",
                      hint="e.g. {'rate_limit': '100/m'} or {'interval': 0.5, 'shards': 4}")
-    CLUSTER = Setting(False, bool, "E024", _boolean,
+    CLUSTER = Setting(False, bool, "E024", _cluster,
                       "True when REDIS_URL names one node of a Redis Cluster.")
     # High availability (docs/high-availability.md, docs/guarantees.md "Failover").
     MIN_REPLICAS = Setting(0, int, "E070", number(minimum=0, integer=True),
