@@ -613,6 +613,31 @@ def test_the_admin_shows_parked_rows_with_their_error_and_retries_them(redis_cli
     assert OutboxEntry.objects.count() == 0
 
 
+def test_the_admin_lists_a_waiting_row_with_its_state_and_last_error():
+    waiting = add_row(job_id="waiting-1", attempts=37,
+                      error="DelayQConnectionError: Redis at redis://10.0.0.9:6379/0 is "
+                            "unreachable")
+    add_row(job_id="parked-1", parked_at=timezone.now(), error="UnknownTask: gone")
+    client = admin_client(superuser=True)
+
+    def listed(**query: str) -> str:
+        return client.get(reverse(CHANGELIST), query).content.decode()
+
+    page = listed()
+    row = page[page.index(">waiting-1<"):page.index("</tr>", page.index(">waiting-1<"))]
+    assert "<td class=\"field-state\">waiting</td>" in row
+    assert "<td class=\"field-attempts\">37</td>" in row
+    assert "is unreachable" in row
+    assert "parked</strong>" not in row
+    assert ">waiting-1<" in listed(state="waiting")
+    assert ">parked-1<" not in listed(state="waiting")
+    assert ">waiting-1<" not in listed(state="parked")
+    detail = client.get(reverse("admin:django_delayq_outboxentry_change",
+                                args=[waiting.pk])).content.decode()
+    assert "waiting" in detail
+    assert "10.0.0.9" in detail
+
+
 def test_the_admin_follows_the_model_permissions():
     row = add_row(job_id="p1", parked_at=timezone.now(), error="UnknownTask: x")
     assert admin_client().get(reverse(CHANGELIST)).status_code == 403
