@@ -33,7 +33,7 @@ from .held import HeldConnections
 from .keys import GlobalKeys, QueueKeys
 from .limits import RateLimit
 from .reservations import claim_reserved
-from .scripts import Batch
+from .scripts import Batch, is_cluster_client
 from .urls import client_from_url as client_from_url  # re-exported
 
 ID_BYTES = 12
@@ -47,15 +47,6 @@ FAILOVER = (*UNAVAILABLE, ReadOnlyError)
 FAILOVER_PAUSE = 0.2
 
 logger = logging.getLogger(__name__)
-
-
-def is_cluster_client(client: Any) -> bool:
-    """Whether ``client`` talks to a Redis Cluster (a script then reaches one slot)."""
-    try:
-        from redis.cluster import RedisCluster
-    except ImportError:  # pragma: no cover - redis-py always has it
-        return False
-    return isinstance(client, RedisCluster)
 
 
 def new_job_id() -> str:

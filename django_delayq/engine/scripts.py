@@ -16,6 +16,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ReadOnlyError
 
 from .cluster_wait import send_and_wait
@@ -94,7 +95,7 @@ def call_and_wait(
     evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
 
     def send() -> list[Any]:
-        if is_cluster(client):
+        if is_cluster_client(client):
             replies, counts = send_and_wait(client, [(keys[0], evalsha)], wait)
             return [replies[0], counts[0]]
         if held is not None:
@@ -116,9 +117,9 @@ def call_and_wait(
     return reply, int(confirmed)
 
 
-def is_cluster(client: Any) -> bool:
-    """Whether ``client`` is a cluster client (it routes each command by its keys)."""
-    return hasattr(client, "get_node_from_key")
+def is_cluster_client(client: Any) -> bool:
+    """Whether ``client`` talks to a Redis Cluster (a script then reaches one slot)."""
+    return isinstance(client, RedisCluster)
 
 
 class Batch:
@@ -177,7 +178,7 @@ class Batch:
         # evalsha() method but routes an EVALSHA command by its keys' slot.
         commands = [("EVALSHA", load_script(name).sha, len(keys), *keys, *args)
                     for name, keys, args in calls]
-        if wait is not None and is_cluster(self._client):
+        if wait is not None and is_cluster_client(self._client):
             results, counts = send_and_wait(
                 self._client, [(keys[0], command)
                                for (_, keys, _), command in zip(calls, commands, strict=True)],
