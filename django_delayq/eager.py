@@ -21,7 +21,7 @@ from typing import Any, cast
 from .conf import conf
 from .connection import get_broker
 from .current import running
-from .engine import Broker, ClaimedJob, EnqueueRequest, Job
+from .engine import Broker, ClaimedJob, EnqueueRequest, Job, Status
 from .engine.codec import encode_result
 from .engine.progress import ProgressReporter
 
@@ -49,9 +49,10 @@ def run_eagerly(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     request = EnqueueRequest(task=task.name, args=args, kwargs=kwargs, run_at=task.run_at,
                              delay=task.delay, priority=task.priority, job_id=task.job_id,
                              max_attempts=task.attempts_allowed)
-    job_id, _, args_json, kwargs_json, *_ = broker._job_argv(request, arg_names)
+    encoded = broker.encode_request(request, arg_names)
+    job_id, args_json, kwargs_json = encoded.job_id, encoded.args_json, encoded.kwargs_json
     now = dt.datetime.now(dt.UTC)
-    job = Job(id=job_id, queue=task.queue_name, task_name=task.name, status="active",
+    job = Job(id=job_id, queue=task.queue_name, task_name=task.name, status=Status.ACTIVE,
               args=json.loads(args_json), kwargs=json.loads(kwargs_json),
               priority=task.priority, run_at=now, max_attempts=task.attempts_allowed,
               enqueued_at=now, worker="eager")
@@ -73,7 +74,7 @@ def run_eagerly(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             job.finished_at = dt.datetime.now(dt.UTC)
             job.error = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
             job.traceback = "".join(traceback.format_exception(exc))
-            job.status, job.progress = "failed", progress.fraction
+            job.status, job.progress = Status.FAILED, progress.fraction
             job.progress_message = progress.message
             if attempt < task.attempts_allowed:
                 continue
@@ -81,7 +82,7 @@ def run_eagerly(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                 raise
             return job
         job.status, job.result, job.error, job.traceback = (
-            "completed", json.loads(result_json), None, None)
+            Status.COMPLETED, json.loads(result_json), None, None)
         job.finished_at = dt.datetime.now(dt.UTC)
         job.progress, job.progress_message = progress.fraction, progress.message
         return job

@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 from django_delayq import Job, Queue
 from django_delayq.connection import get_broker
 from django_delayq.engine.validation import MAX_ATTEMPTS, MAX_TIME_MS
-from django_delayq.task import Call
+from django_delayq.task import JobSpec
 from tests.testapp.tasks import record
 
 API = "/api/delayq"
@@ -63,7 +63,7 @@ def test_using_refuses_bad_options_before_anything_is_written(options, message):
 @pytest.mark.parametrize(("options", "message"), BAD_OPTIONS)
 def test_enqueue_many_refuses_a_bad_call_and_sends_nothing_of_its_chunk(options, message):
     with pytest.raises((TypeError, ValueError), match=message):
-        record.enqueue_many([Call(("ok",)), Call(("bad",), **options)])
+        record.enqueue_many([JobSpec(("ok",)), JobSpec(("bad",), **options)])
     assert_no_trace()
 
 

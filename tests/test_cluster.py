@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from django_delayq import Call, Job, Queue, chain, group
+from django_delayq import Job, JobSpec, Queue, chain, group
 from django_delayq.engine import Broker, PartialClaimError
 from django_delayq.testing import RedisCluster
 from tests.conftest import ran, wait_until, worker_thread
@@ -93,8 +93,8 @@ def test_every_queue_operation_works_on_a_sharded_queue(on_cluster):
     broker = on_cluster
     soon = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     bulk = tasks.record.using(queue="sharded").enqueue_many(
-        [Call([f"j{i}"], job_id=f"j{i}", priority=i % 3) for i in range(40)]
-        + [Call(["later"], job_id="later", run_at=soon)])
+        [JobSpec([f"j{i}"], job_id=f"j{i}", priority=i % 3) for i in range(40)]
+        + [JobSpec(["later"], job_id="later", run_at=soon)])
     assert bulk.enqueued == 41
     assert len({broker.keys_for("sharded", f"j{i}").tag for i in range(40)}) == 4
     queue = Queue("sharded")
@@ -134,7 +134,7 @@ def test_thousands_of_jobs_drained_by_worker_processes_once_each_in_priority_ord
     n = 3000
     client = on_cluster.client
     tasks.count_run.using(queue="drain").enqueue_many(
-        Call([f"t{i}"], job_id=f"t{i}", priority=(i * 7) % 5 - 2) for i in range(n))
+        JobSpec([f"t{i}"], job_id=f"t{i}", priority=(i * 7) % 5 - 2) for i in range(n))
     procs = start_workers(3, "drain", {"QUEUES": QUEUES}, redis_url=cluster.url)
     try:
         wait_until(lambda: Queue("drain").counts()["completed"] == n, timeout=90,
@@ -210,7 +210,7 @@ def test_cluster_flag_with_a_plain_url_and_one_worker_on_two_queues(settings, cl
 
 def test_single_enqueues_on_a_cluster_keep_the_client_path(on_cluster):
     broker = on_cluster
-    assert broker._held is None  # a cluster client routes each call by its keys' slot
+    assert broker._pinned is None  # a cluster client routes each call by its keys' slot
     jobs = [tasks.record.using(queue="sharded").enqueue(f"c{i}") for i in range(20)]
     assert all(job.created for job in jobs)
     assert {Job.fetch(job.id, queue="sharded").status for job in jobs} == {"ready"}
@@ -219,7 +219,7 @@ def test_single_enqueues_on_a_cluster_keep_the_client_path(on_cluster):
 def test_a_claim_keeps_what_the_other_shards_leased_while_one_slot_moves(on_cluster, cluster):
     broker = on_cluster
     tasks.record.using(queue="sharded").enqueue_many(
-        [Call([f"p{i}"], job_id=f"p{i}") for i in range(40)])
+        [JobSpec([f"p{i}"], job_id=f"p{i}") for i in range(40)])
     shards = broker.shards("sharded")
     moving = shards[0]
     on_moving = {f"p{i}" for i in range(40) if broker.keys_for("sharded", f"p{i}") == moving}
@@ -244,7 +244,7 @@ def test_a_worker_runs_the_other_shards_while_one_slot_moves_and_loses_nothing(
     n = 1200
     client = on_cluster.client
     tasks.count_run.using(queue="drain").enqueue_many(
-        Call([f"m{i}"], job_id=f"m{i}") for i in range(n))
+        JobSpec([f"m{i}"], job_id=f"m{i}") for i in range(n))
     moving = on_cluster.shards("drain")[0]
     every = {f"m{i}" for i in range(n)}
     on_moving = {job_id for job_id in every if on_cluster.keys_for("drain", job_id) == moving}
@@ -271,7 +271,7 @@ def test_acks_to_the_other_shards_land_while_one_slot_moves(on_cluster, cluster)
 
     broker = on_cluster
     tasks.record.using(queue="sharded").enqueue_many(
-        [Call([f"a{i}"], job_id=f"a{i}") for i in range(40)])
+        [JobSpec([f"a{i}"], job_id=f"a{i}") for i in range(40)])
     jobs = [job for r in broker.claim("sharded", 100, "w") for job in r.jobs]
     assert len(jobs) == 40
     moving = broker.shards("sharded")[0]
@@ -294,7 +294,7 @@ def test_a_worker_keeps_acking_the_other_shards_while_one_slot_moves(on_cluster,
 
     broker = on_cluster
     tasks.record.using(queue="sharded").enqueue_many(
-        [Call([f"k{i}"], job_id=f"k{i}") for i in range(40)])
+        [JobSpec([f"k{i}"], job_id=f"k{i}") for i in range(40)])
     jobs = [job for r in broker.claim("sharded", 100, "w") for job in r.jobs]
     moving = broker.shards("sharded")[0]
     on_moving = [job for job in jobs if job.keys == moving]
@@ -312,9 +312,9 @@ def test_a_worker_keeps_acking_the_other_shards_while_one_slot_moves(on_cluster,
         worker.acker.flush()
         assert worker.processed == 40 - len(on_moving)
         assert {o.job.id for o in worker.acker.outcomes} == {job.id for job in on_moving}
-        worker.acker.flush()  # only held-back acks are pending: nothing is sent
+        worker.acker.flush()  # only deferred acks are pending: nothing is sent
         assert Queue("sharded").counts()["completed"] == 40 - len(on_moving)
-    # Slot moved. At shutdown the held-back acks are sent, pause or not.
+    # Slot moved. At shutdown the deferred acks are sent, backoff or not.
     worker.acker.flush_until_done(time.monotonic() + 5)
     assert (worker.processed, worker.acker.outcomes) == (40, [])
     assert Queue("sharded").counts()["completed"] == 40

@@ -433,8 +433,8 @@ def test_a_demoted_primary_answering_readonly_is_dropped_and_reported():
                    message="the demotion")
         with pytest.raises(DelayQConnectionError, match="is a replica now"):
             broker.enqueue(QUEUE, count_run.name, ["after"])
-        assert broker._held is not None
-        assert broker._held._free == []
+        assert broker._pinned is not None
+        assert broker._pinned._free == []
         assert all(c._sock is None for c in client.connection_pool._available_connections)
 
 

@@ -36,7 +36,7 @@ PERIODIC_ID = re.compile(r"^cron:(?P<task>.+):(?P<ms>\d{10,16})$")
 
 def status_badge(status: str) -> SafeString:
     """A coloured badge for a job status (unknown statuses render grey)."""
-    background, colour = STATUS_COLOURS.get(status, ("#757575", "#fff"))  # type: ignore[call-overload]
+    background, colour = STATUS_COLOURS.get(status, ("#757575", "#fff"))
     label = JobStatus(status).label if status in JobStatus.values else status
     return format_html(
         '<span class="dq-badge dq-status-{}" style="background:{};color:{};padding:2px 8px;'

@@ -31,7 +31,7 @@ from ..engine import DelayQConnectionError, InvalidJobState, JobNotFound
 from ..engine import Job as EngineJob
 from ..engine.status import CANCELLABLE, PENDING, RETRYABLE
 from ..models import Job, JobStatus, QueuesDashboard
-from ..workflow_view import workflow
+from ..workflows.view import workflow
 from . import dashboard
 from .display import (
     attempts_table,

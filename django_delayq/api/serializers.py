@@ -8,7 +8,7 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 from rest_framework import serializers
 
-from ..engine import validation as check
+from ..engine import validation
 from ..engine.keys import validate_job_id, validate_queue_name
 from ..engine.status import JOB_STATUSES
 from ..engine.validation import MAX_ATTEMPTS, MAX_PRIORITY, MIN_PRIORITY
@@ -214,7 +214,7 @@ class SecondsField(serializers.FloatField):
         if isinstance(data, bool):
             self.fail("not_number", value=data)
         value = super().to_internal_value(data)
-        _engine_check(check.delay_ms, value)
+        _engine_check(validation.delay_ms, value)
         return value
 
 
@@ -223,7 +223,7 @@ class StoredDateTimeField(AwareDateTimeField):
 
     def to_internal_value(self, value: Any) -> dt.datetime:
         parsed = super().to_internal_value(value)
-        _engine_check(check.run_at_ms, parsed)
+        _engine_check(validation.run_at_ms, parsed)
         return parsed
 
 

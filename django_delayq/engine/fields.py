@@ -77,6 +77,7 @@ STORED: Final[Mapping[str, str]] = {
     "progress_message": "gm",
     "timeout": "o",
     "attempt_log": "h",
+    "parents": "d",
 }
 
 #: Attempts kept in a job's ``attempt_log``.

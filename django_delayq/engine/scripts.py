@@ -20,7 +20,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ReadOnlyError
 
 from .cluster_wait import send_and_wait
-from .held import HeldConnections
+from .pinned import PinnedConnections
 
 
 @dataclass(frozen=True)
@@ -45,32 +45,33 @@ def load_script(name: str) -> Script:
 
 
 def run_script(
-    client: Any, name: str, keys: list[str], args: list[Any], held: HeldConnections | None = None
+    client: Any, name: str, keys: list[str], args: list[Any],
+    pinned: PinnedConnections | None = None,
 ) -> Any:
     """Run one script on ``client``, loading it first if Redis does not know it.
 
-    With ``held`` (connections of ``client``'s pool), the call skips the pool checkout.
+    With ``pinned`` (connections of ``client``'s pool), the call skips the pool checkout.
     """
     script = load_script(name)
     # EVALSHA through execute_command: a cluster client routes it by its keys' slot.
-    run = client.execute_command if held is None else held.execute
+    run = client.execute_command if pinned is None else pinned.execute
     try:
         return run("EVALSHA", script.sha, len(keys), *keys, *args)
     except NoScriptError:
         client.script_load(script.source)
         return run("EVALSHA", script.sha, len(keys), *keys, *args)
     except ReadOnlyError:
-        drop_demoted(client, held)
+        drop_demoted(client, pinned)
         raise
 
 
-def drop_demoted(client: Any, held: HeldConnections | None = None) -> None:
+def drop_demoted(client: Any, pinned: PinnedConnections | None = None) -> None:
     """After ``READONLY``: the connections reach a primary that a failover demoted (a
     managed service moved its address to the new one). Close them, so the next call
     connects again and reaches the new primary. A Sentinel client never gets here:
     redis-py turns READONLY into a connection error and asks the sentinels."""
-    if held is not None:
-        held.close()
+    if pinned is not None:
+        pinned.close()
     pool = getattr(client, "connection_pool", None)
     if pool is not None:
         pool.disconnect()
@@ -83,7 +84,7 @@ def wait_command(replicas: int, timeout_ms: int) -> tuple[Any, ...]:
 
 def call_and_wait(
     client: Any, name: str, keys: list[str], args: list[Any], wait: tuple[int, int],
-    held: HeldConnections | None = None,
+    pinned: PinnedConnections | None = None,
 ) -> tuple[Any, int]:
     """Run one script and ``WAIT`` for ``wait = (replicas, timeout_ms)`` on the same
     connection, in one round trip (on a cluster, on a connection of the node serving the
@@ -98,8 +99,8 @@ def call_and_wait(
         if is_cluster_client(client):
             replies, counts = send_and_wait(client, [(keys[0], evalsha)], wait)
             return [replies[0], counts[0]]
-        if held is not None:
-            return held.execute_many(evalsha, wait_command(*wait))
+        if pinned is not None:
+            return pinned.execute_many(evalsha, wait_command(*wait))
         pipe = client.pipeline(transaction=False)
         pipe.execute_command(*evalsha)
         pipe.execute_command(*wait_command(*wait))
@@ -111,7 +112,7 @@ def call_and_wait(
         reply, confirmed = send()
     for result in (reply, confirmed):
         if isinstance(result, ReadOnlyError):
-            drop_demoted(client, held)
+            drop_demoted(client, pinned)
         if isinstance(result, Exception):
             raise result
     return reply, int(confirmed)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .connection import get_broker
-from .engine import Job as EngineJob
-from .engine.fields import stored
-from .engine.flows import children_of
+from ..connection import get_broker
+from ..engine import Job as EngineJob
+from ..engine.fields import stored
+from ..engine.flows import children_of
 
 #: Parents or dependants shown at most (a group's callback may have thousands).
 MAX_SHOWN = 100
