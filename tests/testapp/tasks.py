@@ -264,6 +264,18 @@ async def async_base_exception() -> None:
     raise KeyboardInterrupt("from a coroutine")
 
 
+@task(queue=ASYNC, max_attempts=1)
+async def async_add(a: int, b: int) -> dict[str, object]:
+    """Await the loop once, report progress, return the sum and the thread's loop state."""
+    from django_delayq.current import current_job
+
+    await asyncio.sleep(0)
+    running = current_job()
+    assert running is not None
+    running.set_progress(0.5, "half way")
+    return {"sum": a + b, "in_loop": asyncio.get_running_loop().is_running()}
+
+
 @task(max_attempts=1)
 def reports_progress(calls: int, upto: float, message: str = "") -> int:
     """Report progress ``calls`` times in a tight loop up to ``upto``; return the writes."""
