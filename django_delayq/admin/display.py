@@ -1,4 +1,5 @@
-"""How the admin shows a job's values: badges, times, progress, periodic ids, attempts.
+"""How the admin shows a job's values: badges, times, progress, periodic ids, attempts,
+workflow trees.
 
 Every helper escapes what it is given (job data is user data) and returns HTML or text.
 """
@@ -11,9 +12,11 @@ import re
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
 from ..models import JobStatus
@@ -66,8 +69,13 @@ def when(value: dt.datetime | None) -> str:
 
 def when_short(value: dt.datetime | None) -> str:
     """A time to the second in the current time zone (list columns: the zone is in the
-    column's title)."""
+    column's header, :func:`run_at_header`)."""
     return "-" if value is None else f"{timezone.localtime(value):%m-%d %H:%M:%S}"
+
+
+def run_at_header() -> str:
+    """The job list's time column header, naming the zone its times are shown in."""
+    return f"run at ({timezone.get_current_timezone_name()})"
 
 
 def seconds(value: float | None) -> str:
@@ -135,3 +143,42 @@ def attempts_table(log: Any) -> SafeString | str:
     return format_html('<table class="dq-attempts"><thead><tr><th>#</th><th>worker</th>'
                        "<th>started</th><th>ended</th><th>duration</th><th>outcome</th>"
                        "<th>error</th></tr></thead><tbody>{}</tbody></table>", body)
+
+
+def job_link(queue: str, job_id: str, pk: int | None) -> str:
+    """The job page of a mirrored job, else the job list filtered to it (its row may not
+    exist yet)."""
+    if pk is not None:
+        return reverse("admin:django_delayq_job_change", args=[pk])
+    return (reverse("admin:django_delayq_job_changelist") + "?"
+            + urlencode({"q": job_id, "queue__exact": queue}))
+
+
+def _branch(nodes: list[dict[str, Any]], direction: str,
+            pks: dict[tuple[str, str], int]) -> SafeString:
+    items = [format_html(
+        '<li>{} <a href="{}">{}</a> <span class="dq-quiet">{}{}</span>{}{}</li>',
+        status_badge(node["status"]), job_link(node["queue"], node["job_id"],
+                                               pks.get((node["queue"], node["job_id"]))),
+        node["job_id"], node["task"].rsplit(".", 1)[-1],
+        f" ({node['queue']})" if node["queue"] else "",
+        _branch(node.get(direction, []), direction, pks) if node.get(direction) else "",
+        format_html('<ul><li class="dq-quiet">… {} more</li></ul>', node["more"])
+        if node.get("more") else "")
+        for node in nodes]
+    return format_html("<ul>{}</ul>", format_html_join("", "{}", ((i,) for i in items)))
+
+
+def workflow_trees(flow: dict[str, Any], pks: dict[tuple[str, str], int]) -> SafeString:
+    """A job's ancestors and descendants (``workflow_view.workflow``) as two nested lists,
+    each job with its status badge and a link; ``pks``: the mirrored rows by (queue, id)."""
+    parts = []
+    for label, key in (("Waits for", "parents"), ("Then", "children")):
+        if not flow[key]:
+            continue
+        total, shown = flow[f"{key}_total"], len(flow[key])
+        extra = format_html(" (the first {} of {})", shown, total) if total > shown else ""
+        parts.append(format_html('<div class="dq-tree dq-tree-{}"><strong>{}</strong>{}{}'
+                                 "</div>", key, label, extra, _branch(flow[key], key, pks)))
+    return format_html('<div class="dq-workflow">{}</div>',
+                       format_html_join("", "{}", ((p,) for p in parts)))

@@ -124,15 +124,38 @@ class WorkflowJobSerializer(serializers.Serializer):
     job_id = serializers.CharField()
     task = serializers.CharField(allow_blank=True)
     status = serializers.CharField(help_text="Its live status; 'expired' once gone from Redis.")
+    more = serializers.IntegerField(help_text="Its own parents (or dependants) left out: "
+                                              "past the third level, or past 100 jobs.")
+
+
+class WorkflowParentSerializer(WorkflowJobSerializer):
+    """A job waited for, with the jobs it waits (or waited) for in turn."""
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        fields["parents"] = WorkflowParentSerializer(many=True, help_text="Its own parents.")
+        return fields
+
+
+class WorkflowChildSerializer(WorkflowJobSerializer):
+    """A job that waits (or waited), with the jobs that wait for it in turn."""
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        fields["children"] = WorkflowChildSerializer(many=True,
+                                                     help_text="Its own dependants.")
+        return fields
 
 
 class WorkflowSerializer(serializers.Serializer):
-    parents = WorkflowJobSerializer(many=True, help_text="The jobs it waits (or waited) for.")
-    children = WorkflowJobSerializer(many=True,
-                                     help_text="The jobs that wait (or waited) for it.")
-    parents_total = serializers.IntegerField(help_text="Parents in all (at most 100 listed).")
-    children_total = serializers.IntegerField(help_text="Dependants in all (at most 100 "
-                                                        "listed).")
+    parents = WorkflowParentSerializer(
+        many=True, help_text="The jobs it waits (or waited) for, and theirs: a tree of at "
+                             "most three levels.")
+    children = WorkflowChildSerializer(
+        many=True, help_text="The jobs that wait (or waited) for it, and theirs: a tree of "
+                             "at most three levels.")
+    parents_total = serializers.IntegerField(help_text="Its own parents in all.")
+    children_total = serializers.IntegerField(help_text="Its own dependants in all.")
 
 
 class JobDetailSerializer(serializers.Serializer):

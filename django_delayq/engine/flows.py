@@ -251,11 +251,20 @@ def parents_of(stored: dict[str, str]) -> list[tuple[str, str]]:
             if isinstance(p, list) and len(p) == 2] if isinstance(value, list) else []
 
 
+def dependants_key(broker: Broker, queue: str, job_id: str) -> str:
+    """The SET of a job's dependants (``<job key>:c``, see ``lua/includes/flows.lua``)."""
+    return broker.keys_for(queue, job_id).job(job_id) + ":c"
+
+
 def children_of(broker: Broker, queue: str, job_id: str) -> list[tuple[str, str]]:
     """The ``(queue, id)`` dependants linked to a job (kept while its hash lives)."""
-    keys = broker.keys_for(queue, job_id)
     with broker.connection_errors():
-        members = broker.client.smembers(keys.job(job_id) + ":c")
+        members = broker.client.smembers(dependants_key(broker, queue, job_id))
+    return parse_dependants(queue, members)
+
+
+def parse_dependants(queue: str, members: Iterable[str]) -> list[tuple[str, str]]:
+    """The ``(queue, id)`` of each member of the dependants SET of a job of ``queue``."""
     out = []
     for m in sorted(members):
         parts = m.split(" ")
