@@ -242,7 +242,8 @@ class SecondsField(serializers.FloatField):
 
 
 class StoredDateTimeField(AwareDateTimeField):
-    """An aware date-time inside the range django-delayq stores (1970 to 9999 UTC)."""
+    """An aware date-time inside the range django-delayq stores (after 1970-01-01T00:00Z,
+    up to 9998-12-31T00:00Z)."""
 
     def to_internal_value(self, value: Any) -> dt.datetime:
         parsed = super().to_internal_value(value)
@@ -276,7 +277,7 @@ class EnqueueSerializer(serializers.Serializer):
     priority = _priority_field()
     delay = SecondsField(required=False, help_text="Seconds from now (at most 100 years).")
     run_at = StoredDateTimeField(required=False, help_text="ISO 8601 with a UTC offset, "
-                                 "from 1970 to 9999.")
+                                 "from 1970 up to 9998-12-31T00:00Z.")
     job_id = serializers.CharField(required=False,
                                    help_text="Your id for the job: enqueued once per id.")
     max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ATTEMPTS)
