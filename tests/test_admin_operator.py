@@ -63,12 +63,32 @@ def test_job_page_shows_the_attempts(admin_client):
     mirror()
     page = admin_client.get(change_url(failed.id)).content.decode()
     assert "Each attempt" in page
-    if any(f.name == "attempt_log" for f in Job._meta.get_fields()):
-        assert page.count('<td class="dq-error-cell">builtins.RuntimeError: boom three</td>') == 3
-        assert page.count("<td>retried</td>") == 2
-        assert page.count("<td>failed</td>") == 1
-    else:
-        assert "3 attempt(s) of 3" in page
+    assert page.count('<td class="dq-error-cell">builtins.RuntimeError: boom three</td>') == 3
+    assert page.count("<td>retried</td>") == 2
+    assert page.count("<td>failed</td>") == 1
+    # Each failed attempt's own traceback, folded in its row.
+    folded = re.findall(r'<td class="dq-tb-cell"><details class="dq-tb"><summary>traceback'
+                        r'</summary><pre class="dq-pre">(.*?)</pre></details></td>', page, re.S)
+    assert len(folded) == 3
+    assert all(tb.startswith("Traceback (most recent call last):") for tb in folded)
+    assert all(tb.endswith("RuntimeError: boom three\n") for tb in folded)
+    assert all("t" in entry for entry in Job.objects.get(job_id=failed.id).attempt_log)
+
+
+def test_api_job_detail_shows_each_attempts_traceback(admin_client):
+    failed = tasks.always_fails.using(max_attempts=2).enqueue("api tb")
+    done = tasks.record.enqueue("api ok")
+    run_to_end(failed, done)
+    mirror()
+    detail = admin_client.get(f"/api/delayq/jobs/default/{failed.id}/").json()
+    for log in (detail["live"]["attempt_log"], detail["mirror"]["attempt_log"]):
+        assert [(e["attempt"], e["outcome"]) for e in log] == [(1, "retried"), (2, "failed")]
+        assert all(e["traceback"].endswith("RuntimeError: boom api tb\n") for e in log)
+        assert all(e["started_at"] and e["finished_at"] for e in log)
+    assert detail["live"]["attempt_log"] == detail["mirror"]["attempt_log"]
+    [entry] = admin_client.get(f"/api/delayq/jobs/default/{done.id}/").json()["mirror"][
+        "attempt_log"]
+    assert (entry["outcome"], entry["traceback"]) == ("completed", "")
 
 
 def test_job_list_columns_and_readable_periodic_ids(admin_client):

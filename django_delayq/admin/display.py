@@ -14,11 +14,11 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
+from ..engine.jobhash import attempt_entries
 from ..models import JobStatus
 
 #: Badge colours per status (background, text).
@@ -110,39 +110,28 @@ def job_label(job_id: str, task_name: str = "") -> SafeString:
                        task.rsplit(".", 1)[-1], when_short(at))
 
 
-def _moment(value: Any) -> dt.datetime | None:
-    """A time of an attempt log entry: epoch ms, an ISO string or a datetime."""
-    if isinstance(value, dt.datetime):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        return dt.datetime.fromtimestamp(value / 1000, tz=dt.UTC)
-    if isinstance(value, str):
-        if value.isdigit():
-            return dt.datetime.fromtimestamp(int(value) / 1000, tz=dt.UTC)
-        return parse_datetime(value)
-    return None
-
-
 def attempts_table(log: Any) -> SafeString | str:
-    """The attempt log (short keys ``n w b f o x`` or their logical names) as a table."""
-    if not isinstance(log, list) or not log:
+    """The mirrored attempt log as a table; a failed attempt's traceback folded in its
+    row. An entry that cannot be read shows what could be."""
+    entries = attempt_entries(log)
+    if not entries:
         return "-"
     rows = []
-    for entry in log:
-        if not isinstance(entry, dict):
-            continue
-        start = _moment(entry.get("b", entry.get("started_at")))
-        end = _moment(entry.get("f", entry.get("finished_at")))
+    for e in entries:
+        start, end = e["started_at"], e["finished_at"]
         duration = (end - start).total_seconds() if start and end else None
-        rows.append((entry.get("n", entry.get("attempt", "")),
-                     entry.get("w", entry.get("worker")) or "-", when(start), when(end),
-                     seconds(duration), entry.get("o", entry.get("outcome")) or "-",
-                     entry.get("x", entry.get("error")) or "-"))
+        tb = e["traceback"]
+        rows.append((e["attempt"] or "", e["worker"] or "-", when(start), when(end),
+                     seconds(duration), e["outcome"] or "-", e["error"] or "-",
+                     format_html('<details class="dq-tb"><summary>traceback</summary>'
+                                 '<pre class="dq-pre">{}</pre></details>', tb) if tb else "-"))
     body = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-                                "<td>{}</td><td class=\"dq-error-cell\">{}</td></tr>", rows)
+                                "<td>{}</td><td class=\"dq-error-cell\">{}</td>"
+                                "<td class=\"dq-tb-cell\">{}</td></tr>", rows)
     return format_html('<table class="dq-attempts"><thead><tr><th>#</th><th>worker</th>'
                        "<th>started</th><th>ended</th><th>duration</th><th>outcome</th>"
-                       "<th>error</th></tr></thead><tbody>{}</tbody></table>", body)
+                       "<th>error</th><th>traceback (its end)</th></tr></thead><tbody>{}"
+                       "</tbody></table>", body)
 
 
 def job_link(queue: str, job_id: str, pk: int | None) -> str:

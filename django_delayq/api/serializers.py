@@ -6,9 +6,12 @@ import datetime as dt
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ..engine import validation as check
+from ..engine.fields import ATTEMPT_TRACEBACK
+from ..engine.jobhash import attempt_entries
 from ..engine.keys import validate_job_id, validate_queue_name
 from ..engine.status import JOB_STATUSES
 from ..engine.validation import MAX_ATTEMPTS, MAX_PRIORITY, MIN_PRIORITY
@@ -60,6 +63,22 @@ class QueueDetailSerializer(QueueSerializer):
     throughput = ThroughputSerializer(many=True, help_text="The last 60 minutes, oldest first.")
 
 
+class AttemptSerializer(serializers.Serializer):
+    """One attempt of a job, from its attempt log."""
+
+    attempt = serializers.IntegerField()
+    worker = serializers.CharField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    outcome = serializers.CharField(help_text="completed, retried, failed or reclaimed "
+                                              "(the worker's lease lapsed).")
+    error = serializers.CharField(help_text="Exception class and message (500 characters "
+                                            "at most); empty when it completed.")
+    traceback = serializers.CharField(help_text=f"The end of a failed attempt's traceback "
+                                                f"(its last {ATTEMPT_TRACEBACK:,} bytes); "
+                                                "empty otherwise.")
+
+
 class LiveJobSerializer(serializers.Serializer):
     """A job as Redis holds it now (an engine ``Job``)."""
 
@@ -85,9 +104,7 @@ class LiveJobSerializer(serializers.Serializer):
     progress_message = serializers.CharField()
     timeout = serializers.FloatField(allow_null=True,
                                      help_text="The job's own time limit per attempt, seconds.")
-    attempt_log = serializers.ListField(
-        child=serializers.DictField(), help_text="The last attempts, oldest first: attempt, "
-        "worker, started_at, finished_at, outcome, error.")
+    attempt_log = AttemptSerializer(many=True, help_text="The last attempts, oldest first.")
     damaged = serializers.DictField(
         child=serializers.CharField(),
         help_text="Fields of the stored record that could not be read: field -> what was "
@@ -112,9 +129,16 @@ class MirroredJobSerializer(serializers.ModelSerializer):
 
 
 class MirroredJobDetailSerializer(MirroredJobSerializer):
+    attempt_log = serializers.SerializerMethodField()
+
     class Meta(MirroredJobSerializer.Meta):
         fields = [*MirroredJobSerializer.Meta.fields, "traceback", "attempt_log"]
         read_only_fields = fields
+
+    @extend_schema_field(AttemptSerializer(many=True))
+    def get_attempt_log(self, row: MirroredJob) -> Any:
+        """The mirrored attempt log, read as the live one is (same names, same times)."""
+        return AttemptSerializer(attempt_entries(row.attempt_log), many=True).data
 
 
 class WorkflowJobSerializer(serializers.Serializer):

@@ -134,6 +134,11 @@ def raises(kind: str) -> None:
     raise BASE_EXCEPTIONS[kind]()
 
 
+@task(max_attempts=1)
+def raises_value_error(message: str) -> None:
+    raise ValueError(message)
+
+
 @task(max_attempts=2, retry_backoff=0.1, retry_backoff_max=0.1)
 def raises_then_records(kind: str) -> str:
     """Raise ``kind`` on the first attempt, succeed on the second."""
