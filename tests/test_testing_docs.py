@@ -17,7 +17,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from django_delayq.engine import PayloadTooLarge
-from tests.conftest import ROOT
+from tests.conftest import ROOT, subprocess_path
 from tests.testapp import tasks
 
 DOC = ROOT / "docs" / "testing.md"
@@ -41,7 +41,7 @@ def test_the_docs_example_runs(tmp_path: Path) -> None:
     (tmp_path / "shop" / "__init__.py").write_text("")
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    env["PYTHONPATH"] = subprocess_path(tmp_path)
     # An installed django-delayq loads the plugin itself; a source checkout names it.
     installed = any(e.name == "django_delayq" for e in entry_points(group="pytest11"))
     plugin = [] if installed else ["-p", "django_delayq.contrib.pytest"]
