@@ -134,6 +134,25 @@ def raises(kind: str) -> None:
     raise BASE_EXCEPTIONS[kind]()
 
 
+_PROMETHEUS: dict[str, object] = {}
+
+
+@task
+def counts_in_prometheus(tag: str) -> str:
+    """Count the job in a prometheus_client counter and mark this process busy in a live
+    gauge (the pool's multiprocess mode collects both); note the pid."""
+    from prometheus_client import Counter, Gauge
+
+    if not _PROMETHEUS:
+        _PROMETHEUS["jobs"] = Counter("tests_jobs_counted", "Jobs counted by the task.")
+        _PROMETHEUS["alive"] = Gauge("tests_processes_counting", "Processes that counted.",
+                                     multiprocess_mode="livesum")
+    _PROMETHEUS["jobs"].inc()  # type: ignore[attr-defined]
+    _PROMETHEUS["alive"].set(1)  # type: ignore[attr-defined]
+    _note("counts_in_prometheus", tag=tag)
+    return tag
+
+
 @task(max_attempts=1)
 def raises_value_error(message: str) -> None:
     raise ValueError(message)
