@@ -69,13 +69,13 @@ def when(value: dt.datetime | None) -> str:
 
 def when_short(value: dt.datetime | None) -> str:
     """A time to the second in the current time zone (list columns: the zone is in the
-    column's header, :func:`run_at_header`)."""
+    column's header, :func:`zoned_header`)."""
     return "-" if value is None else f"{timezone.localtime(value):%m-%d %H:%M:%S}"
 
 
-def run_at_header() -> str:
-    """The job list's time column header, naming the zone its times are shown in."""
-    return f"run at ({timezone.get_current_timezone_name()})"
+def zoned_header(name: str) -> str:
+    """A list's time column header, naming the zone its times are shown in."""
+    return f"{name} ({timezone.get_current_timezone_name()})"
 
 
 def seconds(value: float | None) -> str:

@@ -38,13 +38,13 @@ from .display import (
     job_label,
     pretty_json,
     progress_bar,
-    run_at_header,
     seconds,
     short_json,
     status_badge,
     when,
     when_short,
     workflow_trees,
+    zoned_header,
 )
 
 logger = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ class JobAdmin(admin.ModelAdmin):
         return format_html('<span title="{}">{}</span>', obj.task_name,
                            name if module else obj.task_name)
 
-    @admin.display(description=lazy(run_at_header, str)(), ordering="run_at")
+    @admin.display(description=lazy(zoned_header, str)("run at"), ordering="run_at")
     def run_at_display(self, obj: Job) -> str:
         return when_short(obj.run_at)
 
