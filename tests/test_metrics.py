@@ -159,6 +159,7 @@ def test_multiprocess_mode_with_the_pool_and_a_dead_child(client, redis_client, 
     assert (directory / f"counter_{victim}.db").exists()
     m = scrape(client)
     assert value(m, "tests_jobs_counted_total") == 6
-    assert value(m, "tests_processes_counting") == len(pids) - 1
+    # (No live file left, no sample: the victim may have run every job.)
+    assert m.get(("tests_processes_counting", ()), 0) == len(pids) - 1
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
