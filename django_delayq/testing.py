@@ -449,6 +449,16 @@ class RedisCluster:
                         return int(primary[1])
         raise RuntimeError("no live node of the cluster answers")
 
+    def replicas_of(self, port: int) -> list[RedisServer]:
+        """The nodes replicating the primary at ``port``, as it lists them."""
+        import redis
+
+        with redis.Redis(port=port, decode_responses=True) as client:
+            info = client.info("replication")
+        ports = {int(v["port"]) for k, v in info.items()
+                 if k.startswith("slave") and isinstance(v, dict)}
+        return [node for node in self.nodes if node.port in ports]
+
     def wait_failover(self, key: str, old_port: int, timeout: float = 60.0) -> int:
         """Wait until a replica serves ``key``'s slot in place of ``old_port`` and every
         live node says ``cluster_state:ok``; return the new primary's port."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,8 +56,10 @@ def slot_moving(cluster: RedisCluster, client: Any, slot: int) -> Iterator[None]
     copies keys), then finish the move: every key MIGRATEd, the slot the target's on
     every node."""
     source_port = client.nodes_manager.get_node_from_slot(slot).port
-    target_port = next(port for port in cluster.ports if port != source_port)
-    nodes = {port: redis.Redis(port=port, decode_responses=True) for port in cluster.ports}
+    # Primaries only: a replica refuses CLUSTER SETSLOT (it learns the move by gossip).
+    primaries = [node.port for node in client.get_primaries()]
+    target_port = next(port for port in primaries if port != source_port)
+    nodes = {port: redis.Redis(port=port, decode_responses=True) for port in primaries}
     ids = {port: node.execute_command("CLUSTER MYID") for port, node in nodes.items()}
     source, target = nodes[source_port], nodes[target_port]
     try:
@@ -66,7 +69,7 @@ def slot_moving(cluster: RedisCluster, client: Any, slot: int) -> Iterator[None]
         while keys := source.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
             source.execute_command("MIGRATE", "127.0.0.1", target_port, "", 0, 5000,
                                    "KEYS", *keys)
-        others = [port for port in cluster.ports if port not in (source_port, target_port)]
+        others = [port for port in primaries if port not in (source_port, target_port)]
         for port in [target_port, source_port, *others]:
             nodes[port].execute_command("CLUSTER SETSLOT", slot, "NODE", ids[target_port])
     finally:
@@ -342,6 +345,44 @@ def test_enqueues_to_a_moving_slot_raise_a_clear_error_and_bulk_counts_what_land
     again = broker.enqueue_many("sharded", [EnqueueRequest(task="tests.testapp.tasks.record",
                                                            job_id=job_id) for job_id in ids])
     assert (again.enqueued, again.duplicates) == (len(on_moving), len(ids) - len(on_moving))
+
+
+def test_failover_retry_sends_again_the_shard_a_bulk_chunk_could_not_reach(
+        on_cluster, cluster):
+    """FAILOVER_RETRY covers a shard whose reply inside the bulk pipeline is an error (its
+    slot moving: TRYAGAIN): the other shards' jobs count once, that shard's are sent
+    again until the move ends, and the call returns."""
+    from django_delayq.engine import BulkResult, EngineConfig, EnqueueRequest
+
+    broker = Broker(on_cluster.client, EngineConfig(shards={"sharded": 4},
+                                                    failover_retry_ms=60_000))
+    moving = broker.shards("sharded")[0]
+    ids = [f"r{i}" for i in range(40)]
+    on_moving = {job_id for job_id in ids if broker.keys_for("sharded", job_id) == moving}
+    assert 0 < len(on_moving) < len(ids)
+    tasks.record.using(queue="sharded", job_id=min(on_moving)).enqueue("there first")
+    total, errors = BulkResult(), []
+
+    def send() -> None:
+        try:
+            broker.enqueue_many("sharded", [EnqueueRequest(task=tasks.record.name, job_id=j)
+                                            for j in ids], total=total)
+        except BaseException as exc:
+            errors.append(exc)
+
+    with slot_moving(cluster, broker.client, broker.client.keyslot(moving.ready)):
+        sender = threading.Thread(target=send)
+        sender.start()
+        # The other shards answered; the moving one is being retried.
+        wait_until(lambda: total.enqueued == len(ids) - len(on_moving) or errors,
+                   message="the other shards' jobs")
+        assert sender.is_alive(), errors
+    sender.join(timeout=60)
+    assert not sender.is_alive()
+    assert errors == []
+    assert (total.enqueued, total.duplicates) == (len(ids) - 1, 1)
+    assert sorted(total.job_ids) == sorted(ids)
+    assert Queue("sharded").counts()["ready"] == len(ids)
 
 
 def test_a_url_naming_several_seeds_connects_while_the_first_is_down(settings, cluster):

@@ -33,7 +33,7 @@ from .held import HeldConnections
 from .keys import GlobalKeys, QueueKeys
 from .limits import RateLimit
 from .reservations import claim_reserved
-from .scripts import Batch
+from .scripts import Batch, is_cluster_client
 from .urls import client_from_url as client_from_url  # re-exported
 
 ID_BYTES = 12
@@ -47,15 +47,6 @@ FAILOVER = (*UNAVAILABLE, ReadOnlyError)
 FAILOVER_PAUSE = 0.2
 
 logger = logging.getLogger(__name__)
-
-
-def is_cluster_client(client: Any) -> bool:
-    """Whether ``client`` talks to a Redis Cluster (a script then reaches one slot)."""
-    try:
-        from redis.cluster import RedisCluster
-    except ImportError:  # pragma: no cover - redis-py always has it
-        return False
-    return isinstance(client, RedisCluster)
 
 
 def new_job_id() -> str:
@@ -462,23 +453,48 @@ class Broker:
             self._remember_queue(queue)
         wait = self.replica_wait()
         deadline = None
+        confirmed: int | None = None
+        counted = False
         while True:
             try:
-                sent, confirmed = self._send_by_shard(by_shard, wait)
-                break
+                sent, sent_confirmed = self._send_by_shard(by_shard, wait)
             except FAILOVER as exc:  # the same ids again: a retry cannot add a job twice
                 deadline = self._retry_or_raise(exc, deadline)
-        total.chunks += 1
-        failure = next((reply for reply, _ in sent if isinstance(reply, Exception)), None)
+                continue
+            if not counted:
+                total.chunks += 1
+                counted = True
+            if sent_confirmed is not None:
+                confirmed = sent_confirmed if confirmed is None else min(confirmed,
+                                                                         sent_confirmed)
+            self._count_sent(queue, [(reply, argvs) for _, reply, argvs in sent
+                                     if not isinstance(reply, Exception)], total, results)
+            failed = [(keys, reply, argvs) for keys, reply, argvs in sent
+                      if isinstance(reply, Exception)]
+            refusal = next((reply for _, reply, _ in failed
+                            if not isinstance(reply, FAILOVER)), None)
+            if refusal is not None:
+                raise refusal
+            if not failed:
+                break
+            # Shards whose reply is a failover error (their node died or was demoted,
+            # their slot is moving) are sent again, alone, with the same ids.
+            deadline = self._retry_or_raise(failed[0][1], deadline)
+            by_shard = {keys: argvs for keys, _, argvs in failed}
+        if wait is not None and confirmed is not None and confirmed < wait[0]:
+            raise NotReplicated([argv[0] for argv in chunk], confirmed, *wait)
+
+    def _count_sent(self, queue: str, sent: list[tuple[Any, list[list[Any]]]],
+                    total: BulkResult, results: list[EnqueueResult] | None) -> None:
+        """Add the jobs of the shards Redis answered to ``total`` (and ``results``), and
+        link those that wait for parents."""
         waiting = [(self.keys_for(queue, argv[0]), argv[0], argv[9])
-                   for reply, argvs in sent if not isinstance(reply, Exception)
+                   for reply, argvs in sent
                    for argv, added in zip(argvs, reply[0::4], strict=True)
                    if len(argv) > 9 and added]
         if waiting:
             flows.link(self, waiting)
         for reply, argvs in sent:
-            if isinstance(reply, Exception):
-                continue
             ids = [argv[0] for argv in argvs]
             added = reply[0::4]
             total.job_ids += ids
@@ -494,31 +510,28 @@ class Broker:
                     for job_id, flag, status, run_at_ms, enqueued_at_ms in zip(
                         ids, added, reply[1::4], reply[2::4], reply[3::4], strict=True)
                 ]
-        if failure is not None:
-            raise failure
-        if wait is not None and confirmed is not None and confirmed < wait[0]:
-            raise NotReplicated([argv[0] for argv in chunk], confirmed, *wait)
 
     def _send_by_shard(
         self, by_shard: dict[QueueKeys, list[list[Any]]], wait: tuple[int, int] | None,
-    ) -> tuple[list[tuple[Any, list[list[Any]]]], int | None]:
-        """Send one enqueue call per shard (and WAIT, with ``wait``): the replies with
-        their jobs, and how many replicas confirmed them (None without ``wait``)."""
+    ) -> tuple[list[tuple[QueueKeys, Any, list[list[Any]]]], int | None]:
+        """Send one enqueue call per shard (and WAIT, with ``wait``): per shard its keys,
+        its reply (an error in its place) and its jobs, and how many replicas confirmed
+        the calls that succeeded (None without ``wait``)."""
         if len(by_shard) == 1 and self._held is not None:
             # One shard: one script call on a held connection, without a pipeline.
             ((keys, argvs),) = by_shard.items()
             plain, waits = _split_waits(argvs)
             if wait is None:
-                return [(self.commands.enqueue(keys, plain, waits), argvs)], None
+                return [(keys, self.commands.enqueue(keys, plain, waits), argvs)], None
             reply, confirmed = self.commands.enqueue_and_wait(keys, plain, wait, waits)
-            return [(reply, argvs)], confirmed
+            return [(keys, reply, argvs)], confirmed
         batch = self.batch()
-        order = [(self.commands.add_enqueue(batch, keys, *_split_waits(argvs)), argvs)
+        order = [(keys, self.commands.add_enqueue(batch, keys, *_split_waits(argvs)), argvs)
                  for keys, argvs in by_shard.items()]
         # A shard that refuses its call (its cluster slot is moving) must not hide what
         # the others added: they are counted in ``total`` before the error is raised.
         replies = batch.run(raise_on_error=False, wait=wait)
-        return [(replies[index], argvs) for index, argvs in order], batch.confirmed
+        return [(keys, replies[index], argvs) for keys, index, argvs in order], batch.confirmed
 
     # -- the worker protocol ------------------------------------------------------
 

@@ -11,6 +11,9 @@
 3. **Enqueue errors** (``Broker.enqueue``): a ``try``/``except UNAVAILABLE`` instead of
    the ``connection_errors()`` context manager, which costs a generator per call.
 
+One more redis-py internal is reached here, for correctness rather than speed:
+:func:`reread_cluster_nodes` (a cluster's node table, for :mod:`.cluster_wait`).
+
 ``tests/test_fastpaths.py`` and ``tests/test_held.py`` check all three, and ``tox -e
 redis5,redis6,redis7,redislatest`` runs them on each redis-py major version the package
 allows, so an upgrade that moves an internal fails a test instead of production.
@@ -133,3 +136,14 @@ def retries(conn: Any) -> int:
     retry = conn.retry
     get = getattr(retry, "get_retries", None)
     return int(get() if get is not None else retry._retries)
+
+
+# -- a Redis Cluster's node table ----------------------------------------------------
+
+
+def reread_cluster_nodes(client: Any) -> None:
+    """Read the node table of the cluster ``client`` talks to again (redis-py's
+    ``NodesManager.initialize()``, what its cluster client does itself after a connection
+    error or a ``MOVED`` reply), for calls sent to a node's own client
+    (:mod:`.cluster_wait`), which redis-py does not watch."""
+    client.nodes_manager.initialize()

@@ -16,8 +16,10 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ReadOnlyError
 
+from .cluster_wait import send_and_wait
 from .held import HeldConnections
 
 
@@ -83,19 +85,19 @@ def call_and_wait(
     client: Any, name: str, keys: list[str], args: list[Any], wait: tuple[int, int],
     held: HeldConnections | None = None,
 ) -> tuple[Any, int]:
-    """Run one script and ``WAIT`` for ``wait = (replicas, timeout_ms)`` in one round
-    trip (two on a cluster, where WAIT goes to the node of the script's keys).
+    """Run one script and ``WAIT`` for ``wait = (replicas, timeout_ms)`` on the same
+    connection, in one round trip (on a cluster, on a connection of the node serving the
+    script's keys: :mod:`.cluster_wait`).
 
     Returns the script's reply and the number of replicas that confirmed it.
     """
     script = load_script(name)
     evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
-    if hasattr(client, "get_node_from_key"):  # a RedisCluster
-        reply = run_script(client, name, keys, args)
-        node = client.get_node_from_key(keys[0])
-        return reply, int(client.execute_command(*wait_command(*wait), target_nodes=node))
 
     def send() -> list[Any]:
+        if is_cluster_client(client):
+            replies, counts = send_and_wait(client, [(keys[0], evalsha)], wait)
+            return [replies[0], counts[0]]
         if held is not None:
             return held.execute_many(evalsha, wait_command(*wait))
         pipe = client.pipeline(transaction=False)
@@ -113,6 +115,11 @@ def call_and_wait(
         if isinstance(result, Exception):
             raise result
     return reply, int(confirmed)
+
+
+def is_cluster_client(client: Any) -> bool:
+    """Whether ``client`` talks to a Redis Cluster (a script then reaches one slot)."""
+    return isinstance(client, RedisCluster)
 
 
 class Batch:
@@ -142,8 +149,9 @@ class Batch:
         run: a caller that must not lose their effects reads them).
 
         With ``wait = (replicas, timeout_ms)``, Redis ``WAIT`` follows the calls in the
-        same round trip (on a cluster, once per node the calls reached, afterwards);
-        :attr:`confirmed` then holds the fewest replicas that confirmed them.
+        same round trip, on the same connection (on a cluster, on each node the calls
+        reached: :mod:`.cluster_wait`); :attr:`confirmed` then holds the fewest replicas
+        that confirmed the calls that succeeded (None if none did).
         """
         self.confirmed = None
         if not self._calls:
@@ -166,27 +174,33 @@ class Batch:
 
     def _send(self, calls: list[tuple[str, list[str], list[Any]]],
               wait: tuple[int, int] | None = None) -> list[Any]:
+        # execute_command, not evalsha(): redis-py's cluster pipeline refuses the
+        # evalsha() method but routes an EVALSHA command by its keys' slot.
+        commands = [("EVALSHA", load_script(name).sha, len(keys), *keys, *args)
+                    for name, keys, args in calls]
+        if wait is not None and is_cluster_client(self._client):
+            results, counts = send_and_wait(
+                self._client, [(keys[0], command)
+                               for (_, keys, _), command in zip(calls, commands, strict=True)],
+                wait)
+            self._confirm([count for result, count in zip(results, counts, strict=True)
+                           if not isinstance(result, Exception)])
+            return results
         pipe = self._client.pipeline(transaction=False)
-        for name, keys, args in calls:
-            # execute_command, not evalsha(): redis-py's cluster pipeline refuses the
-            # evalsha() method but routes an EVALSHA command by its keys' slot.
-            pipe.execute_command("EVALSHA", load_script(name).sha, len(keys), *keys, *args)
-        cluster = hasattr(self._client, "get_node_from_key")
-        if wait is not None and not cluster:
+        for command in commands:
+            pipe.execute_command(*command)
+        if wait is not None:
             pipe.execute_command(*wait_command(*wait))
         results = list(pipe.execute(raise_on_error=False))
-        if wait is None:
-            return results
-        if cluster:
-            nodes = {self._client.get_node_from_key(keys[0]).name:
-                     self._client.get_node_from_key(keys[0]) for _, keys, _ in calls}
-            counts = [int(self._client.execute_command(*wait_command(*wait), target_nodes=node))
-                      for node in nodes.values()]
-        else:
+        if wait is not None:
             confirmed = results.pop()
             if isinstance(confirmed, Exception):
                 raise confirmed
-            counts = [int(confirmed)]
-        low = min(counts)
-        self.confirmed = low if self.confirmed is None else min(self.confirmed, low)
+            self._confirm([int(confirmed)])
         return results
+
+    def _confirm(self, counts: list[int]) -> None:
+        """Lower :attr:`confirmed` to the fewest of ``counts`` (replicas per call sent)."""
+        if counts:
+            low = min(counts)
+            self.confirmed = low if self.confirmed is None else min(self.confirmed, low)
