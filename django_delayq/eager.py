@@ -7,16 +7,23 @@ limit) and what a worker does after (the JSON decoding of the arguments, the cal
 at once), and nothing is sent to Redis. ``enqueue()`` returns the finished
 :class:`~django_delayq.engine.job.Job`: ``status``, ``result``, ``error``,
 ``traceback``, ``attempts`` and ``progress`` are set; it is not in Redis, so
-``refresh()`` and the other operations raise.
+``refresh()`` and the other operations raise. An ``async def`` task runs to completion,
+as :meth:`~django_delayq.Task.call` runs it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import datetime as dt
+import inspect
 import json
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
+
+from asgiref.sync import async_to_sync
 
 from .conf import conf
 from .connection import get_broker
@@ -39,6 +46,26 @@ class EagerProgress(ProgressReporter):
         self.fraction, self.message = fraction, message
         self.writes += 1
         return True
+
+
+def run_to_end(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """Call ``func``; an ``async def`` one is run to completion through ``async_to_sync``.
+
+    Called from a thread whose event loop is running (``enqueue()`` in async code), the
+    coroutine cannot run on that loop until this call returns, so it runs on a loop of
+    its own in another thread, with this context (``current_job()``); ``await
+    aenqueue()`` spares the loop that wait.
+    """
+    if not inspect.iscoroutinefunction(func):
+        return func(*args, **kwargs)
+    runner = async_to_sync(func)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return runner(*args, **kwargs)
+    context = contextvars.copy_context()
+    with ThreadPoolExecutor(1, thread_name_prefix="delayq-eager") as pool:
+        return pool.submit(context.run, runner, *args, **kwargs).result()
 
 
 def run_eagerly(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -68,7 +95,7 @@ def run_eagerly(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         try:
             with running(claimed, "eager") as current:
                 progress = current._progress = EagerProgress(claimed)
-                value = task.func(*json.loads(args_json), **json.loads(kwargs_json))
+                value = run_to_end(task.func, json.loads(args_json), json.loads(kwargs_json))
             result_json = encode_result(value, broker.config.json_encoder)
         except Exception as exc:
             job.finished_at = dt.datetime.now(dt.UTC)

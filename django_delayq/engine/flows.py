@@ -232,6 +232,11 @@ def children_of(broker: Broker, queue: str, job_id: str) -> list[tuple[str, str]
     keys = broker.keys_for(queue, job_id)
     with broker.connection_errors():
         members = broker.client.smembers(keys.dependants(job_id))
+    return parse_dependants(queue, members)
+
+
+def parse_dependants(queue: str, members: Iterable[str]) -> list[tuple[str, str]]:
+    """The ``(queue, id)`` of each member of the dependants SET of a job of ``queue``."""
     out = []
     for m in sorted(members):
         parts = m.split(" ")

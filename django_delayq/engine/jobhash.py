@@ -189,10 +189,15 @@ class JobHash:
 
 
 def parse_attempt_log(raw: str | None) -> list[dict[str, Any]]:
-    """The stored attempt log (field ``h``) as dicts with ``attempt``, ``worker``,
-    ``started_at``, ``finished_at`` (aware datetimes), ``outcome`` and ``error``; what
-    is not an entry the worker writes is skipped, never raised on."""
-    entries = decode_stored(raw, [])
+    """The stored attempt log (field ``h``) as :func:`attempt_entries` reads it."""
+    return attempt_entries(decode_stored(raw, []))
+
+
+def attempt_entries(entries: Any) -> list[dict[str, Any]]:
+    """Attempt log entries (their stored short keys) as dicts with ``attempt``,
+    ``worker``, ``started_at``, ``finished_at`` (aware datetimes), ``outcome``, ``error``
+    and ``traceback`` (the end of a failed attempt's); what is not an entry the worker
+    writes is skipped, never raised on."""
     log: list[dict[str, Any]] = []
     for entry in entries if isinstance(entries, list) else []:
         if not isinstance(entry, dict):
@@ -200,10 +205,11 @@ def parse_attempt_log(raw: str | None) -> list[dict[str, Any]]:
         log.append({
             "attempt": to_int(entry.get("n")),
             "worker": str(entry.get("w") or ""),
-            "started_at": from_ms(to_int(entry.get("b")) or None),
-            "finished_at": from_ms(to_int(entry.get("f")) or None),
+            "started_at": _entry_time(entry.get("b")),
+            "finished_at": _entry_time(entry.get("f")),
             "outcome": str(entry.get("o") or ""),
             "error": str(entry.get("x") or ""),
+            "traceback": str(entry.get("t") or ""),
         })
     return log
 
@@ -215,6 +221,12 @@ def parse_parents(raw: str | None) -> list[tuple[str, str]]:
     if not isinstance(value, list):
         return []
     return [(str(p[0]), str(p[1])) for p in value if isinstance(p, list) and len(p) == 2]
+def _entry_time(value: Any) -> dt.datetime | None:
+    """A time of an attempt log entry; None when absent or out of range."""
+    try:
+        return from_ms(to_int(value) or None)
+    except ValueError:
+        return None
 
 
 def read_job_hash(stored: dict[str, str]) -> JobHash:
