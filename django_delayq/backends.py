@@ -49,7 +49,7 @@ from .engine import DelayQError, JobNotFound
 from .engine import Job as EngineJob
 from .engine import errors as engine_errors
 from .engine.keys import QUEUE_NAME_RE
-from .engine.status import Status
+from .engine.status import OUTBOX, Status
 from .task import Task as DelayQTask
 from .task import registry
 
@@ -87,7 +87,7 @@ logger = logging.getLogger("django_delayq.backends")
 
 #: How delayq statuses show in Django's Tasks API.
 STATUS_MAP: dict[str, TaskResultStatus] = {
-    "outbox": TaskResultStatus.READY,  # written in a transaction, not yet in Redis
+    OUTBOX: TaskResultStatus.READY,  # written in a transaction, not yet in Redis
     Status.WAITING: TaskResultStatus.READY,  # waits for its parents (depends_on)
     Status.SCHEDULED: TaskResultStatus.READY,
     Status.READY: TaskResultStatus.READY,
@@ -276,7 +276,6 @@ def _waiting_in_outbox(job_id: str, queues: Iterable[str]) -> EngineJob | None:
     """The job ``job_id`` as its outbox row describes it (status ``"outbox"``), if a row
     of one of ``queues`` (any queue when empty) waits for the relay."""
     from .models import OutboxEntry
-    from .outbox import OUTBOX
 
     rows = OutboxEntry.objects.filter(job_id=job_id)
     names = list(queues)

@@ -6,7 +6,7 @@
 -- KEYS[4] events     STREAM lifecycle events
 -- KEYS[5] seq        STRING FIFO counter
 -- KEYS[6..5+n]       HASH  one job key per job, in ARGV order
--- KEYS[6+n] stats    HASH  the enqueued total (field 'e')
+-- KEYS[6+n] stats    HASH  the enqueued total (field 'e'), duplicates skipped ('du')
 -- KEYS[7+n] waiting  ZSET  jobs waiting for parents, by enqueued time (ms)
 --
 -- ARGV[1] events stream max length (0: no events)
@@ -175,5 +175,11 @@ end
 emit_jobs(events, maxlen, 'enqueued', added_ids, now)  -- one entry for the call's jobs
 if #added_ids > 0 then
   redis.call('HINCRBY', KEYS[6 + n], 'e', #added_ids)
+end
+if #added_ids < n then
+  -- Counting duplicates is also a write: a WAIT after a call that found every job there
+  -- already (a retry after NotReplicated) then covers the earlier write of those jobs;
+  -- Redis 7.2+ advances a connection's WAIT offset only when its command wrote something.
+  redis.call('HINCRBY', KEYS[6 + n], 'du', n - #added_ids)
 end
 return out

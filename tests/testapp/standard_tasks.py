@@ -66,3 +66,21 @@ async def dj_async_add(a: int, b: int) -> int:
 
     await asyncio.sleep(0)
     return a + b
+
+
+@task
+def dj_progress(gate: str) -> str:
+    """Report progress through delayq's ``current_job()``, then wait for ``gate``."""
+    from django_delayq.current import current_job
+
+    running = current_job()
+    assert running is not None
+    running.set_progress(0.5, "half way")
+    client = get_broker().client
+    deadline = time.monotonic() + 60
+    while not client.exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate} never opened")
+        time.sleep(0.02)
+    running.set_progress(1.0, "done")
+    return gate
