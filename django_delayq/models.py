@@ -9,17 +9,15 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from .engine.status import Status
 
-class JobStatus(models.TextChoices):
-    WAITING = "waiting", "Waiting"
-    SCHEDULED = "scheduled", "Scheduled"
-    READY = "ready", "Ready"
-    CLAIMED = "claimed", "Claimed"
-    ACTIVE = "active", "Active"
-    COMPLETED = "completed", "Completed"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
-    PURGED = "purged", "Purged"
+#: A mirrored job's status: the engine's (:class:`~django_delayq.engine.status.Status`),
+#: and ``purged`` for a job removed from Redis before it finished (a purge, an orphan).
+JobStatus = models.TextChoices(
+    "JobStatus",
+    [(status.name, (status.value, status.value.capitalize())) for status in Status]
+    + [("PURGED", ("purged", "Purged"))],
+)
 
 
 class Job(models.Model):
@@ -133,7 +131,3 @@ class OutboxEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_name} [{self.job_id}]"
-
-    @property
-    def is_parked(self) -> bool:
-        return self.parked_at is not None

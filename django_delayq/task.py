@@ -271,8 +271,8 @@ class Task(Generic[P, T]):
                              "enqueue_in_transaction; use enqueue_on_commit")
         return write(self, args, kwargs, self.database)
 
-    def bind(self, *args: Any, **kwargs: Any) -> Call:
-        """A :class:`Call` of this task with these arguments and this copy's options
+    def bind(self, *args: Any, **kwargs: Any) -> JobSpec:
+        """A :class:`JobSpec` of this task with these arguments and this copy's options
         (``task.using(job_id=..., delay=...).bind(...)``), for :meth:`enqueue_many` and
         the workflows (:func:`~django_delayq.chain`, :func:`~django_delayq.group`).
 
@@ -286,41 +286,41 @@ class Task(Generic[P, T]):
                 signature(self.func).bind_partial(*args, **kwargs)
             except TypeError as exc:
                 raise TypeError(f"{self.name}: {exc}") from None
-        return Call(args, kwargs, job_id=self.job_id, run_at=self.run_at, delay=self.delay,
-                    priority=self.priority, max_attempts=self.max_attempts, task=self)
+        return JobSpec(args, kwargs, job_id=self.job_id, run_at=self.run_at, delay=self.delay,
+                       priority=self.priority, max_attempts=self.max_attempts, task=self)
 
     def enqueue_many(
-        self, calls: Iterable[Call | Sequence[Any] | Mapping[str, Any]
-                              | tuple[Sequence[Any], Mapping[str, Any]]],
+        self, jobs: Iterable[JobSpec | Sequence[Any] | Mapping[str, Any]
+                             | tuple[Sequence[Any], Mapping[str, Any]]],
         *, chunk_size: int = 1_000, results: list[EnqueueResult] | None = None,
     ) -> BulkResult:
         """Enqueue many jobs of this task, one round trip per chunk of ``chunk_size``.
 
-        Each item is a :class:`Call` (arguments plus its own job_id, run_at, delay,
+        Each item is a :class:`JobSpec` (arguments plus its own job_id, run_at, delay,
         priority, max_attempts), a sequence of positional arguments, a mapping of
-        keyword arguments, or an ``(args, kwargs)`` pair. Options a ``Call`` leaves out
+        keyword arguments, or an ``(args, kwargs)`` pair. Options a ``JobSpec`` leaves out
         come from this task (``using()`` included). Every item of a chunk is checked
         before the chunk is sent, so a bad item raises without sending its chunk (the
         chunks before it are enqueued: the error says how many). An id that exists is
         skipped and reported in ``BulkResult.duplicate_ids``.
         """
         sent = BulkResult()
-        return get_broker().enqueue_many(self.queue_name, self._requests(calls),
+        return get_broker().enqueue_many(self.queue_name, self._requests(jobs),
                                          chunk_size=chunk_size, results=results, total=sent)
 
-    def _requests(self, calls: Iterable[Any]) -> Iterator[EnqueueRequest]:
+    def _requests(self, jobs: Iterable[Any]) -> Iterator[EnqueueRequest]:
         """The request of each item of :meth:`enqueue_many`, its arguments checked."""
         attempts = self.attempts_allowed
-        for index, item in enumerate(calls):
-            if isinstance(item, Call):
+        for index, item in enumerate(jobs):
+            if isinstance(item, JobSpec):
                 args, kwargs = item.args, dict(item.kwargs)
             else:
-                args, kwargs = _split_call(item)
+                args, kwargs = _split_item(item)
             try:
                 self.check_arguments(args, kwargs)
             except TypeError as exc:
                 raise TypeError(f"item {index}: {exc}") from None
-            if not isinstance(item, Call):
+            if not isinstance(item, JobSpec):
                 yield EnqueueRequest(task=self.name, args=args, kwargs=kwargs,
                                      run_at=self.run_at, delay=self.delay,
                                      priority=self.priority, max_attempts=attempts,
@@ -345,8 +345,10 @@ class Task(Generic[P, T]):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Call:
-    """One job for :meth:`Task.enqueue_many`: arguments and per-job options.
+class JobSpec:
+    """One job to enqueue, not sent yet: arguments and per-job options. ``Task.bind()``
+    makes one; :meth:`Task.enqueue_many`, :func:`~django_delayq.chain` and
+    :func:`~django_delayq.group` take them.
 
     Options left as None fall back to the task's. ``run_at`` and ``delay`` exclude each
     other.
@@ -359,20 +361,22 @@ class Call:
     delay: float | dt.timedelta | None = None
     priority: int | None = None
     max_attempts: int | None = None
-    #: The task ``Task.bind`` made this call of (workflows need it; ``enqueue_many`` runs
+    #: The task ``Task.bind`` made this spec of (workflows need it; ``enqueue_many`` runs
     #: its own task).
     task: Task[Any, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.args, str | bytes) or not isinstance(self.args, Sequence):
-            raise TypeError(f"Call args must be a list or tuple, not {type(self.args).__name__}")
+            raise TypeError(
+                f"JobSpec args must be a list or tuple, not {type(self.args).__name__}")
         if not isinstance(self.kwargs, Mapping):
-            raise TypeError(f"Call kwargs must be a mapping, not {type(self.kwargs).__name__}")
+            raise TypeError(
+                f"JobSpec kwargs must be a mapping, not {type(self.kwargs).__name__}")
         if self.run_at is not None and self.delay is not None:
             raise ValueError("give run_at or delay, not both")
 
 
-def _split_call(item: Any) -> tuple[Sequence[Any], dict[str, Any]]:
+def _split_item(item: Any) -> tuple[Sequence[Any], dict[str, Any]]:
     kind = type(item)
     if kind is list or (kind is tuple and len(item) != 2):  # the common case, no abc check
         return item, {}
@@ -440,9 +444,6 @@ class TaskRegistry:
         """The periodic tasks (cron or every) that send jobs to one of ``queues``."""
         wanted = set(queues)
         return [t for t in self.tasks() if t.schedule is not None and t.queue_name in wanted]
-
-    def unregister(self, name: str) -> None:
-        self._tasks.pop(name, None)
 
 
 registry = TaskRegistry()

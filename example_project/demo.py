@@ -48,11 +48,16 @@ def _interrupt(*_: object) -> None:
 
 
 def serve(port: str) -> None:
-    """A worker and ``runserver`` on the demo's Redis, until Ctrl-C (or SIGTERM)."""
+    """A worker and ``runserver`` on the demo's Redis, until Ctrl-C (or SIGTERM).
+
+    ``runserver --insecure`` serves the static files (the admin's styles, the API's
+    Swagger UI and ReDoc) with ``DEBUG`` off, so Django's debug page, which would show
+    the settings, stays off too.
+    """
     procs = [
         subprocess.Popen([sys.executable, "manage.py", "runworker", "--concurrency", "2"],
                          cwd=HERE, env=dict(os.environ)),
-        subprocess.Popen([sys.executable, "manage.py", "runserver", "--noreload",
+        subprocess.Popen([sys.executable, "manage.py", "runserver", "--noreload", "--insecure",
                           f"127.0.0.1:{port}"], cwd=HERE, env=dict(os.environ)),
     ]
     signal.signal(signal.SIGTERM, _interrupt)
@@ -160,8 +165,9 @@ def show_admin(serving: bool = False) -> None:
         print("The admin user exists already (username 'admin').")
     if serving:
         return
-    print("Open the admin: make serve (or cd example_project && DJANGO_DEBUG=1 ../.venv/bin/python "
-          "manage.py runserver with REDIS_URL set to a Redis that outlives the demo), "
+    print("Open the admin: make serve (or cd example_project && ../.venv/bin/python "
+          "manage.py runserver --insecure with REDIS_URL set to a Redis that outlives the "
+          "demo), "
           "then http://127.0.0.1:8000/admin/ (the queues dashboard reads the Redis at "
           "REDIS_URL, default redis://127.0.0.1:6379/0).")
 

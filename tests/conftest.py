@@ -7,6 +7,7 @@ Set ``REDIS_URL`` to run against an existing Redis instead (its database is flus
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -23,6 +24,17 @@ import pytest
 from tests import services
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Where this run's django_delayq comes from: this tree, or an installed copy (the sdist
+#: test runs the tests against one). The processes the tests start import it first.
+_SPEC = importlib.util.find_spec("django_delayq")
+PACKAGE_HOME = Path(_SPEC.origin).parent.parent if _SPEC and _SPEC.origin else ROOT
+
+
+def subprocess_path(*first: str | Path) -> str:
+    """A PYTHONPATH for a process a test starts: ``first``, this run's django_delayq,
+    this tree (for ``tests``), then this process's own PYTHONPATH."""
+    parts = [*map(str, first), str(PACKAGE_HOME), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    return os.pathsep.join(dict.fromkeys(p for p in parts if p))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -153,7 +165,7 @@ def worker_thread(**kwargs: Any) -> Iterator[Any]:
 def worker_env(redis_url: str | None = None, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = subprocess_path()
     if redis_url:
         env["DELAYQ_TEST_REDIS_URL"] = redis_url
     env.update(extra)

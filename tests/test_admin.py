@@ -346,7 +346,8 @@ def test_user_data_is_escaped_everywhere(admin_client, redis_client):
     redis_client.hset(key, mapping={stored(name): value for name, value in damage.items()})
     mirror()
     gk = GlobalKeys("dq")
-    redis_client.zadd(gk.workers, {XSS: 1})
+    seconds, micros = redis_client.time()
+    redis_client.zadd(gk.workers, {XSS: seconds * 1000 + micros // 1000})  # alive now
     redis_client.hset(gk.worker(XSS), mapping={"name": XSS, "host": XSS, "queues": XSS})
     pages = [admin_client.get(reverse(CHANGELIST)).content.decode(),
              admin_client.get(reverse(CHANGELIST), {"q": XSS}).content.decode(),

@@ -14,6 +14,7 @@ from django.utils import timezone
 from django_delayq import task
 from django_delayq.models import Job
 from django_delayq.task import registry
+from tests.conftest import wait_until, worker_thread
 from tests.test_admin import change_url, mirror, run_to_end, staff
 from tests.testapp import tasks
 
@@ -62,12 +63,32 @@ def test_job_page_shows_the_attempts(admin_client):
     mirror()
     page = admin_client.get(change_url(failed.id)).content.decode()
     assert "Each attempt" in page
-    if any(f.name == "attempt_log" for f in Job._meta.get_fields()):
-        assert page.count('<td class="dq-error-cell">builtins.RuntimeError: boom three</td>') == 3
-        assert page.count("<td>retried</td>") == 2
-        assert page.count("<td>failed</td>") == 1
-    else:
-        assert "3 attempt(s) of 3" in page
+    assert page.count('<td class="dq-error-cell">builtins.RuntimeError: boom three</td>') == 3
+    assert page.count("<td>retried</td>") == 2
+    assert page.count("<td>failed</td>") == 1
+    # Each failed attempt's own traceback, folded in its row.
+    folded = re.findall(r'<td class="dq-tb-cell"><details class="dq-tb"><summary>traceback'
+                        r'</summary><pre class="dq-pre">(.*?)</pre></details></td>', page, re.S)
+    assert len(folded) == 3
+    assert all(tb.startswith("Traceback (most recent call last):") for tb in folded)
+    assert all(tb.endswith("RuntimeError: boom three\n") for tb in folded)
+    assert all("t" in entry for entry in Job.objects.get(job_id=failed.id).attempt_log)
+
+
+def test_api_job_detail_shows_each_attempts_traceback(admin_client):
+    failed = tasks.always_fails.using(max_attempts=2).enqueue("api tb")
+    done = tasks.record.enqueue("api ok")
+    run_to_end(failed, done)
+    mirror()
+    detail = admin_client.get(f"/api/delayq/jobs/default/{failed.id}/").json()
+    for log in (detail["live"]["attempt_log"], detail["mirror"]["attempt_log"]):
+        assert [(e["attempt"], e["outcome"]) for e in log] == [(1, "retried"), (2, "failed")]
+        assert all(e["traceback"].endswith("RuntimeError: boom api tb\n") for e in log)
+        assert all(e["started_at"] and e["finished_at"] for e in log)
+    assert detail["live"]["attempt_log"] == detail["mirror"]["attempt_log"]
+    [entry] = admin_client.get(f"/api/delayq/jobs/default/{done.id}/").json()["mirror"][
+        "attempt_log"]
+    assert (entry["outcome"], entry["traceback"]) == ("completed", "")
 
 
 def test_job_list_columns_and_readable_periodic_ids(admin_client):
@@ -79,7 +100,7 @@ def test_job_list_columns_and_readable_periodic_ids(admin_client):
                        task_name="shop.tasks.heartbeat", status="scheduled",
                        run_at=timezone.now(), enqueued_at=timezone.now())
     page = admin_client.get(reverse("admin:django_delayq_job_changelist")).content.decode()
-    for header in ("duration", "error", "arguments", "attempts", "run at"):
+    for header in ("duration", "error", "arguments", "attempts", "run at (utc)"):
         assert f">{header.capitalize()}<" in page or f">{header}<" in page.lower(), header
     assert "RuntimeError: boom list" in page
     assert "[&quot;args-shown&quot;] {&quot;extra&quot;: {&quot;k&quot;: 1}}" in page
@@ -140,3 +161,84 @@ def test_admin_index_links_the_dashboard(admin_client, client):
     assert "Queues dashboard" in client.get(reverse("admin:index")).content.decode()
     client.force_login(staff("nobody2"))
     assert client.get(link).status_code == 403
+
+
+def field_label(page: str, field: str) -> str:
+    """The label of a read-only field of a change page."""
+    match = re.search(rf'class="form-row field-{field}[^"]*">.*?<label>([^<]*)</label>', page,
+                      re.S)
+    assert match, field
+    return match[1]
+
+
+def test_job_page_labels_the_live_state_and_the_workflow(admin_client):
+    job = tasks.record.using(delay=600).enqueue("labels")
+    mirror()
+    page = admin_client.get(change_url(job.id)).content.decode()
+    assert field_label(page, "live_state") == "Redis now:"
+    assert field_label(page, "workflow_display") == "Parents and dependants:"
+
+
+def chain_of(n: int) -> list[object]:
+    """``n`` jobs, each waiting for the one before; the first one an hour away."""
+    jobs = [tasks.record.using(delay=3600).enqueue("step 0")]
+    for i in range(1, n):
+        jobs.append(tasks.record.using(depends_on=[jobs[-1]]).enqueue(f"step {i}"))
+    return jobs
+
+
+def test_job_page_shows_the_workflow_as_a_tree(admin_client):
+    j = chain_of(5)
+    mirror()
+    page = admin_client.get(change_url(j[1].id)).content.decode()
+    flow = page[page.index('class="dq-workflow"'):page.index("field-last_event_id")]
+    parents = flow[flow.index("dq-tree-parents"):flow.index("dq-tree-children")]
+    children = flow[flow.index("dq-tree-children"):]
+    assert j[0].id in parents
+    assert "dq-status-scheduled" in parents
+    # Three levels of dependants, nested, each waiting and linked to its job page.
+    positions = [children.index(f">{job.id}</a>") for job in j[2:]]
+    assert positions == sorted(positions)
+    assert re.search(r"<ul>(<li>.*?<ul>){2}<li>[^<]*<span[^>]*dq-status-waiting", children)
+    for job in j[2:]:
+        assert f'href="{change_url(job.id)}"' in children
+    assert children.count("dq-status-waiting") == 3
+
+
+def test_api_job_detail_shows_the_workflow_as_a_tree(admin_client):
+    j = chain_of(5)
+    detail = admin_client.get(f"/api/delayq/jobs/default/{j[4].id}/").json()["workflow"]
+    assert (detail["parents_total"], detail["children_total"]) == (1, 0)
+    [p3] = detail["parents"]
+    [p2] = p3["parents"]
+    [p1] = p2["parents"]
+    assert [p["job_id"] for p in (p3, p2, p1)] == [j[3].id, j[2].id, j[1].id]
+    assert [p["status"] for p in (p3, p2, p1)] == ["waiting"] * 3
+    assert (p1["parents"], p1["more"]) == ([], 1)  # j[0], past the third level
+    assert p3["task"] == tasks.record.name
+    top = admin_client.get(f"/api/delayq/jobs/default/{j[0].id}/").json()["workflow"]
+    assert [top["children"][0]["job_id"], top["children"][0]["children"][0]["job_id"]] == [
+        j[1].id, j[2].id]
+    schema = admin_client.get("/api/delayq/schema/?format=json").json()
+    assert "WorkflowParent" in schema["components"]["schemas"]
+
+
+def test_job_list_warns_when_no_worker_or_mirror_runs(admin_client):
+    tasks.record.using(delay=600).enqueue("unseen")
+    changelist = reverse("admin:django_delayq_job_changelist")
+    page = admin_client.get(changelist).content.decode()
+    warnings = page[page.index('id="dq-warnings"'):]
+    assert "No worker is running" in warnings
+    assert "No mirror is running: 1 event(s)" in warnings
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: "No worker is running" not in admin_client.get(
+            changelist).content.decode(), message="the worker's heartbeat")
+
+
+def test_job_list_time_column_names_its_zone(admin_client):
+    tasks.record.using(delay=600).enqueue("zone")
+    mirror()
+    changelist = reverse("admin:django_delayq_job_changelist")
+    assert ">Run at (UTC)<" in admin_client.get(changelist).content.decode()
+    with override_settings(TIME_ZONE="Asia/Kolkata"):
+        assert ">Run at (Asia/Kolkata)<" in admin_client.get(changelist).content.decode()

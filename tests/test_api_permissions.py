@@ -33,12 +33,15 @@ ROLES: dict[str, tuple[bool, bool, tuple[str, ...]]] = {
 #: that a write changed something.
 Changed = Callable[[dict[str, Job]], bool]
 ENDPOINTS: list[tuple[str, str, Any, str, Changed | None]] = [
+    ("get", "/", None, "view", None),
     ("get", "/queues/", None, "view", None),
     ("get", "/queues/default/", None, "view", None),
     ("get", "/jobs/", None, "view", None),
     ("get", "/jobs/default/{waiting}/", None, "view", None),
     ("get", "/workers/", None, "view", None),
     ("get", "/schema/", None, "view", None),
+    ("get", "/schema/swagger/", None, "view", None),
+    ("get", "/schema/redoc/", None, "view", None),
     ("post", "/queues/default/pause/", None, "change",
      lambda jobs: Queue("default").is_paused),
     ("post", "/queues/default/resume/", None, "change", None),

@@ -12,19 +12,22 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.test import override_settings
 from rest_framework.test import APIClient
 
 from django_delayq import Job, Queue
 from django_delayq.connection import get_broker
 from django_delayq.engine.validation import MAX_ATTEMPTS, MAX_TIME_MS
-from django_delayq.task import Call
+from django_delayq.task import JobSpec
 from tests.testapp.tasks import record
 
 API = "/api/delayq"
 RECORD = "tests.testapp.tasks.record"
 PLUS_14 = dt.timezone(dt.timedelta(hours=14))
 YEAR_1 = dt.datetime(1, 1, 1, tzinfo=PLUS_14)
-LAST_MS = dt.datetime(9999, 12, 31, 23, 59, 59, 999_000, tzinfo=dt.UTC)
+#: The latest time stored: every time zone can still show it (+14:00 included).
+LAST_MS = dt.datetime(9998, 12, 31, tzinfo=dt.UTC)
+PAST_LAST = LAST_MS + dt.timedelta(milliseconds=1)
 
 
 def keys_in_redis() -> list[str]:
@@ -42,6 +45,7 @@ BAD_OPTIONS: list[tuple[dict[str, Any], str]] = [
     ({"delay": -1}, "delay must be zero or more seconds"),
     ({"run_at": YEAR_1}, "out of range"),
     ({"run_at": dt.datetime(1969, 12, 31, tzinfo=dt.UTC)}, "out of range"),
+    ({"run_at": PAST_LAST}, "no later than 9998-12-31T00:00:00Z"),
     ({"max_attempts": 10**30}, "max_attempts must be an int from 1"),
     ({"max_attempts": MAX_ATTEMPTS + 1}, "max_attempts must be an int from 1"),
     ({"max_attempts": True}, "max_attempts must be an int from 1"),
@@ -63,7 +67,7 @@ def test_using_refuses_bad_options_before_anything_is_written(options, message):
 @pytest.mark.parametrize(("options", "message"), BAD_OPTIONS)
 def test_enqueue_many_refuses_a_bad_call_and_sends_nothing_of_its_chunk(options, message):
     with pytest.raises((TypeError, ValueError), match=message):
-        record.enqueue_many([Call(("ok",)), Call(("bad",), **options)])
+        record.enqueue_many([JobSpec(("ok",)), JobSpec(("bad",), **options)])
     assert_no_trace()
 
 
@@ -76,7 +80,7 @@ def test_enqueue_many_on_a_bad_queue_name_remembers_no_queue():
     assert_no_trace()
 
 
-def test_the_last_millisecond_of_year_9999_round_trips():
+def test_the_latest_time_stored_round_trips():
     job = record.using(run_at=LAST_MS).enqueue("x")
     assert job.run_at == LAST_MS
     again = Job.fetch(job.id, "default")
@@ -124,6 +128,7 @@ def staff(db: Any) -> APIClient:
     ({"delay": 1e30}, "delay"),
     ({"run_at": "0001-01-01T00:00:00+14:00"}, "run_at"),
     ({"run_at": "9999-12-31T23:59:59-05:00"}, "run_at"),
+    ({"run_at": "9998-12-31T00:00:00.001Z"}, "run_at"),
     ({"max_attempts": 10**30}, "max_attempts"),
     ({"max_attempts": True}, "max_attempts"),
     ({"priority": True}, "priority"),
@@ -149,6 +154,46 @@ def test_api_reschedule_and_retry_refuse_bad_values(staff, body):
     assert response.status_code == 400, response.content
     assert Job.fetch(job.id, "default").run_at == job.run_at
     assert Job.fetch(cancelled.id, "default").status == "cancelled"
+
+
+@override_settings(TIME_ZONE="Pacific/Kiritimati")  # +14:00, the zone furthest ahead
+def test_a_job_at_the_latest_time_reads_in_every_zone(staff):
+    from django.urls import reverse
+
+    from django_delayq.mirror import Mirror
+    from django_delayq.models import Job as Row
+
+    job = record.using(run_at=LAST_MS).enqueue("last")
+    Mirror(block=0.1).run(burst=True)
+    detail = staff.get(f"{API}/jobs/default/{job.id}/")
+    assert detail.status_code == 200, detail.content
+    assert detail.json()["live"]["run_at"] == "9998-12-31T14:00:00+14:00"
+    assert detail.json()["mirror"]["run_at"] == "9998-12-31T14:00:00+14:00"
+    assert staff.get(f"{API}/jobs/").status_code == 200
+    queue = staff.get(f"{API}/queues/default/")
+    assert queue.status_code == 200, queue.content
+    assert queue.json()["next_due"] == "9998-12-31T14:00:00+14:00"
+    row = Row.objects.get(job_id=job.id)
+    page = staff.get(reverse("admin:django_delayq_job_change", args=[row.pk]))
+    assert page.status_code == 200
+    assert "9998-12-31 14:00:00.000 +14" in page.content.decode()
+    changelist = reverse("admin:django_delayq_job_changelist")
+    for query in ("", "?run_at__year=9998", "?run_at__year=9998&run_at__month=12",
+                  "?run_at__year=9998&run_at__month=12&run_at__day=31"):
+        listed = staff.get(changelist + query)
+        assert listed.status_code == 200, query
+        assert "12-31 14:00:00" in listed.content.decode(), query
+    dashboard = staff.get(reverse("admin:django_delayq_queues"))
+    assert dashboard.status_code == 200
+    assert "9998-12-31 14:00:00" in dashboard.content.decode()
+    assert staff.get(reverse("admin:django_delayq_queues_data")).status_code == 200
+    with pytest.raises(ValueError, match="out of range"):
+        record.using(run_at=PAST_LAST).enqueue("past")
+    past = staff.post(f"{API}/jobs/", {"task": RECORD, "args": ["t"],
+                                       "run_at": "9998-12-31T14:00:00.001+14:00"},
+                      format="json")
+    assert past.status_code == 400
+    assert "no later than 9998-12-31T00:00:00Z" in str(past.json()["run_at"])
 
 
 # -- the Tasks backend and the Spark path --------------------------------------------------

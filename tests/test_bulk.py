@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from django_delayq import Call, Job, Queue
+from django_delayq import Job, JobSpec, Queue
 from django_delayq.engine import EnqueueResult
 from django_delayq.engine.keys import QueueKeys
 from tests.testapp import tasks
@@ -20,8 +20,8 @@ def test_calls_carry_their_own_options_and_fall_back_to_the_task(redis_client):
     run_at = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     results: list[EnqueueResult] = []
     bulk = tasks.record.using(priority=5).enqueue_many([
-        Call(["a"], job_id="bulk-a", priority=50),
-        Call(["b"], {"extra": 1}, run_at=run_at),
+        JobSpec(["a"], job_id="bulk-a", priority=50),
+        JobSpec(["b"], {"extra": 1}, run_at=run_at),
         tasks.record.using(job_id="bulk-c", delay=600).bind("c"),
         ["d"],
         {"tag": "e"},
@@ -43,7 +43,8 @@ def test_calls_carry_their_own_options_and_fall_back_to_the_task(redis_client):
 def test_duplicate_ids_are_skipped_and_reported_within_and_across_calls(redis_client):
     tasks.record.using(job_id="dup-1").enqueue("first")
     bulk = tasks.record.enqueue_many([
-        Call(["x"], job_id="dup-1"), Call(["y"], job_id="dup-2"), Call(["z"], job_id="dup-2"),
+        JobSpec(["x"], job_id="dup-1"), JobSpec(["y"], job_id="dup-2"),
+        JobSpec(["z"], job_id="dup-2"),
     ])
     assert (bulk.enqueued, bulk.duplicates) == (1, 2)
     assert bulk.duplicate_ids == ["dup-1", "dup-2"]
@@ -53,14 +54,14 @@ def test_duplicate_ids_are_skipped_and_reported_within_and_across_calls(redis_cl
 
 
 def test_a_bad_item_stops_before_its_chunk_and_says_what_was_sent(redis_client):
-    items = [Call([f"ok{i}"]) for i in range(5)] + [Call([], {"nope": 1})]
+    items = [JobSpec([f"ok{i}"]) for i in range(5)] + [JobSpec([], {"nope": 1})]
     with pytest.raises(TypeError, match=r"item 5: .*4 jobs of earlier chunks were enqueued"):
         tasks.record.enqueue_many(items, chunk_size=2)
     assert Queue("default").counts()["ready"] == 4
     with pytest.raises(ValueError, match="run_at or delay"):
-        Call(["x"], delay=1, run_at=dt.datetime.now(dt.UTC))
+        JobSpec(["x"], delay=1, run_at=dt.datetime.now(dt.UTC))
     with pytest.raises(TypeError, match="list or tuple"):
-        Call("abc")
+        JobSpec("abc")
 
 
 @pytest.mark.slow
@@ -85,8 +86,9 @@ def test_a_bulk_call_writes_one_event_for_its_jobs_and_keeps_fifo(redis_client):
 
 def test_dedupe_holds_across_slices_of_a_large_call(redis_client):
     tasks.record.using(job_id="late-dup").enqueue("first")
-    calls = [Call([i], job_id=f"s{i}") for i in range(2_400)] + [Call(["x"], job_id="late-dup")]
-    bulk = tasks.record.enqueue_many(calls, chunk_size=5_000)
+    jobs = [JobSpec([i], job_id=f"s{i}") for i in range(2_400)]
+    jobs.append(JobSpec(["x"], job_id="late-dup"))
+    bulk = tasks.record.enqueue_many(jobs, chunk_size=5_000)
     assert (bulk.chunks, bulk.enqueued, bulk.duplicates) == (1, 2_400, 1)
     assert bulk.duplicate_ids == ["late-dup"]
     assert Job.fetch("late-dup").args == ["first"]
@@ -98,8 +100,8 @@ def test_the_earliest_delayed_job_of_a_bulk_call_wakes_a_worker(redis_client):
     tasks.record.using(delay=600).enqueue("later")
     redis_client.delete(keys.marker)
     results: list[EnqueueResult] = []
-    bulk = tasks.record.enqueue_many([Call([1], delay=900), Call([2], delay=60),
-                                      Call([3], delay=300)], results=results)
+    bulk = tasks.record.enqueue_many([JobSpec([1], delay=900), JobSpec([2], delay=60),
+                                      JobSpec([3], delay=300)], results=results)
     assert bulk.enqueued == 3
     earliest = min(r.run_at_ms for r in results)
     assert redis_client.zrange(keys.marker, 0, -1, withscores=True) == [("1", earliest)]

@@ -61,3 +61,22 @@ def test_every_setting_has_a_check_id_of_its_own():
     shared = {cid: n for cid, n in Counter(row.check_id for row in SETTINGS.values()).items()
               if n > 1}
     assert shared == {}
+
+
+def test_cluster_with_a_sentinel_url_is_refused_with_what_to_do_and_no_password():
+    sentinel = "redis+sentinel://:hunter2@h1:26379,h2:26379/mymaster/0"
+    with override_settings(DELAYQ={"REDIS_URL": sentinel, "CLUSTER": True}):
+        (message,) = [m for m in run_checks() if m.id.startswith("django_delayq.")]
+    assert message.id == "django_delayq.E024"
+    assert "Sentinel serves one primary and its replicas, not a Cluster" in message.msg
+    assert "redis+cluster://" in message.msg
+    assert "hunter2" not in message.msg
+    assert ids(REDIS_URL=sentinel, CLUSTER=False) == []
+    assert ids(REDIS_URL="redis+cluster://h1:7000,h2:7001/0", CLUSTER=True) == []
+
+
+def test_a_cluster_client_for_a_sentinel_url_is_refused():
+    from django_delayq.engine.urls import client_from_url
+
+    with pytest.raises(ValueError, match="not a Redis Cluster"):
+        client_from_url("redis+sentinel://h1:26379/mymaster/0", cluster=True)

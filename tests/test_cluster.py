@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from django_delayq import Call, Job, Queue, chain, group
+from django_delayq import Job, JobSpec, Queue, chain, group
 from django_delayq.engine import Broker, PartialClaimError
 from django_delayq.testing import RedisCluster
 from tests.conftest import ran, wait_until, worker_thread
@@ -55,8 +56,10 @@ def slot_moving(cluster: RedisCluster, client: Any, slot: int) -> Iterator[None]
     copies keys), then finish the move: every key MIGRATEd, the slot the target's on
     every node."""
     source_port = client.nodes_manager.get_node_from_slot(slot).port
-    target_port = next(port for port in cluster.ports if port != source_port)
-    nodes = {port: redis.Redis(port=port, decode_responses=True) for port in cluster.ports}
+    # Primaries only: a replica refuses CLUSTER SETSLOT (it learns the move by gossip).
+    primaries = [node.port for node in client.get_primaries()]
+    target_port = next(port for port in primaries if port != source_port)
+    nodes = {port: redis.Redis(port=port, decode_responses=True) for port in primaries}
     ids = {port: node.execute_command("CLUSTER MYID") for port, node in nodes.items()}
     source, target = nodes[source_port], nodes[target_port]
     try:
@@ -66,7 +69,7 @@ def slot_moving(cluster: RedisCluster, client: Any, slot: int) -> Iterator[None]
         while keys := source.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
             source.execute_command("MIGRATE", "127.0.0.1", target_port, "", 0, 5000,
                                    "KEYS", *keys)
-        others = [port for port in cluster.ports if port not in (source_port, target_port)]
+        others = [port for port in primaries if port not in (source_port, target_port)]
         for port in [target_port, source_port, *others]:
             nodes[port].execute_command("CLUSTER SETSLOT", slot, "NODE", ids[target_port])
     finally:
@@ -90,8 +93,8 @@ def test_every_queue_operation_works_on_a_sharded_queue(on_cluster):
     broker = on_cluster
     soon = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     bulk = tasks.record.using(queue="sharded").enqueue_many(
-        [Call([f"j{i}"], job_id=f"j{i}", priority=i % 3) for i in range(40)]
-        + [Call(["later"], job_id="later", run_at=soon)])
+        [JobSpec([f"j{i}"], job_id=f"j{i}", priority=i % 3) for i in range(40)]
+        + [JobSpec(["later"], job_id="later", run_at=soon)])
     assert bulk.enqueued == 41
     assert len({broker.keys_for("sharded", f"j{i}").tag for i in range(40)}) == 4
     queue = Queue("sharded")
@@ -131,7 +134,7 @@ def test_thousands_of_jobs_drained_by_worker_processes_once_each_in_priority_ord
     n = 3000
     client = on_cluster.client
     tasks.count_run.using(queue="drain").enqueue_many(
-        Call([f"t{i}"], job_id=f"t{i}", priority=(i * 7) % 5 - 2) for i in range(n))
+        JobSpec([f"t{i}"], job_id=f"t{i}", priority=(i * 7) % 5 - 2) for i in range(n))
     procs = start_workers(3, "drain", {"QUEUES": QUEUES}, redis_url=cluster.url)
     try:
         wait_until(lambda: Queue("drain").counts()["completed"] == n, timeout=90,
@@ -207,7 +210,7 @@ def test_cluster_flag_with_a_plain_url_and_one_worker_on_two_queues(settings, cl
 
 def test_single_enqueues_on_a_cluster_keep_the_client_path(on_cluster):
     broker = on_cluster
-    assert broker._held is None  # a cluster client routes each call by its keys' slot
+    assert broker._pinned is None  # a cluster client routes each call by its keys' slot
     jobs = [tasks.record.using(queue="sharded").enqueue(f"c{i}") for i in range(20)]
     assert all(job.created for job in jobs)
     assert {Job.fetch(job.id, queue="sharded").status for job in jobs} == {"ready"}
@@ -216,7 +219,7 @@ def test_single_enqueues_on_a_cluster_keep_the_client_path(on_cluster):
 def test_a_claim_keeps_what_the_other_shards_leased_while_one_slot_moves(on_cluster, cluster):
     broker = on_cluster
     tasks.record.using(queue="sharded").enqueue_many(
-        [Call([f"p{i}"], job_id=f"p{i}") for i in range(40)])
+        [JobSpec([f"p{i}"], job_id=f"p{i}") for i in range(40)])
     shards = broker.shards("sharded")
     moving = shards[0]
     on_moving = {f"p{i}" for i in range(40) if broker.keys_for("sharded", f"p{i}") == moving}
@@ -241,7 +244,7 @@ def test_a_worker_runs_the_other_shards_while_one_slot_moves_and_loses_nothing(
     n = 1200
     client = on_cluster.client
     tasks.count_run.using(queue="drain").enqueue_many(
-        Call([f"m{i}"], job_id=f"m{i}") for i in range(n))
+        JobSpec([f"m{i}"], job_id=f"m{i}") for i in range(n))
     moving = on_cluster.shards("drain")[0]
     every = {f"m{i}" for i in range(n)}
     on_moving = {job_id for job_id in every if on_cluster.keys_for("drain", job_id) == moving}
@@ -268,7 +271,7 @@ def test_acks_to_the_other_shards_land_while_one_slot_moves(on_cluster, cluster)
 
     broker = on_cluster
     tasks.record.using(queue="sharded").enqueue_many(
-        [Call([f"a{i}"], job_id=f"a{i}") for i in range(40)])
+        [JobSpec([f"a{i}"], job_id=f"a{i}") for i in range(40)])
     jobs = [job for r in broker.claim("sharded", 100, "w") for job in r.jobs]
     assert len(jobs) == 40
     moving = broker.shards("sharded")[0]
@@ -291,7 +294,7 @@ def test_a_worker_keeps_acking_the_other_shards_while_one_slot_moves(on_cluster,
 
     broker = on_cluster
     tasks.record.using(queue="sharded").enqueue_many(
-        [Call([f"k{i}"], job_id=f"k{i}") for i in range(40)])
+        [JobSpec([f"k{i}"], job_id=f"k{i}") for i in range(40)])
     jobs = [job for r in broker.claim("sharded", 100, "w") for job in r.jobs]
     moving = broker.shards("sharded")[0]
     on_moving = [job for job in jobs if job.keys == moving]
@@ -309,9 +312,9 @@ def test_a_worker_keeps_acking_the_other_shards_while_one_slot_moves(on_cluster,
         worker.acker.flush()
         assert worker.processed == 40 - len(on_moving)
         assert {o.job.id for o in worker.acker.outcomes} == {job.id for job in on_moving}
-        worker.acker.flush()  # only held-back acks are pending: nothing is sent
+        worker.acker.flush()  # only deferred acks are pending: nothing is sent
         assert Queue("sharded").counts()["completed"] == 40 - len(on_moving)
-    # Slot moved. At shutdown the held-back acks are sent, pause or not.
+    # Slot moved. At shutdown the deferred acks are sent, backoff or not.
     worker.acker.flush_until_done(time.monotonic() + 5)
     assert (worker.processed, worker.acker.outcomes) == (40, [])
     assert Queue("sharded").counts()["completed"] == 40
@@ -342,6 +345,44 @@ def test_enqueues_to_a_moving_slot_raise_a_clear_error_and_bulk_counts_what_land
     again = broker.enqueue_many("sharded", [EnqueueRequest(task="tests.testapp.tasks.record",
                                                            job_id=job_id) for job_id in ids])
     assert (again.enqueued, again.duplicates) == (len(on_moving), len(ids) - len(on_moving))
+
+
+def test_failover_retry_sends_again_the_shard_a_bulk_chunk_could_not_reach(
+        on_cluster, cluster):
+    """FAILOVER_RETRY covers a shard whose reply inside the bulk pipeline is an error (its
+    slot moving: TRYAGAIN): the other shards' jobs count once, that shard's are sent
+    again until the move ends, and the call returns."""
+    from django_delayq.engine import BulkResult, EngineConfig, EnqueueRequest
+
+    broker = Broker(on_cluster.client, EngineConfig(shards={"sharded": 4},
+                                                    failover_retry_ms=60_000))
+    moving = broker.shards("sharded")[0]
+    ids = [f"r{i}" for i in range(40)]
+    on_moving = {job_id for job_id in ids if broker.keys_for("sharded", job_id) == moving}
+    assert 0 < len(on_moving) < len(ids)
+    tasks.record.using(queue="sharded", job_id=min(on_moving)).enqueue("there first")
+    total, errors = BulkResult(), []
+
+    def send() -> None:
+        try:
+            broker.enqueue_many("sharded", [EnqueueRequest(task=tasks.record.name, job_id=j)
+                                            for j in ids], total=total)
+        except BaseException as exc:
+            errors.append(exc)
+
+    with slot_moving(cluster, broker.client, broker.client.keyslot(moving.ready)):
+        sender = threading.Thread(target=send)
+        sender.start()
+        # The other shards answered; the moving one is being retried.
+        wait_until(lambda: total.enqueued == len(ids) - len(on_moving) or errors,
+                   message="the other shards' jobs")
+        assert sender.is_alive(), errors
+    sender.join(timeout=60)
+    assert not sender.is_alive()
+    assert errors == []
+    assert (total.enqueued, total.duplicates) == (len(ids) - 1, 1)
+    assert sorted(total.job_ids) == sorted(ids)
+    assert Queue("sharded").counts()["ready"] == len(ids)
 
 
 def test_a_url_naming_several_seeds_connects_while_the_first_is_down(settings, cluster):

@@ -10,6 +10,7 @@ import pytest
 from django_delayq.engine import (
     STATUSES,
     Broker,
+    EncodedJob,
     EngineConfig,
     EnqueueRequest,
     InvalidJobState,
@@ -137,6 +138,25 @@ def test_a_job_to_run_at_once_stores_no_run_at_and_reads_its_enqueued_at(bare, r
     assert claimed.run_at_ms == res.enqueued_at_ms
 
 
+def test_an_encoded_job_names_the_enqueue_scripts_values_and_is_what_it_stores(
+        bare, redis_client):
+    job = bare.encode_request(EnqueueRequest(task="t.x", args=[1], kwargs={"k": "v"},
+                                             delay=2, job_id="j1", priority=4,
+                                             max_attempts=5, timeout=3))
+    assert type(job) is EncodedJob
+    assert job == EncodedJob(job_id="j1", task="t.x", args_json="[1]",
+                             kwargs_json='{"k":"v"}', priority=4, run_at_ms="",
+                             delay_ms=2000, max_attempts=5, timeout_ms=3000)
+    (keys,) = bare.shards("q")
+    (added, status, run_at_ms, enqueued_at_ms) = bare.commands.enqueue(keys, [job])
+    assert (added, status, int(run_at_ms) - int(enqueued_at_ms)) == (1, "scheduled", 2000)
+    stored_job = redis_client.hgetall(keys.job("j1"))
+    assert {name: stored_job[stored(name)] for name in
+            ("task", "args", "kwargs", "priority", "max_attempts", "timeout")} == {
+        "task": "t.x", "args": "[1]", "kwargs": '{"k":"v"}', "priority": "4",
+        "max_attempts": "5", "timeout": "3000"}
+
+
 def test_every_field_is_stored_short_and_read_back_by_its_name(bare, redis_client):
     job_id = bare.enqueue("q", "t.x", [1], {"k": "v"}, priority=5, max_attempts=3,
                           timeout=5).job_id
@@ -148,8 +168,9 @@ def test_every_field_is_stored_short_and_read_back_by_its_name(bare, redis_clien
     batch.run()
     raw = redis_client.hgetall(keys.job(job_id))
     # Not written by this run: the result (it failed) and progress (only a task sets it).
+    # Nor parents (it has none).
     assert set(raw) == set(STORED.values()) - {stored("result"), stored("progress"),
-                                               stored("progress_message")}
+                                               stored("progress_message"), stored("parents")}
     job = Job.fetch(job_id, "q", broker=bare)
     assert (job.task_name, job.status, job.args, job.kwargs, job.priority) == (
         "t.x", "scheduled", [1], {"k": "v"}, 5)
@@ -389,7 +410,6 @@ def test_status_groups_cover_the_lifecycle_once():
         CANCELLABLE,
         FINISHED,
         JOB_STATUSES,
-        LEASED,
         PENDING,
         PURGEABLE,
         RETRYABLE,
@@ -397,12 +417,13 @@ def test_status_groups_cover_the_lifecycle_once():
     )
     from django_delayq.models import JobStatus
 
+    leased = (Status.CLAIMED, Status.ACTIVE)  # in the active set, under a lease
     # a waiting job (depends_on) comes first: it is not scheduled until its parents end
-    assert (Status.WAITING, *PENDING, *LEASED, *FINISHED) == tuple(Status) == JOB_STATUSES
+    assert (Status.WAITING, *PENDING, *leased, *FINISHED) == tuple(Status) == JOB_STATUSES
     assert (Status.WAITING, *PENDING) == CANCELLABLE
     # claimed jobs are in the active set: no set of their own
     assert tuple(s for s in JOB_STATUSES if s != Status.CLAIMED) == STATUSES
     assert set(RETRYABLE) < set(FINISHED)
-    assert set(PURGEABLE) == set(Status) - set(LEASED)
+    assert set(PURGEABLE) == set(Status) - set(leased)
     assert all(isinstance(s, str) and not isinstance(s, Status) for s in JOB_STATUSES)
     assert set(JobStatus.values) == {*JOB_STATUSES, "purged"}

@@ -1,14 +1,16 @@
 """The fast paths of engine/fastpaths.py: each gives the answer of the path it skips.
 
-``tox -e redis5,redis6,redis7,redislatest`` runs this file and test_held.py on each
-redis-py major version the package allows (the held connections use its internals).
+``tox -e redis5,redis6,redis7,redislatest`` runs this file and test_pinned.py on each
+redis-py major version the package allows (the pinned connections use its internals).
 """
 
 from __future__ import annotations
 
+import ast
 import inspect
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,11 +23,14 @@ from django_delayq.engine.fastpaths import (
     REDIS_PY_CONNECTION_METHODS,
     arg_shape,
     checkout,
+    disconnect,
     must_reconnect,
     positional_names,
+    read_reply,
     retries,
+    send_packed,
 )
-from django_delayq.engine.held import HeldConnections
+from django_delayq.engine.pinned import PinnedConnections
 
 
 def plain(a, b, c=3, d=4): ...
@@ -63,25 +68,45 @@ def test_only_plain_parameter_lists_get_a_shape():
     assert positional_names(keyword_only) == ("a",)
 
 
-def test_the_redis_py_internals_the_held_connections_use_work():
+def test_the_redis_py_internals_the_pinned_connections_use_work():
     client = redis.Redis.from_url(os.environ["DELAYQ_TEST_REDIS_URL"], decode_responses=True)
     pool = client.connection_pool
     conn = checkout(pool)
     try:
         for method in REDIS_PY_CONNECTION_METHODS:
             assert callable(getattr(conn, method)), method
-        conn.send_packed_command([pack_command(("ECHO", "héllo"))])
-        assert conn.read_response() == "héllo"  # decoded as the client would
+        send_packed(conn, [pack_command(("ECHO", "héllo"))])
+        assert read_reply(conn) == "héllo"  # decoded as the client would
         assert isinstance(retries(conn), int)
         assert retries(conn) >= 0
         assert must_reconnect(conn) is False
+        disconnect(conn)
+        send_packed(conn, [pack_command(("ECHO", "again"))])  # connects again
+        assert read_reply(conn) == "again"
     finally:
         pool.release(conn)
-    held = HeldConnections.for_client(client)
-    assert held is not None
-    assert held.execute("ECHO", "again") == "again"
-    held.close()
+    pinned = PinnedConnections.for_client(client)
+    assert pinned is not None
+    assert pinned.execute("ECHO", "again") == "again"
+    pinned.close()
     client.close()
+
+
+def test_only_the_fastpaths_module_reaches_redis_py_internals():
+    """The redis-py internals the pinned connections need (connection methods, pool
+    checkout, retry count) are called in engine/fastpaths.py alone, so a redis-py
+    upgrade that moves one is met in one place."""
+    package = Path(__file__).resolve().parent.parent / "django_delayq"
+    internals = {"send_packed_command", "read_response", "should_reconnect",
+                 "get_connection", "get_retries", "_retries"}
+    offenders = []
+    for path in package.rglob("*.py"):
+        if path.relative_to(package).as_posix() == "engine/fastpaths.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in internals:
+                offenders.append(f"{path.relative_to(package)}:{node.lineno} {node.attr}")
+    assert offenders == []
 
 
 def test_the_enqueue_fast_path_still_reports_an_unreachable_redis():
@@ -90,6 +115,6 @@ def test_the_enqueue_fast_path_still_reports_an_unreachable_redis():
         port = sock.getsockname()[1]
     client = redis.Redis(port=port, decode_responses=True, socket_connect_timeout=0.5)
     broker = Broker(client, EngineConfig())
-    assert broker._held is not None  # the single enqueue takes the held path
+    assert broker._pinned is not None  # the single enqueue takes the pinned path
     with pytest.raises(DelayQConnectionError, match="unreachable"):
         broker.enqueue("default", "tasks.x", [1])

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from django_delayq.engine.workers import record_alive
+from django_delayq.engine.workers import ALIVE_MS, count_alive, live_workers, record_alive
 from tests.conftest import ROOT, wait_until, worker_env, worker_thread
 
 
@@ -53,6 +53,35 @@ def test_a_supervisor_with_no_live_child_is_exit_1(broker):
     code, out = health("--worker", "sup")
     assert code == 1
     assert "no live worker process" in out
+
+
+@pytest.mark.django_db
+def test_every_reader_takes_a_worker_silent_past_alive_ms_for_dead(broker, redis_client):
+    """One definition of alive: the dashboard, the API and the metrics leave out a worker
+    whose last heartbeat is older than ALIVE_MS; delayq_health reports it as dead."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from django_delayq.admin.dashboard import snapshot
+
+    info = {"queues": "default", "threads": 1, "lease": 60}
+    record_alive(broker, "beating", 120, info)
+    record_alive(broker, "silent", 120, info)
+    now = broker.server_time_ms()
+    redis_client.zadd(broker.global_keys.workers, {"silent": now - ALIVE_MS - 1})
+    assert [w.name for w in live_workers(broker)] == ["beating"]
+    assert count_alive(broker) == 1
+    assert {w.name for w in live_workers(broker, include_dead=True)} == {"beating", "silent"}
+    assert [w.name for w in snapshot()["workers"]] == ["beating"]
+    client = Client()
+    client.force_login(User.objects.create_superuser("root"))
+    assert [w["name"] for w in client.get("/api/delayq/workers/").json()] == ["beating"]
+    scraped = client.get("/metrics/delayq/").content.decode()
+    assert "delayq_workers_alive 1.0" in scraped.splitlines()
+    code, out = health("--worker", "silent")
+    assert code == 1, out
+    assert "no heartbeat" in out
+    assert health("--worker", "beating")[0] == 0
 
 
 def test_a_frozen_worker_is_exit_1(spawned):

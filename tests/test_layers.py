@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,21 @@ def test_engine_imports_without_django_loaded():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE.parent)
 
 
+def test_the_commands_of_every_install_import_without_the_spark_extra():
+    """``runworker`` and ``delayq_mirror`` run without PyArrow, PySpark and matplotlib:
+    the lake they may start loads only when ``LAKE_PATH`` is set."""
+    code = ("import sys\n"
+            "for name in ('pyarrow', 'pyspark', 'matplotlib'): sys.modules[name] = None\n"
+            "import django; django.setup()\n"
+            "from django_delayq.management.commands import delayq_mirror, runworker\n"
+            "from django_delayq.lake.runner import start_export_thread\n"
+            "assert start_export_thread() is None\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True,
+                          text=True, timeout=120, env={**os.environ,
+                                                       "DJANGO_SETTINGS_MODULE": "tests.settings"})
+    assert done.returncode == 0, done.stderr
+
+
 def test_no_pickle_anywhere():
     for path in PACKAGE.rglob("*.py"):
         mods = imported_modules(path)
@@ -65,22 +81,41 @@ def _called_name(node: ast.Call) -> str | None:
     return node.func.id if isinstance(node.func, ast.Name) else None
 
 
+#: redis-py methods that run Lua (or functions) on their own.
+SCRIPT_METHODS = {"eval", "evalsha", "eval_ro", "evalsha_ro", "register_script", "fcall",
+                  "fcall_ro"}
+
+
+def _is_script_command(node: ast.AST | None) -> bool:
+    """A string naming a command that runs Lua: ``"EVALSHA"``, ``"EVAL ..."``, ``"FCALL"``."""
+    return (isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and node.value.upper().startswith(("EVAL", "FCALL")))
+
+
 def test_only_the_commands_module_calls_a_script():
-    """KEYS and ARGV are assembled in engine/commands.py alone: no other module runs a
-    script (run_script) or adds a script call to a batch (``batch.add("claim", ...)``)."""
+    """KEYS and ARGV are assembled in engine/commands.py alone (engine/scripts.py sends
+    them): no other module runs a script (run_script, call_and_wait), adds a script call
+    to a batch (``batch.add("claim", ...)``), or sends EVAL/EVALSHA/FCALL itself
+    (``execute_command("EVALSHA", ...)``, ``client.evalsha(...)``, a command tuple)."""
     scripts = {path.stem for path in (PACKAGE / "lua").glob("*.lua")}
     offenders = []
     for path in PACKAGE.rglob("*.py"):
         if path.relative_to(PACKAGE).as_posix() in ("engine/commands.py", "engine/scripts.py"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Tuple | ast.List) and node.elts and _is_script_command(
+                    node.elts[0]):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
             if not isinstance(node, ast.Call):
                 continue
             name = _called_name(node)
             first = node.args[0] if node.args else None
             adds_a_script = (name == "add" and isinstance(first, ast.Constant)
                              and first.value in scripts)
-            if name == "run_script" or adds_a_script:
+            # get_connection("EVALSHA"): redis-py 5's pool takes a command name, runs nothing
+            sends_a_script = _is_script_command(first) and name != "get_connection"
+            if (name in ("run_script", "call_and_wait", *SCRIPT_METHODS) or adds_a_script
+                    or sends_a_script):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert offenders == []
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -12,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from django_delayq import Queue
 from django_delayq.engine.stats import HISTOGRAM_MS, queue_stats
 from django_delayq.mirror import Mirror
-from tests.conftest import wait_until, worker_thread
+from tests.conftest import ran, wait_until, worker_thread
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -98,3 +100,66 @@ def test_redis_down_is_a_503_without_the_url(client):
     assert response.status_code == 503
     assert b"s3cret" not in response.content
     assert b"Redis is unreachable" in response.content
+
+
+def commands_of_a_scrape(client: Client, redis_client: Any) -> dict[str, int]:
+    """The Redis commands one scrape sends, by name (INFO commandstats around it)."""
+
+    def calls() -> dict[str, int]:
+        return {name.removeprefix("cmdstat_"): stats["calls"]
+                for name, stats in redis_client.info("commandstats").items()}
+
+    before = calls()
+    scrape(client)
+    after = calls()
+    sent = {name: n - before.get(name, 0) for name, n in after.items()}
+    sent["info"] -= 1  # the first INFO, counted once it ended
+    return {name: n for name, n in sent.items() if n}
+
+
+def test_a_scrape_sends_as_many_commands_at_10_jobs_as_at_10000(client, broker, redis_client):
+    tasks.record.enqueue_many([(f"r{i}",) for i in range(5)])
+    tasks.record.using(delay=3600).enqueue_many([(f"s{i}",) for i in range(5)])
+    scrape(client)  # scripts loaded, the queues seen
+    at_10 = commands_of_a_scrape(client, redis_client)
+    tasks.record.enqueue_many([(f"r{i}",) for i in range(5, 5000)])
+    tasks.record.using(delay=3600).enqueue_many([(f"s{i}",) for i in range(5, 5000)])
+    assert sum(Queue("default").counts().values()) == 10_000
+    at_10000 = commands_of_a_scrape(client, redis_client)
+    assert at_10000 == at_10
+    assert sum(at_10.values()) < 50, at_10  # a few per queue shard
+    m = scrape(client)
+    assert value(m, "delayq_jobs", queue="default", status="ready") == 5000
+    assert value(m, "delayq_jobs", queue="default", status="scheduled") == 5000
+
+
+def test_multiprocess_mode_with_the_pool_and_a_dead_child(client, redis_client, spawned,
+                                                          tmp_path, monkeypatch):
+    directory = tmp_path / "prometheus"
+    directory.mkdir()
+    jobs = [tasks.counts_in_prometheus.enqueue(f"p{i}") for i in range(6)]
+    proc, out = spawned("default", "--processes", "2", "-c", "1",
+                        env={"PROMETHEUS_MULTIPROC_DIR": str(directory)})
+    wait_until(lambda: all(j.refresh().status == "completed" for j in jobs), timeout=60,
+               message=f"the jobs to run in the pool:\n{out.text}")
+    pids = {r["pid"] for r in ran(redis_client) if r["task"] == "counts_in_prometheus"}
+    assert proc.pid not in pids
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+    m = scrape(client)
+    # The children's own metrics, merged from their files, next to the Redis figures.
+    assert value(m, "tests_jobs_counted_total") == 6
+    assert value(m, "tests_processes_counting") == len(pids)
+    assert value(m, "delayq_jobs_completed_total", queue="default") == 6
+
+    # A child dies: the supervisor drops its live gauge; what it counted still counts.
+    victim = min(pids)
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: not (directory / f"gauge_livesum_{victim}.db").exists(), timeout=30,
+               message=f"the supervisor to drop the dead child's live gauge:\n{out.text}")
+    assert (directory / f"counter_{victim}.db").exists()
+    m = scrape(client)
+    assert value(m, "tests_jobs_counted_total") == 6
+    # (No live file left, no sample: the victim may have run every job.)
+    assert m.get(("tests_processes_counting", ()), 0) == len(pids) - 1
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)

@@ -242,7 +242,7 @@ def test_redis_down_at_commit_then_back_the_job_runs_once(caplog):
         (row,) = OutboxEntry.objects.all()
         assert (row.job_id, row.parked_at) == (job.id, None)
         assert job.status == OUTBOX
-        relay = new_relay(max_attempts=5)
+        relay = new_relay()
         assert relay.step().outcome.failure is not None  # still down: counted, kept
         row.refresh_from_db()
         assert (row.attempts, row.parked_at) == (1, None)
@@ -289,19 +289,58 @@ def test_an_unexpected_error_does_not_end_the_relay(monkeypatch, caplog):
     assert EngineJob.fetch(job.id).status == "ready"
 
 
-def test_connection_failures_park_a_row_after_max_attempts():
+def test_relays_through_an_outage_longer_than_any_limit_park_nothing(redis_client):
+    """Every ``runworker`` runs a relay: four of them failing 1,040 sends in all (more
+    than rows were once allowed before being parked) park nothing, and send each row
+    once when Redis is back."""
     with own_redis() as server:
         server.stop()
         with outbox_settings(FAST_PATH=False), transaction.atomic():
-            tasks.count_run.enqueue_in_transaction("parked")
-        relay = new_relay(max_attempts=2)
-        relay.step()
-        assert OutboxEntry.objects.get().parked_at is None
-        relay.step()
-        row = OutboxEntry.objects.get()
-        assert (row.attempts, relay.parked) == (2, 1)
-        assert row.parked_at is not None
-        assert relay.step().rows == 0  # parked rows are not tried again
+            for i in range(3):
+                tasks.count_run.enqueue_in_transaction(f"o{i}")
+        relays = [new_relay() for _ in range(4)]
+        for _ in range(260):
+            for relay in relays:
+                assert relay.step().outcome.failure is not None
+        rows = list(OutboxEntry.objects.all())
+        assert [(row.parked_at, row.attempts) for row in rows] == [(None, 1_040)] * 3
+        assert all("unreachable" in row.error for row in rows)
+        server.start()
+        assert sum(relay.run(burst=True) for relay in relays) == 3
+        assert sum(relay.parked for relay in relays) == 0
+        assert OutboxEntry.objects.count() == 0
+        client = get_broker().client
+        run_jobs(until=lambda: counted(client) == {"o0": 1, "o1": 1, "o2": 1})
+
+
+@pytest.mark.parametrize("refusal", ["OOM", "READONLY"])
+def test_a_redis_that_cannot_write_for_now_parks_nothing(refusal):
+    """Redis answers but refuses writes for now (memory full under ``noeviction``; a
+    demoted primary): the rows wait, as through an outage."""
+    with own_redis():
+        client = get_broker().client
+        with outbox_settings(FAST_PATH=False), transaction.atomic():
+            tasks.count_run.enqueue_in_transaction("later")
+        if refusal == "OOM":
+            client.config_set("maxmemory", 1)
+            undo: Callable[[], Any] = lambda: client.config_set("maxmemory", 0)  # noqa: E731
+        else:
+            other = RedisServer().start()
+            client.execute_command("REPLICAOF", "127.0.0.1", other.port)
+            undo = lambda: client.execute_command("REPLICAOF", "NO", "ONE")  # noqa: E731
+        try:
+            relay = new_relay()
+            done = relay.step()
+            assert done.outcome.failure is not None, done.outcome
+            row = OutboxEntry.objects.get()
+            assert (row.parked_at, row.attempts, relay.parked) == (None, 1, 0)
+        finally:
+            undo()
+            if refusal == "READONLY":
+                other.cleanup()
+        assert relay.run(burst=True) == 1
+        assert relay.parked == 0
+        assert OutboxEntry.objects.count() == 0
 
 
 def test_ten_thousand_rows_in_one_transaction_are_relayed_in_chunks(redis_client):
@@ -574,6 +613,31 @@ def test_the_admin_shows_parked_rows_with_their_error_and_retries_them(redis_cli
     assert OutboxEntry.objects.count() == 0
 
 
+def test_the_admin_lists_a_waiting_row_with_its_state_and_last_error():
+    waiting = add_row(job_id="waiting-1", attempts=37,
+                      error="DelayQConnectionError: Redis at redis://10.0.0.9:6379/0 is "
+                            "unreachable")
+    add_row(job_id="parked-1", parked_at=timezone.now(), error="UnknownTask: gone")
+    client = admin_client(superuser=True)
+
+    def listed(**query: str) -> str:
+        return client.get(reverse(CHANGELIST), query).content.decode()
+
+    page = listed()
+    row = page[page.index(">waiting-1<"):page.index("</tr>", page.index(">waiting-1<"))]
+    assert "<td class=\"field-state\">waiting</td>" in row
+    assert "<td class=\"field-attempts\">37</td>" in row
+    assert "is unreachable" in row
+    assert "parked</strong>" not in row
+    assert ">waiting-1<" in listed(state="waiting")
+    assert ">parked-1<" not in listed(state="waiting")
+    assert ">waiting-1<" not in listed(state="parked")
+    detail = client.get(reverse("admin:django_delayq_outboxentry_change",
+                                args=[waiting.pk])).content.decode()
+    assert "waiting" in detail
+    assert "10.0.0.9" in detail
+
+
 def test_the_admin_follows_the_model_permissions():
     row = add_row(job_id="p1", parked_at=timezone.now(), error="UnknownTask: x")
     assert admin_client().get(reverse(CHANGELIST)).status_code == 403
@@ -616,13 +680,13 @@ def test_the_tasks_backend_can_write_to_the_outbox(redis_client):
 
 
 def test_bad_outbox_settings_fail_the_checks():
-    bad = {"RELAY": "yes", "CHUNK_SIZE": 0, "POLL_INTERVAL": -1, "MAX_ATTEMPTS": 0,
-           "DATABASES": ["nope"], "TYPO": 1}
+    bad = {"RELAY": "yes", "CHUNK_SIZE": 0, "POLL_INTERVAL": -1, "DATABASES": ["nope"],
+           "TYPO": 1}
     with override_settings(DELAYQ={**settings.DELAYQ, "OUTBOX": bad}):
         messages = [m.msg for m in run_checks() if m.id == "django_delayq.E090"]
-    assert len(messages) == 6, messages
+    assert len(messages) == 5, messages
     assert any("unknown keys: TYPO" in m for m in messages)
-    with override_settings(DELAYQ={**settings.DELAYQ, "OUTBOX": {"MAX_ATTEMPTS": None}}):
+    with override_settings(DELAYQ={**settings.DELAYQ, "OUTBOX": {"CHUNK_SIZE": 10}}):
         assert [m for m in run_checks() if m.id == "django_delayq.E090"] == []
 
 

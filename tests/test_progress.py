@@ -41,12 +41,12 @@ def test_a_loop_of_reports_writes_only_what_changes(redis_client):
     assert job.status == "completed", job.error
     writes = job.result
     # 20,000 calls, 43 whole percents (0..42): at most one write per whole percent,
-    # and the last report (held back by the interval) written when the task returned.
+    # and the last report (deferred by the interval) written when the task returned.
     assert 1 <= writes <= 43
     assert job.progress == pytest.approx(0.42)
     assert job.progress_message == "crunching"
     events = progress_events(redis_client, job)
-    assert len(events) in (writes, writes + 1)  # + the flush of a held-back report
+    assert len(events) in (writes, writes + 1)  # + the flush of a deferred report
     assert events[-1]["gm"] == "crunching"
     assert float(events[-1]["g"]) == pytest.approx(0.42)
 

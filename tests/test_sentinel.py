@@ -1,5 +1,5 @@
 """Redis Sentinel: ``redis+sentinel://`` URLs, a django-redis Sentinel cache, and the
-held connections of the fast enqueue path moving to a new primary after a failover.
+pinned connections of the fast enqueue path moving to a new primary after a failover.
 
 Each test starts its own primary, replica and three sentinels (``redis-server
 --sentinel``) on free ports: a failover changes the topology for good.
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from django_delayq import Call, Job, NotReplicated
+from django_delayq import Job, JobSpec, NotReplicated
 from django_delayq.connection import get_broker
 from django_delayq.engine.urls import client_from_url, parse_multi_host, redact
 from django_delayq.testing import RedisSentinelGroup
@@ -117,13 +117,13 @@ def test_every_process_enqueues_and_runs_through_the_sentinels(on_steady, broker
     assert Job.fetch(job.id).result == 5
 
 
-def test_held_connections_follow_a_failover_to_the_new_primary(on_sentinel, broker):
+def test_pinned_connections_follow_a_failover_to_the_new_primary(on_sentinel, broker):
     """A graceful failover demotes the old primary (it answers READONLY), a SIGKILL
     drops its sockets: either way the next enqueue lands on the new primary, and the
-    held connections of the fast path are connected to it afterwards."""
+    pinned connections of the fast path are connected to it afterwards."""
     tasks.record.enqueue("before")
-    assert broker._held is not None
-    assert broker._held._free, "the fast path holds a connection"
+    assert broker._pinned is not None
+    assert broker._pinned._free, "the fast path pins a connection"
     old = on_sentinel.primary
     node(on_sentinel.sentinels[0].port, db=0).execute_command("SENTINEL FAILOVER", "mymaster")
     new = on_sentinel.wait_failover(old.port)
@@ -133,15 +133,15 @@ def test_held_connections_follow_a_failover_to_the_new_primary(on_sentinel, brok
                message="the old primary to become a replica")
     jobs = [tasks.record.enqueue(f"after a graceful failover {i}") for i in range(3)]
     assert all(node(new.port).exists(f"{{dq:default}}:j:{job.id}") for job in jobs)
-    held_ports = {conn.port for conn in broker._held._free}
-    assert held_ports == {new.port}, "the demoted primary's connections are gone"
+    pinned_ports = {conn.port for conn in broker._pinned._free}
+    assert pinned_ports == {new.port}, "the demoted primary's connections are gone"
     # Now a crash: the new primary dies, the old one (now a replica) takes over again.
     new.kill()
     again = on_sentinel.wait_failover(new.port)
     assert again.port == old.port
     jobs = [tasks.record.enqueue(f"after a crash {i}") for i in range(3)]
     assert all(node(again.port).exists(f"{{dq:default}}:j:{job.id}") for job in jobs)
-    assert {conn.port for conn in broker._held._free} == {again.port}
+    assert {conn.port for conn in broker._pinned._free} == {again.port}
 
 
 def test_min_replicas_waits_for_a_replica_and_says_when_none_confirmed(settings, on_steady):
@@ -150,7 +150,7 @@ def test_min_replicas_waits_for_a_replica_and_says_when_none_confirmed(settings,
     job = tasks.add.enqueue(1, 1)
     # WAIT returned only once the replica had the job: it is there, no polling needed.
     assert replica.exists(f"{{dq:default}}:j:{job.id}")
-    bulk = tasks.add.enqueue_many([Call((i, i)) for i in range(50)])
+    bulk = tasks.add.enqueue_many([JobSpec((i, i)) for i in range(50)])
     assert all(replica.exists(f"{{dq:default}}:j:{job_id}") for job_id in bulk.job_ids)
     replica.execute_command("CLIENT", "PAUSE", 2000, "ALL")  # the replica stops acking
     try:
@@ -162,7 +162,7 @@ def test_min_replicas_waits_for_a_replica_and_says_when_none_confirmed(settings,
         assert "may or may not survive a failover" in message
         assert info.value.job_ids == ["unconfirmed"]
         with pytest.raises(NotReplicated) as bulk_info:
-            tasks.add.enqueue_many([Call((i, i)) for i in range(3)])
+            tasks.add.enqueue_many([JobSpec((i, i)) for i in range(3)])
         assert len(bulk_info.value.job_ids) == 3
     finally:
         replica.execute_command("CLIENT", "UNPAUSE")

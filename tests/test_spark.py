@@ -242,6 +242,31 @@ def test_enqueue_on_a_redis_cluster(spark: Any, settings: Any) -> None:
         cluster.cleanup()
 
 
+@pytest.mark.slow
+def test_enqueue_through_a_sentinel_url(spark: Any, settings: Any) -> None:
+    """The executors reach the primary through the sentinels, with MIN_REPLICAS: every
+    job is on the replica when the call returns."""
+    import redis
+
+    from django_delayq.spark import enqueue_dataframe
+    from django_delayq.testing import RedisSentinelGroup
+
+    try:
+        group = RedisSentinelGroup().start()
+    except (RuntimeError, OSError) as exc:
+        pytest.fail(f"could not start a primary, a replica and three sentinels: {exc}")
+    try:
+        settings.DELAYQ = {**settings.DELAYQ, "REDIS_URL": group.url(db=3), "MIN_REPLICAS": 1}
+        df = spark.range(300).selectExpr("id AS n", "concat('s-', id) AS jid")
+        first = enqueue_dataframe(df, ADD, args=["n", "n"], job_id="jid", delay=600)
+        again = enqueue_dataframe(df, ADD, args=["n", "n"], job_id="jid", delay=600)
+        assert (first.enqueued, again.enqueued, again.duplicates) == (300, 0, 300)
+        replica = redis.Redis(port=group.replicas[0].port, db=3)
+        assert replica.zcard("{dq:default}:scheduled") == 300
+    finally:
+        group.cleanup()
+
+
 def test_executors_do_not_import_django(spark: Any) -> None:
     from django_delayq.spark.partition import EnqueuePlan, enqueue_partition
 

@@ -298,3 +298,20 @@ def test_worker_ids_name_the_worker_of_each_attempt() -> None:
     with worker_thread(queues=["default"], concurrency=1, name="second-worker"):
         wait_until(lambda: finished(result), message="the second attempt")
     assert result.worker_ids == ["first-worker", "second-worker"]
+
+
+def test_a_django_task_reports_progress_through_current_job(redis_client) -> None:
+    result = st.dj_progress.enqueue("test:progress-gate")
+    queue, job_id = parse_result_id(result.id)
+    with worker_thread(queues=[queue], concurrency=1):
+        wait_until(lambda: Job.fetch(job_id, queue).progress == 0.5,
+                   message="the progress the task reported")
+        job = Job.fetch(job_id, queue)
+        assert (job.status, job.progress_message) == ("active", "half way")
+        result.refresh()
+        assert result.status == TaskResultStatus.RUNNING
+        redis_client.set("test:progress-gate", 1)
+        wait_until(lambda: finished(result), message="dj_progress to finish")
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    job = Job.fetch(job_id, queue)
+    assert (job.progress, job.progress_message) == (1.0, "done")

@@ -3,19 +3,21 @@ pytest runs them in a fresh process with the plugin (as an installed package loa
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
 from django.test import override_settings
 
 from django_delayq.engine import PayloadTooLarge
-from tests.conftest import ROOT
+from tests.conftest import ROOT, subprocess_path
 from tests.testapp import tasks
 
 DOC = ROOT / "docs" / "testing.md"
@@ -39,7 +41,7 @@ def test_the_docs_example_runs(tmp_path: Path) -> None:
     (tmp_path / "shop" / "__init__.py").write_text("")
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    env["PYTHONPATH"] = subprocess_path(tmp_path)
     # An installed django-delayq loads the plugin itself; a source checkout names it.
     installed = any(e.name == "django_delayq" for e in entry_points(group="pytest11"))
     plugin = [] if installed else ["-p", "django_delayq.contrib.pytest"]
@@ -79,3 +81,24 @@ def test_eager_sends_nothing_to_redis(redis_client) -> None:
     assert job.status == "completed"
     assert redis_client.dbsize() == 1  # only the note the task itself wrote
     assert redis_client.exists("test:ran")
+
+
+@override_settings(DELAYQ={"EAGER": True})
+def test_eager_runs_an_async_task_to_completion() -> None:
+    job = tasks.async_add.enqueue(2, 3)
+    assert (job.status, job.error) == ("completed", None)
+    assert job.result == {"sum": 5, "in_loop": True}
+    assert (job.progress, job.progress_message) == (0.5, "half way")
+
+
+@override_settings(DELAYQ={"EAGER": True})
+def test_eager_runs_an_async_task_from_a_running_event_loop() -> None:
+    async def main() -> list[Any]:
+        awaited = await tasks.async_add.aenqueue(1, 2)
+        called = tasks.async_add.enqueue(3, 4)  # a plain call inside the loop
+        return [awaited, called]
+
+    awaited, called = asyncio.run(main())
+    assert (awaited.status, awaited.result) == ("completed", {"sum": 3, "in_loop": True})
+    assert (called.status, called.result) == ("completed", {"sum": 7, "in_loop": True})
+    assert called.progress_message == "half way"

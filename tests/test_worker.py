@@ -309,3 +309,24 @@ def test_each_attempt_is_kept_in_the_attempt_log(redis_client):
     assert all(e["error"] == "builtins.RuntimeError: boom log" for e in job.attempt_log)
     assert all(e["started_at"] <= e["finished_at"] for e in job.attempt_log)
     assert job.attempt_log[0]["finished_at"] <= job.attempt_log[1]["started_at"]
+    for entry in job.attempt_log:  # each failed attempt keeps its own traceback's end
+        assert entry["traceback"].startswith("Traceback (most recent call last):\n")
+        assert entry["traceback"].endswith("RuntimeError: boom log\n")
+        assert "in always_fails" in entry["traceback"]
+
+
+def test_an_attempts_traceback_keeps_its_last_2000_bytes_whole_characters(redis_client):
+    job = tasks.raises_value_error.enqueue("é" * 3000)
+    ok = tasks.record.enqueue("no traceback")
+    with worker_thread(queues=["default"], concurrency=1):
+        wait_until(lambda: job.refresh().is_finished and ok.refresh().is_finished,
+                   message="both jobs")
+    [failed] = job.attempt_log
+    # The last 2,000 bytes are a newline and 1,999 bytes of two-byte characters: the
+    # first of those, cut in two, is left out.
+    assert failed["traceback"] == "é" * 999 + "\n"
+    assert job.traceback.endswith("ValueError: " + "é" * 3000 + "\n")  # the whole one
+    [completed] = ok.attempt_log
+    assert completed["traceback"] == ""
+    raw = redis_client.hget(f"{{dq:default}}:j:{ok.id}", "h")
+    assert '"t"' not in raw  # a completed attempt stores no traceback at all

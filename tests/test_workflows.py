@@ -316,14 +316,15 @@ def test_waiting_jobs_in_the_mirror_admin_and_api(admin_client, redis_client):
     parent_row = Row.objects.get(job_id=parent.id)
     page = admin_client.get(f"/admin/django_delayq/job/{parent_row.pk}/change/").content
     assert b"dq-workflow" in page
-    assert b"then" in page
+    assert b"<strong>Then</strong>" in page
     assert child.id.encode() in page
     assert b"dq-status-waiting" in page  # the dependant's live status
     detail = admin_client.get(f"/api/delayq/jobs/other/{child.id}/").json()
     assert detail["live"]["status"] == "waiting"
     assert detail["workflow"]["parents"] == [{"queue": "default", "job_id": parent.id,
                                              "task": tasks.record.name,
-                                             "status": "scheduled"}]
+                                             "status": "scheduled", "parents": [],
+                                             "more": 0}]
     counts = admin_client.get("/api/delayq/queues/").json()
     assert {q["name"]: q["counts"]["waiting"] for q in counts}["other"] == 1
     cancelled = admin_client.post(f"/api/delayq/jobs/other/{child.id}/cancel/")

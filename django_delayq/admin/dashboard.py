@@ -135,14 +135,9 @@ def periodic_schedules(broker: Broker) -> list[dict[str, Any]]:
     return rows
 
 
-def snapshot() -> dict[str, Any]:
-    """Everything the dashboard shows, read live (raises DelayQConnectionError)."""
-    broker = get_broker()
-    queues = Queue.all(broker=broker)
-    names = [q.name for q in queues]
-    stats = queue_stats(broker, names)
-    workers = live_workers(broker)
-    mirror = mirror_state(broker, names)
+def warnings_for(workers: list[Any], mirror: MirrorState) -> list[str]:
+    """What an operator must know first: nothing runs the jobs, or nothing brings them
+    into the job list."""
     warnings = []
     if not workers:
         warnings.append("No worker is running: jobs wait until one starts "
@@ -151,8 +146,27 @@ def snapshot() -> dict[str, Any]:
         warnings.append(f"No mirror is running: {mirror.lag} event(s) are not in the job "
                         "list yet. The mirror runs inside runworker (or manage.py "
                         "delayq_mirror).")
+    return warnings
+
+
+def health_warnings() -> list[str]:
+    """The dashboard's warnings, for the job list (raises DelayQConnectionError)."""
+    broker = get_broker()
+    names = [q.name for q in Queue.all(broker=broker)]
+    return warnings_for(live_workers(broker), mirror_state(broker, names))
+
+
+def snapshot() -> dict[str, Any]:
+    """Everything the dashboard shows, read live (raises DelayQConnectionError)."""
+    broker = get_broker()
+    queues = Queue.all(broker=broker)
+    names = [q.name for q in queues]
+    stats = queue_stats(broker, names)
+    workers = live_workers(broker)
+    mirror = mirror_state(broker, names)
     return {"queues": [queue_state(q, stats[q.name]) for q in queues], "workers": workers,
-            "mirror": mirror, "warnings": warnings, "periodic": periodic_schedules(broker)}
+            "mirror": mirror, "warnings": warnings_for(workers, mirror),
+            "periodic": periodic_schedules(broker)}
 
 
 class _AdminView(View):

@@ -1,4 +1,5 @@
-"""How the admin shows a job's values: badges, times, progress, periodic ids, attempts.
+"""How the admin shows a job's values: badges, times, progress, periodic ids, attempts,
+workflow trees.
 
 Every helper escapes what it is given (job data is user data) and returns HTML or text.
 """
@@ -11,11 +12,13 @@ import re
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
+from django.urls import reverse
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
+from ..engine.jobhash import attempt_entries
 from ..models import JobStatus
 
 #: Badge colours per status (background, text).
@@ -36,7 +39,7 @@ PERIODIC_ID = re.compile(r"^cron:(?P<task>.+):(?P<ms>\d{10,16})$")
 
 def status_badge(status: str) -> SafeString:
     """A coloured badge for a job status (unknown statuses render grey)."""
-    background, colour = STATUS_COLOURS.get(status, ("#757575", "#fff"))  # type: ignore[call-overload]
+    background, colour = STATUS_COLOURS.get(status, ("#757575", "#fff"))
     label = JobStatus(status).label if status in JobStatus.values else status
     return format_html(
         '<span class="dq-badge dq-status-{}" style="background:{};color:{};padding:2px 8px;'
@@ -66,8 +69,13 @@ def when(value: dt.datetime | None) -> str:
 
 def when_short(value: dt.datetime | None) -> str:
     """A time to the second in the current time zone (list columns: the zone is in the
-    column's title)."""
+    column's header, :func:`zoned_header`)."""
     return "-" if value is None else f"{timezone.localtime(value):%m-%d %H:%M:%S}"
+
+
+def zoned_header(name: str) -> str:
+    """A list's time column header, naming the zone its times are shown in."""
+    return f"{name} ({timezone.get_current_timezone_name()})"
 
 
 def seconds(value: float | None) -> str:
@@ -102,36 +110,64 @@ def job_label(job_id: str, task_name: str = "") -> SafeString:
                        task.rsplit(".", 1)[-1], when_short(at))
 
 
-def _moment(value: Any) -> dt.datetime | None:
-    """A time of an attempt log entry: epoch ms, an ISO string or a datetime."""
-    if isinstance(value, dt.datetime):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        return dt.datetime.fromtimestamp(value / 1000, tz=dt.UTC)
-    if isinstance(value, str):
-        if value.isdigit():
-            return dt.datetime.fromtimestamp(int(value) / 1000, tz=dt.UTC)
-        return parse_datetime(value)
-    return None
-
-
 def attempts_table(log: Any) -> SafeString | str:
-    """The attempt log (short keys ``n w b f o x`` or their logical names) as a table."""
-    if not isinstance(log, list) or not log:
+    """The mirrored attempt log as a table; a failed attempt's traceback folded in its
+    row. An entry that cannot be read shows what could be."""
+    entries = attempt_entries(log)
+    if not entries:
         return "-"
     rows = []
-    for entry in log:
-        if not isinstance(entry, dict):
-            continue
-        start = _moment(entry.get("b", entry.get("started_at")))
-        end = _moment(entry.get("f", entry.get("finished_at")))
+    for e in entries:
+        start, end = e["started_at"], e["finished_at"]
         duration = (end - start).total_seconds() if start and end else None
-        rows.append((entry.get("n", entry.get("attempt", "")),
-                     entry.get("w", entry.get("worker")) or "-", when(start), when(end),
-                     seconds(duration), entry.get("o", entry.get("outcome")) or "-",
-                     entry.get("x", entry.get("error")) or "-"))
+        tb = e["traceback"]
+        rows.append((e["attempt"] or "", e["worker"] or "-", when(start), when(end),
+                     seconds(duration), e["outcome"] or "-", e["error"] or "-",
+                     format_html('<details class="dq-tb"><summary>traceback</summary>'
+                                 '<pre class="dq-pre">{}</pre></details>', tb) if tb else "-"))
     body = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-                                "<td>{}</td><td class=\"dq-error-cell\">{}</td></tr>", rows)
+                                "<td>{}</td><td class=\"dq-error-cell\">{}</td>"
+                                "<td class=\"dq-tb-cell\">{}</td></tr>", rows)
     return format_html('<table class="dq-attempts"><thead><tr><th>#</th><th>worker</th>'
                        "<th>started</th><th>ended</th><th>duration</th><th>outcome</th>"
-                       "<th>error</th></tr></thead><tbody>{}</tbody></table>", body)
+                       "<th>error</th><th>traceback (its end)</th></tr></thead><tbody>{}"
+                       "</tbody></table>", body)
+
+
+def job_link(queue: str, job_id: str, pk: int | None) -> str:
+    """The job page of a mirrored job, else the job list filtered to it (its row may not
+    exist yet)."""
+    if pk is not None:
+        return reverse("admin:django_delayq_job_change", args=[pk])
+    return (reverse("admin:django_delayq_job_changelist") + "?"
+            + urlencode({"q": job_id, "queue__exact": queue}))
+
+
+def _branch(nodes: list[dict[str, Any]], direction: str,
+            pks: dict[tuple[str, str], int]) -> SafeString:
+    items = [format_html(
+        '<li>{} <a href="{}">{}</a> <span class="dq-quiet">{}{}</span>{}{}</li>',
+        status_badge(node["status"]), job_link(node["queue"], node["job_id"],
+                                               pks.get((node["queue"], node["job_id"]))),
+        node["job_id"], node["task"].rsplit(".", 1)[-1],
+        f" ({node['queue']})" if node["queue"] else "",
+        _branch(node.get(direction, []), direction, pks) if node.get(direction) else "",
+        format_html('<ul><li class="dq-quiet">… {} more</li></ul>', node["more"])
+        if node.get("more") else "")
+        for node in nodes]
+    return format_html("<ul>{}</ul>", format_html_join("", "{}", ((i,) for i in items)))
+
+
+def workflow_trees(flow: dict[str, Any], pks: dict[tuple[str, str], int]) -> SafeString:
+    """A job's ancestors and descendants (``workflows.view.workflow``) as two nested lists,
+    each job with its status badge and a link; ``pks``: the mirrored rows by (queue, id)."""
+    parts = []
+    for label, key in (("Waits for", "parents"), ("Then", "children")):
+        if not flow[key]:
+            continue
+        total, shown = flow[f"{key}_total"], len(flow[key])
+        extra = format_html(" (the first {} of {})", shown, total) if total > shown else ""
+        parts.append(format_html('<div class="dq-tree dq-tree-{}"><strong>{}</strong>{}{}'
+                                 "</div>", key, label, extra, _branch(flow[key], key, pks)))
+    return format_html('<div class="dq-workflow">{}</div>',
+                       format_html_join("", "{}", ((p,) for p in parts)))

@@ -23,15 +23,15 @@ from django.http import (
     HttpResponseRedirect,
 )
 from django.urls import URLPattern, path, reverse
+from django.utils.functional import lazy
 from django.utils.html import format_html, format_html_join
-from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
 from ..engine import DelayQConnectionError, InvalidJobState, JobNotFound
 from ..engine import Job as EngineJob
 from ..engine.status import CANCELLABLE, PENDING, RETRYABLE
-from ..models import Job, JobStatus, QueuesDashboard
-from ..workflow_view import workflow
+from ..models import Job, QueuesDashboard
+from ..workflows.view import workflow
 from . import dashboard
 from .display import (
     attempts_table,
@@ -43,6 +43,8 @@ from .display import (
     status_badge,
     when,
     when_short,
+    workflow_trees,
+    zoned_header,
 )
 
 logger = logging.getLogger(__name__)
@@ -142,7 +144,16 @@ class JobAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request: HttpRequest,
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        return super().changelist_view(request, {"title": "Jobs", **(extra_context or {})})
+        """The mirrored jobs, under the dashboard's warnings (with no worker or no
+        mirror alive, the list stays behind Redis and would not say why)."""
+        try:
+            warnings = dashboard.health_warnings()
+        except DelayQConnectionError:
+            warnings = [dashboard.REDIS_DOWN]
+        except ValueError as exc:  # a damaged queue name in Redis
+            warnings = [f"Queue state unavailable: {exc}"]
+        return super().changelist_view(request, {"title": "Jobs", "dq_warnings": warnings,
+                                                 **(extra_context or {})})
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
@@ -172,7 +183,7 @@ class JobAdmin(admin.ModelAdmin):
         return format_html('<span title="{}">{}</span>', obj.task_name,
                            name if module else obj.task_name)
 
-    @admin.display(description="run at", ordering="run_at")
+    @admin.display(description=lazy(zoned_header, str)("run at"), ordering="run_at")
     def run_at_display(self, obj: Job) -> str:
         return when_short(obj.run_at)
 
@@ -250,26 +261,24 @@ class JobAdmin(admin.ModelAdmin):
     def lateness_display(self, obj: Job) -> str:
         return "-" if obj.lateness is None else f"{obj.lateness:.3f} s"
 
-    @admin.display(description="Redis now")
     @admin.display(description="parents and dependants")
     def workflow_display(self, obj: Job) -> SafeString | str:
-        """The jobs it waits for and those that wait for it, each with its live status."""
+        """The jobs it waits for and those that wait for it, each with its live status,
+        as two trees of a few levels."""
         try:
             live: EngineJob | None = EngineJob.fetch(obj.job_id, obj.queue)
         except JobNotFound:
             live = None
         except DelayQConnectionError:
             return "Redis is unreachable: workflow unavailable."
+        except ValueError as exc:  # an id or queue name Redis cannot hold
+            return f"Workflow unavailable: {exc}"
         flow = workflow(obj.queue, obj.job_id, live, obj)
         if not flow["parents"] and not flow["children"]:
             return "-"
-        rows = format_html_join("", "<li>{} {} <a href=\"{}\">{}</a> {}</li>", (
-            (direction, status_badge(j["status"]) if j["status"] in JobStatus.values
-             else j["status"], _job_url(j["queue"], j["job_id"]), j["job_id"], j["task"])
-            for direction, key in (("waits for", "parents"), ("then", "children"))
-            for j in flow[key]))
-        return format_html('<ul class="dq-workflow">{}</ul>', rows)
+        return workflow_trees(flow, _row_pks(flow))
 
+    @admin.display(description="Redis now")
     def live_state(self, obj: Job) -> SafeString:
         try:
             live = EngineJob.fetch(obj.job_id, obj.queue)
@@ -395,10 +404,20 @@ class JobAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(reverse("admin:django_delayq_job_change", args=[row.pk]))
 
 
-def _job_url(queue: str, job_id: str) -> str:
-    """The job list filtered to one job (its mirrored row may not exist yet)."""
-    return (reverse("admin:django_delayq_job_changelist") + "?"
-            + urlencode({"q": job_id, "queue__exact": queue}))
+def _row_pks(flow: dict[str, Any]) -> dict[tuple[str, str], int]:
+    """The mirrored row of each job of a workflow tree (one query), by (queue, id)."""
+    refs: set[tuple[str, str]] = set()
+
+    def walk(nodes: list[dict[str, Any]], direction: str) -> None:
+        for node in nodes:
+            refs.add((node["queue"], node["job_id"]))
+            walk(node.get(direction, []), direction)
+
+    walk(flow["parents"], "parents")
+    walk(flow["children"], "children")
+    rows = Job.objects.filter(job_id__in={i for _, i in refs}).values_list("queue", "job_id",
+                                                                           "pk")
+    return {(q, i): pk for q, i, pk in rows if (q, i) in refs}
 
 
 def _live_status(row: Job) -> str:

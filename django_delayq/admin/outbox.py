@@ -15,13 +15,14 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.functional import lazy
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from ..connection import get_broker
 from ..models import OutboxEntry
 from ..outbox.send import send_rows, settle
-from .display import pretty_json
+from .display import pretty_json, when_short, zoned_header
 from .jobs import MAX_ACTION_JOBS
 
 
@@ -42,8 +43,8 @@ class ParkedFilter(admin.SimpleListFilter):
 
 @admin.register(OutboxEntry)
 class OutboxEntryAdmin(admin.ModelAdmin):
-    list_display = ("job_id", "task_name", "queue", "state", "attempts", "run_at",
-                    "created_at", "short_error")
+    list_display = ("job_id", "task_name", "queue", "state", "attempts", "run_at_column",
+                    "created_at_column", "short_error")
     list_filter = (ParkedFilter, "queue", "task_name")
     search_fields = ("=job_id", "task_name")
     ordering = ("id",)
@@ -68,9 +69,21 @@ class OutboxEntryAdmin(admin.ModelAdmin):
             return format_html('<strong style="color:#c62828">{}</strong>', "parked")
         return format_html("{}", "waiting")
 
+    @admin.display(description=lazy(zoned_header, str)("run at"), ordering="run_at")
+    def run_at_column(self, row: OutboxEntry) -> str:
+        return when_short(row.run_at) if row.run_at else "as soon as sent"
+
+    @admin.display(description=lazy(zoned_header, str)("written at"), ordering="created_at")
+    def created_at_column(self, row: OutboxEntry) -> str:
+        return when_short(row.created_at)
+
     @admin.display(description="error")
-    def short_error(self, row: OutboxEntry) -> str:
-        return row.error if len(row.error) <= 120 else row.error[:119] + "…"
+    def short_error(self, row: OutboxEntry) -> SafeString | str:
+        """The error cut to the column (the whole one in the tooltip and on the page)."""
+        if not row.error:
+            return "-"
+        return format_html('<span class="dq-cut" title="{}">{}</span>', row.error[:2000],
+                           row.error[:300])
 
     @admin.display(description="error")
     def error_display(self, row: OutboxEntry) -> SafeString:

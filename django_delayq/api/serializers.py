@@ -6,9 +6,12 @@ import datetime as dt
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ..engine import validation as check
+from ..engine import validation
+from ..engine.fields import ATTEMPT_TRACEBACK
+from ..engine.jobhash import attempt_entries
 from ..engine.keys import validate_job_id, validate_queue_name
 from ..engine.status import JOB_STATUSES
 from ..engine.validation import MAX_ATTEMPTS, MAX_PRIORITY, MIN_PRIORITY
@@ -60,6 +63,22 @@ class QueueDetailSerializer(QueueSerializer):
     throughput = ThroughputSerializer(many=True, help_text="The last 60 minutes, oldest first.")
 
 
+class AttemptSerializer(serializers.Serializer):
+    """One attempt of a job, from its attempt log."""
+
+    attempt = serializers.IntegerField()
+    worker = serializers.CharField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    outcome = serializers.CharField(help_text="completed, retried, failed or reclaimed "
+                                              "(the worker's lease lapsed).")
+    error = serializers.CharField(help_text="Exception class and message (500 characters "
+                                            "at most); empty when it completed.")
+    traceback = serializers.CharField(help_text=f"The end of a failed attempt's traceback "
+                                                f"(its last {ATTEMPT_TRACEBACK:,} bytes); "
+                                                "empty otherwise.")
+
+
 class LiveJobSerializer(serializers.Serializer):
     """A job as Redis holds it now (an engine ``Job``)."""
 
@@ -85,9 +104,7 @@ class LiveJobSerializer(serializers.Serializer):
     progress_message = serializers.CharField()
     timeout = serializers.FloatField(allow_null=True,
                                      help_text="The job's own time limit per attempt, seconds.")
-    attempt_log = serializers.ListField(
-        child=serializers.DictField(), help_text="The last attempts, oldest first: attempt, "
-        "worker, started_at, finished_at, outcome, error.")
+    attempt_log = AttemptSerializer(many=True, help_text="The last attempts, oldest first.")
     damaged = serializers.DictField(
         child=serializers.CharField(),
         help_text="Fields of the stored record that could not be read: field -> what was "
@@ -112,9 +129,16 @@ class MirroredJobSerializer(serializers.ModelSerializer):
 
 
 class MirroredJobDetailSerializer(MirroredJobSerializer):
+    attempt_log = serializers.SerializerMethodField()
+
     class Meta(MirroredJobSerializer.Meta):
         fields = [*MirroredJobSerializer.Meta.fields, "traceback", "attempt_log"]
         read_only_fields = fields
+
+    @extend_schema_field(AttemptSerializer(many=True))
+    def get_attempt_log(self, row: MirroredJob) -> Any:
+        """The mirrored attempt log, read as the live one is (same names, same times)."""
+        return AttemptSerializer(attempt_entries(row.attempt_log), many=True).data
 
 
 class WorkflowJobSerializer(serializers.Serializer):
@@ -124,15 +148,38 @@ class WorkflowJobSerializer(serializers.Serializer):
     job_id = serializers.CharField()
     task = serializers.CharField(allow_blank=True)
     status = serializers.CharField(help_text="Its live status; 'expired' once gone from Redis.")
+    more = serializers.IntegerField(help_text="Its own parents (or dependants) left out: "
+                                              "past the third level, or past 100 jobs.")
+
+
+class WorkflowParentSerializer(WorkflowJobSerializer):
+    """A job waited for, with the jobs it waits (or waited) for in turn."""
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        fields["parents"] = WorkflowParentSerializer(many=True, help_text="Its own parents.")
+        return fields
+
+
+class WorkflowChildSerializer(WorkflowJobSerializer):
+    """A job that waits (or waited), with the jobs that wait for it in turn."""
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        fields["children"] = WorkflowChildSerializer(many=True,
+                                                     help_text="Its own dependants.")
+        return fields
 
 
 class WorkflowSerializer(serializers.Serializer):
-    parents = WorkflowJobSerializer(many=True, help_text="The jobs it waits (or waited) for.")
-    children = WorkflowJobSerializer(many=True,
-                                     help_text="The jobs that wait (or waited) for it.")
-    parents_total = serializers.IntegerField(help_text="Parents in all (at most 100 listed).")
-    children_total = serializers.IntegerField(help_text="Dependants in all (at most 100 "
-                                                        "listed).")
+    parents = WorkflowParentSerializer(
+        many=True, help_text="The jobs it waits (or waited) for, and theirs: a tree of at "
+                             "most three levels.")
+    children = WorkflowChildSerializer(
+        many=True, help_text="The jobs that wait (or waited) for it, and theirs: a tree of "
+                             "at most three levels.")
+    parents_total = serializers.IntegerField(help_text="Its own parents in all.")
+    children_total = serializers.IntegerField(help_text="Its own dependants in all.")
 
 
 class JobDetailSerializer(serializers.Serializer):
@@ -214,16 +261,17 @@ class SecondsField(serializers.FloatField):
         if isinstance(data, bool):
             self.fail("not_number", value=data)
         value = super().to_internal_value(data)
-        _engine_check(check.delay_ms, value)
+        _engine_check(validation.delay_ms, value)
         return value
 
 
 class StoredDateTimeField(AwareDateTimeField):
-    """An aware date-time inside the range django-delayq stores (1970 to 9999 UTC)."""
+    """An aware date-time inside the range django-delayq stores (after 1970-01-01T00:00Z,
+    up to 9998-12-31T00:00Z)."""
 
     def to_internal_value(self, value: Any) -> dt.datetime:
         parsed = super().to_internal_value(value)
-        _engine_check(check.run_at_ms, parsed)
+        _engine_check(validation.run_at_ms, parsed)
         return parsed
 
 
@@ -253,7 +301,7 @@ class EnqueueSerializer(serializers.Serializer):
     priority = _priority_field()
     delay = SecondsField(required=False, help_text="Seconds from now (at most 100 years).")
     run_at = StoredDateTimeField(required=False, help_text="ISO 8601 with a UTC offset, "
-                                 "from 1970 to 9999.")
+                                 "from 1970 up to 9998-12-31T00:00Z.")
     job_id = serializers.CharField(required=False,
                                    help_text="Your id for the job: enqueued once per id.")
     max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ATTEMPTS)

@@ -26,7 +26,7 @@ from ..engine.status import PENDING
 from ..engine.workers import live_workers
 from ..models import Job as MirroredJob
 from ..task import registry
-from ..workflow_view import workflow
+from ..workflows.view import workflow
 from . import serializers as s
 from .base import Conflict, DelayQAPIView, document
 

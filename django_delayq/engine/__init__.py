@@ -7,6 +7,7 @@ Spark executors, benchmarks and scripts can use it bare.
 from .broker import Broker, BulkResult, EnqueueRequest, EnqueueResult
 from .claims import ClaimedJob, ClaimResult
 from .codec import JSONEncoder, encode_arguments, encode_result
+from .commands import EncodedJob
 from .config import EngineConfig
 from .errors import (
     DelayQConnectionError,
@@ -32,6 +33,7 @@ __all__ = [
     "ClaimedJob",
     "DelayQConnectionError",
     "DelayQError",
+    "EncodedJob",
     "EngineConfig",
     "EnqueueRequest",
     "EnqueueResult",

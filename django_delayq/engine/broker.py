@@ -26,14 +26,15 @@ from . import flows, validation
 from .bulk import ChunkSender
 from .claims import ClaimResult, parse_claim
 from .codec import encode_arguments
-from .commands import Commands
+from .commands import Commands, EncodedJob
 from .config import EngineConfig
 from .errors import DelayQConnectionError, NotReplicated, PartialClaimError
-from .held import HeldConnections
+from .fields import stored
 from .keys import GlobalKeys, QueueKeys
 from .limits import RateLimit
+from .pinned import PinnedConnections
 from .reservations import claim_reserved
-from .scripts import Batch
+from .scripts import Batch, is_cluster_client
 from .urls import client_from_url as client_from_url  # re-exported
 
 ID_BYTES = 12
@@ -44,18 +45,9 @@ UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainEr
 #: serve it, or a demoted primary refused it (``READONLY``).
 FAILOVER = (*UNAVAILABLE, ReadOnlyError)
 #: Seconds between the tries of an enqueue through a failover.
-FAILOVER_PAUSE = 0.2
+FAILOVER_INTERVAL = 0.2
 
 logger = logging.getLogger(__name__)
-
-
-def is_cluster_client(client: Any) -> bool:
-    """Whether ``client`` talks to a Redis Cluster (a script then reaches one slot)."""
-    try:
-        from redis.cluster import RedisCluster
-    except ImportError:  # pragma: no cover - redis-py always has it
-        return False
-    return isinstance(client, RedisCluster)
 
 
 def new_job_id() -> str:
@@ -125,19 +117,18 @@ class BulkResult:
     chunks: int = 0
 
 
+#: A job of a bulk call: encoded, with the parents it waits for (None: none).
+Outgoing = tuple[EncodedJob, flows.Dependencies | None]
+
+
 def _split_waits(broker: Broker, keys: QueueKeys,
-                 argvs: list[list[Any]]) -> tuple[list[list[Any]], list[list[Any]]]:
-    """The enqueue script's job values and flow values of ``argvs``, jobs of the shard
-    ``keys`` (a job that waits carries its dependencies as a 10th value)."""
-    if all(len(argv) == 9 for argv in argvs):
-        return argvs, []
-    plain, waits = [], []
-    for index, argv in enumerate(argvs, 1):
-        plain.append(argv[:9])
-        if len(argv) > 9:
-            here, _ = argv[9].split(broker, keys)
-            waits.append(argv[9].waits(index, here))
-    return plain, waits
+                 items: Sequence[Outgoing]) -> tuple[list[EncodedJob], list[list[Any]]]:
+    """The enqueue script's jobs and flow values of ``items``, jobs of the shard ``keys``
+    (the script links each to its parents of that shard)."""
+    jobs = [job for job, _ in items]
+    waits = [deps.waits(index, deps.split(broker, keys)[0])
+             for index, (_, deps) in enumerate(items, 1) if deps is not None]
+    return jobs, waits
 
 
 def _describe(client: Any) -> str:
@@ -171,9 +162,9 @@ class Broker:
         self._known_queues: set[str] = set()
         self.is_cluster = is_cluster_client(client)
         self._shard_keys: dict[str, list[QueueKeys]] = {}
-        # Single script calls skip redis-py's per-call pool checkout (see held.py).
-        self._held = None if self.is_cluster else HeldConnections.for_client(client)
-        self.commands = Commands(client, self.config, self._held)
+        # Single script calls skip redis-py's per-call pool checkout (see pinned.py).
+        self._pinned = None if self.is_cluster else PinnedConnections.for_client(client)
+        self.commands = Commands(client, self.config, self._pinned)
 
     # -- keys ---------------------------------------------------------------------
 
@@ -239,23 +230,28 @@ class Broker:
         return DelayQConnectionError(f"Redis at {_describe(self.client)} is unreachable: {exc}")
 
     def close(self) -> None:
-        """Close the client's connections (held ones included); later calls reconnect."""
-        if self._held is not None:
-            self._held.close()
+        """Close the client's connections (pinned ones included); later calls reconnect."""
+        if self._pinned is not None:
+            self._pinned.close()
         self.client.close()
 
     # -- producing ----------------------------------------------------------------
 
-    def _job_argv(
+    def encode_request(
         self,
         request: EnqueueRequest,
         arg_names: Sequence[str] = (),
         *,
         checked: set[tuple[str, int, int]] | None = None,
         ids: Iterator[str] | None = None,
-    ) -> list[Any]:
-        """The ARGV of one job. ``checked`` remembers options already validated (a bulk
-        call's jobs mostly share them); ``ids`` supplies new job ids."""
+    ) -> EncodedJob:
+        """Validate and encode one job as :meth:`enqueue` sends it (a new id when the
+        request has none), without sending it: the outbox and eager mode store or run
+        this, so their jobs pass exactly the checks of a direct enqueue.
+
+        ``checked`` remembers options already validated (a bulk call's jobs mostly share
+        them); ``ids`` supplies new job ids.
+        """
         task, priority, max_attempts = request.task, request.priority, request.max_attempts
         key = _options_key(task, priority, max_attempts)
         if checked is None or key is None or key not in checked:
@@ -282,18 +278,10 @@ class Broker:
             names=arg_names,
             limit=self.config.max_payload_bytes,
         )
-        return [job_id, task, args_json, kwargs_json, priority, run_at_ms, delay_ms,
-                max_attempts, timeout_ms]
-
-    def encode_request(self, request: EnqueueRequest, arg_names: Sequence[str] = ()) -> list[Any]:
-        """Validate and encode one job as :meth:`enqueue` would, without sending it.
-
-        Returns ``[job_id, task, args_json, kwargs_json, priority, run_at_ms, delay_ms,
-        max_attempts, timeout_ms]`` (a new id when the request has none; ``""`` for an
-        absent time). The outbox stores this, so
-        a job written in a transaction passes exactly the checks of a direct enqueue.
-        """
-        return self._job_argv(request, arg_names)
+        # tuple.__new__: a NamedTuple's own __new__ is Python code, 0.15 us more a job of
+        # a bulk call (the fields are in order, as EncodedJob(...) would take them).
+        return tuple.__new__(EncodedJob, (job_id, task, args_json, kwargs_json, priority,
+                                          run_at_ms, delay_ms, max_attempts, timeout_ms))
 
     def enqueue(
         self,
@@ -323,19 +311,19 @@ class Broker:
                                  delay=delay, priority=priority, job_id=job_id,
                                  max_attempts=max_attempts, timeout=timeout)
         deps = flows.dependencies(depends_on, queue, on_parent_failure, pass_results)
-        argv = self._job_argv(request, arg_names)
+        job = self.encode_request(request, arg_names)
         if deps is not None:
             validation.validate_queue_name(queue)
             flows.check_parents_exist(self, deps.parents)
             results: list[EnqueueResult] = []
-            self.enqueue_many(queue, [], results=results, _encoded=[(argv, deps)])
+            self.enqueue_many(queue, [], results=results, _encoded=[(job, deps)])
             res = results[0]
             if res.added:  # parents that had finished may have released it already
                 with self.connection_errors():
                     res.status = self.client.hget(self.keys_for(queue, res.job_id).job(
-                        res.job_id), "s") or res.status
+                        res.job_id), stored("status")) or res.status
             return res
-        keys = self.keys_for(queue, argv[0])
+        keys = self.keys_for(queue, job.job_id)
         wait = self.replica_wait()
         # The job id is chosen above, before the first try: a retry through a failover
         # finds the job if the first try landed, so it cannot add it twice.
@@ -346,16 +334,16 @@ class Broker:
                 if queue not in self._known_queues:
                     self._remember_queue(queue)
                 if wait is None:
-                    reply = self.commands.enqueue(keys, [argv])
+                    reply = self.commands.enqueue(keys, (job,))
                 else:
-                    reply, confirmed = self.commands.enqueue_and_wait(keys, [argv], wait)
+                    reply, confirmed = self.commands.enqueue_and_wait(keys, (job,), wait)
                 break
             except FAILOVER as exc:
                 deadline = self._retry_or_raise(exc, deadline)
         added, status, run_at_ms, enqueued_at_ms = reply
         if wait is not None and confirmed < wait[0]:
-            raise NotReplicated([argv[0]], confirmed, *wait)
-        return EnqueueResult(argv[0], bool(added), status, int(run_at_ms), int(enqueued_at_ms))
+            raise NotReplicated([job.job_id], confirmed, *wait)
+        return EnqueueResult(job.job_id, bool(added), status, int(run_at_ms), int(enqueued_at_ms))
 
     def replica_wait(self) -> tuple[int, int] | None:
         """``(replicas, timeout_ms)`` for Redis WAIT after an enqueue, or None."""
@@ -372,7 +360,7 @@ class Broker:
         if now >= deadline:
             raise self._unreachable(exc) from exc
         logger.debug("Redis unavailable, retrying the enqueue error=%s", exc)
-        time.sleep(min(FAILOVER_PAUSE, max(0.0, deadline - now)))
+        time.sleep(min(FAILOVER_INTERVAL, max(0.0, deadline - now)))
         return deadline
 
 
@@ -388,7 +376,7 @@ class Broker:
         chunk_size: int = 1_000,
         results: list[EnqueueResult] | None = None,
         total: BulkResult | None = None,
-        _encoded: Sequence[tuple[list[Any], flows.Dependencies | None]] = (),
+        _encoded: Sequence[Outgoing] = (),
     ) -> BulkResult:
         """Enqueue many jobs: each chunk of ``chunk_size`` is one round trip.
 
@@ -406,7 +394,7 @@ class Broker:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be at least 1, not {chunk_size}")
         total = BulkResult() if total is None else total
-        chunk: list[list[Any]] = []
+        chunk: list[Outgoing] = []
         checked: set[tuple[str, int, int]] = set()
         ids = new_job_ids(min(chunk_size, 1_000))
         known: set[tuple[str, str]] = set()  # the jobs of this call so far
@@ -414,10 +402,9 @@ class Broker:
             # Chunk n is sent while chunk n + 1 is encoded (one round trip per chunk).
             sender = ChunkSender(lambda c: self._send_chunk(queue, c, total, results))
             try:
-                for argv, deps in _encoded:
-                    chunk.append([*argv, deps])
+                chunk += _encoded
                 for request in requests:
-                    argv = self._job_argv(request, checked=checked, ids=ids)
+                    job = self.encode_request(request, checked=checked, ids=ids)
                     deps = None
                     if request.depends_on is not None:
                         deps = flows.dependencies(request.depends_on, queue,
@@ -426,9 +413,8 @@ class Broker:
                     if deps is not None:
                         flows.check_parents_exist(
                             self, [p for p in deps.parents if p not in known])
-                        argv.append(deps)
-                    known.add((queue, argv[0]))
-                    chunk.append(argv)
+                    known.add((queue, job.job_id))
+                    chunk.append((job, deps))
                     if len(chunk) >= chunk_size:
                         sender.send(chunk)
                         chunk = []
@@ -442,20 +428,19 @@ class Broker:
                 sender.finish()
         return total
 
-    def _by_shard(self, queue: str, chunk: list[list[Any]]) -> dict[QueueKeys, list[list[Any]]]:
-        """The jobs of ``chunk`` grouped by the shard their id picks (a job that waits for
-        parents carries its :class:`~django_delayq.engine.flows.Dependencies` last)."""
+    def _by_shard(self, queue: str, chunk: list[Outgoing]) -> dict[QueueKeys, list[Outgoing]]:
+        """The jobs of ``chunk`` grouped by the shard their id picks."""
         if self.shard_count(queue) == 1:
             return {self.keys_for(queue, ""): chunk}
-        by_shard: dict[QueueKeys, list[list[Any]]] = {}
-        for argv in chunk:
-            by_shard.setdefault(self.keys_for(queue, argv[0]), []).append(argv)
+        by_shard: dict[QueueKeys, list[Outgoing]] = {}
+        for item in chunk:
+            by_shard.setdefault(self.keys_for(queue, item[0].job_id), []).append(item)
         return by_shard
 
     def _send_chunk(
         self,
         queue: str,
-        chunk: list[list[Any]],
+        chunk: list[Outgoing],
         total: BulkResult,
         results: list[EnqueueResult] | None,
     ) -> None:
@@ -464,19 +449,44 @@ class Broker:
             self._remember_queue(queue)
         wait = self.replica_wait()
         deadline = None
+        confirmed: int | None = None
+        counted = False
         while True:
             try:
-                sent, confirmed = self._send_by_shard(by_shard, wait)
-                break
+                sent, sent_confirmed = self._send_by_shard(by_shard, wait)
             except FAILOVER as exc:  # the same ids again: a retry cannot add a job twice
                 deadline = self._retry_or_raise(exc, deadline)
-        total.chunks += 1
-        failure = next((reply for reply, _ in sent if isinstance(reply, Exception)), None)
-        self._link_elsewhere(queue, sent)
-        for reply, argvs in sent:
-            if isinstance(reply, Exception):
                 continue
-            ids = [argv[0] for argv in argvs]
+            if not counted:
+                total.chunks += 1
+                counted = True
+            if sent_confirmed is not None:
+                confirmed = sent_confirmed if confirmed is None else min(confirmed,
+                                                                         sent_confirmed)
+            self._count_sent(queue, [(reply, items) for _, reply, items in sent
+                                     if not isinstance(reply, Exception)], total, results)
+            failed = [(keys, reply, items) for keys, reply, items in sent
+                      if isinstance(reply, Exception)]
+            refusal = next((reply for _, reply, _ in failed
+                            if not isinstance(reply, FAILOVER)), None)
+            if refusal is not None:
+                raise refusal
+            if not failed:
+                break
+            # Shards whose reply is a failover error (their node died or was demoted,
+            # their slot is moving) are sent again, alone, with the same ids.
+            deadline = self._retry_or_raise(failed[0][1], deadline)
+            by_shard = {keys: items for keys, _, items in failed}
+        if wait is not None and confirmed is not None and confirmed < wait[0]:
+            raise NotReplicated([job.job_id for job, _ in chunk], confirmed, *wait)
+
+    def _count_sent(self, queue: str, sent: list[tuple[Any, list[Outgoing]]],
+                    total: BulkResult, results: list[EnqueueResult] | None) -> None:
+        """Add the jobs of the shards Redis answered to ``total`` (and ``results``), and
+        link those that wait for parents in other shards (:meth:`_link_elsewhere`)."""
+        self._link_elsewhere(queue, sent)
+        for reply, items in sent:
+            ids = [job.job_id for job, _ in items]
             added = reply[0::4]
             total.job_ids += ids
             new = sum(1 for flag in added if flag)
@@ -491,55 +501,50 @@ class Broker:
                     for job_id, flag, status, run_at_ms, enqueued_at_ms in zip(
                         ids, added, reply[1::4], reply[2::4], reply[3::4], strict=True)
                 ]
-        if failure is not None:
-            raise failure
-        if wait is not None and confirmed is not None and confirmed < wait[0]:
-            raise NotReplicated([argv[0] for argv in chunk], confirmed, *wait)
 
-    def _link_elsewhere(self, queue: str, sent: list[tuple[Any, list[list[Any]]]]) -> None:
+    def _link_elsewhere(self, queue: str, sent: list[tuple[Any, list[Outgoing]]]) -> None:
         """After the enqueue calls: link the new waiting jobs to their parents in other
         shards (the script linked those of their own), and link again the jobs that
         were already there and still wait (their first producer may have died before
         linking them)."""
         new: list[tuple[QueueKeys, str, list[flows.Link]]] = []
         again: list[tuple[QueueKeys, str]] = []
-        for reply, argvs in sent:
-            if isinstance(reply, Exception):
-                continue
-            for argv, added, status in zip(argvs, reply[0::4], reply[1::4], strict=True):
-                if added and len(argv) > 9:
-                    keys = self.keys_for(queue, argv[0])
-                    _, elsewhere = argv[9].split(self, keys)
+        for reply, items in sent:
+            for (job, deps), added, status in zip(items, reply[0::4], reply[1::4],
+                                                  strict=True):
+                if added and deps is not None:
+                    keys = self.keys_for(queue, job.job_id)
+                    _, elsewhere = deps.split(self, keys)
                     if elsewhere:
-                        new.append((keys, argv[0], elsewhere))
+                        new.append((keys, job.job_id, elsewhere))
                 elif not added and status == "waiting":
-                    again.append((self.keys_for(queue, argv[0]), argv[0]))
+                    again.append((self.keys_for(queue, job.job_id), job.job_id))
         if new:
             flows.link(self, new)
         if again:
             flows.relink(self, again)
 
     def _send_by_shard(
-        self, by_shard: dict[QueueKeys, list[list[Any]]], wait: tuple[int, int] | None,
-    ) -> tuple[list[tuple[Any, list[list[Any]]]], int | None]:
-        """Send one enqueue call per shard (and WAIT, with ``wait``): the replies with
-        their jobs, and how many replicas confirmed them (None without ``wait``)."""
-        if len(by_shard) == 1 and self._held is not None:
-            # One shard: one script call on a held connection, without a pipeline.
-            ((keys, argvs),) = by_shard.items()
-            plain, waits = _split_waits(self, keys, argvs)
+        self, by_shard: dict[QueueKeys, list[Outgoing]], wait: tuple[int, int] | None,
+    ) -> tuple[list[tuple[QueueKeys, Any, list[Outgoing]]], int | None]:
+        """Send one enqueue call per shard (and WAIT, with ``wait``): per shard its keys,
+        its reply (an error in its place) and its jobs, and how many replicas confirmed
+        the calls that succeeded (None without ``wait``)."""
+        if len(by_shard) == 1 and self._pinned is not None:
+            # One shard: one script call on a pinned connection, without a pipeline.
+            ((keys, items),) = by_shard.items()
+            jobs, waits = _split_waits(self, keys, items)
             if wait is None:
-                return [(self.commands.enqueue(keys, plain, waits), argvs)], None
-            reply, confirmed = self.commands.enqueue_and_wait(keys, plain, wait, waits)
-            return [(reply, argvs)], confirmed
+                return [(keys, self.commands.enqueue(keys, jobs, waits), items)], None
+            reply, confirmed = self.commands.enqueue_and_wait(keys, jobs, wait, waits)
+            return [(keys, reply, items)], confirmed
         batch = self.batch()
-        order = [(self.commands.add_enqueue(batch, keys, *_split_waits(self, keys, argvs)),
-                  argvs)
-                 for keys, argvs in by_shard.items()]
+        order = [(keys, self.commands.add_enqueue(batch, keys, *_split_waits(self, keys, items)),
+                  items) for keys, items in by_shard.items()]
         # A shard that refuses its call (its cluster slot is moving) must not hide what
         # the others added: they are counted in ``total`` before the error is raised.
         replies = batch.run(raise_on_error=False, wait=wait)
-        return [(replies[index], argvs) for index, argvs in order], batch.confirmed
+        return [(keys, replies[index], items) for keys, index, items in order], batch.confirmed
 
     # -- the worker protocol ------------------------------------------------------
 

@@ -12,7 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-Chunk = list[list[Any]]
+#: One chunk of jobs, in the form the caller's ``send_chunk`` takes.
+Chunk = list[Any]
 
 
 class ChunkSender:
@@ -24,7 +25,7 @@ class ChunkSender:
 
     def __init__(self, send_chunk: Callable[[Chunk], None]) -> None:
         self._send_chunk = send_chunk
-        self._pending: Chunk | None = None  # the first chunk, held until a second comes
+        self._pending: Chunk | None = None  # the first chunk, kept until a second comes
         self._queue: stdlib_queue.Queue[Chunk | None] | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None

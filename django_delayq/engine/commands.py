@@ -3,7 +3,7 @@
 Each ``.lua`` file documents its KEYS, ARGV and reply in its header; the method of the
 same name here is that header in Python, so a change to a script's arguments is made in
 two files side by side. Scripts that run alone are sent at once (the enqueue on the
-held connections of :mod:`~django_delayq.engine.held`); those the worker sends together
+pinned connections of :mod:`~django_delayq.engine.pinned`); those the worker sends together
 have an ``add_`` method that appends the call to a :class:`~django_delayq.engine.scripts.Batch`
 and returns its index in the batch's replies.
 """
@@ -11,43 +11,58 @@ and returns its index in the batch's replies.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .scripts import Batch, call_and_wait, run_script
 
 if TYPE_CHECKING:
     from .config import EngineConfig
-    from .held import HeldConnections
     from .keys import QueueKeys
+    from .pinned import PinnedConnections
 
-#: Values per job in the enqueue script's ARGV (see :meth:`Commands.enqueue`).
-ENQUEUE_ARGS = 9
+
+class EncodedJob(NamedTuple):
+    """One job as the enqueue script takes it: its 9 ARGV values, in ``enqueue.lua``'s
+    order. ``Broker.encode_request`` builds it (every check passed), the outbox stores
+    its values, :meth:`Commands.enqueue` sends it."""
+
+    job_id: str
+    task: str
+    args_json: str
+    kwargs_json: str
+    priority: int
+    #: When it may start, epoch ms ('' for none: as soon as it is enqueued).
+    run_at_ms: int | str
+    #: Ms from its enqueue to its start ('' for none).
+    delay_ms: int | str
+    max_attempts: int
+    #: Time limit of each attempt, ms ('' for none: the worker's default).
+    timeout_ms: int | str
 
 
 class Commands:
     """The scripts of one Redis client, with the settings of one :class:`EngineConfig`."""
 
     def __init__(self, client: Any, config: EngineConfig,
-                 held: HeldConnections | None = None) -> None:
+                 pinned: PinnedConnections | None = None) -> None:
         self.client = client
         self.config = config
-        self.held = held
+        self.pinned = pinned
 
     # -- producing ----------------------------------------------------------------
 
-    def _enqueue_call(self, keys: QueueKeys, argvs: list[list[Any]], maxlen: int,
+    def _enqueue_call(self, keys: QueueKeys, jobs: Sequence[EncodedJob],
                       waits: Sequence[Sequence[Any]] = ()) -> tuple[list[str], list[Any]]:
-        """``argvs``: per job, id, task, args JSON, kwargs JSON, priority, run_at ms or
-        '', delay ms or '', max attempts, time limit ms or '' (all on the shard ``keys``);
-        ``waits``: per job that waits for parents, its index in ``argvs`` (1-based),
-        parents JSON, policy ('' for cancel), results passed ('', 'one', 'all'), the
-        indexes of its parents in this shard (space-separated)."""
+        """``jobs`` all on the shard ``keys``; ``waits``: per job that waits for parents,
+        its index in ``jobs`` (1-based), parents JSON, policy ('' for cancel), results
+        passed ('', 'one', 'all'), the indexes of its parents in this shard
+        (space-separated)."""
         script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq]
-        script_keys += [keys.job(argv[0]) for argv in argvs]
+        script_keys += [keys.job(job.job_id) for job in jobs]
         script_keys += [keys.stats, keys.waiting]
-        args: list[Any] = [maxlen, len(waits)]
-        for argv in argvs:
-            args += argv
+        args: list[Any] = [self.config.events_maxlen, len(waits)]
+        for job in jobs:
+            args += job
         if waits:
             for wait in waits:
                 args += wait
@@ -56,37 +71,27 @@ class Commands:
             args += flow_args
         return script_keys, args
 
-    def enqueue(self, keys: QueueKeys, argvs: list[list[Any]],
+    def enqueue(self, keys: QueueKeys, jobs: Sequence[EncodedJob],
                 waits: Sequence[Sequence[Any]] = ()) -> list[Any]:
         """Enqueue jobs now; per job 4 values: added (0/1), status, run_at ms, enqueued_at ms."""
-        if waits:
-            return list(run_script(self.client, "enqueue", *self._enqueue_call(
-                keys, argvs, self.config.events_maxlen, waits), self.held))
-        # _enqueue_call() written out: this is every producer's hot path (one call less)
-        script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq]
-        script_keys += [keys.job(argv[0]) for argv in argvs]
-        script_keys += [keys.stats, keys.waiting]
-        args: list[Any] = [self.config.events_maxlen, 0]
-        for argv in argvs:
-            args += argv
-        reply: list[Any] = run_script(self.client, "enqueue", script_keys, args, self.held)
+        reply: list[Any] = run_script(self.client, "enqueue",
+                                      *self._enqueue_call(keys, jobs, waits), self.pinned)
         return reply
 
-    def enqueue_and_wait(self, keys: QueueKeys, argvs: list[list[Any]],
+    def enqueue_and_wait(self, keys: QueueKeys, jobs: Sequence[EncodedJob],
                          wait: tuple[int, int],
                          waits: Sequence[Sequence[Any]] = ()) -> tuple[list[Any], int]:
         """:meth:`enqueue`, then Redis ``WAIT`` for ``wait = (replicas, timeout_ms)`` in
         the same round trip: the reply and how many replicas confirmed the jobs."""
-        script_keys, args = self._enqueue_call(keys, argvs, self.config.events_maxlen, waits)
+        script_keys, args = self._enqueue_call(keys, jobs, waits)
         reply, confirmed = call_and_wait(self.client, "enqueue", script_keys, args, wait,
-                                         self.held)
+                                         self.pinned)
         return list(reply), confirmed
 
-    def add_enqueue(self, batch: Batch, keys: QueueKeys, argvs: list[list[Any]],
+    def add_enqueue(self, batch: Batch, keys: QueueKeys, jobs: Sequence[EncodedJob],
                     waits: Sequence[Sequence[Any]] = ()) -> int:
         """:meth:`enqueue` as one call of ``batch``."""
-        return batch.add("enqueue", *self._enqueue_call(keys, argvs, self.config.events_maxlen,
-                                                        waits))
+        return batch.add("enqueue", *self._enqueue_call(keys, jobs, waits))
 
     # -- workflows (lua/includes/flows.lua) -----------------------------------------
 

@@ -4,14 +4,19 @@
    with only positional-or-keyword parameters is a few comparisons where
    ``inspect.Signature.bind`` takes microseconds; a call the shape does not clearly
    accept still goes to ``bind`` for its error (``Task.check_arguments``).
-2. **Held connections** (:mod:`~django_delayq.engine.held`): a single script call skips
-   redis-py's pool checkout. It uses redis-py internals, reached through the functions
-   below (:func:`checkout`, :func:`retries`) and the connection methods listed in
+2. **Pinned connections** (:mod:`~django_delayq.engine.pinned`): a single script call
+   skips redis-py's pool checkout. Every redis-py internal it uses is reached through
+   the functions below (:func:`checkout`, :func:`send_packed`, :func:`read_reply`,
+   :func:`must_reconnect`, :func:`retries`, :func:`disconnect`), which adapt to the
+   installed version; the connection methods they call are listed in
    :data:`REDIS_PY_CONNECTION_METHODS`.
 3. **Enqueue errors** (``Broker.enqueue``): a ``try``/``except UNAVAILABLE`` instead of
    the ``connection_errors()`` context manager, which costs a generator per call.
 
-``tests/test_fastpaths.py`` and ``tests/test_held.py`` check all three, and ``tox -e
+One more redis-py internal is reached here, for correctness rather than speed:
+:func:`reread_cluster_nodes` (a cluster's node table, for :mod:`.cluster_wait`).
+
+``tests/test_fastpaths.py`` and ``tests/test_pinned.py`` check all three, and ``tox -e
 redis5,redis6,redis7,redislatest`` runs them on each redis-py major version the package
 allows, so an upgrade that moves an internal fails a test instead of production.
 """
@@ -83,9 +88,9 @@ def arg_shape(func: Callable[..., Any]) -> ArgShape | None:
     return ArgShape(names, {name: i for i, name in enumerate(names)}, required)
 
 
-# -- 2. redis-py internals of the held connections ---------------------------------
+# -- 2. redis-py internals of the pinned connections -------------------------------
 
-#: Methods of a redis-py ``Connection`` that :mod:`.held` calls directly (and
+#: Methods of a redis-py ``Connection`` that the functions below call (and
 #: ``should_reconnect`` where the version has it, see :func:`must_reconnect`).
 REDIS_PY_CONNECTION_METHODS = ("send_packed_command", "read_response", "disconnect")
 
@@ -110,6 +115,21 @@ def checkout(pool: Any) -> Any:
     return pool.get_connection()
 
 
+def send_packed(conn: Any, packed: list[bytes]) -> None:
+    """Write commands already packed (``hiredis.pack_command``) on ``conn``."""
+    conn.send_packed_command(packed)
+
+
+def read_reply(conn: Any) -> Any:
+    """Read one reply on ``conn``, decoded as the client would (an error reply raises)."""
+    return conn.read_response()
+
+
+def disconnect(conn: Any) -> None:
+    """Close ``conn``'s socket (a reply may be half read: it is never reused)."""
+    conn.disconnect()
+
+
 def _has_should_reconnect() -> bool:
     from redis.connection import Connection
 
@@ -118,7 +138,6 @@ def _has_should_reconnect() -> bool:
 
 #: Whether connections have ``should_reconnect()`` (redis-py 6+: a server maintenance
 #: notice marks a connection to be replaced; 5.x has no such mark, and never needs it).
-#: :mod:`.held` tests it inline, on the hot path, as ``must_reconnect()`` would.
 HAS_SHOULD_RECONNECT = _has_should_reconnect()
 
 
@@ -133,3 +152,14 @@ def retries(conn: Any) -> int:
     retry = conn.retry
     get = getattr(retry, "get_retries", None)
     return int(get() if get is not None else retry._retries)
+
+
+# -- a Redis Cluster's node table ----------------------------------------------------
+
+
+def reread_cluster_nodes(client: Any) -> None:
+    """Read the node table of the cluster ``client`` talks to again (redis-py's
+    ``NodesManager.initialize()``, what its cluster client does itself after a connection
+    error or a ``MOVED`` reply), for calls sent to a node's own client
+    (:mod:`.cluster_wait`), which redis-py does not watch."""
+    client.nodes_manager.initialize()

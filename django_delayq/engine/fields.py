@@ -39,9 +39,11 @@ The last four serve workflows (``lua/includes/flows.lua`` describes them and the
 ``<job key>:w``, ``:r`` and ``:c`` that go with them).
 
 ``attempt_log`` is a JSON array of ``{"n": attempt, "w": worker, "b": start ms,
-"f": end ms, "o": outcome, "x": error}``, oldest first, capped at the last
-:data:`ATTEMPT_LOG_SIZE` attempts. ``o`` is ``completed``, ``retried``, ``failed`` or
-``reclaimed`` (the worker's lease lapsed).
+"f": end ms, "o": outcome, "x": error, "t": traceback}``, oldest first, capped at the
+last :data:`ATTEMPT_LOG_SIZE` attempts. ``o`` is ``completed``, ``retried``, ``failed``
+or ``reclaimed`` (the worker's lease lapsed). Only a failed attempt (``retried``,
+``failed``) has ``t``: the end of its traceback, its last :data:`ATTEMPT_TRACEBACK`
+bytes.
 
 ``gm`` (logical name ``progress_message``) holds the message reported with the progress.
 
@@ -77,10 +79,13 @@ STORED: Final[Mapping[str, str]] = {
     "progress_message": "gm",
     "timeout": "o",
     "attempt_log": "h",
+    "parents": "d",
 }
 
 #: Attempts kept in a job's ``attempt_log``.
 ATTEMPT_LOG_SIZE = 25
+#: Bytes of a failed attempt's traceback kept in its ``attempt_log`` entry (its end).
+ATTEMPT_TRACEBACK = 2000
 
 #: Stored field name -> logical name.
 LOGICAL: Final[Mapping[str, str]] = {short: name for name, short in STORED.items()}

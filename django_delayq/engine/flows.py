@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from .commands import Commands
 from .config import EngineConfig
+from .jobhash import parse_parents
 from .keys import QueueKeys, validate_job_id, validate_queue_name
 from .scripts import Batch
 
@@ -238,7 +239,7 @@ def relink(broker: Broker, jobs: Sequence[tuple[QueueKeys, str]]) -> int:
     still = 0
     for (keys, job_id), (status, raw), unresolved in zip(jobs, found[0::2], found[1::2],
                                                           strict=True):
-        parents = parents_of({"d": raw}) if status == "waiting" else []
+        parents = parse_parents(raw) if status == "waiting" else []
         pending: list[Link] = []
         for index in sorted(int(i) for i in unresolved if str(i).isdigit()):
             if 1 <= index <= len(parents):
@@ -300,35 +301,16 @@ def deliver(broker: Broker, keys: QueueKeys, *, limit: int = DELIVER_BATCH) -> i
             return delivered
 
 
-def pending_deliveries(broker: Broker, shards: Iterable[QueueKeys]) -> dict[QueueKeys, int]:
-    """Outbox entries not yet delivered, per shard that has some (one round trip)."""
-    shards = list(shards)
-    pipe = broker.client.pipeline(transaction=False)
-    for keys in shards:
-        pipe.llen(keys.flow_outbox)
-    with broker.connection_errors():
-        counts = pipe.execute()
-    return {keys: int(n) for keys, n in zip(shards, counts, strict=True) if n}
-
-
-def parents_of(stored: dict[str, str]) -> list[tuple[str, str]]:
-    """The ``(queue, id)`` parents a stored job hash names (field ``d``), in order."""
-    raw = stored.get("d")
-    if not raw:
-        return []
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return []
-    return [(str(p[0]), str(p[1])) for p in value
-            if isinstance(p, list) and len(p) == 2] if isinstance(value, list) else []
-
-
 def children_of(broker: Broker, queue: str, job_id: str) -> list[tuple[str, str]]:
     """The ``(queue, id)`` dependants linked to a job (kept while its hash lives)."""
     keys = broker.keys_for(queue, job_id)
     with broker.connection_errors():
-        members = broker.client.smembers(keys.job(job_id) + ":c")
+        members = broker.client.smembers(keys.dependants(job_id))
+    return parse_dependants(queue, members)
+
+
+def parse_dependants(queue: str, members: Iterable[str]) -> list[tuple[str, str]]:
+    """The ``(queue, id)`` of each member of the dependants SET of a job of ``queue``."""
     out = []
     for m in sorted(members):
         parts = m.split(" ")

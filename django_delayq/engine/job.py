@@ -127,7 +127,7 @@ class Job:
         self.progress, self.progress_message = h.progress, h.progress_message
         self.timeout, self.attempt_log = h.timeout, h.attempt_log
         self.damaged = h.damaged
-        self.parent_refs = flows.parents_of(stored)
+        self.parent_refs = h.parents
 
     @classmethod
     def from_hash(cls, queue: str, job_id: str, data: dict[str, str],

@@ -14,14 +14,15 @@ import datetime as dt
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, overload
 
-from . import validation as check
+from . import validation
 from .codec import decode
 from .fields import logical
 from .status import JOB_STATUSES
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_D = TypeVar("_D")
 
 
 def from_ms(value: Any) -> dt.datetime | None:
@@ -38,8 +39,9 @@ def from_ms(value: Any) -> dt.datetime | None:
         try:
             ms = int(float(value))
         except (TypeError, ValueError, OverflowError):
-            raise check.InvalidTime(f"not a time in milliseconds: {str(value)[:40]!r}") from None
-    check.check_time_ms(ms, f"time {ms} ms")
+            raise validation.InvalidTime(
+                f"not a time in milliseconds: {str(value)[:40]!r}") from None
+    validation.check_time_ms(ms, f"time {ms} ms")
     return _EPOCH + dt.timedelta(milliseconds=ms)
 
 
@@ -122,21 +124,32 @@ def read_times(data: dict[str, Any], *names: str) -> tuple[dict[str, dt.datetime
     return {name: reader.time(name) for name in names}, reader.damaged
 
 
-def to_int(value: Any, default: int = 0) -> int:
-    """``value`` as an int, or ``default`` when it is absent or not a number."""
+@overload
+def to_int(value: Any) -> int: ...
+@overload
+def to_int(value: Any, default: _D) -> int | _D: ...
+
+
+def to_int(value: Any, default: Any = 0) -> Any:
+    """Stored text as an int, or ``default`` (0) when it is absent or not a number."""
     try:
         return int(value)
     except (TypeError, ValueError):
         return default
 
 
-def to_fraction(value: Any) -> float | None:
-    """A stored progress fraction, or None when absent, not a number or outside 0..1."""
+def to_float(value: Any) -> float | None:
+    """Stored text as a float, or None when it is absent or not a number."""
     try:
-        fraction = float(value)
+        return float(value)
     except (TypeError, ValueError):
         return None
-    return fraction if 0 <= fraction <= 1 else None
+
+
+def to_fraction(value: Any) -> float | None:
+    """A stored progress fraction, or None when absent, not a number or outside 0..1."""
+    fraction = to_float(value)
+    return fraction if fraction is not None and 0 <= fraction <= 1 else None
 
 
 def decode_stored(text: str | None, default: Any) -> Any:
@@ -176,32 +189,51 @@ class JobHash:
     timeout: float | None
     #: The last attempts, oldest first (see :func:`parse_attempt_log`).
     attempt_log: list[dict[str, Any]]
+    #: The ``(queue, id)`` parents it waits (or waited) for, in order (workflows).
+    parents: list[tuple[str, str]]
     #: Fields that could not be read: field -> what was found there.
     damaged: dict[str, str] = field(default_factory=dict)
 
 
 def parse_attempt_log(raw: str | None) -> list[dict[str, Any]]:
-    """The stored attempt log (field ``h``) as dicts with ``attempt``, ``worker``,
-    ``started_at``, ``finished_at`` (aware datetimes), ``outcome`` and ``error``; what
-    is not an entry the worker writes is skipped, never raised on."""
-    entries = decode_stored(raw, [])
+    """The stored attempt log (field ``h``) as :func:`attempt_entries` reads it."""
+    return attempt_entries(decode_stored(raw, []))
+
+
+def attempt_entries(entries: Any) -> list[dict[str, Any]]:
+    """Attempt log entries (their stored short keys) as dicts with ``attempt``,
+    ``worker``, ``started_at``, ``finished_at`` (aware datetimes), ``outcome``, ``error``
+    and ``traceback`` (the end of a failed attempt's); what is not an entry the worker
+    writes is skipped, never raised on."""
     log: list[dict[str, Any]] = []
     for entry in entries if isinstance(entries, list) else []:
         if not isinstance(entry, dict):
             continue
-        try:
-            started, finished = (from_ms(to_int(entry.get(k)) or None) for k in "bf")
-        except ValueError:  # a time out of range: not an entry the worker writes
-            continue
         log.append({
             "attempt": to_int(entry.get("n")),
             "worker": str(entry.get("w") or ""),
-            "started_at": started,
-            "finished_at": finished,
+            "started_at": _entry_time(entry.get("b")),
+            "finished_at": _entry_time(entry.get("f")),
             "outcome": str(entry.get("o") or ""),
             "error": str(entry.get("x") or ""),
+            "traceback": str(entry.get("t") or ""),
         })
     return log
+
+
+def parse_parents(raw: str | None) -> list[tuple[str, str]]:
+    """The stored parents (field ``d``, JSON ``[[queue, id], ...]``) as pairs; what is
+    not such a pair is skipped, never raised on."""
+    value = decode_stored(raw, [])
+    if not isinstance(value, list):
+        return []
+    return [(str(p[0]), str(p[1])) for p in value if isinstance(p, list) and len(p) == 2]
+def _entry_time(value: Any) -> dt.datetime | None:
+    """A time of an attempt log entry; None when absent or out of range."""
+    try:
+        return from_ms(to_int(value) or None)
+    except ValueError:
+        return None
 
 
 def read_job_hash(stored: dict[str, str]) -> JobHash:
@@ -219,10 +251,10 @@ def read_job_hash(stored: dict[str, str]) -> JobHash:
         status=status,
         args=read.json("args", []),
         kwargs=read.json("kwargs", {}),
-        priority=read.int("priority", 0, check.MIN_PRIORITY, check.MAX_PRIORITY),
+        priority=read.int("priority", 0, validation.MIN_PRIORITY, validation.MAX_PRIORITY),
         run_at=read.time("run_at"),
         attempts=read.int("attempts", 0, 0, 2**31 - 1),
-        max_attempts=read.int("max_attempts", 1, 1, check.MAX_ATTEMPTS),
+        max_attempts=read.int("max_attempts", 1, 1, validation.MAX_ATTEMPTS),
         result=read.json("result", None),
         error=data.get("error"),
         traceback=data.get("traceback"),
@@ -236,4 +268,5 @@ def read_job_hash(stored: dict[str, str]) -> JobHash:
         timeout=to_int(data.get("timeout")) / 1000
         if to_int(data.get("timeout")) > 0 else None,
         attempt_log=parse_attempt_log(data.get("attempt_log")),
+        parents=parse_parents(data.get("parents")),
     )

@@ -155,6 +155,11 @@ class QueueKeys:
     def job(self, job_id: str) -> str:
         return f"{self.job_prefix}{job_id}"
 
+    def dependants(self, job_id: str) -> str:
+        """SET of the dependants linked to a job (``<job key>:c``; the scripts derive it
+        from the job key, see ``lua/includes/flows.lua``)."""
+        return f"{self.job(job_id)}:c"
+
     def status_set(self, status: str) -> str:
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}; expected one of {', '.join(STATUSES)}")

@@ -4,8 +4,8 @@ A task may report progress in a tight loop, so :class:`ProgressReporter` writes 
 what a reader could tell apart: a new whole percent or a new message, at most every
 ``interval`` seconds (the first report, 100 % and a new message are written at once).
 A write is one script call (an HSET, and a ``progress`` event for the mirror). A report
-held back is written by :meth:`ProgressReporter.flush` when the task returns, so the last
-report always lands.
+the interval deferred is written by :meth:`ProgressReporter.flush` when the task
+returns, so the last report always lands.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class ProgressReporter:
         self._interval = interval
         self._written: tuple[int, str] | None = None  # (whole percent, message) last written
         self._written_at = -math.inf
-        self._pending: tuple[float, str] | None = None  # a report held back
+        self._pending: tuple[float, str] | None = None  # a report deferred
         self.writes = 0
 
     def report(self, fraction: float, message: str = "") -> bool:
@@ -64,7 +64,7 @@ class ProgressReporter:
         return self._write(fraction, message)
 
     def flush(self) -> bool:
-        """Write the report held back by the interval, if any (the task has returned)."""
+        """Write the report the interval deferred, if any (the task has returned)."""
         if self._pending is None:
             return False
         fraction, message = self._pending

@@ -46,7 +46,7 @@ class QueueSummary:
 
 
 class Queue:
-    """A named queue. Pausing holds every worker's claims; enqueuing still works."""
+    """A named queue. Pausing stops every worker's claims; enqueuing still works."""
 
     def __init__(self, name: str = "default", *, broker: Broker | None = None) -> None:
         self.name = name

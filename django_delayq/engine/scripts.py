@@ -16,9 +16,11 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ReadOnlyError
 
-from .held import HeldConnections
+from .cluster_wait import send_and_wait
+from .pinned import PinnedConnections
 
 
 @dataclass(frozen=True)
@@ -43,32 +45,33 @@ def load_script(name: str) -> Script:
 
 
 def run_script(
-    client: Any, name: str, keys: list[str], args: list[Any], held: HeldConnections | None = None
+    client: Any, name: str, keys: list[str], args: list[Any],
+    pinned: PinnedConnections | None = None,
 ) -> Any:
     """Run one script on ``client``, loading it first if Redis does not know it.
 
-    With ``held`` (connections of ``client``'s pool), the call skips the pool checkout.
+    With ``pinned`` (connections of ``client``'s pool), the call skips the pool checkout.
     """
     script = load_script(name)
     # EVALSHA through execute_command: a cluster client routes it by its keys' slot.
-    run = client.execute_command if held is None else held.execute
+    run = client.execute_command if pinned is None else pinned.execute
     try:
         return run("EVALSHA", script.sha, len(keys), *keys, *args)
     except NoScriptError:
         client.script_load(script.source)
         return run("EVALSHA", script.sha, len(keys), *keys, *args)
     except ReadOnlyError:
-        drop_demoted(client, held)
+        drop_demoted(client, pinned)
         raise
 
 
-def drop_demoted(client: Any, held: HeldConnections | None = None) -> None:
+def drop_demoted(client: Any, pinned: PinnedConnections | None = None) -> None:
     """After ``READONLY``: the connections reach a primary that a failover demoted (a
     managed service moved its address to the new one). Close them, so the next call
     connects again and reaches the new primary. A Sentinel client never gets here:
     redis-py turns READONLY into a connection error and asks the sentinels."""
-    if held is not None:
-        held.close()
+    if pinned is not None:
+        pinned.close()
     pool = getattr(client, "connection_pool", None)
     if pool is not None:
         pool.disconnect()
@@ -81,23 +84,23 @@ def wait_command(replicas: int, timeout_ms: int) -> tuple[Any, ...]:
 
 def call_and_wait(
     client: Any, name: str, keys: list[str], args: list[Any], wait: tuple[int, int],
-    held: HeldConnections | None = None,
+    pinned: PinnedConnections | None = None,
 ) -> tuple[Any, int]:
-    """Run one script and ``WAIT`` for ``wait = (replicas, timeout_ms)`` in one round
-    trip (two on a cluster, where WAIT goes to the node of the script's keys).
+    """Run one script and ``WAIT`` for ``wait = (replicas, timeout_ms)`` on the same
+    connection, in one round trip (on a cluster, on a connection of the node serving the
+    script's keys: :mod:`.cluster_wait`).
 
     Returns the script's reply and the number of replicas that confirmed it.
     """
     script = load_script(name)
     evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
-    if hasattr(client, "get_node_from_key"):  # a RedisCluster
-        reply = run_script(client, name, keys, args)
-        node = client.get_node_from_key(keys[0])
-        return reply, int(client.execute_command(*wait_command(*wait), target_nodes=node))
 
     def send() -> list[Any]:
-        if held is not None:
-            return held.execute_many(evalsha, wait_command(*wait))
+        if is_cluster_client(client):
+            replies, counts = send_and_wait(client, [(keys[0], evalsha)], wait)
+            return [replies[0], counts[0]]
+        if pinned is not None:
+            return pinned.execute_many(evalsha, wait_command(*wait))
         pipe = client.pipeline(transaction=False)
         pipe.execute_command(*evalsha)
         pipe.execute_command(*wait_command(*wait))
@@ -109,10 +112,15 @@ def call_and_wait(
         reply, confirmed = send()
     for result in (reply, confirmed):
         if isinstance(result, ReadOnlyError):
-            drop_demoted(client, held)
+            drop_demoted(client, pinned)
         if isinstance(result, Exception):
             raise result
     return reply, int(confirmed)
+
+
+def is_cluster_client(client: Any) -> bool:
+    """Whether ``client`` talks to a Redis Cluster (a script then reaches one slot)."""
+    return isinstance(client, RedisCluster)
 
 
 class Batch:
@@ -142,8 +150,9 @@ class Batch:
         run: a caller that must not lose their effects reads them).
 
         With ``wait = (replicas, timeout_ms)``, Redis ``WAIT`` follows the calls in the
-        same round trip (on a cluster, once per node the calls reached, afterwards);
-        :attr:`confirmed` then holds the fewest replicas that confirmed them.
+        same round trip, on the same connection (on a cluster, on each node the calls
+        reached: :mod:`.cluster_wait`); :attr:`confirmed` then holds the fewest replicas
+        that confirmed the calls that succeeded (None if none did).
         """
         self.confirmed = None
         if not self._calls:
@@ -166,27 +175,33 @@ class Batch:
 
     def _send(self, calls: list[tuple[str, list[str], list[Any]]],
               wait: tuple[int, int] | None = None) -> list[Any]:
+        # execute_command, not evalsha(): redis-py's cluster pipeline refuses the
+        # evalsha() method but routes an EVALSHA command by its keys' slot.
+        commands = [("EVALSHA", load_script(name).sha, len(keys), *keys, *args)
+                    for name, keys, args in calls]
+        if wait is not None and is_cluster_client(self._client):
+            results, counts = send_and_wait(
+                self._client, [(keys[0], command)
+                               for (_, keys, _), command in zip(calls, commands, strict=True)],
+                wait)
+            self._confirm([count for result, count in zip(results, counts, strict=True)
+                           if not isinstance(result, Exception)])
+            return results
         pipe = self._client.pipeline(transaction=False)
-        for name, keys, args in calls:
-            # execute_command, not evalsha(): redis-py's cluster pipeline refuses the
-            # evalsha() method but routes an EVALSHA command by its keys' slot.
-            pipe.execute_command("EVALSHA", load_script(name).sha, len(keys), *keys, *args)
-        cluster = hasattr(self._client, "get_node_from_key")
-        if wait is not None and not cluster:
+        for command in commands:
+            pipe.execute_command(*command)
+        if wait is not None:
             pipe.execute_command(*wait_command(*wait))
         results = list(pipe.execute(raise_on_error=False))
-        if wait is None:
-            return results
-        if cluster:
-            nodes = {self._client.get_node_from_key(keys[0]).name:
-                     self._client.get_node_from_key(keys[0]) for _, keys, _ in calls}
-            counts = [int(self._client.execute_command(*wait_command(*wait), target_nodes=node))
-                      for node in nodes.values()]
-        else:
+        if wait is not None:
             confirmed = results.pop()
             if isinstance(confirmed, Exception):
                 raise confirmed
-            counts = [int(confirmed)]
-        low = min(counts)
-        self.confirmed = low if self.confirmed is None else min(self.confirmed, low)
+            self._confirm([int(confirmed)])
         return results
+
+    def _confirm(self, counts: list[int]) -> None:
+        """Lower :attr:`confirmed` to the fewest of ``counts`` (replicas per call sent)."""
+        if counts:
+            low = min(counts)
+            self.confirmed = low if self.confirmed is None else min(self.confirmed, low)

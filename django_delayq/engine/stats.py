@@ -1,11 +1,11 @@
 """Running totals and histograms the scripts keep per queue shard, for metrics.
 
 Each shard's stats HASH (``{dq:Q}:stats``) holds, next to its per-minute counters:
-``e`` jobs enqueued, ``c`` completed, ``f`` dead-lettered (failed for good), ``r``
-failed attempts retried, and two histograms (bucket fields ``NAME:i``, sum ``NAME:sum``,
-in ms): ``hd`` the run time of completed jobs, ``hl`` the start lateness of every start
-(its count is the number of jobs started). Reading a queue is one HGETALL per shard,
-whatever the number of jobs.
+``e`` jobs enqueued, ``du`` enqueues skipped as duplicates, ``c`` completed, ``f``
+dead-lettered (failed for good), ``r`` failed attempts retried, and two histograms
+(bucket fields ``NAME:i``, sum ``NAME:sum``, in ms): ``hd`` the run time of completed
+jobs, ``hl`` the start lateness of every start (its count is the number of jobs
+started). Reading a queue is one HGETALL per shard, whatever the number of jobs.
 """
 
 from __future__ import annotations

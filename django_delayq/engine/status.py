@@ -31,8 +31,6 @@ JOB_STATUSES: Final = tuple(status.value for status in Status)
 #: The statuses with a set of their own in each queue (``Queue.counts()`` counts
 #: claimed jobs under active: both hold a lease).
 STATUSES: Final = tuple(status.value for status in Status if status is not Status.CLAIMED)
-#: Leased to a worker: claimed or running.
-LEASED: Final = (Status.CLAIMED, Status.ACTIVE)
 #: Not started yet: such a job can be cancelled or rescheduled.
 PENDING: Final = (Status.SCHEDULED, Status.READY)
 #: Not started yet and may be cancelled (a waiting job too).
@@ -41,6 +39,9 @@ CANCELLABLE: Final = (Status.WAITING, Status.SCHEDULED, Status.READY)
 FINISHED: Final = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
 #: Finished without success: such a job can be retried.
 RETRYABLE: Final = (Status.FAILED, Status.CANCELLED)
+#: A job written to the transactional outbox and not yet in Redis (no job hash holds it:
+#: only ``OutboxJob`` and the Django Tasks backend report it).
+OUTBOX: Final = "outbox"
 #: Everything but a running job: what a queue's purge may remove.
 PURGEABLE: Final = (Status.WAITING, Status.SCHEDULED, Status.READY, *FINISHED)
 #: What a job's history (the mirrored table, the lake) says of a job purged from Redis

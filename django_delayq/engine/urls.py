@@ -180,6 +180,9 @@ def client_from_url(url: str, *, cluster: bool = False, **kwargs: Any) -> Any:
     """
     scheme = url.partition("://")[0]
     if scheme in SENTINEL_SCHEMES:
+        if cluster:
+            raise ValueError("a Sentinel URL names one primary and its replicas, not a "
+                             "Redis Cluster: do not ask for a cluster client with it")
         return sentinel_client(parse_multi_host(url), **kwargs)
     if cluster or scheme in CLUSTER_SCHEMES:
         from redis.cluster import ClusterNode, RedisCluster

@@ -11,10 +11,12 @@ from .keys import validate_job_id, validate_queue_name
 MIN_PRIORITY = -100
 MAX_PRIORITY = 100
 #: Every time django-delayq stores is epoch milliseconds in this range: after the epoch
-#: (0 is read as "no time") up to the last millisecond of year 9999, the range every
-#: reader (Python's datetime, the databases' timestamp columns) can represent.
+#: (0 is read as "no time") up to 9998-12-31T00:00Z. In every time zone (up to +14:00)
+#: that is still year 9998, so whatever a reader computes from it (the end of its day,
+#: month or year, as the admin's date drill-down does) stays within Python's datetime,
+#: which ends with year 9999, and within the databases' timestamp columns.
 MIN_TIME_MS = 1
-MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+MAX_TIME_MS = 253_370_678_400_000  # 9998-12-31T00:00:00.000Z
 #: The longest delay: 100 years (a timestamp passed as a delay is refused, not stored).
 MAX_DELAY_SECONDS = 100 * 365 * 86_400
 #: The most runs a job may be allowed (fits every database's integer column).
@@ -62,7 +64,7 @@ def check_time_ms(ms: int, what: str = "time") -> int:
     """Return ``ms`` if it lies in the stored range, else raise :class:`InvalidTime`."""
     if not MIN_TIME_MS <= ms <= MAX_TIME_MS:
         raise InvalidTime(f"{what} is out of range: use a time after 1970-01-01T00:00:00Z "
-                          "and before the year 10000")
+                          "and no later than 9998-12-31T00:00:00Z")
     return ms
 
 

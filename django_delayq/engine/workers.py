@@ -1,10 +1,14 @@
 """Workers alive: each worker's HASH and its heartbeat in the workers ZSET.
 
-Workers write them (:func:`record_alive`, :func:`forget`); the admin dashboard, the
-API and ``delayq_health`` read them through :func:`live_workers`. A worker whose
-heartbeat stops drops out of the ZSET after its TTL, and its HASH expires. A record's
-``role`` is ``worker`` or ``supervisor`` (the parent of a ``runworker --processes N``
-pool); a pool's workers name their supervisor in ``supervisor``.
+Workers write them (:func:`record_alive`, :func:`forget`). A worker is alive while its
+last heartbeat is no older than :data:`ALIVE_MS`, the one definition every reader uses:
+the admin dashboard and the API list the workers alive (:func:`live_workers`), the
+metrics count them (:func:`count_alive`), ``delayq_health`` reads every record still
+kept to report the dead ones, and the mirror takes over the events of a worker that is
+not alive (:func:`consumers_gone`). A worker whose heartbeat stops drops out of the
+ZSET after its TTL, and its HASH expires. A record's ``role`` is ``worker`` or
+``supervisor`` (the parent of a ``runworker --processes N`` pool); a pool's workers
+name their supervisor in ``supervisor``.
 """
 
 from __future__ import annotations
@@ -17,13 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
-from .jobhash import read_times
+from .jobhash import read_times, to_float, to_int
 
 if TYPE_CHECKING:
     from .broker import Broker
 
 #: Most workers :func:`live_workers` lists (newest heartbeats first).
 MAX_LISTED = 1_000
+#: A worker is alive while its last heartbeat is no older than this: it beats at least
+#: every 10 s (a pool's supervisor every 5 s), so this is three missed heartbeats.
+ALIVE_MS = 30_000
 #: Fields every record of this process carries (a pool's child sets ``supervisor``).
 PROCESS_INFO: dict[str, Any] = {}
 
@@ -57,20 +64,6 @@ def forget(broker: Broker, name: str) -> None:
         pass
 
 
-def _int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _float(value: Any) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 @dataclass(slots=True)
 class WorkerInfo:
     """One live worker as its heartbeat describes it (None: a value it did not give)."""
@@ -99,12 +92,26 @@ class WorkerInfo:
     damaged: dict[str, str] = field(default_factory=dict)
 
 
-def live_workers(broker: Broker, limit: int = MAX_LISTED) -> list[WorkerInfo]:
-    """The workers alive, newest heartbeat first (at most ``limit``)."""
+def count_alive(broker: Broker) -> int:
+    """How many workers are alive (one command, whatever their number)."""
+    with broker.connection_errors():
+        now_ms = broker.server_time_ms()
+        return int(broker.client.zcount(broker.global_keys.workers, now_ms - ALIVE_MS, "+inf"))
+
+
+def live_workers(broker: Broker, limit: int = MAX_LISTED, *,
+                 include_dead: bool = False) -> list[WorkerInfo]:
+    """The workers alive, newest heartbeat first (at most ``limit``).
+
+    With ``include_dead``, also the workers whose heartbeat stopped but whose record is
+    still kept (for its TTL, a minute or more): ``delayq_health`` reports those.
+    """
     keys = broker.global_keys
     with broker.connection_errors():
         now_ms = broker.server_time_ms()
-        entries = broker.client.zrevrange(keys.workers, 0, limit - 1, withscores=True)
+        oldest = "-inf" if include_dead else now_ms - ALIVE_MS
+        entries = broker.client.zrevrangebyscore(keys.workers, "+inf", oldest, start=0,
+                                                 num=limit, withscores=True)
         pipe = broker.client.pipeline(transaction=False)
         for name, _ in entries:
             pipe.hgetall(keys.worker(name))
@@ -116,20 +123,20 @@ def live_workers(broker: Broker, limit: int = MAX_LISTED) -> list[WorkerInfo]:
         # A damaged time reads as None and is named in ``damaged``, never raised.
         times, damaged = read_times({**info, "heartbeat": int(beat)}, "started", "heartbeat")
         workers.append(WorkerInfo(
-            name=name, host=info.get("host", ""), pid=_int(info.get("pid")),
+            name=name, host=info.get("host", ""), pid=to_int(info.get("pid"), None),
             queues=[q for q in info.get("queues", "").split(",") if q],
-            concurrency=_int(info.get("concurrency")), busy=_int(info.get("busy")),
-            processed=_int(info.get("processed")), failed=_int(info.get("failed")),
+            concurrency=to_int(info.get("concurrency"), None),
+            busy=to_int(info.get("busy"), None),
+            processed=to_int(info.get("processed"), None),
+            failed=to_int(info.get("failed"), None),
             started=times["started"], heartbeat=times["heartbeat"],
             seconds_ago=max(0.0, (now_ms - beat) / 1000), damaged=damaged,
             role=info.get("role", "worker"), supervisor=info.get("supervisor") or None,
-            threads=_int(info.get("threads")), lease=_float(info.get("lease")),
+            threads=to_int(info.get("threads"), None), lease=to_float(info.get("lease")),
         ))
     return workers
 
 
-#: A heartbeat older than this means the worker is gone: it beats at least every 10 s.
-STALE_MS = 30_000
 #: The model mirror on a worker's thread consumes as ``<worker name>/mirror``.
 MIRROR_SUFFIX = "/mirror"
 
@@ -158,8 +165,8 @@ def consumers_gone(broker: Broker, consumers: list[str]) -> set[str]:
     """The mirror consumers of ``consumers`` that are certainly no longer alive.
 
     A worker's mirror (``<worker>/mirror``) is gone when the worker's heartbeat says so:
-    its record is gone (it stopped, or expired), its heartbeat is over
-    :data:`STALE_MS` old, or it ran on this host and its process has ended. A mirror of
+    its record is gone (it stopped, or expired), it is not alive (:data:`ALIVE_MS`), or
+    it ran on this host and its process has ended. A mirror of
     its own (``delayq_mirror``, named ``host:pid:...``) is gone when it ran on this host
     and its process has ended. Anything else is taken for alive. Taking for gone a
     consumer that is alive costs nothing but a repeated, idempotent write.
@@ -177,7 +184,7 @@ def consumers_gone(broker: Broker, consumers: list[str]) -> set[str]:
         replies = pipe.execute()
         for name, beat, (on_host, pid) in zip(workers, replies[0::2], replies[1::2],
                                                strict=True):
-            if (beat is None or now_ms - beat > STALE_MS or on_host is None
+            if (beat is None or now_ms - beat > ALIVE_MS or on_host is None
                     or (on_host == host and str(pid).isdigit()
                         and not _pid_running(int(pid)))):
                 gone.add(mirror_consumer(name))

@@ -26,7 +26,7 @@
 --
 -- Returns {now ms, next due run_at ms (-1: none scheduled), paused (0/1),
 --          orphan ids dropped (ids with no job hash), ms until the window lets the
---          next job start (-1: not held by the limit), then per claimed job 10 values:
+--          next job start (-1: not limited), then per claimed job 10 values:
 --          id, task, args, kwargs, attempt, max_attempts, priority, run_at, enqueued_at,
 --          time limit ms (0: none)}
 

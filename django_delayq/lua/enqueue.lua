@@ -6,7 +6,7 @@
 -- KEYS[4] events     STREAM lifecycle events
 -- KEYS[5] seq        STRING FIFO counter
 -- KEYS[6..5+n]       HASH  one job key per job, in ARGV order
--- KEYS[6+n] stats    HASH  the enqueued total (field 'e')
+-- KEYS[6+n] stats    HASH  the enqueued total (field 'e'), duplicates skipped ('du')
 -- KEYS[7+n] waiting  ZSET  jobs waiting for parents, by enqueued time (ms)
 -- with m > 0 (jobs that wait, below):
 -- KEYS[8+n..17+n], the shard's keys for resolving dependants (flow_ctx in flows.lua)
@@ -202,6 +202,12 @@ else
 end
 if #added_ids > 0 then
   redis.call('HINCRBY', KEYS[6 + n], 'e', #added_ids)
+end
+if #added_ids < n then
+  -- Counting duplicates is also a write: a WAIT after a call that found every job there
+  -- already (a retry after NotReplicated) then covers the earlier write of those jobs;
+  -- Redis 7.2+ advances a connection's WAIT offset only when its command wrote something.
+  redis.call('HINCRBY', KEYS[6 + n], 'du', n - #added_ids)
 end
 
 -- Link the jobs that wait to their parents of this shard, in this call; in call order,

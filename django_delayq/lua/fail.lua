@@ -13,7 +13,7 @@
 -- ARGV[1] job id
 -- ARGV[2] attempt (the lease token)
 -- ARGV[3] error (one line: exception class and message)
--- ARGV[4] traceback
+-- ARGV[4] traceback (its end is kept in the attempt log too)
 -- ARGV[5] retry delay (ms); -1: never retry this failure
 -- ARGV[6] failed job time to live (ms; 0: keep the id only until trimmed)
 -- ARGV[7] most failed ids to keep
@@ -47,7 +47,7 @@ end
 
 if retry_delay >= 0 and tonumber(f[2]) < (tonumber(f[3]) or 1) then
   local run_at = now + retry_delay
-  log_attempt(job_key, attempt, f[4], started, now, 'retried', ARGV[3])
+  log_attempt(job_key, attempt, f[4], started, now, 'retried', ARGV[3], ARGV[4])
   schedule_job(scheduled, KEYS[5], job_key, job_id, run_at)
   redis.call('HINCRBY', KEYS[7], 'r', 1)  -- failed attempts retried, in total
   emit(KEYS[6], maxlen, 'retried', job_id, now, 'attempt', attempt, 'run_at', run_at,
@@ -55,7 +55,7 @@ if retry_delay >= 0 and tonumber(f[2]) < (tonumber(f[3]) or 1) then
   return {'retried', run_at}
 end
 
-log_attempt(job_key, attempt, f[4], started, now, 'failed', ARGV[3])
+log_attempt(job_key, attempt, f[4], started, now, 'failed', ARGV[3], ARGV[4])
 redis.call('HSET', job_key, 's', 'failed')
 redis.call('ZADD', failed, now, job_id)
 if ttl > 0 then

@@ -33,23 +33,14 @@ from django.http import HttpRequest, HttpResponse
 from ..connection import get_broker
 from ..engine import Broker, DelayQConnectionError, Queue
 from ..engine.stats import Histogram, queue_stats
+from ..engine.workers import count_alive
 from ..mirror.lag import mirror_lag
 from ..task import registry
-
-#: A worker counts as alive while its last heartbeat is younger than this (ms).
-ALIVE_MS = 60_000
 
 
 def queue_names(broker: Broker) -> list[str]:
     """Queues seen in Redis or used by a registered task."""
     return sorted({q.name for q in Queue.all(broker=broker)} | set(registry.queues()))
-
-
-def workers_alive(broker: Broker) -> int:
-    """Workers whose heartbeat is younger than :data:`ALIVE_MS`."""
-    with broker.connection_errors():
-        now = broker.server_time_ms()
-        return int(broker.client.zcount(broker.global_keys.workers, now - ALIVE_MS, "+inf"))
 
 
 def _histogram(name: str, doc: str, per_queue: dict[str, Histogram]) -> Metric:
@@ -98,7 +89,7 @@ class DelayQCollector(Collector):
         yield _histogram("delayq_job_start_lateness", "Time from run_at to the start of "
                          "each attempt.", {n: stats[n].lateness for n in names})
         yield GaugeMetricFamily("delayq_workers_alive", "Workers with a heartbeat in the "
-                                "last minute.", value=workers_alive(broker))
+                                "last 30 seconds.", value=count_alive(broker))
 
 
 def registry_for_scrape() -> CollectorRegistry:

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.flows import parents_of
+from ..engine.fields import stored
 from ..engine.jobhash import decode_stored, from_ms, read_job_hash, to_fraction
 from ..engine.keys import QueueKeys, validate_job_id
-from ..engine.status import JOB_STATUSES
+from ..engine.status import JOB_STATUSES, Status
 from ..models import Job, JobStatus
 
 logger = logging.getLogger("django_delayq.mirror")
@@ -130,14 +130,14 @@ def _json_field(value: Any, raw: str | None) -> Any:
     return value
 
 
-def row_from_hash(queue: str, job_id: str, stored: dict[str, str]) -> Job:
+def row_from_hash(queue: str, job_id: str, data: dict[str, str]) -> Job:
     """A model instance holding a job HASH's state (HGETALL's answer, stored names).
 
     A damaged field (a time out of range, a number that is not one) takes its default,
     so one damaged hash cannot stall the mirror; ``damaged`` names each such field and
     what was found there, as the live ``Job`` does.
     """
-    h = read_job_hash(stored)
+    h = read_job_hash(data)
     return Job(
         queue=queue, job_id=job_id, task_name=storable_text(h.task[:200]),
         status=h.status if h.status in JOB_STATUSES else JobStatus.READY,
@@ -154,7 +154,7 @@ def row_from_hash(queue: str, job_id: str, stored: dict[str, str]) -> Job:
         progress=h.progress,
         progress_message=storable_text(h.progress_message[:500]),
         attempt_log=_attempt_log(h.text.get("attempt_log")),
-        parents=[list(ref) for ref in parents_of(stored)],
+        parents=[list(ref) for ref in h.parents],
         damaged={storable_text(k): storable_text(v) for k, v in h.damaged.items()} or None,
     )
 
@@ -196,13 +196,13 @@ def apply_event(row: Job, event: Event) -> None:
         row.finished_at = None
         if f.get("manual"):
             row.attempts, row.error, row.traceback = 0, "", ""
-    elif kind == "progress":
-        row.progress = to_fraction(f.get("g"))
-        row.progress_message = storable_text(f.get("gm", "")[:500])
+    elif kind == "progress":  # the event carries the hash's fields, by their stored names
+        row.progress = to_fraction(f.get(stored("progress")))
+        row.progress_message = storable_text(f.get(stored("progress_message"), "")[:500])
     elif kind in ("promoted", "reclaimed", "released"):
         row.status = JobStatus.READY
     elif kind == "unblocked":  # its last parent ended (workflows): due now or later
-        scheduled = f.get("status") == "scheduled"
+        scheduled = f.get("status") == Status.SCHEDULED
         row.status = JobStatus.SCHEDULED if scheduled else JobStatus.READY
     elif kind in ("purged", "orphaned"):
         row.status = JobStatus.PURGED

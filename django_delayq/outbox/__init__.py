@@ -8,8 +8,9 @@ it commits (see docs/outbox.md).
   :class:`RelayThread` (the relay on a thread of ``runworker`` and ``delayq_mirror``).
 """
 
+from ..engine.status import OUTBOX
 from .relay import Relay, RelayThread, start_relay_threads, stop_relay_threads
-from .write import OUTBOX, OutboxJob, flush, write
+from .write import OutboxJob, flush, write
 
 __all__ = ["OUTBOX", "OutboxJob", "Relay", "RelayThread", "flush", "start_relay_threads",
            "stop_relay_threads", "write"]

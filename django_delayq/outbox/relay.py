@@ -34,7 +34,6 @@ from ..models import OutboxEntry
 from .send import Outcome, send_rows, settle, take
 
 logger = logging.getLogger(__name__)
-_FROM_SETTINGS: Any = object()
 #: Rounds in a row that may fail before ``run(burst=True)`` gives up.
 BURST_TRIES = 3
 
@@ -55,13 +54,13 @@ class Relay:
 
     ``run()`` loops (an empty outbox is read every ``poll_interval`` seconds);
     ``run(burst=True)`` sends what is waiting and returns. An unreachable Redis or
-    database is retried with a capped backoff (0.1 s doubling to 5 s); each failed send
-    counts against the rows it carried, which are parked after ``max_attempts``.
+    database is retried with a capped backoff (0.1 s doubling to 5 s) for as long as it
+    lasts: rows are parked only when Redis or the checks refuse them, never for an
+    outage, however long, or however many relays (one per ``runworker``) try meanwhile.
     """
 
     def __init__(self, *, using: str = DEFAULT_DB_ALIAS, broker: Broker | None = None,
                  chunk_size: int | None = None, poll_interval: float | None = None,
-                 max_attempts: int | None = _FROM_SETTINGS,
                  known_tasks: Collection[str] | None = None) -> None:
         options = conf.OUTBOX
         self.using = using
@@ -69,8 +68,6 @@ class Relay:
         self.chunk_size = chunk_size or int(options["CHUNK_SIZE"])
         self.poll_interval = float(options["POLL_INTERVAL"] if poll_interval is None
                                    else poll_interval)
-        self.max_attempts: int | None = (options["MAX_ATTEMPTS"]
-                                         if max_attempts is _FROM_SETTINGS else max_attempts)
         #: The task registry: rows naming another task are parked (None: not checked).
         self.known_tasks = known_tasks
         self.sent = 0  # rows Redis took (new jobs and duplicates)
@@ -145,8 +142,7 @@ class Relay:
                 return done
             done.rows = len(taken)
             done.outcome = send_rows(self.broker, taken, self.known_tasks)
-            done.parked = settle(self.using, done.outcome, [row.pk for row in taken],
-                                 self.max_attempts)
+            done.parked = settle(self.using, done.outcome, [row.pk for row in taken])
         outcome = done.outcome
         self.sent += len(outcome.sent)
         self.added += outcome.added

@@ -1,10 +1,11 @@
 """Sending outbox rows to Redis, and settling the rows once Redis answered.
 
-One place decides what a failure means: Redis unreachable (or briefly unable to write) is
-*transient*, the rows stay and are tried again; anything else Redis or the checks refuse
-(an unknown task, arguments that are no longer valid) is a *refusal*, and the row is
-parked with its error instead of being retried for ever. Rows are sent with the engine's
-bulk enqueue and their job ids, so a row sent twice is one job.
+One place decides what a failure means: Redis unreachable (or unable to write for now: a
+failover, a full memory, a replica missing) is *transient*, and the rows stay, tried
+again until Redis takes them, however long that takes; anything else Redis or the checks
+refuse (an unknown task, arguments that are no longer valid) is a *refusal*, and the row
+is parked at once with its error instead of being retried for ever. Rows are sent with
+the engine's bulk enqueue and their job ids, so a row sent twice is one job.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Collection, Sequence
 from django.db import connections, transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
 from ..engine import (
     Broker,
@@ -32,7 +33,10 @@ from ..models import OutboxEntry
 
 logger = logging.getLogger(__name__)
 
-#: Answers of a Redis that cannot write for now (memory full, a replica, loading...).
+#: Answers of a Redis that cannot write for now (memory full, a replica, loading...):
+#: redis-py raises a class of its own for some (their message then lacks the code),
+#: a plain ``ResponseError`` whose message starts with the code for the others.
+TRANSIENT_REPLY_CLASSES = (OutOfMemoryError, ReadOnlyError)
 TRANSIENT_REPLIES = ("OOM", "BUSY", "LOADING", "MASTERDOWN", "NOREPLICAS", "READONLY",
                      "TRYAGAIN", "CLUSTERDOWN")
 MAX_ERROR_CHARS = 2_000
@@ -44,7 +48,8 @@ def is_transient(exc: BaseException) -> bool:
     ``NotReplicated`` (fewer replicas than ``MIN_REPLICAS`` confirmed) counts: the rows
     stay until a send is confirmed, and sending them again adds no job twice.
     """
-    if isinstance(exc, (DelayQConnectionError, NotReplicated, *UNAVAILABLE)):
+    if isinstance(exc, (DelayQConnectionError, NotReplicated, *UNAVAILABLE,
+                        *TRANSIENT_REPLY_CLASSES)):
         return True
     return isinstance(exc, ResponseError) and str(exc).startswith(TRANSIENT_REPLIES)
 
@@ -170,10 +175,9 @@ def relax_commit(using: str) -> None:
             cursor.execute("SET LOCAL synchronous_commit TO OFF")
 
 
-def settle(using: str, outcome: Outcome, tried: Sequence[int] = (),
-           max_attempts: int | None = None) -> int:
-    """Delete the rows Redis has, park the refused ones; count a failed send against
-    the rows of ``tried`` that were neither (parking those past ``max_attempts``).
+def settle(using: str, outcome: Outcome, tried: Sequence[int] = ()) -> int:
+    """Delete the rows Redis has, park the refused ones, and note a transient failure
+    on the rows of ``tried`` that were neither (they stay waiting, never parked for it).
 
     Returns how many rows were parked. Runs in a transaction of its own unless one is
     open.
@@ -182,28 +186,23 @@ def settle(using: str, outcome: Outcome, tried: Sequence[int] = (),
     with transaction.atomic(using=using, savepoint=False):
         if outermost:
             relax_commit(using)
-        return _settle(using, outcome, tried, max_attempts)
+        return _settle(using, outcome, tried)
 
 
-def _settle(using: str, outcome: Outcome, tried: Sequence[int],
-            max_attempts: int | None) -> int:
+def _settle(using: str, outcome: Outcome, tried: Sequence[int]) -> int:
     rows = OutboxEntry.objects.using(using)
     if outcome.sent:
         rows.filter(pk__in=outcome.sent).delete()
     now = timezone.now()
     for pk, error in outcome.refused.items():
         rows.filter(pk=pk).update(parked_at=now, error=error)
-    parked = len(outcome.refused)
     done = set(outcome.sent) | set(outcome.refused)
     waiting = [pk for pk in tried if pk not in done]
     if outcome.failure is not None and waiting:
+        # Shown in the admin: how often, and why, the rows could not be sent yet.
         rows.filter(pk__in=waiting).update(attempts=F("attempts") + 1,
                                            error=describe(outcome.failure))
-        if max_attempts is not None:
-            parked += rows.filter(pk__in=waiting, attempts__gte=max_attempts).update(
-                parked_at=now)
     if outcome.refused:
         logger.error("outbox parked rows Redis refused count=%d first_error=%s",
                      len(outcome.refused), next(iter(outcome.refused.values())))
-    return parked
-
+    return len(outcome.refused)

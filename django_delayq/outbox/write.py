@@ -27,6 +27,7 @@ from ..connection import get_broker
 from ..engine import EnqueueRequest, Job, JobNotFound, validation
 from ..engine.fastpaths import positional_names
 from ..engine.jobhash import from_ms
+from ..engine.status import OUTBOX
 from ..models import OutboxEntry
 from .send import send_rows, settle, take
 
@@ -57,9 +58,6 @@ class Enqueueable(Protocol):
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None: ...
 
 logger = logging.getLogger(__name__)
-
-#: The status of a job written to the outbox and not yet in Redis.
-OUTBOX = "outbox"
 
 
 @dataclasses.dataclass(eq=False)
@@ -101,14 +99,14 @@ def write(task: Enqueueable, args: Sequence[Any], kwargs: Mapping[str, Any],
     request = EnqueueRequest(task=task.name, args=args, kwargs=dict(kwargs), run_at=run_at,
                              priority=task.priority, job_id=task.job_id,
                              max_attempts=task.attempts_allowed, timeout=task.timeout)
-    job_id, _, args_json, kwargs_json, _, run_at_ms, _, _, timeout_ms = broker.encode_request(
-        request, positional_names(task.func))
-    due = from_ms(run_at_ms)
+    job = broker.encode_request(request, positional_names(task.func))
+    due = from_ms(job.run_at_ms)
     stored = due if due is None or settings.USE_TZ else timezone.make_naive(due)  # local
     row = OutboxEntry.objects.using(alias).create(
-        job_id=job_id, queue=queue, task_name=task.name, args=args_json, kwargs=kwargs_json,
-        priority=task.priority, run_at=stored, max_attempts=task.attempts_allowed,
-        timeout=None if timeout_ms == "" else timeout_ms / 1000)
+        job_id=job.job_id, queue=queue, task_name=task.name, args=job.args_json,
+        kwargs=job.kwargs_json, priority=task.priority, run_at=stored,
+        max_attempts=task.attempts_allowed,
+        timeout=job.timeout_ms / 1000 if isinstance(job.timeout_ms, int) else None)
     if conf.OUTBOX["FAST_PATH"]:
         _pending_ids(alias).append(row.pk)
         # One hook per row: Django drops the hooks of a rolled-back savepoint with its
@@ -116,7 +114,7 @@ def write(task: Enqueueable, args: Sequence[Any], kwargs: Mapping[str, Any],
         # find nothing left to do.
         transaction.on_commit(partial(flush, alias), using=alias)
     return OutboxJob(
-        id=job_id, queue=queue, task_name=task.name, status=OUTBOX, args=list(args),
+        id=job.job_id, queue=queue, task_name=task.name, status=OUTBOX, args=list(args),
         kwargs=dict(kwargs), priority=task.priority, run_at=due,
         max_attempts=task.attempts_allowed, database=alias,
     )

@@ -10,7 +10,6 @@ from typing import Any
 
 from .report import ALL_TASKS, Report
 
-CSV_FILES = ("summary.csv", "timeline.csv", "latest.csv", "longest.csv")
 CHART_FILE = "report.png"
 
 

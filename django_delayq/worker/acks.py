@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from redis.exceptions import RedisError
 
 from ..engine import Broker, ClaimedJob, DelayQError, QueueKeys, flows
-from .backoff import FIRST_BACKOFF, MAX_BACKOFF, SHARD_PAUSE, Backoff
+from .backoff import FIRST_BACKOFF, MAX_BACKOFF, SHARD_BACKOFF, Backoff
 from .execution import Outcome
 from .ledger import Ledger
 
@@ -121,7 +121,7 @@ def log_finished(o: Outcome, fate: str) -> None:
 
 class Acker:
     """The acker thread's state: outcomes waiting to be sent, shards whose acks are
-    held back, and the totals of what landed.
+    deferred (backing off), and the totals of what landed.
 
     It sends every finished job's outcome in one round trip per batch, lingering
     briefly for more while jobs run, and settles the acked jobs in the ledger.
@@ -138,7 +138,8 @@ class Acker:
         #: Jobs a thread started, with their start (ms), to mark active (start.lua).
         self.started: list[tuple[ClaimedJob, int]] = []
         self._ready = threading.Event()
-        self._paused: dict[QueueKeys, float] = {}  # refused acks: until when
+        #: Shards backing off after refusing acks: until when (monotonic seconds).
+        self._backoff_until: dict[QueueKeys, float] = {}
         #: Acked outcomes: completed jobs, failed attempts to be retried, jobs failed
         #: for good (dead-lettered), and acks the engine ignored as stale.
         self.completed = 0
@@ -174,20 +175,20 @@ class Acker:
         self.flush_until_done(time.monotonic() + 5)
 
     def _wait(self) -> float:
-        """Seconds to wait for outcomes: less if a paused shard's acks are due."""
-        until = min(self._paused.values(), default=None)
+        """Seconds to wait for outcomes: less if a shard's deferred acks are due."""
+        until = min(self._backoff_until.values(), default=None)
         return 0.5 if until is None else min(0.5, max(0.0, until - time.monotonic()))
 
-    def flush(self, *, ignore_pauses: bool = False) -> None:
+    def flush(self, *, ignore_backoff: bool = False) -> None:
         """Send every pending outcome in one round trip (kept for a retry on failure).
 
         A shard that refuses its acks while others take theirs (a Redis Cluster slot on
-        the move says TRYAGAIN) keeps its outcomes back for SHARD_PAUSE; the other
+        the move says TRYAGAIN) has its outcomes deferred for SHARD_BACKOFF; the other
         shards' acks go on landing meanwhile. If every call is refused, or the round
         trip fails, the error is raised for the acker's backoff.
         """
         now = time.monotonic()
-        paused = self._paused
+        backing_off = self._backoff_until
         with self._lock:
             pending, self.outcomes = self.outcomes, []
             started, self.started = self.started, []
@@ -196,15 +197,15 @@ class Acker:
             # a job that also finished is marked started by its ack (it carries the start)
             acked = {(o.job.keys, o.job.id) for o in pending}
             started = [s for s in started if (s[0].keys, s[0].id) not in acked]
-        for keys, until in list(paused.items()):
-            if until <= now or ignore_pauses:
-                paused.pop(keys, None)
-        outcomes, held_back = pending, []
-        if paused:
-            outcomes = [o for o in pending if o.job.keys not in paused]
-            held_back = [o for o in pending if o.job.keys in paused]
+        for keys, until in list(backing_off.items()):
+            if until <= now or ignore_backoff:
+                backing_off.pop(keys, None)
+        outcomes, deferred = pending, []
+        if backing_off:
+            outcomes = [o for o in pending if o.job.keys not in backing_off]
+            deferred = [o for o in pending if o.job.keys in backing_off]
         if not outcomes and not started:
-            self._keep(held_back)
+            self._keep(deferred)
             return
         try:
             sent = send_outcomes(self.broker, outcomes, worker=self.name, started=started)
@@ -230,7 +231,7 @@ class Acker:
                                "error=%s", keys.queue, exc)
         refused = {o.job.keys for o in sent.unsent}
         unsent = {id(o) for o in sent.unsent}
-        self._keep(sent.unsent + held_back)  # only the refused calls go again
+        self._keep(sent.unsent + deferred)  # only the refused calls go again
         landed = [o for o in outcomes if id(o) not in unsent]
         self.ledger.settle(o.job for o in landed)
         with self._lock:
@@ -255,9 +256,9 @@ class Acker:
         if len(sent.unsent) == len(outcomes):
             raise sent.error
         for keys in refused:
-            paused[keys] = now + SHARD_PAUSE
-        logger.warning("acks refused by %d shard(s), held back for %.1fs worker=%s "
-                       "shards=%s error=%s", len(refused), SHARD_PAUSE, self.name,
+            backing_off[keys] = now + SHARD_BACKOFF
+        logger.warning("acks refused by %d shard(s), deferred for %.1fs worker=%s "
+                       "shards=%s error=%s", len(refused), SHARD_BACKOFF, self.name,
                        ",".join(k.tag for k in refused), sent.error)
 
     def _keep(self, outcomes: list[Outcome]) -> None:
@@ -267,10 +268,10 @@ class Acker:
                 self.outcomes[:0] = outcomes
 
     def flush_until_done(self, deadline: float) -> None:
-        """At shutdown: send every pending outcome, paused shards' too, until ``deadline``."""
+        """At shutdown: send every pending outcome, deferred ones too, until ``deadline``."""
         while True:
             try:
-                self.flush(ignore_pauses=True)
+                self.flush(ignore_backoff=True)
             except RedisError as exc:
                 logger.warning("acks not sent at shutdown worker=%s error=%s", self.name, exc)
             if not self.outcomes:

@@ -1,16 +1,16 @@
-"""The pause between retries of a loop whose Redis or database keeps failing."""
+"""The wait between retries of a loop whose Redis or database keeps failing."""
 
 from __future__ import annotations
 
 import threading
 
-#: Pauses between retries while Redis is unreachable: the first, and the longest.
+#: Waits between retries while Redis is unreachable: the first, and the longest.
 FIRST_BACKOFF = 0.1
 MAX_BACKOFF = 5.0
 #: A shard that refuses a call its siblings answered (a Redis Cluster slot on the move
-#: says TRYAGAIN) is left out of claims, or its acks held back, for this long, so the
-#: others run at full speed.
-SHARD_PAUSE = 1.0
+#: says TRYAGAIN) backs off: it is left out of claims, or its acks are deferred, for
+#: this long, so the others run at full speed.
+SHARD_BACKOFF = 1.0
 
 
 class Backoff:

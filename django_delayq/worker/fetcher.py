@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from redis.exceptions import RedisError
 
 from ..engine import Broker, ClaimedJob, ClaimResult, PartialClaimError, QueueKeys
-from .backoff import FIRST_BACKOFF, MAX_BACKOFF, SHARD_PAUSE, Backoff
+from .backoff import FIRST_BACKOFF, MAX_BACKOFF, SHARD_BACKOFF, Backoff
 from .ledger import Ledger
 from .markers import MarkerWatch
 
@@ -68,7 +68,8 @@ class Fetcher:
         self._on_burst_done = on_burst_done
         self.shards: list[QueueKeys] = [k for q in self.queues for k in broker.shards(q)]
         self.rotation = 0
-        self._paused_shards: dict[QueueKeys, float] = {}  # refused a claim: until when
+        #: Shards backing off after refusing a claim: until when (monotonic seconds).
+        self._backoff_until: dict[QueueKeys, float] = {}
         self.watch: MarkerWatch | None = None
         if blocking_broker.is_cluster and len({k.tag for k in self.shards}) > 1:
             self.watch = MarkerWatch(blocking_broker.client, [k.marker for k in self.shards],
@@ -159,9 +160,9 @@ class Fetcher:
         start = self.rotation % n
         self.rotation += 1
         sent = time.monotonic()
-        paused = self._paused_shards
+        backing_off = self._backoff_until
         order = [k for k in self.shards[start:] + self.shards[:start]
-                 if paused.get(k, 0.0) <= sent]
+                 if backing_off.get(k, 0.0) <= sent]
         idle = max(0, self.concurrency - self.ledger.busy)
         self._starved = idle == 0 and bool(self._limited)
         per_shard = max(1, -(-free // max(1, len(order))))
@@ -174,20 +175,20 @@ class Fetcher:
                 results = self.broker.claim_many(wants, self.name, self.lease_ms)
             except PartialClaimError as exc:
                 # A shard that fails (a cluster slot on the move) must not cost the jobs
-                # the others leased: they run, and it sits out claims for SHARD_PAUSE.
+                # the others leased: they run, and it sits out claims for SHARD_BACKOFF.
                 results = exc.results
                 answered = {r.keys for r in results}
                 refused = [k for k, _ in wants if k not in answered]
                 for keys in refused:
-                    paused[keys] = sent + SHARD_PAUSE
+                    backing_off[keys] = sent + SHARD_BACKOFF
                 logger.warning("claim refused by %d shard(s), left out for %.1fs worker=%s "
-                               "shards=%s error=%s", len(refused), SHARD_PAUSE, self.name,
+                               "shards=%s error=%s", len(refused), SHARD_BACKOFF, self.name,
                                ",".join(k.tag for k in refused), exc.__cause__)
         for result in results:
-            paused.pop(result.keys, None)
+            backing_off.pop(result.keys, None)
         wait = self.block_timeout
-        if paused:
-            wait = min(wait, min(paused.values()) - sent)
+        if backing_off:
+            wait = min(wait, min(backing_off.values()) - sent)
         total = 0
         for result in results:
             if result.orphans:

@@ -1,9 +1,11 @@
 """Is a worker alive? What ``manage.py delayq_health`` checks, from the workers registry.
 
 A worker is healthy while its heartbeat is recent and it has at least one live thread
-to run jobs (a supervisor: at least one live worker process). A record that stopped
-being renewed stays in the registry until its TTL, so a dead worker is reported as
-stale for a while, then as missing.
+to run jobs (a supervisor: at least one live worker process). Recent means three of its
+heartbeat intervals and a second, never more than the workers alive allow
+(:data:`~django_delayq.engine.workers.ALIVE_MS`). A record that stopped being renewed
+stays in the registry until its TTL, so a dead worker is reported as stale for a while,
+then as missing.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 
 from ..conf import conf
 from ..engine import Broker
-from ..engine.workers import WorkerInfo, live_workers
+from ..engine.workers import ALIVE_MS, WorkerInfo, live_workers
 from .supervisor import HEARTBEAT as SUPERVISOR_HEARTBEAT
 
 
@@ -43,14 +45,15 @@ def check_workers(broker: Broker, *, worker: str | None = None, queue: str | Non
     """The health of each worker matching ``worker`` (its name, or its supervisor's) and
     ``queue`` (workers serving it); every worker when both are None."""
     return [
-        _health(info, stale_after) for info in live_workers(broker)
+        _health(info, stale_after) for info in live_workers(broker, include_dead=True)
         if (worker is None or worker in (info.name, info.supervisor))
         and (queue is None or queue in info.queues)
     ]
 
 
 def _health(info: WorkerInfo, stale_after: float | None) -> WorkerHealth:
-    limit = stale_after if stale_after is not None else 3 * heartbeat_interval(info) + 1
+    limit = stale_after if stale_after is not None else min(
+        3 * heartbeat_interval(info) + 1, ALIVE_MS / 1000)
     problem = ""
     if info.seconds_ago > limit:
         problem = f"no heartbeat for {info.seconds_ago:.1f}s (limit {limit:.1f}s)"

@@ -90,10 +90,6 @@ class Ledger:
         """Leases claimed and not yet finished running (buffered or running)."""
         return self._busy
 
-    def running_count(self) -> int:
-        with self.lock:
-            return sum(1 for lease in self._leases.values() if lease.state == RUNNING)
-
     def __contains__(self, item: Key) -> bool:
         return item in self._leases
 

@@ -245,6 +245,7 @@ class Supervisor:
                 continue
             pid = child.proc.pid
             child.proc = None
+            forget_metrics_of(pid)
             uptime = now - child.started
             child.clean = code in (0, EXIT_RECYCLE, -signal.SIGTERM)
             if self.stopping:
@@ -312,6 +313,22 @@ class Supervisor:
             })
         except RedisError as exc:
             logger.warning("supervisor heartbeat failed supervisor=%s error=%s", self.name, exc)
+
+
+def forget_metrics_of(pid: int) -> None:
+    """Drop a dead child's live gauges from prometheus_client's multiprocess files (its
+    counters stay: what it counted still counts), when ``PROMETHEUS_MULTIPROC_DIR`` is
+    set (docs/metrics.md)."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
+    try:
+        from prometheus_client import multiprocess
+    except ImportError:
+        return
+    try:
+        multiprocess.mark_process_dead(pid)
+    except OSError as exc:  # the directory went away: nothing of the child is left there
+        logger.warning("could not drop the metrics of pid=%d error=%s", pid, exc)
 
 
 def watch_parent(parent_pid: int, on_gone: Callable[[], None]) -> threading.Thread:

@@ -68,39 +68,19 @@ async def dj_async_add(a: int, b: int) -> int:
     return a + b
 
 
-# -- the backend-generic cases of Django's own Tasks tests (tests/test_django_tasks_port.py)
-
-
 @task
-def dj_noop(*args: Any, **kwargs: Any) -> None:
-    return None
+def dj_progress(gate: str) -> str:
+    """Report progress through delayq's ``current_job()``, then wait for ``gate``."""
+    from django_delayq.current import current_job
 
-
-@task(queue_name="async")
-async def dj_noop_async(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
-@task
-def dj_value_error() -> None:
-    raise ValueError("This task failed on purpose")
-
-
-@task
-def dj_nested_error() -> None:
-    raise ValueError(ValueError("nested"))
-
-
-@task
-def dj_not_json() -> object:
-    return {1, 2}
-
-
-@task
-def dj_forty_two() -> int:
-    return 42
-
-
-@task(takes_context=True)
-def dj_own_id(context: Any) -> str:
-    return str(context.task_result.id)
+    running = current_job()
+    assert running is not None
+    running.set_progress(0.5, "half way")
+    client = get_broker().client
+    deadline = time.monotonic() + 60
+    while not client.exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate} never opened")
+        time.sleep(0.02)
+    running.set_progress(1.0, "done")
+    return gate

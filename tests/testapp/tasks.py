@@ -93,7 +93,7 @@ if os.environ.get("DELAYQ_TEST_PERIODIC"):
 
 # Tasks written against Django's Tasks API, found by workers through this module, and the
 # tasks of the fault and bad-input tests.
-from . import fault_tasks, outbox_hooks, standard_tasks  # noqa: E402, F401
+from . import fault_tasks, outbox_hooks, port_tasks, standard_tasks  # noqa: E402, F401
 
 
 @task
@@ -132,6 +132,30 @@ def raises(kind: str) -> None:
     """Raise the exception named ``kind`` (a key of BASE_EXCEPTIONS)."""
     _note("raises", kind=kind)
     raise BASE_EXCEPTIONS[kind]()
+
+
+_PROMETHEUS: dict[str, object] = {}
+
+
+@task
+def counts_in_prometheus(tag: str) -> str:
+    """Count the job in a prometheus_client counter and mark this process busy in a live
+    gauge (the pool's multiprocess mode collects both); note the pid."""
+    from prometheus_client import Counter, Gauge
+
+    if not _PROMETHEUS:
+        _PROMETHEUS["jobs"] = Counter("tests_jobs_counted", "Jobs counted by the task.")
+        _PROMETHEUS["alive"] = Gauge("tests_processes_counting", "Processes that counted.",
+                                     multiprocess_mode="livesum")
+    _PROMETHEUS["jobs"].inc()  # type: ignore[attr-defined]
+    _PROMETHEUS["alive"].set(1)  # type: ignore[attr-defined]
+    _note("counts_in_prometheus", tag=tag)
+    return tag
+
+
+@task(max_attempts=1)
+def raises_value_error(message: str) -> None:
+    raise ValueError(message)
 
 
 @task(max_attempts=2, retry_backoff=0.1, retry_backoff_max=0.1)
@@ -262,6 +286,18 @@ async def async_orm_unsafe() -> int:
 @task(queue=ASYNC, max_attempts=1)
 async def async_base_exception() -> None:
     raise KeyboardInterrupt("from a coroutine")
+
+
+@task(queue=ASYNC, max_attempts=1)
+async def async_add(a: int, b: int) -> dict[str, object]:
+    """Await the loop once, report progress, return the sum and the thread's loop state."""
+    from django_delayq.current import current_job
+
+    await asyncio.sleep(0)
+    running = current_job()
+    assert running is not None
+    running.set_progress(0.5, "half way")
+    return {"sum": a + b, "in_loop": asyncio.get_running_loop().is_running()}
 
 
 @task(max_attempts=1)

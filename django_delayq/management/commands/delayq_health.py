@@ -36,7 +36,8 @@ class Command(BaseCommand):
         parser.add_argument("--queue", default=None, help="the workers serving this queue")
         parser.add_argument("--stale-after", type=float, default=None,
                             help="seconds without a heartbeat after which a worker is "
-                                 "dead (default: three of its heartbeat intervals + 1 s)")
+                                 "dead (default: three of its heartbeat intervals + 1 s, "
+                                 "at most 30 s)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["queue"] is not None:

@@ -76,8 +76,7 @@ class Command(BaseCommand):
         try:
             count = mirror.run(burst=options["burst"])
             if options["drain_on_stop"] and len(signals) == 1:
-                mirror._stop.clear()  # the last events of the workers that just stopped
-                count += mirror.run(burst=True, timeout=5.0)
+                count += mirror.drain(5.0)  # the last events of the workers that just stopped
         finally:
             stop_relay_threads(relays)
             if lake is not None:

@@ -1,10 +1,10 @@
-"""Single commands on connections held out of a redis-py pool, without a checkout each.
+"""Single commands on connections pinned out of a redis-py pool, without a checkout each.
 
 redis-py checks a connection out of its pool and back in for every command: a lock,
 a ``can_read()`` poll of the socket, metrics bookkeeping, then the client's retry
 wrapper. That costs about as much as the round trip of a small command, which doubles
 the Python cost of a single :meth:`~django_delayq.engine.Broker.enqueue`.
-:class:`HeldConnections` takes a few connections from the pool once and keeps them in
+:class:`PinnedConnections` takes a few connections from the pool once and keeps them in
 a free list; each call pops one, sends the command, reads the reply and pushes it back
 (``list.pop``/``append`` are atomic, so threads never share a connection).
 
@@ -13,8 +13,9 @@ connection that raised anything but an error reply is disconnected and never reu
 a connection error (or a timeout, if the client retries them) falls back to the
 client path, whose retry policy applies; health checks and reply decoding are the
 connection's own, as on the client path.
-Commands sent this way are not counted by redis-py's optional metrics. The redis-py
-internals this relies on are listed, and reached, in :mod:`.fastpaths`.
+Commands sent this way are not counted by redis-py's optional metrics. Every redis-py
+internal this relies on is reached through :mod:`.fastpaths`, which adapts it to the
+installed version.
 """
 
 from __future__ import annotations
@@ -28,28 +29,28 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .fastpaths import HAS_SHOULD_RECONNECT, checkout, retries
+from .fastpaths import checkout, disconnect, must_reconnect, read_reply, retries, send_packed
 
 #: Connections kept idle at most; more threads at once take and give back pool ones.
-MAX_HELD = 8
+MAX_PINNED = 8
 
 
-class HeldConnections:
+class PinnedConnections:
     """A free list of connections of one plain ``redis.Redis`` client's pool."""
 
-    def __init__(self, client: Any, max_held: int = MAX_HELD) -> None:
+    def __init__(self, client: Any, max_pinned: int = MAX_PINNED) -> None:
         self._client = client
         self._pool = client.connection_pool
-        self._max_held = max_held
+        self._max_pinned = max_pinned
         self._free: list[Any] = []
         self._pid = os.getpid()
 
     @classmethod
-    def for_client(cls, client: Any) -> HeldConnections | None:
-        """Held connections for ``client``, or None where only the client path is right.
+    def for_client(cls, client: Any) -> PinnedConnections | None:
+        """Pinned connections for ``client``, or None where only the client path is right.
 
         Only a plain ``redis.Redis`` (Sentinel pools included) qualifies: not a cluster
-        client, a single-connection client or a pool with client-side caching. Holding
+        client, a single-connection client or a pool with client-side caching. Pinning
         connections takes them from the pool, so a small pool is left alone.
         """
         import redis
@@ -59,16 +60,16 @@ class HeldConnections:
         pool = getattr(client, "connection_pool", None)
         if pool is None or getattr(pool, "cache", None) is not None:
             return None
-        max_held = min(MAX_HELD, getattr(pool, "max_connections", 0) // 4)
-        return cls(client, max_held) if max_held > 0 else None
+        max_pinned = min(MAX_PINNED, getattr(pool, "max_connections", 0) // 4)
+        return cls(client, max_pinned) if max_pinned > 0 else None
 
     def execute(self, *args: Any) -> Any:
         """Send one command and return its reply, decoded as the client would."""
         packed = [pack_command(args)]  # bad arguments raise TypeError before any I/O
         conn = self._take()
         try:
-            conn.send_packed_command(packed)
-            reply = conn.read_response()
+            send_packed(conn, packed)
+            reply = read_reply(conn)
         except ResponseError:
             self._give_back(conn)  # an error reply leaves the connection in step
             raise
@@ -99,10 +100,10 @@ class HeldConnections:
         conn = self._take()
         replies: list[Any] = []
         try:
-            conn.send_packed_command(packed)
+            send_packed(conn, packed)
             for _ in commands:
                 try:
-                    replies.append(conn.read_response())
+                    replies.append(read_reply(conn))
                 except ResponseError as exc:
                     replies.append(exc)
         except (RedisConnectionError, RedisTimeoutError) as exc:
@@ -120,7 +121,7 @@ class HeldConnections:
         return replies
 
     def _take(self) -> Any:
-        """A held connection, or one checked out of the pool if none is free."""
+        """A pinned connection, or one checked out of the pool if none is free."""
         if self._pid != os.getpid():
             self._forget_parent_connections()
         try:
@@ -129,7 +130,7 @@ class HeldConnections:
             return checkout(self._pool)
 
     def close(self) -> None:
-        """Hand every idle held connection back to the pool."""
+        """Hand every idle pinned connection back to the pool."""
         while self._free:
             try:
                 conn = self._free.pop()
@@ -138,14 +139,13 @@ class HeldConnections:
             self._pool.release(conn)
 
     def _give_back(self, conn: Any) -> None:
-        if len(self._free) < self._max_held and not (
-                HAS_SHOULD_RECONNECT and conn.should_reconnect()):  # fastpaths.must_reconnect
+        if len(self._free) < self._max_pinned and not must_reconnect(conn):
             self._free.append(conn)
         else:
             self._pool.release(conn)
 
     def _discard(self, conn: Any) -> None:
-        conn.disconnect()
+        disconnect(conn)
         self._pool.release(conn)
 
     def _forget_parent_connections(self) -> None:

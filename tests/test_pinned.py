@@ -1,4 +1,4 @@
-"""Single script calls on held connections (engine/held.py), on a real Redis."""
+"""Single script calls on pinned connections (engine/pinned.py), on a real Redis."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from redis.retry import Retry
 
 from django_delayq import DelayQConnectionError
 from django_delayq.engine import Broker, EngineConfig
-from django_delayq.engine.held import HeldConnections
+from django_delayq.engine.pinned import PinnedConnections
 from django_delayq.testing import RedisServer
 from tests.testapp.tasks import record
 
 
-def held_client_id(broker: Broker) -> int:
+def pinned_client_id(broker: Broker) -> int:
     """The id Redis gives the connection a single call of ``broker`` runs on."""
-    assert broker._held is not None
-    return int(broker._held.execute("CLIENT", "ID"))
+    assert broker._pinned is not None
+    return int(broker._pinned.execute("CLIENT", "ID"))
 
 
 def evalsha_clients(client: Any) -> set[int]:
@@ -34,14 +34,14 @@ def test_single_enqueues_reuse_one_connection(broker):
     record.enqueue("first")  # connects; registers the queue through the pool
     observer = redis.Redis.from_url(os.environ["DELAYQ_TEST_REDIS_URL"],
                                     decode_responses=True)
-    ours = held_client_id(broker)
+    ours = pinned_client_id(broker)
     before = {int(c["id"]) for c in observer.client_list()}
     for i in range(300):
         record.enqueue(f"job-{i}")
     clients = {int(c["id"]) for c in observer.client_list()}
     assert clients <= before | {int(observer.client_id())}  # no new connection
     assert ours in evalsha_clients(observer)  # ours ran the scripts...
-    assert held_client_id(broker) == ours  # ...and is still the one held
+    assert pinned_client_id(broker) == ours  # ...and is still the one pinned
 
 
 def test_enqueues_from_many_threads_each_land_once(broker):
@@ -69,14 +69,14 @@ def test_enqueues_from_many_threads_each_land_once(broker):
 
 def test_a_forked_child_enqueues_on_its_own_connection(broker):
     record.enqueue("parent")
-    parent_id = held_client_id(broker)
+    parent_id = pinned_client_id(broker)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report its connection id, or the error, then exit
         code = 1
         try:
             record.using(job_id="from-child").enqueue("child")
-            os.write(write, str(held_client_id(broker)).encode())
+            os.write(write, str(pinned_client_id(broker)).encode())
             code = 0
         except BaseException as exc:
             os.write(write, repr(exc).encode())
@@ -90,7 +90,7 @@ def test_a_forked_child_enqueues_on_its_own_connection(broker):
     assert int(said) != parent_id
     # The parent's connection was left alone: it is in step and still the one used.
     assert record.enqueue("parent again").created
-    assert held_client_id(broker) == parent_id
+    assert pinned_client_id(broker) == parent_id
     assert broker.client.exists(broker.keys_for(record.queue_name, "from-child").job("from-child"))
 
 
@@ -104,18 +104,18 @@ def test_script_flush_between_calls_loads_the_script_again(broker):
 
 def test_error_replies_and_bad_arguments_keep_the_connection_a_dead_one_is_dropped(broker):
     record.enqueue("warm up")
-    first = held_client_id(broker)
-    assert broker._held is not None
+    first = pinned_client_id(broker)
+    assert broker._pinned is not None
     with pytest.raises(ResponseError):
-        broker._held.execute("NO-SUCH-COMMAND")
-    assert held_client_id(broker) == first
+        broker._pinned.execute("NO-SUCH-COMMAND")
+    assert pinned_client_id(broker) == first
     with pytest.raises(TypeError):
-        broker._held.execute("ECHO", object())  # refused before a byte is sent
-    assert held_client_id(broker) == first
+        broker._pinned.execute("ECHO", object())  # refused before a byte is sent
+    assert pinned_client_id(broker) == first
     observer = redis.Redis.from_url(os.environ["DELAYQ_TEST_REDIS_URL"])
-    observer.client_kill_filter(_id=first)  # the server closes the held socket
+    observer.client_kill_filter(_id=first)  # the server closes the pinned socket
     assert record.enqueue("after the kill").created  # through the client path
-    assert held_client_id(broker) != first  # the dead connection was dropped
+    assert pinned_client_id(broker) != first  # the dead connection was dropped
 
 
 def client_for(server: RedisServer, retries: int) -> redis.Redis:
@@ -142,7 +142,7 @@ def test_a_restarted_redis_is_reconnected_to_and_a_stopped_one_raises_clearly():
 
 def test_without_retries_a_stale_connection_is_still_replaced():
     # The pool's checkout replaces a connection closed by the server without counting a
-    # retry; the held path does the same by falling back to the client once.
+    # retry; the pinned path does the same by falling back to the client once.
     with RedisServer() as server:
         broker = Broker(client_for(server, 0), EngineConfig(prefix="rs"))
         broker.enqueue("q", "t.x")
@@ -152,8 +152,8 @@ def test_without_retries_a_stale_connection_is_still_replaced():
 
 def test_only_plain_clients_with_a_roomy_pool_hold_connections(redis_client):
     url = os.environ["DELAYQ_TEST_REDIS_URL"]
-    assert HeldConnections.for_client(redis_client) is not None
-    assert HeldConnections.for_client(redis.Redis.from_url(url, single_connection_client=True)
+    assert PinnedConnections.for_client(redis_client) is not None
+    assert PinnedConnections.for_client(redis.Redis.from_url(url, single_connection_client=True)
                                       ) is None
     small = redis.Redis(connection_pool=redis.ConnectionPool.from_url(url, max_connections=2))
-    assert HeldConnections.for_client(small) is None
+    assert PinnedConnections.for_client(small) is None

@@ -14,22 +14,22 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .conf import conf
-from .connection import get_broker
-from .engine import EnqueueRequest, EnqueueResult, Job
-from .engine.broker import new_job_id
-from .engine.flows import POLICIES
-from .engine.jobhash import reply_time
-from .task import Call, Task
+from ..conf import conf
+from ..connection import get_broker
+from ..engine import EnqueueRequest, EnqueueResult, Job, Status
+from ..engine.broker import new_job_id
+from ..engine.flows import POLICIES
+from ..engine.jobhash import reply_time
+from ..task import JobSpec, Task
 
 
-def _task_of(call: Any, what: str) -> tuple[Task[Any, Any], Call]:
-    """The task and call of a workflow step (a ``Call`` from ``Task.bind`` or a task)."""
-    if isinstance(call, Task):
-        call = call.bind()
-    if not isinstance(call, Call) or call.task is None:
-        raise TypeError(f"{what} takes task.bind(...) calls, not {type(call).__name__}")
-    return call.task, call
+def _task_of(spec: Any, what: str) -> tuple[Task[Any, Any], JobSpec]:
+    """The task and spec of a workflow step (a ``JobSpec`` from ``Task.bind``, or a task)."""
+    if isinstance(spec, Task):
+        spec = spec.bind()
+    if not isinstance(spec, JobSpec) or spec.task is None:
+        raise TypeError(f"{what} takes task.bind(...) jobs, not {type(spec).__name__}")
+    return spec.task, spec
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class _Step:
     """One job of a workflow, its id chosen before anything is sent."""
 
     task: Task[Any, Any]
-    call: Call
+    spec: JobSpec
     job_id: str
     queue: str
     parents: tuple[tuple[str, str], ...] = ()
@@ -45,30 +45,30 @@ class _Step:
     on_parent_failure: str = "cancel"
 
     @classmethod
-    def of(cls, call: Any, what: str, queues: dict[int, str], **options: Any) -> _Step:
-        """The step of a ``Call`` (``queues`` remembers each task's queue: a group's
+    def of(cls, spec: Any, what: str, queues: dict[int, str], **options: Any) -> _Step:
+        """The step of a ``JobSpec`` (``queues`` remembers each task's queue: a group's
         members mostly share one task, and reading the setting costs)."""
-        task, call = _task_of(call, what)
+        task, spec = _task_of(spec, what)
         queue = queues.get(id(task))
         if queue is None:
             queue = queues[id(task)] = task.queue_name
-        return cls(task, call, call.job_id or new_job_id(), queue, **options)
+        return cls(task, spec, spec.job_id or new_job_id(), queue, **options)
 
     def request(self) -> EnqueueRequest:
-        task, call = self.task, self.call
-        args = tuple(call.args)
+        task, spec = self.task, self.spec
+        args = tuple(spec.args)
         try:
-            task.check_arguments((None, *args) if self.pass_results else args, call.kwargs)
+            task.check_arguments((None, *args) if self.pass_results else args, spec.kwargs)
         except TypeError as exc:
             raise TypeError(f"{exc} (the parents' results come first)" if self.pass_results
                             else str(exc)) from None
         run_at, delay = task.run_at, task.delay
-        if call.run_at is not None or call.delay is not None:
-            run_at, delay = call.run_at, call.delay
+        if spec.run_at is not None or spec.delay is not None:
+            run_at, delay = spec.run_at, spec.delay
         return EnqueueRequest(
-            task=task.name, args=args, kwargs=dict(call.kwargs), run_at=run_at, delay=delay,
-            priority=task.priority if call.priority is None else call.priority,
-            job_id=self.job_id, max_attempts=call.max_attempts or task.attempts_allowed,
+            task=task.name, args=args, kwargs=dict(spec.kwargs), run_at=run_at, delay=delay,
+            priority=task.priority if spec.priority is None else spec.priority,
+            job_id=self.job_id, max_attempts=spec.max_attempts or task.attempts_allowed,
             timeout=task.timeout, depends_on=list(self.parents) or None,
             on_parent_failure=self.on_parent_failure, pass_results=self.pass_results)
 
@@ -103,15 +103,16 @@ def _run_eagerly(steps: Sequence[_Step]) -> list[Job]:
     jobs = []
     for step in steps:
         parents = [done[job_id] for _, job_id in step.parents]
-        broken = [p for p in parents if p.status != "completed"]
+        broken = [p for p in parents if p.status != Status.COMPLETED]
         if broken and step.on_parent_failure != "run":
             job = Job(id=step.job_id, queue=step.queue, task_name=step.task.name,
-                      status="failed" if step.on_parent_failure == "fail" else "cancelled",
+                      status=Status.FAILED if step.on_parent_failure == "fail"
+                      else Status.CANCELLED,
                       error=f"DependencyFailed: parent {broken[0].id} {broken[0].status}")
         else:
             task = step.task.using(job_id=step.job_id, depends_on=parents or None,
                                    pass_results=step.pass_results or None)
-            job = task.enqueue(*step.call.args, **step.call.kwargs)
+            job = task.enqueue(*step.spec.args, **step.spec.kwargs)
         done[step.job_id] = job
         jobs.append(job)
     return jobs
@@ -121,7 +122,7 @@ def _run_eagerly(steps: Sequence[_Step]) -> list[Job]:
 class Chain:
     """Steps that run one after another, each once the one before it succeeded."""
 
-    calls: tuple[Call, ...]
+    steps: tuple[JobSpec, ...]
     pass_results: bool = False
     on_parent_failure: str = "cancel"
 
@@ -129,28 +130,28 @@ class Chain:
         """Enqueue every step (the first ready, the others ``waiting``); the jobs in order."""
         steps: list[_Step] = []
         queues: dict[int, str] = {}
-        for call in self.calls:
+        for spec in self.steps:
             parents = ((steps[-1].queue, steps[-1].job_id),) if steps else ()
-            steps.append(_Step.of(call, "chain", queues, parents=parents,
+            steps.append(_Step.of(spec, "chain", queues, parents=parents,
                                   pass_results="one" if parents and self.pass_results else "",
                                   on_parent_failure=self.on_parent_failure))
         return _send(steps)
 
 
-def chain(*calls: Call | Task[Any, Any], pass_results: bool = False,
+def chain(*steps: JobSpec | Task[Any, Any], pass_results: bool = False,
           on_parent_failure: str = "cancel") -> Chain:
-    """A chain of ``task.bind(...)`` calls: each runs once the one before it succeeded.
+    """A chain of ``task.bind(...)`` jobs: each runs once the one before it succeeded.
 
     With ``pass_results`` each step after the first receives the previous step's result
     (JSON, as every result) as its first argument. ``on_parent_failure`` is what a step
     does when the one before it fails for good or is cancelled ("cancel", the default:
     so are all the steps after it; "run"; "fail").
     """
-    if not calls:
+    if not steps:
         raise ValueError("chain needs at least one step")
     if on_parent_failure not in POLICIES:
         raise ValueError(f"on_parent_failure must be one of {', '.join(POLICIES)}")
-    return Chain(tuple(_task_of(c, "chain")[1] for c in calls), pass_results,
+    return Chain(tuple(_task_of(s, "chain")[1] for s in steps), pass_results,
                  on_parent_failure)
 
 
@@ -166,11 +167,11 @@ class GroupJobs:
 class Group:
     """Jobs that run independently; :meth:`then` adds a callback that waits for them all."""
 
-    calls: tuple[Call, ...]
-    callback: Call | None = None
+    members: tuple[JobSpec, ...]
+    callback: JobSpec | None = None
     on_member_failure: str = "cancel"
 
-    def then(self, callback: Call | Task[Any, Any], *,
+    def then(self, callback: JobSpec | Task[Any, Any], *,
              on_member_failure: str = "cancel") -> Group:
         """Run ``callback`` once every member finished, with the list of their results
         (in the members' order) as its first argument. A member that fails for good or
@@ -178,14 +179,14 @@ class Group:
         "run" (its result is then ``None``) or "fail"."""
         if on_member_failure not in POLICIES:
             raise ValueError(f"on_member_failure must be one of {', '.join(POLICIES)}")
-        return Group(self.calls, _task_of(callback, "then")[1], on_member_failure)
+        return Group(self.members, _task_of(callback, "then")[1], on_member_failure)
 
     def enqueue(self) -> GroupJobs:
         """Enqueue the members, then the callback (a member's queue's ``enqueue_many``
         per run of members of one queue; the callback in the same call when it shares
         the queue)."""
         queues: dict[int, str] = {}
-        steps = [_Step.of(call, "group", queues) for call in self.calls]
+        steps = [_Step.of(spec, "group", queues) for spec in self.members]
         if self.callback is not None:
             steps.append(_Step.of(self.callback, "then", queues,
                                   parents=tuple((s.queue, s.job_id) for s in steps),
@@ -197,9 +198,9 @@ class Group:
         return GroupJobs(jobs[:-1], jobs[-1])
 
 
-def group(calls: Iterable[Call | Task[Any, Any]]) -> Group:
-    """A group of ``task.bind(...)`` calls that run independently (see :meth:`Group.then`)."""
-    bound = tuple(_task_of(c, "group")[1] for c in calls)
+def group(members: Iterable[JobSpec | Task[Any, Any]]) -> Group:
+    """A group of ``task.bind(...)`` jobs that run independently (see :meth:`Group.then`)."""
+    bound = tuple(_task_of(m, "group")[1] for m in members)
     if not bound:
         raise ValueError("group needs at least one member")
     return Group(bound)
