@@ -9,7 +9,6 @@ Writes ``bulk_enqueue.json`` (in ``--out``).
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import redis
@@ -26,8 +25,7 @@ def evalsha_calls(client: redis.Redis) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    record.add_options(parser)
+    parser = record.parser(__doc__)
     parser.add_argument("--jobs", type=int, default=None,
                         help=f"jobs each way (default {JOBS:,} x scale)")
     parser.add_argument("--chunk", type=int, default=1_000)

@@ -21,7 +21,6 @@ machine may be shared).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import json
@@ -239,8 +238,7 @@ PARTS = {"export": "export", "cluster": "cluster", "jdbc": "jdbc_vs_orm"}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    record.add_options(parser)
+    parser = record.parser(__doc__)
     parser.add_argument("--jobs", type=int, default=None,
                         help=f"jobs, and rows of the job table (default {JOBS:,} x scale)")
     parser.add_argument("--only", default=",".join(PARTS))

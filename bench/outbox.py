@@ -102,8 +102,7 @@ def ready_count(client: Any) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    record.add_options(parser)
+    parser = record.parser(__doc__)
     parser.add_argument("--transactions", type=int, default=None,
                         help=f"transactions of each kind (default {TRANSACTIONS:,} x scale)")
     parser.add_argument("--rows", type=int, default=None,

@@ -18,14 +18,17 @@ ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
-    """``--scale`` (every size multiplied; BENCH_SCALE by default) and ``--out``."""
-    parser.add_argument("--scale", type=float,
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """A script's argument parser: its docstring's first paragraph, ``--scale`` and
+    ``--out``."""
+    made = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    made.add_argument("--scale", type=float,
                         default=float(os.environ.get("BENCH_SCALE") or 1.0),
                         help="multiply every workload size (default $BENCH_SCALE or 1)")
-    parser.add_argument("--out", default=os.environ.get("BENCH_OUT") or str(RESULTS_DIR),
+    made.add_argument("--out", default=os.environ.get("BENCH_OUT") or str(RESULTS_DIR),
                         help="directory of the results files (default $BENCH_OUT or "
                              "bench/results)")
+    return made
 
 
 def scaled(n: int, scale: float, minimum: int = 1) -> int:

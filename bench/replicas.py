@@ -13,7 +13,6 @@ after the libraries (``bench.run``) and reports it as its own table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from typing import Any
@@ -77,8 +76,7 @@ def measure(scale: float = 1.0) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    record.add_options(parser)
+    parser = record.parser(__doc__)
     figures = measure(parser.parse_args(argv).scale)
     print(json.dumps(figures, indent=2))
     print("\n".join(tables.replication(figures)))

@@ -331,8 +331,7 @@ def interpreters(peers_python: str) -> dict[str, str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    record.add_options(parser)
+    parser = record.parser(__doc__)
     parser.add_argument("--runs", type=int, default=int(os.environ.get("BENCH_RUNS") or 3),
                         help="runs per figure (median; default $BENCH_RUNS or 3)")
     parser.add_argument(

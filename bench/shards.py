@@ -14,7 +14,6 @@ by the jobs finished in it. Writes ``shards.json`` (in ``--out``) with the load 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -107,8 +106,7 @@ def run(cluster: RedisCluster, shards: int, jobs: int, workers: int) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    record.add_options(parser)
+    parser = record.parser(__doc__)
     parser.add_argument("--jobs", type=int, default=None,
                         help=f"backlog per shard count (default {JOBS:,} x scale)")
     parser.add_argument("--workers", type=int, default=2)

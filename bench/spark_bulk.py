@@ -17,7 +17,6 @@ reported apart and not counted in the rates. Needs no Django settings.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import time
@@ -84,8 +83,7 @@ def bench_spark(url: str, jobs: int, chunk_size: int, master: str,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    record.add_options(parser)
+    parser = record.parser(__doc__)
     parser.add_argument("--jobs", type=int, default=None,
                         help=f"jobs (default {JOBS:,} x scale)")
     parser.add_argument("--chunk-size", type=int, default=1_000)

@@ -13,7 +13,6 @@ waiting job) and, given ``--celery`` (a Python with Celery), ``adapters/celery_c
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -42,8 +41,7 @@ def run(python: str, module: str, url: str, *args: object) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    record.add_options(parser)
+    parser = record.parser(__doc__)
     parser.add_argument("--members", type=int, default=None,
                         help=f"group members (default {MEMBERS:,} x scale)")
     parser.add_argument("--waiting", type=int, default=None,

@@ -26,6 +26,7 @@ def latest() -> dict[str, Any]:
 def _peers(latest: dict[str, Any]) -> dict[str, Any]:
     """The fixture with two made-up peers beside django-delayq."""
     ours = latest["results"]["django_delayq"]
+    latest["results"] = {"django_delayq": ours}
     latest["results"]["rq"] = {**ours, "enqueue_per_s": 3_000.0, "process_per_s_1proc": 300.0}
     latest["results"]["huey"] = {**ours, "enqueue_per_s": 8_000.0, "process_per_s_1proc": 3_000.0}
     return latest
@@ -81,6 +82,7 @@ def test_django_delayq_rows_beside_the_tuned_worker(latest: dict[str, Any]) -> N
     assert f"(8 threads, `--no-mirror`, `-v 0`): {tuned:,.0f} jobs/s" in md
     assert "| single (200 jobs), jobs/s |" in md
     assert "## Targets" in md
+    assert "| Celery | " in md  # the peers' table
 
 
 def test_missing_figures_read_n_a(latest: dict[str, Any]) -> None:
