@@ -111,8 +111,9 @@ def two_process_backlog(sizes: dict[str, int], one_process: dict[str, Any]) -> i
     """The backlog of the 2-process run: process_n jobs, or more if one process drained
     them at a rate that makes that less than ``two_process_min_ms`` of work. Two
     processes start up to ~0.5 s apart: a backlog that drains faster is mostly eaten by
-    the first one alone, and the window in which both run (see bench.harness.ops.op_process) is a
-    fraction of a second of two processes still starting up."""
+    the first one alone, and the window in which both run (see
+    ``bench.harness.ops.op_process``) is a fraction of a second of two processes still
+    starting up."""
     rate = one_process.get("per_s") if one_process.get("ok") else None
     if not rate:
         return sizes["process_n"]
@@ -147,11 +148,13 @@ def measure_library(runner: Runner, lib: str, sizes: dict[str, int], run: int = 
     pool (``runworker --processes 2``) drains the 2-process backlog too, right before or
     after the two separate processes (the order alternates with ``run``)."""
     start, end = LATENESS_WINDOW_S
-    two = [("process_2", "process", {"procs": 2, "timeout": 300}, 420)]  # n: from process_1
+    Call = tuple[str, str, dict[str, Any], float]
+    two: list[Call] = [("process_2", "process", {"procs": 2, "timeout": 300}, 420)]  # n: process_1
     if lib == "django_delayq":
-        pool = ("process_pool", "process", {"procs": 2, "variant": "pool", "timeout": 300}, 420)
+        pool: Call = ("process_pool", "process", {"procs": 2, "variant": "pool", "timeout": 300},
+                      420)
         two = [*two, pool] if run % 2 == 0 else [pool, *two]
-    calls: list[tuple[str, str, dict[str, Any], float]] = [
+    calls: list[Call] = [
         ("bulk", "bulk", {"n": sizes["bulk_n"]}, 600),
         ("process_1", "process", {"n": sizes["process_n"], "procs": 1, "timeout": 300}, 420),
         *two,

@@ -30,7 +30,7 @@ def redis_cpu_s(r: Any) -> float:
 
 
 class Sample(NamedTuple):
-    count: int
+    done: int  # the completion count
     at: float  # monotonic seconds
     redis_s: float
     workers_s: float
@@ -67,12 +67,12 @@ class CpuSampler:
         """Microseconds of CPU per job between the first and the last sample taken with
         the count in [lo, hi]; None when those samples are less than MIN_CPU_SPAN_S
         apart (or the count did not move), too short for CPU counted in clock ticks."""
-        inside = [s for s in self.samples if lo <= s.count <= hi]
-        if len(inside) < 2 or inside[-1].count == inside[0].count:
+        inside = [s for s in self.samples if lo <= s.done <= hi]
+        if len(inside) < 2 or inside[-1].done == inside[0].done:
             return None
         first, last = inside[0], inside[-1]
         if last.at - first.at < MIN_CPU_SPAN_S:
             return None
-        jobs = last.count - first.count
+        jobs = last.done - first.done
         return {"workers": 1e6 * (last.workers_s - first.workers_s) / jobs,
                 "redis": 1e6 * (last.redis_s - first.redis_s) / jobs, "jobs": jobs}
