@@ -45,17 +45,15 @@ SAMPLES = 20
 @contextlib.contextmanager
 def postgres() -> Iterator[str]:
     """``host:port:user`` of DELAYQ_BENCH_PG, or of a throwaway server of our own."""
-    given = os.environ.get("DELAYQ_BENCH_PG")
-    if given:
-        yield given
-        return
     from tests.pg_server import PostgresServer
 
-    server = PostgresServer().start()
+    given = os.environ.get("DELAYQ_BENCH_PG")
+    own = None if given else PostgresServer().start()
     try:
-        yield f"{server.host}:{server.port}:{server.user}"
+        yield given or f"{own.host}:{own.port}:{own.user}"
     finally:
-        server.cleanup()
+        if own is not None:
+            own.cleanup()
 
 
 def configure(pg: str, redis_url: str, db_name: str) -> None:
