@@ -1,6 +1,6 @@
 """A sharded queue's scaling on a local 3-primary Redis Cluster: 1, 2 and 3 shards.
 
-    python bench/shards.py [--jobs 30000] [--workers 2]
+    python -m bench.shards [--scale 1] [--jobs 60000] [--workers 2]
 
 For each shard count, the same backlog of no-op jobs (``tests.testapp.tasks.add``) is
 enqueued into one queue (named so that its shards sit on different primaries) with
@@ -9,32 +9,26 @@ worker processes (``runworker --concurrency 8 --no-mirror``, the shards' keys sp
 over the cluster's slots). Jobs per second are timed from the 10th to the 90th percent
 of the backlog finished (start-up and tail left out); over that window the cluster's
 Redis CPU (``INFO cpu`` of every primary) and the workers' CPU (``/proc``) are divided
-by the jobs finished in it. Writes ``bench/results/shards.json`` with the load average.
+by the jobs finished in it. Writes ``shards.json`` (in ``--out``) with the load averages.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import json
 import os
-import platform
-import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench import record
+from bench.harness.processes import proc_stat, start_process, stop_processes
+from django_delayq.engine import Broker, EngineConfig, EnqueueRequest
+from django_delayq.engine.urls import client_from_url
+from django_delayq.testing import RedisCluster
 
-from django_delayq.engine import Broker, EngineConfig, EnqueueRequest  # noqa: E402
-from django_delayq.engine.urls import client_from_url  # noqa: E402
-from django_delayq.testing import RedisCluster  # noqa: E402
-
+ROOT = record.ROOT
 TASK = "tests.testapp.tasks.add"
-TICK = os.sysconf("SC_CLK_TCK")
+JOBS = 60_000
 
 
 def redis_cpu(nodes: list[Any]) -> list[float]:
@@ -46,14 +40,7 @@ def redis_cpu(nodes: list[Any]) -> list[float]:
 
 
 def proc_cpu(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / TICK
-    return total
+    return sum(st.cpu_s for pid in pids if (st := proc_stat(pid)) is not None)
 
 
 def spread_queue(client: Any) -> str:
@@ -84,13 +71,11 @@ def run(cluster: RedisCluster, shards: int, jobs: int, workers: int) -> dict[str
     client.sadd(broker.global_keys.queues, queue)
     placement = [client.get_node_from_key(k.ready).port for k in broker.shards(queue)]
     nodes = [redis.Redis(port=n.port) for n in cluster.nodes]
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
-           "PYTHONPATH": str(ROOT), "DELAYQ_TEST_REDIS_URL": cluster.url,
+    env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "DELAYQ_TEST_REDIS_URL": cluster.url,
            "DELAYQ_TEST_SETTINGS": json.dumps({"SHARDS": {queue: shards}})}
-    procs = [subprocess.Popen([sys.executable, "-m", "django", "runworker", queue,
-                               "--concurrency", "8", "--no-mirror", "-v", "0"],
-                              cwd=ROOT, env=env, start_new_session=True)
-             for _ in range(workers)]
+    procs = [start_process([sys.executable, "-m", "django", "runworker", queue, "--concurrency",
+                            "8", "--no-mirror", "-v", "0"], f"shards-{shards}-{i}", env)
+             for i in range(workers)]
     lo, hi = jobs // 10, jobs * 9 // 10
     start = end = None
     load_before = os.getloadavg()[0]
@@ -107,10 +92,7 @@ def run(cluster: RedisCluster, shards: int, jobs: int, workers: int) -> dict[str
                 break
             time.sleep(0.02)
     finally:
-        for p in procs:
-            os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            p.wait(30)
+        stop_processes(procs, grace=30)
     if start is None or end is None:
         raise RuntimeError(f"{shards} shards: the backlog was not drained in time")
     seconds, n = end[0] - start[0], end[1] - start[1]
@@ -123,21 +105,20 @@ def run(cluster: RedisCluster, shards: int, jobs: int, workers: int) -> dict[str
             "load": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=30_000)
+def main(argv: list[str] | None = None) -> None:
+    parser = record.parser(__doc__)
+    parser.add_argument("--jobs", type=int, default=None,
+                        help=f"backlog per shard count (default {JOBS:,} x scale)")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "shards.json"))
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
+    jobs = options.jobs or record.scaled(JOBS, options.scale, 2_000)
+    this_run = record.Run("shards", options.scale)
     rows = []
     with RedisCluster(masters=3) as cluster:
         for shards in (1, 2, 3):
-            rows.append(run(cluster, shards, options.jobs, options.workers))
+            rows.append(run(cluster, shards, jobs, options.workers))
             print(json.dumps(rows[-1]), flush=True)
-    result = {"benchmark": "shards", "jobs": options.jobs, "workers": options.workers,
-              "rows": rows, "cpus": os.cpu_count(), "python": platform.python_version(),
-              "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
-    Path(options.out).write_text(json.dumps(result, indent=2) + "\n")
+    this_run.write(options.out, {"jobs": jobs, "workers": options.workers, "rows": rows})
 
 
 if __name__ == "__main__":
