@@ -1,13 +1,16 @@
 """The exporter: every queue shard's events stream -> the lake's Parquet files.
 
 It reads through its own consumer group (:data:`GROUP`), so its position and its
-acknowledgements are independent of the model mirror's. A batch of entries is written
-as one file per UTC day, and acknowledged only once that file is durable
-(:func:`.store.write`): a crash in between leaves the entries pending, and they are read
-again. Entries read again are checked against the files already written (a file's name
-gives the range of stream ids it may hold, its ``stream_id`` column the ids it does):
-those found are acknowledged without being written twice, so no event is in the lake
-twice, whatever the batch boundaries of the second run.
+acknowledgements are independent of the model mirror's. It reads in batches
+(:mod:`~django_delayq.engine.streams`: a script reads the entries and records their
+range as this exporter's batch in progress). A batch is written as one file per UTC day
+(and about :data:`ROWS_PER_FILE` rows), named by the entries it holds, and acknowledged
+only once its files are durable (:func:`.store.write`). A crash in between leaves the
+batch pending: this exporter takes it back, or another one takes it over once it is
+idle, always whole, and writes the same files again (replacing them). Entries of a batch
+taken back or over are also checked against the files already written (a file's name
+gives the range of stream ids it may hold, its ``stream_id`` column the ids it does), so
+no event is in the lake twice.
 
 The streams are capped (``DELAYQ["EVENTS_MAXLEN"]``, an approximate ``MAXLEN`` trim on
 every append, blind to consumer groups): entries trimmed before the exporter read them
