@@ -12,7 +12,7 @@ import pytest
 from django.urls import reverse
 
 from django_delayq import Queue
-from django_delayq.worker.supervisor import (
+from django_delayq.worker.children import (
     FIRST_RESTART_DELAY,
     MAX_RESTART_DELAY,
     QUICK_DEATH,
