@@ -13,6 +13,7 @@ from django.utils import timezone
 from django_delayq import Job, Queue, connection
 from django_delayq.backends import DelayQBackend, JobCancelled, parse_result_id
 from django_delayq.task import registry
+from django_delayq.worker import EXIT_RESTART
 from tests.conftest import wait_until, worker_thread
 from tests.testapp import standard_tasks as st
 from tests.testapp.tasks import record
@@ -236,14 +237,9 @@ def test_a_worker_process_runs_django_tasks(spawned: Any) -> None:
     assert result.return_value == 42
 
 
-@pytest.mark.parametrize(("task", "args", "error_class"), [
-    (st.dj_exits, [4], "builtins.SystemExit"),
-    (st.dj_returns_unjsonable, [], "builtins.TypeError"),
-])
-def test_task_finished_says_what_the_stored_result_says(task: Any, args: list[Any],
-                                                        error_class: str) -> None:
-    """A BaseException, and a return value that is not JSON, end FAILED, and the signal
-    (sent once the outcome is final) says FAILED too."""
+def finished_signals(task: Any) -> tuple[list[tuple[str, list[str]]], Any]:
+    """What ``task_finished`` says of ``task``'s results (a list it fills), and the
+    receiver to disconnect."""
     seen: list[tuple[str, list[str]]] = []
 
     def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
@@ -252,15 +248,64 @@ def test_task_finished_says_what_the_stored_result_says(task: Any, args: list[An
                          [e.exception_class_path for e in task_result.errors]))
 
     task_finished.connect(receiver)
+    return seen, receiver
+
+
+@pytest.mark.parametrize(("task", "args", "error_class"), [
+    (st.dj_exits, [4], "builtins.SystemExit"),
+    (st.dj_returns_unjsonable, [], "builtins.TypeError"),
+    (st.dj_async_exits, [4], "builtins.SystemExit"),
+    (st.dj_async_returns_unjsonable, [], "builtins.TypeError"),
+])
+def test_task_finished_says_what_the_stored_result_says(task: Any, args: list[Any],
+                                                        error_class: str) -> None:
+    """A BaseException, and a return value that is not JSON, end FAILED, and the signal
+    (sent once the outcome is final) says FAILED too, for sync and async tasks alike."""
+    seen, receiver = finished_signals(task)
     try:
         result = task.enqueue(*args)
-        with worker_thread(queues=["default"], concurrency=1):
+        with worker_thread(queues=[task.queue_name], concurrency=1):
             wait_until(lambda: finished(result), message="the task to finish")
+            wait_until(lambda: seen, message="the signal")
     finally:
         task_finished.disconnect(receiver)
     assert result.status == TaskResultStatus.FAILED
     assert [e.exception_class_path for e in result.errors] == [error_class]
     assert seen == [("FAILED", [error_class])]
+
+
+@override_settings(TASKS={"default": {"BACKEND": "django_delayq.backends.DelayQBackend",
+                                      "QUEUES": [], "OPTIONS": {"MAX_ATTEMPTS": 2}}})
+@pytest.mark.parametrize("task", [st.dj_fails, st.dj_async_fails])
+def test_task_finished_says_ready_while_a_retry_follows(task: Any) -> None:
+    seen, receiver = finished_signals(task)
+    try:
+        result = task.enqueue("r")
+        with worker_thread(queues=[task.queue_name], concurrency=1):
+            wait_until(lambda: finished(result), message="both attempts")
+            wait_until(lambda: len(seen) == 2, message="both signals")
+    finally:
+        task_finished.disconnect(receiver)
+    assert seen == [("READY", ["builtins.ValueError"]), ("FAILED", ["builtins.ValueError"])]
+
+
+@pytest.mark.parametrize("task", [st.dj_sleeps_in_c, st.dj_async_blocks])
+def test_task_finished_is_sent_for_a_job_failed_at_its_hard_limit(task: Any) -> None:
+    """The watchdog fails the job (its thread, or the event loop, is stuck in a sleep
+    that no JobTimeout or cancellation reaches) and sends the signal itself, long before
+    the sleep ends."""
+    seen, receiver = finished_signals(task)
+    try:
+        result = task.enqueue(30)
+        with worker_thread(queues=[task.queue_name], concurrency=1, timeout=0.2,
+                           timeout_grace=0.3) as worker:
+            wait_until(lambda: finished(result), message="the hard limit")
+            wait_until(lambda: seen, message="the signal")
+    finally:
+        task_finished.disconnect(receiver)
+    assert worker.exit_code == EXIT_RESTART
+    assert result.status == TaskResultStatus.FAILED
+    assert seen == [("FAILED", ["django_delayq.engine.errors.JobTimeout"])]
 
 
 def test_buffered_results_are_ready_then_running_then_successful(broker: Any) -> None:

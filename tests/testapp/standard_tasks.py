@@ -68,6 +68,49 @@ async def dj_async_add(a: int, b: int) -> int:
     return a + b
 
 
+@task(queue_name="async")
+async def dj_async_exits(code: int) -> None:
+    raise SystemExit(code)
+
+
+@task(queue_name="async")
+async def dj_async_returns_unjsonable() -> object:
+    return {1, 2}
+
+
+@task(queue_name="async")
+async def dj_async_fails(tag: str) -> None:
+    raise ValueError(f"bad {tag}")
+
+
+@task
+def dj_sleeps_in_c(seconds: float) -> None:
+    """One C call: a soft time limit cannot interrupt it."""
+    time.sleep(seconds)
+
+
+@task(queue_name="async")
+async def dj_async_blocks(seconds: float) -> None:
+    """Block the event loop: its cancellation cannot be delivered."""
+    time.sleep(seconds)
+
+
+@task(takes_context=True)
+def dj_steps(context: Any, gate: str) -> str:
+    """Each attempt notes its start and waits (at most 60 s) for ``<gate>:<attempt>``;
+    the first then fails, the next returns ``done``."""
+    client = get_broker().client
+    client.rpush("test:dj", json.dumps({"started": gate, "attempt": context.attempt}))
+    deadline = time.monotonic() + 60
+    while not client.exists(f"{gate}:{context.attempt}"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate}:{context.attempt} never opened")
+        time.sleep(0.02)
+    if context.attempt == 1:
+        raise ValueError("the first attempt fails")
+    return "done"
+
+
 # -- the backend-generic cases of Django's own Tasks tests (tests/test_django_tasks_port.py)
 
 
