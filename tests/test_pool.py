@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sqlite3
+import subprocess
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -18,7 +22,7 @@ from django_delayq.worker.children import (
     QUICK_DEATH,
     restart_delay,
 )
-from tests.conftest import ran, wait_until
+from tests.conftest import ROOT, ran, wait_until, worker_env
 from tests.testapp import tasks
 
 
@@ -229,6 +233,24 @@ def test_max_jobs_per_child_recycles_with_nothing_lost(redis_client, spawned):
     assert len(per_pid) >= 7
 
 
+def test_a_recycle_lets_a_job_longer_than_the_grace_period_finish_and_runs_it_once(
+        redis_client, spawned):
+    long = tasks.sleeps.enqueue(5)
+    quick = tasks.gated.enqueue("q", gate="gate:q")
+    proc, out = spawned("default", "-c", "2", "--prefetch", "0", "--grace-period", "0.5",
+                        "--max-jobs-per-child", "1")
+    wait_until(lambda: starts(redis_client, "sleeps") and starts(redis_client, "gated-start"),
+               timeout=60, message=f"both jobs to start:\n{out.text}")
+    redis_client.set("gate:q", 1)  # its end reaches the limit while the long job runs on
+    assert proc.wait(timeout=60) == 75, out.text
+    assert "recycling worker process" in out.text
+    assert "handing back" not in out.text
+    for job in (long, quick):
+        job.refresh()
+        assert (job.status, job.attempts) == ("completed", 1)
+    assert len(starts(redis_client, "sleeps")) == 1
+
+
 def test_max_jobs_without_a_pool_exits_with_the_recycle_code(redis_client, spawned):
     for i in range(5):
         tasks.record.enqueue(f"x{i}")
@@ -236,6 +258,42 @@ def test_max_jobs_without_a_pool_exits_with_the_recycle_code(redis_client, spawn
     assert proc.wait(timeout=60) == 75, out.text
     assert len(starts(redis_client, "record")) == 2, "one thread, no prefetch: exactly 2"
     assert Queue("default").counts()["active"] == 0, "nothing is left leased"
+
+
+def test_the_pools_mirror_process_mirrors_the_workers_last_events(redis_client, spawned,
+                                                                 tmp_path):
+    """The mirror stops after the workers: a job that ends during the warm stop has its
+    row once the pool exits."""
+    db = migrated_sqlite(tmp_path)
+    jobs = [tasks.record.enqueue(f"p{i}") for i in range(10)]
+    last = tasks.gated.enqueue("last", gate="gate:last")
+    proc, out = spawned("default", "--processes", "2", "-c", "2",
+                        env={"DELAYQ_TEST_SQLITE": db})
+    wait_until(lambda: sqlite_rows(db).get(last.id) == "active", timeout=60,
+               message=f"rows of the running pool:\n{out.text}")
+    assert all(sqlite_rows(db)[j.id] == "completed" for j in jobs)
+    proc.send_signal(signal.SIGTERM)
+    out.wait_for("supervisor stopping")
+    redis_client.set("gate:last", 1)
+    assert proc.wait(timeout=60) == 0, out.text
+    assert sqlite_rows(db)[last.id] == "completed"
+    lines = out.lines
+    stopped = [next(i for i, x in enumerate(lines) if f"{label} stopped pid=" in x)
+               for label in ("worker-0", "worker-1", "mirror-0")]
+    assert stopped[2] > max(stopped[:2]), out.text
+
+
+def migrated_sqlite(tmp_path: Any) -> str:
+    """A migrated SQLite database file for the processes a test starts."""
+    db = str(tmp_path / "jobs.sqlite3")
+    subprocess.run([sys.executable, "-m", "django", "migrate", "-v0"], cwd=ROOT,
+                   env=worker_env(DELAYQ_TEST_SQLITE=db), check=True, timeout=120)
+    return db
+
+
+def sqlite_rows(db: str) -> dict[str, str]:
+    with contextlib.closing(sqlite3.connect(db, timeout=10)) as conn:
+        return dict(conn.execute("SELECT job_id, status FROM django_delayq_job").fetchall())
 
 
 @pytest.mark.parametrize(("args", "message"), [
