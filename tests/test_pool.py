@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import sqlite3
-import subprocess
-import sys
 import time
 from collections import Counter
 from typing import Any
@@ -22,7 +18,7 @@ from django_delayq.worker.children import (
     QUICK_DEATH,
     restart_delay,
 )
-from tests.conftest import ROOT, ran, wait_until, worker_env
+from tests.conftest import migrated_sqlite, pid_alive, ran, sqlite_rows, wait_until
 from tests.testapp import tasks
 
 
@@ -283,19 +279,6 @@ def test_the_pools_mirror_process_mirrors_the_workers_last_events(redis_client, 
     assert stopped[2] > max(stopped[:2]), out.text
 
 
-def migrated_sqlite(tmp_path: Any) -> str:
-    """A migrated SQLite database file for the processes a test starts."""
-    db = str(tmp_path / "jobs.sqlite3")
-    subprocess.run([sys.executable, "-m", "django", "migrate", "-v0"], cwd=ROOT,
-                   env=worker_env(DELAYQ_TEST_SQLITE=db), check=True, timeout=120)
-    return db
-
-
-def sqlite_rows(db: str) -> dict[str, str]:
-    with contextlib.closing(sqlite3.connect(db, timeout=10)) as conn:
-        return dict(conn.execute("SELECT job_id, status FROM django_delayq_job").fetchall())
-
-
 @pytest.mark.parametrize(("args", "message"), [
     (["--processes", "0"], "--processes must be at least 1"),
     (["--max-jobs-per-child", "0"], "--max-jobs-per-child must be at least 1"),
@@ -306,16 +289,3 @@ def test_bad_pool_arguments_are_refused(args, message, spawned):
     proc, out = spawned(*args)
     assert proc.wait(timeout=60) == 1
     assert message in out.text
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie (exited, not yet reaped by its re-parented init) is not alive
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
