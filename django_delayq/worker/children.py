@@ -150,7 +150,8 @@ class Children:
 
     @property
     def forced(self) -> bool:
-        """Whether the stop was cold, or a worker child's last exit lost its jobs."""
+        """Whether the stop was cold, or a worker child running at the stop lost jobs
+        as it exited."""
         return self._handled > 1 or not all(c.clean for c in self.children
                                             if c.kind == WORKER)
 
@@ -264,6 +265,8 @@ class Children:
         self._handled += 1
         for child in self.children:
             child.start_at = None
+            if child.proc is None:
+                child.clean = True  # a death before the stop is not the stop's doing
         if self._handled == 1:
             for child in self.running(WORKER):
                 child.tell_stop()
