@@ -270,6 +270,22 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def stop_during_a_job(proc: subprocess.Popen[str], out: OutputReader, client: Any, *,
+                      stopping: str, gate: str) -> list[str]:
+    """SIGTERM ``proc``, open ``gate`` (the job it runs then ends during the warm stop) once
+    it logs ``stopping``, and return its output lines once it has exited 0."""
+    proc.send_signal(signal.SIGTERM)
+    out.wait_for(stopping)
+    client.set(gate, 1)
+    assert proc.wait(timeout=60) == 0, out.text
+    return out.lines
+
+
+def first_line(lines: list[str], text: str) -> int:
+    """The index of the first of ``lines`` holding ``text``."""
+    return next(i for i, line in enumerate(lines) if text in line)
+
+
 def child_pids(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (Linux: read from /proc)."""
     found = []

@@ -20,7 +20,15 @@ from django_delayq.worker.children import (
     QUICK_DEATH,
     restart_delay,
 )
-from tests.conftest import migrated_sqlite, pid_alive, ran, sqlite_rows, wait_until
+from tests.conftest import (
+    first_line,
+    migrated_sqlite,
+    pid_alive,
+    ran,
+    sqlite_rows,
+    stop_during_a_job,
+    wait_until,
+)
 from tests.testapp import tasks
 
 
@@ -301,13 +309,10 @@ def test_the_pools_mirror_process_mirrors_the_workers_last_events(redis_client, 
     wait_until(lambda: sqlite_rows(db).get(last.id) == "active", timeout=60,
                message=f"rows of the running pool:\n{out.text}")
     assert all(sqlite_rows(db)[j.id] == "completed" for j in jobs)
-    proc.send_signal(signal.SIGTERM)
-    out.wait_for("supervisor stopping")
-    redis_client.set("gate:last", 1)
-    assert proc.wait(timeout=60) == 0, out.text
+    lines = stop_during_a_job(proc, out, redis_client, stopping="supervisor stopping",
+                              gate="gate:last")
     assert sqlite_rows(db)[last.id] == "completed"
-    lines = out.lines
-    stopped = [next(i for i, x in enumerate(lines) if f"{label} stopped pid=" in x)
+    stopped = [first_line(lines, f"{label} stopped pid=")
                for label in ("worker-0", "worker-1", "mirror-0")]
     assert stopped[2] > max(stopped[:2]), out.text
 

@@ -9,9 +9,8 @@ worker has acked everything: the mirror then writes what is left (at most 5 s, t
 events of a ``--burst`` run included) and exits. If ``runworker`` dies, the mirror
 sees its stdin end and stops the same way.
 
-It consumes as ``<worker name>/mirror``, as the mirror thread it replaces did, so its
-pending events are taken over at once by other mirrors when the worker is gone, and a
-restarted child re-reads them first.
+It consumes as ``<worker name>/mirror``: its pending events are taken over at once by
+other mirrors when the worker is gone, and a restarted child re-reads them first.
 """
 
 from __future__ import annotations
