@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -306,6 +308,30 @@ def test_task_finished_is_sent_for_a_job_failed_at_its_hard_limit(task: Any) -> 
     assert worker.exit_code == EXIT_RESTART
     assert result.status == TaskResultStatus.FAILED
     assert seen == [("FAILED", ["django_delayq.engine.errors.JobTimeout"])]
+
+
+@pytest.mark.parametrize("task", [st.dj_add, st.dj_async_add])
+def test_a_stop_waits_for_a_slow_task_finished_receiver_and_acks_the_job(task: Any) -> None:
+    """A receiver still running when the worker stops delays the stop (within the grace
+    period); the job's outcome is acked, not left leased to run again."""
+    in_receiver = threading.Event()
+
+    def slow(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        if task_result.task.func is task.func:
+            in_receiver.set()
+            time.sleep(2)  # slow work in the receiver, longer than a thread's join
+
+    task_finished.connect(slow)
+    try:
+        result = task.enqueue(2, 3)
+        with worker_thread(queues=[task.queue_name], concurrency=1) as worker:
+            assert in_receiver.wait(30), "the receiver was called"
+            worker.request_stop()
+    finally:
+        task_finished.disconnect(slow)
+    assert worker.exit_code == 0
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
 
 
 def test_buffered_results_are_ready_then_running_then_successful(broker: Any) -> None:

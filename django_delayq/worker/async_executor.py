@@ -163,10 +163,13 @@ class AsyncExecutor:
             self.after_job()
         if not self.ledger.finish(job, me):
             return  # failed by the watchdog at its hard limit: that outcome stands
-        if lease.on_finished:
-            # receivers are sync code: off the loop, as Django's Signal.asend runs them
-            await sync_to_async(finished)(lease.on_finished, outcome)
-        self._report(outcome)
+        try:
+            if lease.on_finished:
+                # receivers are sync code: off the loop, as Django's Signal.asend runs them
+                await sync_to_async(finished)(lease.on_finished, outcome)
+            self._report(outcome)
+        finally:
+            self.ledger.reported()
 
     async def _outcome(self, job: ClaimedJob, limit: float | None, lease: Lease) -> Outcome:
         """Run ``job``'s coroutine and turn what happened into an :class:`Outcome`."""

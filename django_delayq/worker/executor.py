@@ -156,8 +156,11 @@ class Executor:
             self.after_job()
         if self.ledger.finish(job, me):
             # the outcome is this thread's to give (not the watchdog's, at a hard limit)
-            finished(lease.on_finished, outcome)
-            self._report(outcome)
+            try:
+                finished(lease.on_finished, outcome)
+                self._report(outcome)
+            finally:
+                self.ledger.reported()
         else:
             self.stuck.discard(me)  # failed at its hard limit, and back after all
         return time.perf_counter()

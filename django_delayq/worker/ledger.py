@@ -90,6 +90,7 @@ class Ledger:
         self.changed = threading.Condition(self.lock)
         self._leases: dict[Key, Lease] = {}
         self._busy = 0  # buffered or running
+        self._reporting = 0  # finished by their thread, outcome not yet with the acker
         #: Moving average of job run time, seconds (the fetcher sizes prefetch with it).
         self.avg_run_time = FIRST_RUN_TIME_GUESS
         #: Jobs whose run ended on a thread of this worker (the pool recycles on it).
@@ -172,10 +173,19 @@ class Ledger:
             self.avg_run_time += (now - lease.began - self.avg_run_time) * 0.05
             lease.state, lease.thread = FINISHED, None
             self._busy -= 1
+            self._reporting += 1
             self.finished_count += 1
             if self.wake_fetcher():
                 self.changed.notify()
             return True
+
+    def reported(self) -> None:
+        """The outcome of a job :meth:`finish` gave to its thread is with the acker now
+        (or will never be: the thread failed to give it)."""
+        with self.lock:
+            self._reporting -= 1
+            if self.wake_fetcher():
+                self.changed.notify()
 
     def abandon(self, job: ClaimedJob) -> bool:
         """Take a running ``job`` from its (stuck) thread and mark it finished, so the
@@ -244,12 +254,13 @@ class Ledger:
 
     def wait_running(self, timeout: float | None, *, until: Callable[[], bool]) -> bool:
         """Wait (at most ``timeout`` seconds; None: no limit) until no live thread runs a
-        job, or ``until()`` (checked whenever the ledger changes) is true. Returns
-        whether no live thread runs a job. A job whose thread died never ends: not
-        waited for."""
+        job or holds an outcome not yet given to the acker, or ``until()`` (checked
+        whenever the ledger changes) is true. Returns whether none does. A job whose
+        thread died never ends: not waited for."""
         def quiet() -> bool:
-            return not any(lease.state == RUNNING and lease.thread is not None
-                           and lease.thread.is_alive() for lease in self._leases.values())
+            return not self._reporting and not any(
+                lease.state == RUNNING and lease.thread is not None
+                and lease.thread.is_alive() for lease in self._leases.values())
 
         with self.changed:
             self.changed.wait_for(lambda: quiet() or until(), timeout)

@@ -252,7 +252,7 @@ class Worker:
         unstarted = self.ledger.withdraw_unstarted()
         if unstarted:
             self._release(unstarted, started=False, settle=False)
-        over = self._let_running_finish()
+        over = self._let_running_finish()  # their outcomes with the acker too
         self.executor.join(time.monotonic() + (1.0 if over else 0.0))
         self.acker.flush_until_done(time.monotonic() + 5)
         leftover = [lease.job for lease in self.ledger.running()]
@@ -266,9 +266,9 @@ class Worker:
         return EXIT_FORCED if leftover else EXIT_OK
 
     def _let_running_finish(self) -> bool:
-        """Wait for the running jobs: until the grace period ends (it starts when the stop
-        was asked, or now if later), or, for a recycle, until they are over. Returns
-        whether they are."""
+        """Wait for the running jobs and their outcomes: until the grace period ends (it
+        starts when the stop was asked, or now if later), or, for a recycle, until they
+        are over. Returns whether they are."""
         began = time.monotonic()
 
         def deadline() -> float | None:
