@@ -8,7 +8,6 @@ import datetime as dt
 from typing import Any
 
 import pytest
-from django.test import override_settings
 from django.utils import timezone
 
 from django_delayq import Job
@@ -60,10 +59,10 @@ def status_of(result: Any) -> str:
     return Job.fetch(job_id, queue).status
 
 
-@override_settings(TASKS={"default": {"BACKEND": "django_delayq.backends.DelayQBackend",
-                                      "QUEUES": [], "OPTIONS": {"MAX_ATTEMPTS": 2}}})
 def test_every_state_reads_the_same_in_every_view(settings: Any, admin_client: Any,
                                                   broker: Any) -> None:
+    settings.TASKS = {"default": {"BACKEND": "django_delayq.backends.DelayQBackend",
+                                  "QUEUES": [], "OPTIONS": {"MAX_ATTEMPTS": 2}}}
     # retries wait an hour: the test moves them on itself
     settings.DELAYQ = {**settings.DELAYQ, "RETRY_BACKOFF": 3600, "RETRY_BACKOFF_MAX": 3600}
     client = broker.client

@@ -155,6 +155,8 @@ class AsyncExecutor:
             began = time.perf_counter()
             try:
                 outcome = await self._outcome(job, limit, lease)
+            except GeneratorExit:
+                raise  # the task is being closed (its loop is gone): no await, no outcome
             except BaseException as exc:  # whatever a coroutine raises, its job gets an outcome
                 outcome = failure(job, exc, retry=True)
         outcome.started_ms = lease.started_ms
@@ -179,20 +181,25 @@ class AsyncExecutor:
         except CorruptPayload as exc:
             return failure(job, exc, retry=False)
         await sync_to_async(close_old_connections)()
+        outcome: Outcome | None = None
         try:
             with running(job, self.name, lease.on_finished):
                 async with asyncio.timeout(limit) as scope:
                     coroutine: Coroutine[Any, Any, Any] = task.func(*args, **kwargs)
                     value = await coroutine
         except TimeoutError as exc:
-            if not scope.expired():
-                return failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
-            return failure(job, JobTimeout(f"the job ran past its time limit of {limit}s"),
-                           retry=True, delay=task.retry_delay(job.attempt))
+            error = exc if not scope.expired() else JobTimeout(
+                f"the job ran past its time limit of {limit}s")
+            outcome = failure(job, error, retry=True, delay=task.retry_delay(job.attempt))
+        except GeneratorExit as exc:
+            if self._stopping:
+                raise  # thrown in by the close of a task its stopped loop left behind
+            outcome = failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
         except BaseException as exc:  # KeyboardInterrupt, CancelledError... fail the job
-            return failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
-        finally:
-            await sync_to_async(close_old_connections)()
+            outcome = failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
+        await sync_to_async(close_old_connections)()
+        if outcome is not None:
+            return outcome
         try:
             result_json = encode_result(value, self.encoder)
         except BaseException as exc:  # a value whose encoding raises anything

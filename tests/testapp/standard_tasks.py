@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -83,16 +84,21 @@ async def dj_async_fails(tag: str) -> None:
     raise ValueError(f"bad {tag}")
 
 
+#: Set by a test to let the two tasks below return (they block until then, at most 60 s).
+UNBLOCK = threading.Event()
+
+
 @task
-def dj_sleeps_in_c(seconds: float) -> None:
-    """One C call: a soft time limit cannot interrupt it."""
-    time.sleep(seconds)
+def dj_blocks_in_c() -> None:
+    """Block in one C call (a lock wait) until UNBLOCK: no soft time limit reaches it."""
+    UNBLOCK.wait(60)
 
 
 @task(queue_name="async")
-async def dj_async_blocks(seconds: float) -> None:
-    """Block the event loop: its cancellation cannot be delivered."""
-    time.sleep(seconds)
+async def dj_async_blocks() -> None:
+    """Block the event loop (a lock wait, not an await) until UNBLOCK: its cancellation
+    cannot be delivered."""
+    UNBLOCK.wait(60)
 
 
 @task(takes_context=True)
