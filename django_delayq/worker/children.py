@@ -189,8 +189,12 @@ class Children:
                     child.proc.kill()
                     child.proc.wait()
                 self._close_stdin(child)
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            # a late wake() (a signal handler, a second stop) then writes to no fd, never
+            # to one the process has opened since under the same number
+            wake_r, wake_w = self._wake_r, self._wake_w
+            self._wake_r = self._wake_w = -1
+            os.close(wake_r)
+            os.close(wake_w)
 
     def _sleep(self, timeout: float) -> None:
         ready, _, _ = select.select([self._wake_r], [], [], max(0.0, timeout))
