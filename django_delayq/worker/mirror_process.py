@@ -45,12 +45,6 @@ class MirrorProcess:
         self._thread.start()
         return self
 
-    @property
-    def pid(self) -> int | None:
-        """The mirror process's pid now (None between a death and its restart)."""
-        running = self.children.running(MIRROR)
-        return running[0].proc.pid if running and running[0].proc is not None else None
-
     def stop(self) -> None:
         """Let the mirror write what is left and exit; stopped at once after
         :data:`STOP_WAIT` seconds."""
