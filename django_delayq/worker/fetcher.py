@@ -3,6 +3,10 @@
 It claims up to the free capacity from every served queue shard in one round trip
 (:meth:`Broker.claim_many`), and when nothing is due blocks on the queues' marker ZSETs
 (BZPOPMIN) until work arrives or the next scheduled job is due (Redis clock).
+
+The capacity is ``concurrency + async slots + prefetch`` leases, counting every lease
+the ledger holds until its ack lands: the jobs one worker holds unacked, and so what its
+death can make run twice, never exceed it.
 """
 
 from __future__ import annotations
@@ -80,8 +84,10 @@ class Fetcher:
         self._starved = False  # the last claim skipped limited queues: no idle thread
         if self.prefetch is None and self._limited == set(self.queues):
             self.prefetch = 0
-        ledger.wake_fetcher = lambda: (self._free_slots() >= self._low_water()
-                                       or not ledger.busy)
+        # A finished job frees no capacity until its ack lands (the ledger's settle wakes
+        # the fetcher then); a free thread matters to limited queues (starved), to a
+        # burst waiting for the last job, and to a stop waiting for running jobs.
+        ledger.wake_fetcher = lambda: self._starved or not ledger.busy or stop.is_set()
 
     # -- capacity -----------------------------------------------------------------
 
@@ -97,8 +103,12 @@ class Fetcher:
         per_thread = PREFETCH_WINDOW / max(self.ledger.avg_run_time, 1e-5)
         return max(self.concurrency, min(MAX_PREFETCH, int(self.concurrency * per_thread)))
 
+    def capacity(self) -> int:
+        """The most leases this worker holds at once (acks on their way included)."""
+        return self.concurrency + self.async_slots + self._prefetch()
+
     def _free_slots(self) -> int:
-        return self.concurrency + self.async_slots + self._prefetch() - self.ledger.busy
+        return self.capacity() - self.ledger.held_count
 
     def _low_water(self) -> int:
         """The fetcher claims again once this many slots are free: batches, not single jobs."""
@@ -112,8 +122,7 @@ class Fetcher:
         ledger = self.ledger
         while not self._stop.is_set():
             with ledger.changed:
-                while (not self._stop.is_set() and ledger.busy
-                       and self._free_slots() < self._low_water()):
+                while not self._stop.is_set() and self._free_slots() < self._low_water():
                     ledger.changed.wait()
                 free = self._free_slots()
             if self._stop.is_set():
@@ -165,10 +174,13 @@ class Fetcher:
                  if backing_off.get(k, 0.0) <= sent]
         idle = max(0, self.concurrency - self.ledger.busy)
         self._starved = idle == 0 and bool(self._limited)
-        per_shard = max(1, -(-free // max(1, len(order))))
-        # a count of 0 still promotes due jobs and reports the next due time
-        wants = [(keys, min(per_shard, idle) if keys.queue in self._limited else per_shard)
-                 for keys in order]
+        # ``free`` split over the shards (the first ones in this turn's order get the
+        # remainder), never more in all; a count of 0 still promotes due jobs and
+        # reports the next due time
+        each, extra = divmod(max(0, free), max(1, len(order)))
+        counts = [each + (i < extra) for i in range(len(order))]
+        wants = [(keys, min(count, idle) if keys.queue in self._limited else count)
+                 for keys, count in zip(order, counts, strict=True)]
         results: list[ClaimResult] = []
         if wants:
             try:
