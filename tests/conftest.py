@@ -96,6 +96,7 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
     session = services.SESSION
     return [f"  {session.pg_note}"] if session.pg_note and not session.pg_in_header else []
 
+
 @pytest.fixture(autouse=True)
 def _clean_redis(settings: Any) -> Iterator[None]:
     """Each test starts with an empty Redis database and fresh connections."""

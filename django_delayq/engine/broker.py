@@ -363,7 +363,6 @@ class Broker:
         time.sleep(min(FAILOVER_INTERVAL, max(0.0, deadline - now)))
         return deadline
 
-
     def _remember_queue(self, queue: str) -> None:
         self.client.sadd(self.global_keys.queues, queue)
         self._known_queues.add(queue)

@@ -46,6 +46,7 @@ class Broker(Protocol):
 
     def connection_errors(self) -> AbstractContextManager[None]: ...
 
+
 logger = logging.getLogger(__name__)
 
 #: What a dependant does when a parent fails for good, is cancelled or is gone.

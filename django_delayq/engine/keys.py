@@ -19,7 +19,6 @@ QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}\Z")
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.:@+=/\-]{1,128}\Z")
 
 
-
 def validate_queue_name(name: str) -> str:
     """Return ``name`` if it is a valid queue name, else raise ``ValueError``."""
     if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):

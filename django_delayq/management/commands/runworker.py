@@ -211,6 +211,8 @@ class Command(BaseCommand):
 
 #: Longest ``--name``: it is kept with every job the worker runs, and in its log lines.
 MAX_NAME = 200
+
+
 def start_mirror_process(worker_name: str, verbosity: int) -> MirrorProcess | None:
     """The mirror process of a single worker; None without the Job table (no
     ``migrate`` yet: said once, and no process started for nothing)."""
