@@ -686,12 +686,17 @@ class Broker:
         return self.commands.add_release(batch, keys, leases, started=started)
 
     def reclaim(self, queue: str, limit: int = 1_000) -> tuple[int, int]:
-        """Reclaim expired leases of ``queue``: (returned to ready, dead-lettered)."""
+        """Reclaim expired leases of ``queue``: (returned to ready, dead-lettered). The
+        waiting jobs the calls hand over to link again are linked (:func:`.flows.repair`)."""
+        shards = self.shards(queue)
         batch = self.batch()
-        for keys in self.shards(queue):
+        for keys in shards:
             self.add_reclaim(batch, keys, limit)
         with self.connection_errors():
             replies = batch.run()
+        for keys, reply in zip(shards, replies, strict=True):
+            if reply[3]:
+                flows.repair(self, keys, reply[3])
         return sum(int(r[0]) for r in replies), sum(int(r[1]) for r in replies)
 
     def server_time_ms(self) -> int:

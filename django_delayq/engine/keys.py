@@ -159,6 +159,11 @@ class QueueKeys:
         from the job key, see ``lua/includes/flows.lua``)."""
         return f"{self.job(job_id)}:c"
 
+    def unresolved(self, job_id: str) -> str:
+        """SET of the indexes (1-based) of the parents a waiting job still waits for
+        (``<job key>:w``; see ``lua/includes/flows.lua``)."""
+        return f"{self.job(job_id)}:w"
+
     def status_set(self, status: str) -> str:
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}; expected one of {', '.join(STATUSES)}")

@@ -34,7 +34,7 @@ from redis.exceptions import RedisError
 
 from ..conf import conf
 from ..connection import get_broker
-from ..engine import Broker, ClaimedJob
+from ..engine import Broker, ClaimedJob, DelayQError
 from ..engine.workers import forget
 from ..periodic import schedule_due
 from ..task import TaskRegistry, registry
@@ -315,11 +315,14 @@ class Worker:
             logger.warning("could not register worker worker=%s error=%s", self.name, exc)
 
     def _reclaim(self) -> None:
-        """One heartbeat without lease renewal: reclaim expired leases, record alive."""
+        """One heartbeat without lease renewal: reclaim expired leases, record alive
+        (what fails is logged: the burst runs on)."""
         try:
             self.heartbeat.beat(renew=False)
-        except RedisError as exc:
+        except (RedisError, DelayQError) as exc:
             logger.warning("reclaim failed worker=%s error=%s", self.name, exc)
+        except Exception:
+            logger.exception("reclaim failed worker=%s", self.name)
 
     def _info(self) -> dict[str, Any]:
         """What the workers-alive registry shows of this worker."""
