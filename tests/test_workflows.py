@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import os
 import subprocess
@@ -443,3 +444,20 @@ def test_the_repair_says_what_it_found(broker, redis_client, caplog):
     assert f"ids={stranded.id}" in again
     assert gone.startswith("jobs no longer waiting left the linking set")
     assert f"ids={cancelled.id}" in gone
+
+
+def test_chains_and_groups_on_a_sharded_queue_return_each_step_as_itself(settings):
+    """The shards of a queue answer one call each; the jobs come back in step order."""
+    settings.DELAYQ = {**settings.DELAYQ, "QUEUES": {"wide": {"shards": 3}}}
+    wide = tasks.record.using(queue="wide")
+    steps = chain(*[wide.bind(f"s{i}") for i in range(12)]).enqueue()
+    assert [j.status for j in steps] == ["ready"] + ["waiting"] * 11
+    for before, step in itertools.pairwise(steps):
+        assert Job.fetch(step.id, "wide").parent_refs == [("wide", before.id)]
+    members = [wide.using(job_id=f"m{i}").bind(f"m{i}") for i in range(12)]
+    jobs = group(members).then(tasks.flow_collect.using(queue="wide").bind(tag="cb")).enqueue()
+    assert [j.id for j in jobs.members] == [f"m{i}" for i in range(12)]
+    assert jobs.callback.id not in {j.id for j in jobs.members}
+    callback = Job.fetch(jobs.callback.id, "wide")
+    assert (callback.task_name, callback.status) == (tasks.flow_collect.name, "waiting")
+    assert callback.parent_refs == [("wide", f"m{i}") for i in range(12)]
