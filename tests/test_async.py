@@ -142,3 +142,48 @@ def test_a_leaking_async_exception_does_not_lose_the_job(redis_client):
         wait_until(lambda: job.refresh().is_finished, message="the job to finish")
     assert job.status == "failed"
     assert "KeyboardInterrupt" in job.error
+
+
+def test_an_after_job_hook_that_raises_loses_no_async_outcome(redis_client):
+    def boom() -> None:
+        raise RuntimeError("hook")
+
+    with worker_thread(queues=["async"], concurrency=1) as worker:
+        worker.after_job = boom
+        jobs = [tasks.async_add.enqueue(i, 1) for i in range(2)]
+        wait_until(lambda: all(j.refresh().status == "completed" for j in jobs),
+                   message="the async jobs acked")
+        wait_until(lambda: worker.ledger.held_count == 0, message="no lease left held")
+
+
+def test_an_async_job_whose_run_fails_outside_its_task_is_failed_not_held(broker):
+    """What raises on the event loop around a job (not in its task) reaches the future
+    of its run: logged, and the job failed instead of held for ever."""
+    from django_delayq.task import registry
+    from django_delayq.worker.acks import send_outcomes
+    from django_delayq.worker.async_executor import AsyncExecutor
+    from django_delayq.worker.ledger import Ledger
+
+    job = tasks.async_add.enqueue(1, 2)
+    [claim] = broker.claim("async", 1, "w")
+    ledger, outcomes = Ledger(), []
+    ledger.add(claim.jobs)
+
+    def note_started(job, start_ms) -> None:
+        raise RuntimeError("the start note went nowhere")
+
+    executor = AsyncExecutor(tasks=registry, encoder=json.JSONEncoder, name="w",
+                             ledger=ledger, report=outcomes.append,
+                             note_started=note_started, on_loop_lost=lambda: None)
+    try:
+        executor.submit(claim.jobs[0])
+        wait_until(lambda: outcomes, message="an outcome")
+    finally:
+        executor.stop()
+    [outcome] = outcomes
+    assert not outcome.ok
+    assert "RuntimeError: the start note went nowhere" in outcome.error
+    assert ledger.busy == 0
+    send_outcomes(broker, outcomes, worker="w")
+    job.refresh()
+    assert (job.status, job.error) == ("failed", outcome.error)

@@ -351,6 +351,31 @@ def test_a_stop_waits_for_a_slow_task_finished_receiver_and_acks_the_job(task: A
     assert result.status == TaskResultStatus.SUCCESSFUL
 
 
+@ASYNC_JOBS
+@pytest.mark.parametrize("task", [st.dj_add, st.dj_async_add])
+def test_a_task_finished_receiver_that_exits_loses_no_outcome(task: Any) -> None:
+    """A receiver raising SystemExit is logged: the job's outcome is acked all the same,
+    its lease let go, and the worker runs the next job."""
+
+    def exits(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        if task_result.task.func is task.func:
+            raise SystemExit(3)
+
+    task_finished.connect(exits)
+    try:
+        first, second = task.enqueue(2, 3), task.enqueue(4, 5)
+        with worker_thread(queues=[task.queue_name], concurrency=1, prefetch=0) as worker:
+            wait_until(lambda: finished(first) and finished(second),
+                       message="both jobs acked")
+            wait_until(lambda: worker.ledger.held_count == 0, message="no lease left held")
+            assert not worker.stopping
+    finally:
+        task_finished.disconnect(exits)
+    assert worker.exit_code == 0
+    assert [(r.status, r.return_value) for r in (first, second)] == [
+        (TaskResultStatus.SUCCESSFUL, 5), (TaskResultStatus.SUCCESSFUL, 9)]
+
+
 def test_buffered_results_are_ready_then_running_then_successful(broker: Any) -> None:
     results = [st.dj_gated.enqueue("gate:buf") for _ in range(3)]
     with worker_thread(queues=["default"], concurrency=1, prefetch=2) as worker:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -387,3 +388,54 @@ def test_a_claim_over_several_shards_takes_no_more_than_the_room(redis_client):
         claimed, _ = worker.fetcher.claim(4)
         assert claimed == 4, turn
     assert worker.ledger.held_count == 12
+
+
+def test_an_after_job_hook_that_raises_loses_no_outcome(redis_client):
+    """The hook recycling counts jobs with: what it raises is logged, the job acked."""
+    def boom() -> None:
+        raise RuntimeError("hook")
+
+    with worker_thread(queues=["default"], concurrency=1) as worker:
+        worker.after_job = boom
+        jobs = [tasks.record.enqueue(f"h{i}") for i in range(2)]
+        wait_until(lambda: all(j.refresh().status == "completed" for j in jobs),
+                   message="the jobs acked")
+        wait_until(lambda: worker.ledger.held_count == 0, message="no lease left held")
+
+
+def test_a_job_whose_run_fails_outside_its_task_is_failed_not_held(broker):
+    """What raises in an executor thread around a job (not in its task) fails the job
+    (retried while attempts remain): held without an outcome, its lease would be renewed
+    for ever and its slot lost."""
+    import json as _json
+
+    from django_delayq.task import registry
+    from django_delayq.worker.acks import send_outcomes
+    from django_delayq.worker.executor import Executor
+    from django_delayq.worker.ledger import Ledger
+
+    job = tasks.record.using(max_attempts=1).enqueue("outside")
+    [claim] = broker.claim("default", 1, "w")
+    ledger, outcomes = Ledger(), []
+    ledger.add(claim.jobs)
+
+    def note_started(job, start_ms) -> None:
+        raise RuntimeError("the start note went nowhere")
+
+    executor = Executor(concurrency=1, tasks=registry, encoder=_json.JSONEncoder, name="w",
+                        ledger=ledger, report=outcomes.append, note_started=note_started,
+                        on_thread_lost=lambda: None)
+    executor.start()
+    try:
+        executor.deliver(claim.jobs[0])
+        wait_until(lambda: outcomes, message="an outcome")
+    finally:
+        executor.stop()
+        executor.join(time.monotonic() + 30)
+    [outcome] = outcomes
+    assert not outcome.ok
+    assert "RuntimeError: the start note went nowhere" in outcome.error
+    assert ledger.busy == 0
+    send_outcomes(broker, outcomes, worker="w")
+    job.refresh()
+    assert (job.status, job.error) == ("failed", outcome.error)
