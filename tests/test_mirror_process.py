@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+
+import pytest
 
 from tests.conftest import (
+    ROOT,
+    OutputReader,
     first_line,
     migrated_sqlite,
     pid_alive,
     sqlite_rows,
     stop_during_a_job,
     wait_until,
+    worker_env,
 )
 from tests.testapp import tasks
 
@@ -65,3 +72,29 @@ def test_the_mirror_is_not_started_without_its_table(redis_client, spawned):
     assert job.refresh().status == "completed"
     assert "the mirror is off: the Job table is missing" in out.text
     assert "started mirror-0" not in out.text
+
+
+@pytest.mark.parametrize(("stop", "drains"), [("eof", True), ("signal", False)])
+def test_a_mirror_child_drains_after_its_stdin_ends_never_after_a_signal(tmp_path, stop,
+                                                                        drains):
+    """Its parent stops it warmly by closing its stdin (it then mirrors what is left,
+    at most 5 s); a signal to it is the parent's cold stop: it exits without draining."""
+    db = migrated_sqlite(tmp_path)
+    tasks.record.enqueue("an event")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "django", "delayq_mirror", "--drain-on-stop", "--stop-on-eof",
+         "-v", "1"], cwd=ROOT, env=worker_env(DELAYQ_TEST_SQLITE=db), stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out = OutputReader(proc)
+        out.wait_for("mirror started consumer=", timeout=60)
+        if stop == "eof":
+            proc.stdin.close()
+        else:
+            proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, out.text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert ("burst=True" in out.text) == drains, out.text
