@@ -35,7 +35,7 @@ from redis.exceptions import RedisError
 from ..conf import conf
 from ..connection import get_broker
 from ..engine import Broker, ClaimedJob, DelayQError
-from ..engine.workers import forget
+from ..engine.workers import forget as forget_worker
 from ..periodic import schedule_due
 from ..task import TaskRegistry, registry
 from .acks import Acker, by_shard
@@ -205,8 +205,14 @@ class Worker:
 
     # -- running ------------------------------------------------------------------
 
-    def run(self) -> int:
-        """Run until stopped; returns an exit code of :mod:`.exit_codes`."""
+    def run(self, *, keep_record: bool = False) -> int:
+        """Run until stopped; returns an exit code of :mod:`.exit_codes`.
+
+        The worker then leaves the workers alive, unless ``keep_record``: its record is
+        then written once more and kept until the caller calls :meth:`forget` (a
+        ``runworker`` whose mirror process, consuming under this worker's name, still
+        writes what is left: until then other mirrors must not take its events over).
+        """
         logger.info("worker started worker=%s queues=%s concurrency=%d", self.name,
                     ",".join(self.queues), self.concurrency)
         self._register_queues()
@@ -237,7 +243,10 @@ class Worker:
         self._async.stop(wait=not self._restart)  # a stuck coroutine may block the loop
         if self.burst:
             self._reclaim()
-        forget(self.broker, self.name)
+        if keep_record:
+            self._register_queues()  # a fresh heartbeat for the time the caller needs
+        else:
+            self.forget()
         counts = self.acker
         logger.info("worker stopped worker=%s jobs=%d completed=%d retried=%d failed=%d "
                     "exit_code=%d", self.name,
@@ -306,6 +315,10 @@ class Worker:
             except RedisError as exc:
                 logger.warning("periodic scheduling failed worker=%s error=%s", self.name, exc)
             self._stop.wait(interval)
+
+    def forget(self) -> None:
+        """Leave the workers alive (:meth:`run` does as it returns, unless told not to)."""
+        forget_worker(self.broker, self.name)
 
     def _register_queues(self) -> None:
         try:

@@ -138,11 +138,14 @@ class Command(BaseCommand):
                 lake = start_export_thread()
         relays = start_relay_threads(known_tasks=registry)  # none if OUTBOX RELAY is False
         try:
-            code = worker.run()
+            # its mirror consumes as <worker>/mirror: the worker's record stays until
+            # the mirror has stopped, or other mirrors would take its events over
+            code = worker.run(keep_record=mirror is not None)
         finally:
             stop_relay_threads(relays)
             if mirror is not None:
                 mirror.stop()  # after the last acks: it mirrors them too
+                worker.forget()
             if lake is not None:
                 lake.stop(timeout=5.0, drain=True)
         if code == 0 and recycle is not None and recycle.reason and not signals:
