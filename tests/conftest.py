@@ -241,7 +241,9 @@ class OutputReader:
 
 @pytest.fixture
 def spawned() -> Iterator[Callable[..., tuple[subprocess.Popen[str], OutputReader]]]:
-    """Start worker processes; every one still running at the end is killed."""
+    """Start worker processes; every one still running at the end is killed, with its
+    children (a mirror process in a session of its own would otherwise go on, against
+    the next test's Redis)."""
     procs: list[subprocess.Popen[str]] = []
 
     def start(*args: str, redis_url: str | None = None,
@@ -253,8 +255,7 @@ def spawned() -> Iterator[Callable[..., tuple[subprocess.Popen[str], OutputReade
     yield start
     for proc in procs:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            kill_with_children(proc)
 
 
 def migrated_sqlite(tmp_path: Path) -> str:

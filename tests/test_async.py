@@ -6,17 +6,17 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from collections.abc import Iterator
 
 import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
 
 from django_delayq import Queue
 from django_delayq.worker import EXIT_RESTART
 from tests.conftest import ran, wait_until, worker_thread
 from tests.testapp import standard_tasks as st
 from tests.testapp import tasks
-
-# The ORM test leaves a connection on sync_to_async's thread, which later jobs check.
-pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def most_at_once(records: list[dict], start: str, end: str) -> int:
@@ -102,6 +102,24 @@ def test_a_dead_event_loop_stops_the_worker_and_its_job_runs_again(redis_client,
     assert (job.status, job.attempts, job.result) == ("completed", 2, "k")
 
 
+@pytest.fixture
+def orm_on_the_sync_thread() -> Iterator[None]:
+    """Forget, once the test is over, the database connections the ORM opened on
+    ``sync_to_async``'s thread (an in-memory SQLite ignores ``close()``): the worker
+    checks that thread's connections around every async job, and a later test without
+    database access would find this one there."""
+    yield
+
+    def forget() -> None:
+        for alias in list(connections):
+            connections[alias].close()
+            del connections[alias]
+
+    asyncio.run(sync_to_async(forget)())
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("orm_on_the_sync_thread")
 def test_an_async_task_uses_the_orm_through_sync_to_async():
     from django.contrib.auth.models import User
 
