@@ -15,6 +15,11 @@ from django.db import connections
 from django_delayq import Queue
 from django_delayq.worker import EXIT_RESTART
 from tests.conftest import ran, wait_until, worker_thread
+from tests.test_worker import (
+    assert_failed_outside_its_task,
+    claimed_in_a_ledger,
+    raising_start_note,
+)
 from tests.testapp import standard_tasks as st
 from tests.testapp import tasks
 
@@ -178,30 +183,17 @@ def test_an_async_job_whose_run_fails_outside_its_task_is_failed_not_held(broker
     """What raises on the event loop around a job (not in its task) reaches the future
     of its run: logged, and the job failed instead of held for ever."""
     from django_delayq.task import registry
-    from django_delayq.worker.acks import send_outcomes
     from django_delayq.worker.async_executor import AsyncExecutor
-    from django_delayq.worker.ledger import Ledger
 
     job = tasks.async_add.enqueue(1, 2)
-    [claim] = broker.claim("async", 1, "w")
-    ledger, outcomes = Ledger(), []
-    ledger.add(claim.jobs)
-
-    def note_started(job, start_ms) -> None:
-        raise RuntimeError("the start note went nowhere")
-
+    ledger, claimed = claimed_in_a_ledger(broker, "async")
+    outcomes = []
     executor = AsyncExecutor(tasks=registry, encoder=json.JSONEncoder, name="w",
                              ledger=ledger, report=outcomes.append,
-                             note_started=note_started, on_loop_lost=lambda: None)
+                             note_started=raising_start_note, on_loop_lost=lambda: None)
     try:
-        executor.submit(claim.jobs[0])
+        executor.submit(claimed)
         wait_until(lambda: outcomes, message="an outcome")
     finally:
         executor.stop()
-    [outcome] = outcomes
-    assert not outcome.ok
-    assert "RuntimeError: the start note went nowhere" in outcome.error
-    assert ledger.busy == 0
-    send_outcomes(broker, outcomes, worker="w")
-    job.refresh()
-    assert (job.status, job.error) == ("failed", outcome.error)
+    assert_failed_outside_its_task(broker, job, ledger, outcomes)

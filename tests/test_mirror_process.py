@@ -16,6 +16,7 @@ from tests.conftest import (
     ROOT,
     OutputReader,
     first_line,
+    kill_with_children,
     migrated_sqlite,
     pid_alive,
     sqlite_rows,
@@ -87,18 +88,18 @@ def test_a_mirror_child_drains_after_its_stdin_ends_never_after_a_signal(tmp_pat
         [sys.executable, "-m", "django", "delayq_mirror", "--drain-on-stop", "--stop-on-eof",
          "-v", "1"], cwd=ROOT, env=worker_env(DELAYQ_TEST_SQLITE=db), stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = OutputReader(proc)
     try:
-        out = OutputReader(proc)
         out.wait_for("mirror started consumer=", timeout=60)
         if stop == "eof":
             proc.stdin.close()
         else:
             proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, out.text
+        code = proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            kill_with_children(proc)
+    assert code == 0, out.text
     assert ("burst=True" in out.text) == drains, out.text
 
 

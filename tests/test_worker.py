@@ -403,35 +403,26 @@ def test_an_after_job_hook_that_raises_loses_no_outcome(redis_client):
         wait_until(lambda: worker.ledger.held_count == 0, message="no lease left held")
 
 
-def test_a_job_whose_run_fails_outside_its_task_is_failed_not_held(broker):
-    """What raises in an executor thread around a job (not in its task) fails the job
-    (retried while attempts remain): held without an outcome, its lease would be renewed
-    for ever and its slot lost."""
-    import json as _json
+def raising_start_note(job, start_ms) -> None:
+    """An executor's ``note_started`` that fails, as code around a job may."""
+    raise RuntimeError("the start note went nowhere")
 
-    from django_delayq.task import registry
-    from django_delayq.worker.acks import send_outcomes
-    from django_delayq.worker.executor import Executor
+
+def claimed_in_a_ledger(broker, queue: str):
+    """A ledger holding the one job claimed from ``queue``, and that job."""
     from django_delayq.worker.ledger import Ledger
 
-    job = tasks.record.using(max_attempts=1).enqueue("outside")
-    [claim] = broker.claim("default", 1, "w")
-    ledger, outcomes = Ledger(), []
+    [claim] = broker.claim(queue, 1, "w")
+    ledger = Ledger()
     ledger.add(claim.jobs)
+    return ledger, claim.jobs[0]
 
-    def note_started(job, start_ms) -> None:
-        raise RuntimeError("the start note went nowhere")
 
-    executor = Executor(concurrency=1, tasks=registry, encoder=_json.JSONEncoder, name="w",
-                        ledger=ledger, report=outcomes.append, note_started=note_started,
-                        on_thread_lost=lambda: None)
-    executor.start()
-    try:
-        executor.deliver(claim.jobs[0])
-        wait_until(lambda: outcomes, message="an outcome")
-    finally:
-        executor.stop()
-        executor.join(time.monotonic() + 30)
+def assert_failed_outside_its_task(broker, job, ledger, outcomes) -> None:
+    """One failed outcome naming the error, no lease left running, the job failed once
+    the outcome is acked."""
+    from django_delayq.worker.acks import send_outcomes
+
     [outcome] = outcomes
     assert not outcome.ok
     assert "RuntimeError: the start note went nowhere" in outcome.error
@@ -439,3 +430,26 @@ def test_a_job_whose_run_fails_outside_its_task_is_failed_not_held(broker):
     send_outcomes(broker, outcomes, worker="w")
     job.refresh()
     assert (job.status, job.error) == ("failed", outcome.error)
+
+
+def test_a_job_whose_run_fails_outside_its_task_is_failed_not_held(broker):
+    """What raises in an executor thread around a job (not in its task) fails the job
+    (retried while attempts remain): held without an outcome, its lease would be renewed
+    for ever and its slot lost."""
+    from django_delayq.task import registry
+    from django_delayq.worker.executor import Executor
+
+    job = tasks.record.using(max_attempts=1).enqueue("outside")
+    ledger, claimed = claimed_in_a_ledger(broker, "default")
+    outcomes = []
+    executor = Executor(concurrency=1, tasks=registry, encoder=json.JSONEncoder, name="w",
+                        ledger=ledger, report=outcomes.append,
+                        note_started=raising_start_note, on_thread_lost=lambda: None)
+    executor.start()
+    try:
+        executor.deliver(claimed)
+        wait_until(lambda: outcomes, message="an outcome")
+    finally:
+        executor.stop()
+        executor.join(time.monotonic() + 30)
+    assert_failed_outside_its_task(broker, job, ledger, outcomes)
