@@ -239,6 +239,40 @@ def test_a_claim_keeps_what_the_other_shards_leased_while_one_slot_moves(on_clus
     assert Queue("sharded").counts()["active"] == 40
 
 
+def test_a_focused_claim_on_a_moving_slot_claims_from_the_other_shards_at_once(
+        on_cluster, cluster, monkeypatch):
+    from django_delayq.worker import Worker
+    from django_delayq.worker import fetcher as fetcher_module
+
+    monkeypatch.setattr(fetcher_module, "FULL_ROUND_INTERVAL", 3600.0)
+    broker = on_cluster
+    every = {f"f{i}" for i in range(200)}
+    tasks.record.using(queue="sharded").enqueue_many(JobSpec([i], job_id=i) for i in every)
+    moving = broker.shards("sharded")[0]
+    on_moving = {i for i in every if broker.keys_for("sharded", i) == moving}
+    fetcher = Worker(["sharded"], broker=broker, concurrency=2, prefetch=6,
+                     burst=True).fetcher
+    # A full round: every shard gave all it was asked (2), so each has a backlog and
+    # focused rounds take them in turn, the moving one among them.
+    assert fetcher.claim(8)[0] == 8
+
+    def held() -> set[str]:
+        return {job.id for job in fetcher.ledger.held()}
+
+    with slot_moving(cluster, broker.client, broker.client.keyslot(moving.ready)):
+        for _ in range(4):
+            # The moving shard's TRYAGAIN costs no claim round: a full round follows at
+            # once, takes the other shards' jobs and leaves the moving one out.
+            assert fetcher.claim(8)[0] > 0
+        while fetcher.claim(8)[0]:
+            pass
+        assert every - on_moving <= held()
+        assert len(held() & on_moving) == 2, "only the first round's jobs of the moving shard"
+    # Moved: the shard is asked again once its SHARD_BACKOFF is over.
+    wait_until(lambda: fetcher.claim(8) and held() == every, message="the moved shard's jobs")
+    assert Queue("sharded").counts()["active"] == len(every)
+
+
 def test_a_worker_runs_the_other_shards_while_one_slot_moves_and_loses_nothing(
         on_cluster, cluster):
     n = 1200

@@ -1,13 +1,15 @@
 """The fetcher: claims jobs for the worker's free threads and buffer, in batches.
 
-It claims up to the free capacity from every served queue shard in one round trip
-(:meth:`Broker.claim_many`), and when nothing is due blocks on the queues' marker ZSETs
+It claims up to the free capacity in one round trip (:meth:`Broker.claim_many`), from
+every served queue shard or, while shards have a backlog, from one of them in turn
+(:meth:`Fetcher.claim`), and when nothing is due blocks on the queues' marker ZSETs
 (BZPOPMIN) until work arrives or the next scheduled job is due (Redis clock).
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +29,9 @@ PRECISE_WAIT = 0.25
 #: Adaptive prefetch holds about this many seconds of work per thread, up to MAX_PREFETCH.
 PREFETCH_WINDOW = 0.05
 MAX_PREFETCH = 500
+#: Seconds between full claim rounds (every shard asked) while focused rounds serve the
+#: shards with a backlog: the longest a shard without one waits for a claim.
+FULL_ROUND_INTERVAL = 0.05
 
 
 class Fetcher:
@@ -68,6 +73,12 @@ class Fetcher:
         self._on_burst_done = on_burst_done
         self.shards: list[QueueKeys] = [k for q in self.queues for k in broker.shards(q)]
         self.rotation = 0
+        #: Shards whose last claim filled what it asked: a backlog, served by focused
+        #: rounds (see :meth:`claim`), taken in turn from a random start so that workers
+        #: started together do not all ask the same shard.
+        self._hot: set[QueueKeys] = set()
+        self._next_focus = random.randrange(max(1, len(self.shards)))
+        self._full_round_at = float("-inf")
         #: Shards backing off after refusing a claim: until when (monotonic seconds).
         self._backoff_until: dict[QueueKeys, float] = {}
         self.watch: MarkerWatch | None = None
@@ -151,15 +162,57 @@ class Fetcher:
                 backoff.wait()
 
     def claim(self, free: int) -> tuple[int, float]:
-        """Claim up to about ``free`` jobs over all shards, fairly, in one round trip.
+        """Claim up to about ``free`` jobs, fairly between shards, in one round trip.
 
-        Shards are asked in a rotating order. Returns (jobs claimed, seconds until the
-        next scheduled job is due or the next start a rate limit allows, capped).
+        A *full round* asks every shard in a rotating order, sharing ``free`` between
+        them. While shards have a backlog (their last claim filled what it asked: *hot*)
+        a *focused round* asks one hot shard, in turn, for all of ``free``: each script
+        call then carries a whole batch, so a sharded queue costs no more per job than
+        one shard (a call's fixed cost, and the acks of a batch, are paid once, not once
+        per shard). A full round comes at least every FULL_ROUND_INTERVAL, and whenever
+        no shard is hot or the focused one came back empty, so a shard without a backlog
+        (a new or due job) waits at most that long for a claim. Rate-limited queues are
+        asked every round, as in a full round.
+
+        Returns (jobs claimed, seconds until the next scheduled job is due or the next
+        start a rate limit allows, capped).
         """
-        n = len(self.shards)
-        start = self.rotation % n
         self.rotation += 1
         sent = time.monotonic()
+        focus = self._focus(sent)
+        if focus is not None:
+            try:
+                total, wait, filled = self._claim_round(free, sent, focus)
+            except RedisError:
+                # the full round below asks that shard again and backs it off if it
+                # refuses while others answer, as any round does
+                self._hot.discard(focus)
+            else:
+                if total or filled:
+                    return total, wait
+        self._full_round_at = sent
+        total, wait, _ = self._claim_round(free, sent, None)
+        return total, wait
+
+    def _focus(self, now: float) -> QueueKeys | None:
+        """The hot shard a focused round asks, in turn; None when a full round is due."""
+        if now - self._full_round_at >= FULL_ROUND_INTERVAL or not self._hot:
+            return None
+        n = len(self.shards)
+        for step in range(n):
+            keys = self.shards[(self._next_focus + step) % n]
+            if keys in self._hot and self._backoff_until.get(keys, 0.0) <= now:
+                self._next_focus = (self._next_focus + step + 1) % n
+                return keys
+        return None
+
+    def _claim_round(self, free: int, sent: float,
+                     focus: QueueKeys | None) -> tuple[int, float, bool]:
+        """One round trip: every shard (``focus`` None) or ``focus`` with the limited
+        queues' shards. Returns (jobs claimed, seconds to wait, whether ``focus`` filled
+        what it was asked)."""
+        n = len(self.shards)
+        start = self.rotation % n
         backing_off = self._backoff_until
         order = [k for k in self.shards[start:] + self.shards[:start]
                  if backing_off.get(k, 0.0) <= sent]
@@ -167,8 +220,11 @@ class Fetcher:
         self._starved = idle == 0 and bool(self._limited)
         per_shard = max(1, -(-free // max(1, len(order))))
         # a count of 0 still promotes due jobs and reports the next due time
-        wants = [(keys, min(per_shard, idle) if keys.queue in self._limited else per_shard)
-                 for keys in order]
+        wants = [(keys, min(per_shard, idle)) if keys.queue in self._limited
+                 else (keys, per_shard) for keys in order
+                 if focus is None or keys.queue in self._limited]
+        if focus is not None:
+            wants.insert(0, (focus, max(1, free)))
         results: list[ClaimResult] = []
         if wants:
             try:
@@ -181,11 +237,21 @@ class Fetcher:
                 refused = [k for k, _ in wants if k not in answered]
                 for keys in refused:
                     backing_off[keys] = sent + SHARD_BACKOFF
+                    self._hot.discard(keys)
                 logger.warning("claim refused by %d shard(s), left out for %.1fs worker=%s "
                                "shards=%s error=%s", len(refused), SHARD_BACKOFF, self.name,
                                ",".join(k.tag for k in refused), exc.__cause__)
+        asked = dict(wants)
+        filled = False
         for result in results:
             backing_off.pop(result.keys, None)
+            if result.keys.queue in self._limited:
+                continue
+            if len(result.jobs) >= asked[result.keys]:
+                self._hot.add(result.keys)
+                filled = filled or result.keys == focus
+            else:
+                self._hot.discard(result.keys)
         wait = self.block_timeout
         if backing_off:
             wait = min(wait, min(backing_off.values()) - sent)
@@ -204,7 +270,7 @@ class Fetcher:
             self.ledger.add(result.jobs)
             for job in result.jobs:
                 self._deliver(job)
-        return total, wait - (time.monotonic() - sent)
+        return total, wait - (time.monotonic() - sent), filled
 
     def _wait_for_work(self, wait: float) -> None:
         """Sleep until work may be there: a marker, the next due time, or the cap.
