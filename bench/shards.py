@@ -1,6 +1,7 @@
 """A sharded queue's scaling on a local 3-primary Redis Cluster: 1, 2 and 3 shards.
 
-    python bench/shards.py [--jobs 30000] [--workers 2]
+    python bench/shards.py [--jobs 30000] [--workers 2] [--prefetch auto,16]
+                           [--repeat 1] [--baseline DIR]
 
 For each shard count, the same backlog of no-op jobs (``tests.testapp.tasks.add``) is
 enqueued into one queue (named so that its shards sit on different primaries) with
@@ -9,7 +10,16 @@ worker processes (``runworker --concurrency 8 --no-mirror``, the shards' keys sp
 over the cluster's slots). Jobs per second are timed from the 10th to the 90th percent
 of the backlog finished (start-up and tail left out); over that window the cluster's
 Redis CPU (``INFO cpu`` of every primary) and the workers' CPU (``/proc``) are divided
-by the jobs finished in it. Writes ``bench/results/shards.json`` with the load average.
+by the jobs finished in it, and so are the script calls (``INFO commandstats``).
+
+Each ``--prefetch`` gives a set of rows: ``auto`` is the adaptive prefetch (no-op jobs
+are claimed by the hundred), ``16`` claims about 12 to 24 at a time, the batches of
+8 threads running jobs of about 25 ms, with no-op jobs so that the run stays short.
+``--repeat N`` measures each row N times, interleaved, and keeps the medians.
+``--baseline DIR`` runs each row also with the workers of another checkout of the
+project (its ``django_delayq`` package), right before this one's, to compare two
+versions on the same cluster under the same load. Writes
+``bench/results/shards.json`` with the load average.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import json
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -56,6 +67,12 @@ def proc_cpu(pids: list[int]) -> float:
     return total
 
 
+def script_calls(nodes: list[Any]) -> int:
+    """Script calls (EVALSHA) every primary has run so far."""
+    stats = (node.info("commandstats").get("cmdstat_evalsha") for node in nodes)
+    return sum(int(s["calls"]) for s in stats if s)
+
+
 def spread_queue(client: Any) -> str:
     """A queue name whose 3 shards (and so also its first 2) sit on 3 different
     primaries: a shard's node follows from its name's hash slot."""
@@ -72,7 +89,9 @@ def finished(client: Any, broker: Broker, queue: str) -> int:
     return sum(int(client.hget(k.stats, "c") or 0) for k in broker.shards(queue))
 
 
-def run(cluster: RedisCluster, shards: int, jobs: int, workers: int) -> dict[str, Any]:
+def run(cluster: RedisCluster, shards: int, jobs: int, workers: int, prefetch: int | None,
+        source: Path) -> dict[str, Any]:
+    """Drain ``jobs`` from ``shards`` shards with workers running ``source``'s code."""
     import redis
 
     client = client_from_url(cluster.url, decode_responses=True)
@@ -85,11 +104,14 @@ def run(cluster: RedisCluster, shards: int, jobs: int, workers: int) -> dict[str
     placement = [client.get_node_from_key(k.ready).port for k in broker.shards(queue)]
     nodes = [redis.Redis(port=n.port) for n in cluster.nodes]
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
-           "PYTHONPATH": str(ROOT), "DELAYQ_TEST_REDIS_URL": cluster.url,
+           "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(source), str(ROOT)])),
+           "DELAYQ_TEST_REDIS_URL": cluster.url,
            "DELAYQ_TEST_SETTINGS": json.dumps({"SHARDS": {queue: shards}})}
-    procs = [subprocess.Popen([sys.executable, "-m", "django", "runworker", queue,
-                               "--concurrency", "8", "--no-mirror", "-v", "0"],
-                              cwd=ROOT, env=env, start_new_session=True)
+    command = [sys.executable, "-m", "django", "runworker", queue, "--concurrency", "8",
+               "--no-mirror", "-v", "0"]
+    if prefetch is not None:
+        command += ["--prefetch", str(prefetch)]
+    procs = [subprocess.Popen(command, cwd=source, env=env, start_new_session=True)
              for _ in range(workers)]
     lo, hi = jobs // 10, jobs * 9 // 10
     start = end = None
@@ -100,10 +122,10 @@ def run(cluster: RedisCluster, shards: int, jobs: int, workers: int) -> dict[str
             done = finished(client, broker, queue)
             if start is None and done >= lo:
                 start = (time.perf_counter(), done, redis_cpu(nodes),
-                         proc_cpu([p.pid for p in procs]))
+                         proc_cpu([p.pid for p in procs]), script_calls(nodes))
             if start is not None and done >= hi:
                 end = (time.perf_counter(), done, redis_cpu(nodes),
-                       proc_cpu([p.pid for p in procs]))
+                       proc_cpu([p.pid for p in procs]), script_calls(nodes))
                 break
             time.sleep(0.02)
     finally:
@@ -119,21 +141,52 @@ def run(cluster: RedisCluster, shards: int, jobs: int, workers: int) -> dict[str
             "redis_cpu_us_per_job": round(sum(per_node), 1),
             "redis_cpu_us_per_job_per_node": per_node,
             "workers_cpu_us_per_job": round((end[3] - start[3]) / n * 1e6, 1),
-            "shard_nodes": placement, "window_jobs": n,
+            "script_calls_per_1000_jobs": round((end[4] - start[4]) / n * 1000, 1),
+            "prefetch": prefetch, "shard_nodes": placement, "window_jobs": n,
             "load": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+
+
+def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from repeated runs: the median of each figure, the loads of all."""
+    row = dict(runs[0])
+    for key in ("jobs_per_s", "redis_cpu_us_per_job", "workers_cpu_us_per_job",
+                "script_calls_per_1000_jobs", "window_jobs"):
+        row[key] = statistics.median(r[key] for r in runs)
+    row["redis_cpu_us_per_job_per_node"] = [
+        statistics.median(r["redis_cpu_us_per_job_per_node"][i] for r in runs)
+        for i in range(len(runs[0]["redis_cpu_us_per_job_per_node"]))]
+    row["load"] = [min(r["load"][0] for r in runs), max(r["load"][1] for r in runs)]
+    row["runs"] = len(runs)
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=30_000)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--prefetch", default="auto,16",
+                        help="comma-separated: auto (adaptive) or a number of jobs")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="another checkout whose workers run each row too")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "shards.json"))
     options = parser.parse_args()
-    rows = []
+    prefetches = [None if p == "auto" else int(p) for p in options.prefetch.split(",")]
+    sources = [("current", ROOT)]
+    if options.baseline is not None:
+        sources.insert(0, ("baseline", options.baseline.resolve()))
+    runs: dict[tuple[int | None, int, str], list[dict[str, Any]]] = {}
     with RedisCluster(masters=3) as cluster:
-        for shards in (1, 2, 3):
-            rows.append(run(cluster, shards, options.jobs, options.workers))
-            print(json.dumps(rows[-1]), flush=True)
+        for _ in range(options.repeat):
+            for prefetch in prefetches:
+                for shards in (1, 2, 3):
+                    for code, source in sources:
+                        row = run(cluster, shards, options.jobs, options.workers, prefetch,
+                                  source)
+                        row["code"] = code
+                        runs.setdefault((prefetch, shards, code), []).append(row)
+                        print(json.dumps(row), flush=True)
+    rows = [median_row(r) for r in runs.values()]
     result = {"benchmark": "shards", "jobs": options.jobs, "workers": options.workers,
               "rows": rows, "cpus": os.cpu_count(), "python": platform.python_version(),
               "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}

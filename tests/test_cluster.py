@@ -244,7 +244,7 @@ def test_a_focused_claim_on_a_moving_slot_claims_from_the_other_shards_at_once(
     from django_delayq.worker import Worker
     from django_delayq.worker import fetcher as fetcher_module
 
-    monkeypatch.setattr(fetcher_module, "FULL_ROUND_INTERVAL", 3600.0)
+    monkeypatch.setattr(fetcher_module, "QUIET_SHARD_INTERVAL", 3600.0)
     broker = on_cluster
     every = {f"f{i}" for i in range(200)}
     tasks.record.using(queue="sharded").enqueue_many(JobSpec([i], job_id=i) for i in every)

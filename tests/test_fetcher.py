@@ -50,9 +50,9 @@ def spy_rounds(broker: Broker, monkeypatch: pytest.MonkeyPatch,
 
 def test_a_busy_worker_claims_whole_batches_from_one_shard_at_a_time_in_turn(
         settings, monkeypatch):
-    # Full rounds only when no shard has a backlog or the focused one is empty: the
-    # rounds then follow from the backlogs alone.
-    monkeypatch.setattr(fetcher_module, "FULL_ROUND_INTERVAL", 3600.0)
+    # Quiet shards asked only when no shard has a backlog or the one asked is empty:
+    # the rounds then follow from the backlogs alone.
+    monkeypatch.setattr(fetcher_module, "QUIET_SHARD_INTERVAL", 3600.0)
     settings.DELAYQ = {**settings.DELAYQ, "QUEUES": SPREAD}
     broker = get_broker()
     shards = broker.shards("spread")
@@ -95,8 +95,37 @@ def test_a_busy_worker_claims_whole_batches_from_one_shard_at_a_time_in_turn(
         assert mine == sorted(mine)
 
 
+def test_quiet_shards_are_asked_for_a_job_along_with_a_backlog(settings, monkeypatch):
+    monkeypatch.setattr(fetcher_module, "QUIET_SHARD_INTERVAL", 0.0)  # in every round
+    settings.DELAYQ = {**settings.DELAYQ, "QUEUES": SPREAD}
+    broker = get_broker()
+    shards = broker.shards("spread")
+    busy, quiet, empty = shards
+    tasks.record.using(queue="spread").enqueue_many(
+        JobSpec([job_id], job_id=job_id) for job_id in ids_on(broker, "spread", busy, 40, "b"))
+    rounds = spy_rounds(broker, monkeypatch)
+    fetcher = Worker(["spread"], concurrency=2, prefetch=4, burst=True, broker=broker).fetcher
+    assert fetcher.claim(6)[0] == 2
+    assert rounds[-1][0] == dict.fromkeys(shards, 2)
+    # Only the busy shard gave all it was asked: it is asked for everything, the others
+    # for one job each.
+    assert fetcher.claim(6)[0] == 6
+    assert rounds[-1][0] == {busy: 6, quiet: 1, empty: 1}
+    [late] = ids_on(broker, "spread", quiet, 1, "q")
+    tasks.record.using(queue="spread", job_id=late).enqueue("late")
+    assert fetcher.claim(6)[0] == 7
+    asked, gave = rounds[-1]
+    assert asked == {busy: 6, quiet: 1, empty: 1}
+    assert [job.id for job in gave[quiet]] == [late]
+    # The quiet shard gave its one job: its turn comes (the busy one waits for its own);
+    # it comes back empty, so every shard is asked.
+    assert fetcher.claim(6)[0] == 2
+    assert [asked for asked, _ in rounds[-2:]] == [{quiet: 6, empty: 1},
+                                                   dict.fromkeys(shards, 2)]
+
+
 def test_sharded_unsharded_and_limited_queues_are_claimed_together(settings, monkeypatch):
-    monkeypatch.setattr(fetcher_module, "FULL_ROUND_INTERVAL", 3600.0)
+    monkeypatch.setattr(fetcher_module, "QUIET_SHARD_INTERVAL", 3600.0)
     settings.DELAYQ = {**settings.DELAYQ, "QUEUES": {
         **SPREAD, "metered": {"rate_limit": "1000/s"}}}
     broker = get_broker()

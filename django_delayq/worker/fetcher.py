@@ -1,7 +1,7 @@
 """The fetcher: claims jobs for the worker's free threads and buffer, in batches.
 
 It claims up to the free capacity in one round trip (:meth:`Broker.claim_many`), from
-every served queue shard or, while shards have a backlog, from one of them in turn
+every served queue shard or, while shards have a backlog, from one of them at a time
 (:meth:`Fetcher.claim`), and when nothing is due blocks on the queues' marker ZSETs
 (BZPOPMIN) until work arrives or the next scheduled job is due (Redis clock).
 """
@@ -29,9 +29,10 @@ PRECISE_WAIT = 0.25
 #: Adaptive prefetch holds about this many seconds of work per thread, up to MAX_PREFETCH.
 PREFETCH_WINDOW = 0.05
 MAX_PREFETCH = 500
-#: Seconds between full claim rounds (every shard asked) while focused rounds serve the
-#: shards with a backlog: the longest a shard without one waits for a claim.
-FULL_ROUND_INTERVAL = 0.05
+#: While shards with a backlog are claimed from one at a time, the quiet ones (no
+#: backlog) are asked for a job at least this often, in seconds: the longest a job
+#: arriving on a quiet shard waits for a claim while the worker keeps claiming.
+QUIET_SHARD_INTERVAL = 0.05
 
 
 class Fetcher:
@@ -73,12 +74,13 @@ class Fetcher:
         self._on_burst_done = on_burst_done
         self.shards: list[QueueKeys] = [k for q in self.queues for k in broker.shards(q)]
         self.rotation = 0
-        #: Shards whose last claim filled what it asked: a backlog, served by focused
-        #: rounds (see :meth:`claim`), taken in turn from a random start so that workers
-        #: started together do not all ask the same shard.
-        self._hot: set[QueueKeys] = set()
+        #: Shards whose last claim gave all it asked: a backlog, claimed from one at a
+        #: time (see :meth:`claim`), in turn from a random start so that workers started
+        #: together do not all ask the same shard first.
+        self._backlogged: set[QueueKeys] = set()
         self._next_focus = random.randrange(max(1, len(self.shards)))
-        self._full_round_at = float("-inf")
+        #: When the quiet shards were last asked (monotonic seconds).
+        self._quiet_asked_at = float("-inf")
         #: Shards backing off after refusing a claim: until when (monotonic seconds).
         self._backoff_until: dict[QueueKeys, float] = {}
         self.watch: MarkerWatch | None = None
@@ -164,15 +166,16 @@ class Fetcher:
     def claim(self, free: int) -> tuple[int, float]:
         """Claim up to about ``free`` jobs, fairly between shards, in one round trip.
 
-        A *full round* asks every shard in a rotating order, sharing ``free`` between
-        them. While shards have a backlog (their last claim filled what it asked: *hot*)
-        a *focused round* asks one hot shard, in turn, for all of ``free``: each script
-        call then carries a whole batch, so a sharded queue costs no more per job than
-        one shard (a call's fixed cost, and the acks of a batch, are paid once, not once
-        per shard). A full round comes at least every FULL_ROUND_INTERVAL, and whenever
-        no shard is hot or the focused one came back empty, so a shard without a backlog
-        (a new or due job) waits at most that long for a claim. Rate-limited queues are
-        asked every round, as in a full round.
+        While shards have a backlog (their last claim filled what it asked), a round
+        asks one of them, in turn, for all of ``free``: each script call then carries a
+        whole batch, and so do the acks that follow it, so a sharded queue costs about
+        what one shard does per job (a call's fixed cost is paid once per batch, not once
+        per shard). The quiet shards (their last claim came back short) are asked for one
+        job each along with it at least every QUIET_SHARD_INTERVAL, so a job arriving on
+        one waits no longer than that; one that gives its job has a backlog again.
+        Otherwise (no backlog known, or the shard asked came back empty) every shard is
+        asked in a rotating order, ``free`` shared between them. Rate-limited queues are
+        asked in every round, their share as in the latter.
 
         Returns (jobs claimed, seconds until the next scheduled job is due or the next
         start a rate limit allows, capped).
@@ -181,36 +184,38 @@ class Fetcher:
         sent = time.monotonic()
         focus = self._focus(sent)
         if focus is not None:
+            ask_quiet = sent - self._quiet_asked_at >= QUIET_SHARD_INTERVAL
+            if ask_quiet:
+                self._quiet_asked_at = sent
             try:
-                total, wait, filled = self._claim_round(free, sent, focus)
+                total, wait, filled = self._claim_round(free, sent, focus, ask_quiet)
             except RedisError:
-                # the full round below asks that shard again and backs it off if it
-                # refuses while others answer, as any round does
-                self._hot.discard(focus)
+                # the round below asks that shard again and backs it off if it refuses
+                # while others answer, as any round does
+                self._backlogged.discard(focus)
             else:
                 if total or filled:
                     return total, wait
-        self._full_round_at = sent
-        total, wait, _ = self._claim_round(free, sent, None)
+        self._quiet_asked_at = sent
+        total, wait, _ = self._claim_round(free, sent, None, True)
         return total, wait
 
     def _focus(self, now: float) -> QueueKeys | None:
-        """The hot shard a focused round asks, in turn; None when a full round is due."""
-        if now - self._full_round_at >= FULL_ROUND_INTERVAL or not self._hot:
-            return None
+        """The next shard with a backlog, in turn (None: none is known)."""
         n = len(self.shards)
-        for step in range(n):
+        for step in range(n if self._backlogged else 0):
             keys = self.shards[(self._next_focus + step) % n]
-            if keys in self._hot and self._backoff_until.get(keys, 0.0) <= now:
+            if keys in self._backlogged and self._backoff_until.get(keys, 0.0) <= now:
                 self._next_focus = (self._next_focus + step + 1) % n
                 return keys
         return None
 
-    def _claim_round(self, free: int, sent: float,
-                     focus: QueueKeys | None) -> tuple[int, float, bool]:
-        """One round trip: every shard (``focus`` None) or ``focus`` with the limited
-        queues' shards. Returns (jobs claimed, seconds to wait, whether ``focus`` filled
-        what it was asked)."""
+    def _claim_round(self, free: int, sent: float, focus: QueueKeys | None,
+                     ask_quiet: bool) -> tuple[int, float, bool]:
+        """One round trip: ``focus`` for ``free`` jobs (with the quiet shards for one
+        each if ``ask_quiet``), or every shard (``focus`` None), and the limited
+        queues' shards. Returns (jobs claimed, seconds to wait, whether ``focus`` gave
+        all it was asked)."""
         n = len(self.shards)
         start = self.rotation % n
         backing_off = self._backoff_until
@@ -221,8 +226,9 @@ class Fetcher:
         per_shard = max(1, -(-free // max(1, len(order))))
         # a count of 0 still promotes due jobs and reports the next due time
         wants = [(keys, min(per_shard, idle)) if keys.queue in self._limited
-                 else (keys, per_shard) for keys in order
-                 if focus is None or keys.queue in self._limited]
+                 else (keys, per_shard if focus is None else 1) for keys in order
+                 if focus is None or keys.queue in self._limited
+                 or (ask_quiet and keys != focus and keys not in self._backlogged)]
         if focus is not None:
             wants.insert(0, (focus, max(1, free)))
         results: list[ClaimResult] = []
@@ -237,7 +243,7 @@ class Fetcher:
                 refused = [k for k, _ in wants if k not in answered]
                 for keys in refused:
                     backing_off[keys] = sent + SHARD_BACKOFF
-                    self._hot.discard(keys)
+                    self._backlogged.discard(keys)
                 logger.warning("claim refused by %d shard(s), left out for %.1fs worker=%s "
                                "shards=%s error=%s", len(refused), SHARD_BACKOFF, self.name,
                                ",".join(k.tag for k in refused), exc.__cause__)
@@ -248,10 +254,10 @@ class Fetcher:
             if result.keys.queue in self._limited:
                 continue
             if len(result.jobs) >= asked[result.keys]:
-                self._hot.add(result.keys)
+                self._backlogged.add(result.keys)
                 filled = filled or result.keys == focus
             else:
-                self._hot.discard(result.keys)
+                self._backlogged.discard(result.keys)
         wait = self.block_timeout
         if backing_off:
             wait = min(wait, min(backing_off.values()) - sent)
