@@ -25,6 +25,7 @@ versions on the same cluster under the same load. Writes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -65,6 +66,21 @@ def proc_cpu(pids: list[int]) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / TICK
     return total
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM the workers; kill any still running after its grace period (30 s) and
+    more, so that a stuck one cannot outlive the run (its row was measured already)."""
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            print(f"worker {p.pid} still running 60 s after SIGTERM: killed", file=sys.stderr)
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
 
 def script_calls(nodes: list[Any]) -> int:
@@ -129,10 +145,7 @@ def run(cluster: RedisCluster, shards: int, jobs: int, workers: int, prefetch: i
                 break
             time.sleep(0.02)
     finally:
-        for p in procs:
-            os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            p.wait(30)
+        stop(procs)
     if start is None or end is None:
         raise RuntimeError(f"{shards} shards: the backlog was not drained in time")
     seconds, n = end[0] - start[0], end[1] - start[1]
