@@ -14,10 +14,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from redis.exceptions import RedisError
-
 from ..engine import Broker, ClaimedJob, ClaimResult, PartialClaimError, QueueKeys
-from .backoff import FIRST_BACKOFF, MAX_BACKOFF, SHARD_BACKOFF, Backoff
+from .backoff import FIRST_BACKOFF, MAX_BACKOFF, REDIS_ERRORS, SHARD_BACKOFF, Backoff
 from .ledger import Ledger
 from .markers import MarkerWatch
 
@@ -134,7 +132,7 @@ class Fetcher:
             try:
                 claimed, wait = self.claim(free)
                 backoff.reset()
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 logger.warning("redis unavailable, retrying in %.1fs worker=%s error=%s",
                                backoff.delay, self.name, exc)
                 backoff.wait()
@@ -159,7 +157,7 @@ class Fetcher:
                 break
             try:
                 self._wait_for_work(wait)
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 logger.warning("redis unavailable while idle worker=%s error=%s", self.name, exc)
                 backoff.wait()
 
@@ -189,7 +187,7 @@ class Fetcher:
                 self._quiet_asked_at = sent
             try:
                 total, wait, filled = self._claim_round(free, sent, focus, ask_quiet)
-            except RedisError:
+            except REDIS_ERRORS:
                 # the round below asks that shard again and backs it off if it refuses
                 # while others answer, as any round does
                 self._backlogged.discard(focus)

@@ -40,11 +40,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
-from redis.exceptions import RedisError
 
 from ..connection import get_broker
 from ..engine import Broker
 from ..engine.workers import forget, record_alive
+from .backoff import REDIS_ERRORS
 from .recycle import EXIT_RECYCLE
 
 logger = logging.getLogger("django_delayq.worker")
@@ -311,7 +311,7 @@ class Supervisor:
                 "children": ",".join(str(c.proc.pid) for c in live if c.proc is not None),
                 "restarts": self.restarts,
             })
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             logger.warning("supervisor heartbeat failed supervisor=%s error=%s", self.name, exc)
 
 
