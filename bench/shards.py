@@ -15,7 +15,9 @@ by the jobs finished in it, and so are the script calls (``INFO commandstats``).
 Each ``--prefetch`` gives a set of rows: ``auto`` is the adaptive prefetch (no-op jobs
 are claimed by the hundred), ``16`` claims about 12 to 24 at a time, the batches of
 8 threads running jobs of about 25 ms, with no-op jobs so that the run stays short.
-``--repeat N`` measures each row N times, interleaved, and keeps the medians.
+``--repeat N`` measures each row N times, interleaved, and keeps the medians. Each row
+also gives what its costs allow on more cores: jobs per second per core busy (Redis and
+workers together) and the bound of the busiest primary (one core per Redis process).
 ``--baseline DIR`` runs each row also with the workers of another checkout of the
 project (its ``django_delayq`` package), right before this one's, to compare two
 versions on the same cluster under the same load. Writes
@@ -170,6 +172,11 @@ def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for i in range(len(runs[0]["redis_cpu_us_per_job_per_node"]))]
     row["load"] = [min(r["load"][0] for r in runs), max(r["load"][1] for r in runs)]
     row["runs"] = len(runs)
+    # The scaling model: each core gives 1 / (CPU per job) jobs a second, until the
+    # busiest primary's one core (Redis runs scripts on one thread) is full.
+    row["jobs_per_s_per_core"] = round(
+        1e6 / (row["redis_cpu_us_per_job"] + row["workers_cpu_us_per_job"]))
+    row["primaries_bound_jobs_per_s"] = round(1e6 / max(row["redis_cpu_us_per_job_per_node"]))
     return row
 
 
@@ -203,6 +210,8 @@ def main() -> None:
     result = {"benchmark": "shards", "jobs": options.jobs, "workers": options.workers,
               "rows": rows, "cpus": os.cpu_count(), "python": platform.python_version(),
               "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+    if options.baseline is not None:
+        result["baseline"] = options.baseline.name
     Path(options.out).write_text(json.dumps(result, indent=2) + "\n")
 
 
