@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # every test flushes: then the suite runs in one process.
 XDIST ?= $(if $(REDIS_URL),,-n 2 --dist loadgroup)
 
-.PHONY: demo serve test fuzz lint typecheck bench system-deps clean
+.PHONY: demo serve test fuzz lint typecheck bench bench-quick system-deps clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,10 +50,31 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-## Benchmarks against the peers (RQ, Celery, Dramatiq, Huey, arq, SAQ) on one Redis.
-bench: $(STAMP)
-	./bench/run.sh
-	$(BIN)/python bench/shards.py
+# Every benchmark script reads these (bench/README.md): sizes times BENCH_SCALE, the peers'
+# table the median of BENCH_RUNS runs, every results file written to BENCH_OUT.
+BENCH_SCALE ?= 1
+BENCH_RUNS ?= 3
+BENCH_OUT ?= bench/results
+BENCH_ENV = BENCH_SCALE=$(BENCH_SCALE) BENCH_RUNS=$(BENCH_RUNS) BENCH_OUT=$(BENCH_OUT)
+
+## Every benchmark row, each writing its results file, then latest.md with all their tables:
+## the peers (RQ, Celery, Dramatiq, Huey, arq, SAQ) on one Redis with django-delayq's own
+## worker configurations and replicas, shards, workflows, outbox, bulk enqueue, Spark, lake.
+## About an hour on 2 quiet cores: run nothing else meanwhile.
+bench: $(STAMP) system-deps
+	$(BENCH_ENV) ./bench/run.sh
+	$(BENCH_ENV) $(BIN)/python -m bench.shards
+	$(BENCH_ENV) $(BIN)/python -m bench.workflows --celery bench/.venv-peers/bin/python
+	$(BENCH_ENV) $(BIN)/python -m bench.outbox
+	$(BENCH_ENV) $(BIN)/python -m bench.bulk_enqueue
+	$(BENCH_ENV) $(BIN)/python -m bench.spark_bulk
+	$(BENCH_ENV) $(BIN)/python -m bench.lake
+	$(BIN)/python -m bench.report $(BENCH_OUT)
+
+## The same end to end at a small scale, into bench/results/quick: checks that every row
+## runs and writes its file (its figures mean little).
+bench-quick:
+	$(MAKE) bench BENCH_SCALE=0.02 BENCH_RUNS=1 BENCH_OUT=bench/results/quick
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -1,6 +1,6 @@
 """The job-history lake and Spark past one machine: export rate, readers, a real cluster.
 
-    python bench/lake.py [--jobs 1000000] [--only export,cluster]
+    python -m bench.lake [--scale 1] [--jobs 1000000] [--only export,cluster,jdbc]
 
 - ``export``: N jobs' events (4 per job: enqueued, claimed, started, completed; the
   enqueues real, the rest appended in the engine's bulk format, tests/lake_events.py)
@@ -14,39 +14,38 @@
 - ``cluster``: ``enqueue_dataframe`` of N jobs on a standalone Spark cluster (a master and
   two workers of one core each, tests/spark_cluster.py) and on ``local[*]``.
 
-Starts its own Redis. Prints one JSON line, writes ``bench/results/lake.json`` with the
-load average before and after each figure (the machine may be shared).
+Starts its own Redis (and PostgreSQL for ``jdbc``). Prints one JSON line, writes
+``lake.json`` (in ``--out``) with the load average before and after each figure (the
+machine may be shared).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import json
 import os
-import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import redis
 
-import redis  # noqa: E402
+from bench import record
+from django_delayq.engine import Broker, EngineConfig
+from django_delayq.engine.keys import QueueKeys
+from django_delayq.testing import RedisServer
 
-from django_delayq.engine import Broker, EngineConfig  # noqa: E402
-from django_delayq.engine.keys import QueueKeys  # noqa: E402
-from django_delayq.testing import RedisServer  # noqa: E402
-
+JOBS = 1_000_000
 TASK = "bench.tasks.noop"
 
 
 def load() -> float:
-    return round(os.getloadavg()[0], 2)
+    return record.load()[0]
 
 
 def bench_export(url: str, jobs: int) -> dict[str, Any]:
@@ -234,29 +233,43 @@ def _read_both(rows: int, master: str) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=1_000_000)
-    parser.add_argument("--only", default="export,cluster,jdbc")
+#: The parts, in the order they run, and the key of each in lake.json.
+PARTS = {"export": "export", "cluster": "cluster", "jdbc": "jdbc_vs_orm"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = record.parser(__doc__)
+    parser.add_argument("--jobs", type=int, default=None,
+                        help=f"jobs, and rows of the job table (default {JOBS:,} x scale)")
+    parser.add_argument("--only", default=",".join(PARTS))
     parser.add_argument("--master", default="local[*]", help="Spark master of the "
                         "JDBC/ORM comparison")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "lake.json"))
-    options = parser.parse_args()
-    parts = set(options.only.split(","))
-    result: dict[str, Any] = {"benchmark": "lake", "cpus": os.cpu_count(),
-                              "python": platform.python_version(),
-                              "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
-    with RedisServer() as server:
-        if "export" in parts:
-            result["export"] = bench_export(server.url, options.jobs)
-        if "cluster" in parts:
-            result["cluster"] = bench_cluster(server.url, options.jobs)
-    if "jdbc" in parts:
-        result["jdbc_vs_orm"] = bench_jdbc(options.jobs, options.master)
-    print(json.dumps(result))
-    out = Path(options.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    options = parser.parse_args(argv)
+    jobs = options.jobs or record.scaled(JOBS, options.scale, 1_000)
+    parts = [part for part in PARTS if part in options.only.split(",")]
+    this_run = record.Run("lake", options.scale)
+    result: dict[str, Any] = {"jobs": jobs}
+    if len(parts) > 1:
+        # Each part in a process of its own: py4j starts one JVM per Python process, and
+        # that JVM keeps the classpath of its first session, so the JDBC driver jar of a
+        # later session would not load (and a million rows' parts free their memory).
+        for part in parts:
+            with tempfile.TemporaryDirectory() as out:
+                subprocess.run([sys.executable, "-m", "bench.lake", "--only", part, "--jobs",
+                                str(jobs), "--master", options.master, "--out", out],
+                               check=True)
+                result[PARTS[part]] = json.loads((Path(out) / "lake.json").read_text())[
+                    PARTS[part]]
+    else:
+        with RedisServer() as server:
+            if "export" in parts:
+                result["export"] = bench_export(server.url, jobs)
+            if "cluster" in parts:
+                result["cluster"] = bench_cluster(server.url, jobs)
+        if "jdbc" in parts:
+            result["jdbc_vs_orm"] = bench_jdbc(jobs, options.master)
+    path = this_run.write(options.out, result)
+    print(json.dumps(json.loads(path.read_text())))
 
 
 if __name__ == "__main__":

@@ -1,34 +1,27 @@
 """The cost of ``MIN_REPLICAS``: single and bulk enqueues with 1 against 0, on a
 throwaway primary with one replica (both on loopback, like the rest of the bench).
 
-    .venv/bin/python bench/replicas.py [--scale 1]
+    python -m bench.replicas [--scale 1]
 
 With ``MIN_REPLICAS=1`` each enqueue sends Redis ``WAIT 1`` in the same round trip as
 its script (a bulk enqueue: once per chunk of 1,000), so it returns once the replica
 has acknowledged the job: the extra cost is the replica's acknowledgement, not a
 second round trip. The two settings are timed in alternating blocks of 100 calls (the
 bulk: one chunk each), so machine drift weighs on both alike. ``make bench`` runs it
-after the libraries and reports it as its own table.
+after the libraries (``bench.run``) and reports it as its own table.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
+from bench import record, tables
 from django_delayq.engine import Broker, EngineConfig, EnqueueRequest
 from django_delayq.testing import REPLICATION_ARGS, RedisServer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import replication_table
 
 BASE = {"single_n": 5_000, "bulk_n": 20_000}
 BLOCK = 100
@@ -82,12 +75,11 @@ def measure(scale: float = 1.0) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=float, default=1.0)
-    figures = measure(parser.parse_args().scale)
+def main(argv: list[str] | None = None) -> None:
+    parser = record.parser(__doc__)
+    figures = measure(parser.parse_args(argv).scale)
     print(json.dumps(figures, indent=2))
-    print("\n".join(replication_table(figures)))
+    print("\n".join(tables.replication(figures)))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
-"""Turn ``results/latest.json`` into the markdown table and the bar chart.
+"""Turn the results files into ``latest.md`` and the bar chart.
 
-    python bench/report.py bench/results/latest.json   # rewrites latest.md and latest.png
+    python -m bench.report [bench/results]   # rewrites latest.md and latest.png
 
-The chart needs matplotlib; :func:`chart_anywhere` uses it from the running interpreter,
-or else from the peers' virtualenv (which installs it), or skips the chart with a note.
+``latest.md`` holds the table of ``latest.json`` (``bench.run``), its targets, django-delayq's
+own rows, and a section per other results file in the same directory (``shards.json``,
+``workflows.json``, ... : ``bench.tables.SCRIPTS``). The chart needs matplotlib;
+:func:`chart_anywhere` uses it from the running interpreter, or else from the peers'
+virtualenv (which installs it), or skips the chart with a note. Standard library only.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from bench import tables
 
 BENCH_DIR = Path(__file__).resolve().parent
 TARGETS_FILE = BENCH_DIR / "targets.json"
@@ -164,26 +169,17 @@ def _floor(ceiling: dict[str, Any]) -> list[str]:
     ]
 
 
-def replication_table(figures: dict[str, Any]) -> list[str]:
-    """The ``MIN_REPLICAS`` table (``bench/replicas.py``): enqueue rates with 0 and 1."""
-    rows = [
-        "## Durable enqueue (MIN_REPLICAS), django-delayq on a primary with 1 replica",
-        "",
-        "| enqueue | MIN_REPLICAS=0 | MIN_REPLICAS=1 | 1 / 0 |",
-        "|---|---:|---:|---:|",
-    ]
-    for kind, label in (("single", f"single ({figures['single_n']:,} jobs), jobs/s"),
-                        ("bulk", f"bulk ({figures['bulk_n']:,} jobs in chunks of 1,000), "
-                                 "jobs/s")):
-        rows.append(f"| {label} | {figures[f'{kind}_per_s_min_replicas_0']:,.0f} | "
-                    f"{figures[f'{kind}_per_s_min_replicas_1']:,.0f} | "
-                    f"{figures[f'{kind}_ratio']:.2f} |")
-    return [*rows, "", "With MIN_REPLICAS=1 each call sends `WAIT 1` in the round trip of "
-            "its script (a bulk call: once per chunk): it returns once the replica has the "
-            "jobs. The two settings are timed in alternating blocks.", ""]
+def load_others(directory: Path) -> dict[str, dict[str, Any]]:
+    """The stand-alone scripts' results files found in ``directory``, by name."""
+    found = {}
+    for name in tables.SCRIPTS:
+        path = Path(directory) / f"{name}.json"
+        if path.exists():
+            found[name] = json.loads(path.read_text())
+    return found
 
 
-def markdown(data: dict[str, Any]) -> str:
+def markdown(data: dict[str, Any], others: dict[str, dict[str, Any]] | None = None) -> str:
     env, results, ceiling = data["environment"], data["results"], data["ceiling"]
     lines = [
         "# django-delayq benchmark",
@@ -237,6 +233,13 @@ def markdown(data: dict[str, Any]) -> str:
         "as a multiple of the 1-process rate: no 2-process run can beat it.",
         *_floor(ceiling),
         "",
+    ]
+    if data.get("configurations"):
+        tuned = get(results, "django_delayq.process_per_s_1proc")
+        lines += tables.configurations(data["configurations"], tuned)
+    if data.get("replication"):
+        lines += tables.replication(data["replication"])
+    lines += [
         "## How each figure is measured",
         "",
         "- **enqueue/s**: immediate no-op jobs, one call at a time, one process. "
@@ -278,8 +281,7 @@ def markdown(data: dict[str, Any]) -> str:
             f"- **{LABELS.get(lib, lib)}** ({vtext}): "
             + "; ".join(f"{k}: {v if v is not None else 'none'}" for k, v in notes.items())
         )
-    if data.get("replication"):
-        lines += ["", *replication_table(data["replication"])]
+    lines += ["", *tables.scripts(others or {})]
     errors = env.get("errors") or {}
     if errors:
         lines += ["", "## Errors", ""]
@@ -355,8 +357,9 @@ def chart_anywhere(json_path: Path, png_path: Path, peers_python: str | None) ->
     except ImportError:
         if peers_python and Path(peers_python).exists():
             done = subprocess.run(
-                [peers_python, __file__, str(json_path), "--chart-only", str(png_path)],
-                check=False,
+                [peers_python, "-m", "bench.report", str(json_path), "--chart-only",
+                 str(png_path)],
+                cwd=str(BENCH_DIR.parent), check=False,
             )
             return done.returncode == 0
         print("matplotlib is not installed: no chart", file=sys.stderr)
@@ -366,13 +369,17 @@ def chart_anywhere(json_path: Path, png_path: Path, peers_python: str | None) ->
 
 
 def main(argv: list[str]) -> int:
-    json_path = Path(argv[0])
+    """``[DIR or DIR/latest.json]``: rewrite latest.md and latest.png there;
+    ``JSON --chart-only PNG``: draw the chart alone."""
+    given = Path(argv[0]) if argv else BENCH_DIR / "results"
+    json_path = given / "latest.json" if given.is_dir() else given
     data = json.loads(json_path.read_text())
     if len(argv) >= 3 and argv[1] == "--chart-only":
         chart(data, Path(argv[2]))
         return 0
-    json_path.with_suffix(".md").write_text(markdown(data))
-    chart_anywhere(json_path, json_path.with_suffix(".png"), None)
+    json_path.with_suffix(".md").write_text(markdown(data, load_others(json_path.parent)))
+    chart_anywhere(json_path, json_path.with_suffix(".png"),
+                   str(BENCH_DIR / ".venv-peers" / "bin" / "python"))
     return 0
 
 

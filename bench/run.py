@@ -3,21 +3,20 @@
 Runs under the project's virtualenv. It starts a throwaway Redis on a free loopback port,
 then, for each run, measures the ceiling, every library's single enqueues back to back,
 then each library's other workloads (libraries in an order that rotates each run). Each
-workload is one call of the library's adapter (``bench/adapters/<lib>_bench.py``) as a
-subprocess with the library's own interpreter, with a FLUSHALL before each. Each figure
-is the median over ``--runs`` runs. Writes ``results/latest.json``, ``latest.md`` and
-``latest.png``.
+workload is one call of ``python -m bench.harness <adapter> <op>`` as a subprocess with
+the library's own interpreter, with a FLUSHALL before each. Each figure is the median
+over ``--runs`` runs. Then django-delayq's own rows: time limits on against off, the
+library's default configuration with its mirror against without, and ``MIN_REPLICAS``
+on a primary with a replica. Writes ``latest.json``, ``latest.md`` and ``latest.png``.
 
-    python bench/run.py [--scale 1] [--runs 3] [--libraries django_delayq,rq,...]
+    python -m bench.run [--scale 1] [--runs 3] [--libraries django_delayq,rq,...]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,18 +27,16 @@ from typing import Any
 
 import redis
 
-BENCH_DIR = Path(__file__).resolve().parent
-ROOT = BENCH_DIR.parent
-ADAPTERS = BENCH_DIR / "adapters"
-sys.path[:0] = [str(BENCH_DIR), str(ADAPTERS)]
+from bench import configurations, record, replicas, report
+from bench.harness.cpu import redis_cpu_s
+from bench.harness.processes import worker_env
 
-import replicas  # noqa: E402 - bench/ is not a package; replicas.py sits beside this file
-import report  # noqa: E402 - bench/ is not a package; report.py sits beside this file
-from common import redis_cpu_s  # noqa: E402 - the adapters' helpers (bench/adapters)
+BENCH_DIR = record.BENCH_DIR
+ROOT = record.ROOT
 
 LIBRARIES = ["django_delayq", "rq", "celery", "dramatiq", "huey", "arq", "saq"]
 PEERS = [lib for lib in LIBRARIES if lib != "django_delayq"]
-ADAPTER_FILES = {lib: ADAPTERS / f"{lib.removeprefix('django_')}_bench.py" for lib in LIBRARIES}
+ADAPTER_MODULES = {lib: f"{lib.removeprefix('django_')}_bench" for lib in LIBRARIES}
 
 # Workload sizes at --scale 1, chosen so a full run takes about 30 minutes on 2 cores.
 BASE_SIZES = {
@@ -79,7 +76,7 @@ def log(msg: str) -> None:
 
 
 class Runner:
-    """Calls adapters: argv in, one JSON line out."""
+    """Calls adapters (``python -m bench.harness``): argv in, one JSON line out."""
 
     def __init__(self, url: str, interpreters: dict[str, str]) -> None:
         self.url = url
@@ -88,24 +85,13 @@ class Runner:
 
     def call(self, lib: str, op: str, params: dict[str, Any], timeout: float) -> dict[str, Any]:
         self.client.flushall()
-        env = {**os.environ, "BENCH_REDIS_URL": self.url, "PYTHONUNBUFFERED": "1"}
+        env = worker_env({"BENCH_REDIS_URL": self.url})
         env.pop("DJANGO_SETTINGS_MODULE", None)
-        argv = [
-            self.interpreters[lib],
-            str(ADAPTER_FILES[lib]),
-            op,
-            json.dumps({"url": self.url, **params}),
-        ]
+        argv = [self.interpreters[lib], "-m", "bench.harness", ADAPTER_MODULES[lib], op,
+                json.dumps({"url": self.url, **params})]
         try:
-            proc = subprocess.run(
-                argv,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                cwd=str(ADAPTERS),
-                env=env,
-                check=False,
-            )
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                                  cwd=str(ROOT), env=env, check=False)
         except subprocess.TimeoutExpired:
             return {"ok": False, "error": f"{op} took longer than {timeout:.0f}s"}
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -125,8 +111,9 @@ def two_process_backlog(sizes: dict[str, int], one_process: dict[str, Any]) -> i
     """The backlog of the 2-process run: process_n jobs, or more if one process drained
     them at a rate that makes that less than ``two_process_min_ms`` of work. Two
     processes start up to ~0.5 s apart: a backlog that drains faster is mostly eaten by
-    the first one alone, and the window in which both run (see common.op_process) is a
-    fraction of a second of two processes still starting up."""
+    the first one alone, and the window in which both run (see
+    ``bench.harness.ops.op_process``) is a fraction of a second of two processes still
+    starting up."""
     rate = one_process.get("per_s") if one_process.get("ok") else None
     if not rate:
         return sizes["process_n"]
@@ -154,14 +141,23 @@ def measure_enqueues(runner: Runner, libraries: list[str], sizes: dict[str, int]
     return raw
 
 
-def measure_library(runner: Runner, lib: str, sizes: dict[str, int]) -> dict[str, Any]:
+def measure_library(runner: Runner, lib: str, sizes: dict[str, int], run: int = 0
+                    ) -> dict[str, Any]:
     """One run of every workload for one library but single enqueues (see
-    ``measure_enqueues``): the raw figures of that run."""
+    ``measure_enqueues``): the raw figures of that run. For django-delayq, its process
+    pool (``runworker --processes 2``) drains the 2-process backlog too, right before or
+    after the two separate processes (the order alternates with ``run``)."""
     start, end = LATENESS_WINDOW_S
-    calls: list[tuple[str, str, dict[str, Any], float]] = [
+    Call = tuple[str, str, dict[str, Any], float]
+    two: list[Call] = [("process_2", "process", {"procs": 2, "timeout": 300}, 420)]  # n: process_1
+    if lib == "django_delayq":
+        pool: Call = ("process_pool", "process", {"procs": 2, "variant": "pool", "timeout": 300},
+                      420)
+        two = [*two, pool] if run % 2 == 0 else [pool, *two]
+    calls: list[Call] = [
         ("bulk", "bulk", {"n": sizes["bulk_n"]}, 600),
         ("process_1", "process", {"n": sizes["process_n"], "procs": 1, "timeout": 300}, 420),
-        ("process_2", "process", {"procs": 2, "timeout": 300}, 420),  # n: from process_1
+        *two,
         (
             "lateness",
             "lateness",
@@ -183,7 +179,7 @@ def measure_library(runner: Runner, lib: str, sizes: dict[str, int]) -> dict[str
     raw: dict[str, Any] = {}
     for key, op, params, timeout in calls:
         t0 = time.monotonic()
-        if key == "process_2":
+        if key in ("process_2", "process_pool"):
             params = {**params, "n": two_process_backlog(sizes, raw["process_1"])}
         raw[key] = runner.call(lib, op, params, timeout)
         log(f"{lib} {key}: {_brief(raw[key])} ({time.monotonic() - t0:.1f}s)")
@@ -333,26 +329,14 @@ def start_own_redis() -> Any:
     raise RuntimeError("could not start a redis-server of our own on a free port")
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def interpreters(peers_python: str) -> dict[str, str]:
     return {lib: (sys.executable if lib == "django_delayq" else peers_python) for lib in LIBRARIES}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--scale", type=float, default=1.0, help="multiply every workload size (default 1)"
-    )
-    parser.add_argument("--runs", type=int, default=3, help="runs per figure (median)")
+    parser = record.parser(__doc__)
+    parser.add_argument("--runs", type=int, default=int(os.environ.get("BENCH_RUNS") or 3),
+                        help="runs per figure (median; default $BENCH_RUNS or 3)")
     parser.add_argument(
         "--libraries",
         default=",".join(LIBRARIES),
@@ -364,15 +348,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="interpreter of the peers' virtualenv",
     )
     parser.add_argument(
-        "--out",
-        default=str(BENCH_DIR / "results"),
-        help="directory for latest.json, latest.md and latest.png",
-    )
-    parser.add_argument(
         "--redis-url",
         default=None,
         help="use this (throwaway!) Redis instead of starting one; it is FLUSHALLed",
     )
+    parser.add_argument("--time-limit-pairs", type=int, default=3,
+                        help="pairs of 1-process runs with and without --timeout (default 3)")
+    parser.add_argument("--default-runs", type=int, default=5,
+                        help="runs of the default configuration, with its mirror and "
+                             "without (default 5 each)")
     parser.add_argument("--no-chart", action="store_true", help="skip latest.png")
     args = parser.parse_args(argv)
     args.libraries = [s.strip() for s in args.libraries.split(",") if s.strip()]
@@ -396,8 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     if url is None:
         server = start_own_redis()
         url = server.url
-    started = time.monotonic()
-    load_before = os.getloadavg()
+    this_run = record.Run("latest", args.scale)
+    own = "django_delayq" in args.libraries
     try:
         runner = Runner(url, interp)
         info = {lib: runner.call(lib, "info", {}, 120) for lib in args.libraries}
@@ -416,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
             enqueues = measure_enqueues(runner, order, sizes)
             for lib in order:
                 log(f"run {run + 1}/{args.runs}: {lib}")
-                raw[lib].append({"enqueue": enqueues[lib], **measure_library(runner, lib, sizes)})
+                raw[lib].append({"enqueue": enqueues[lib],
+                                 **measure_library(runner, lib, sizes, run)})
         ceiling = {
             "zadd_single_per_s": statistics.median(c[0] for c in ceilings),
             "zadd_pipelined_per_s": statistics.median(c[1] for c in ceilings),
@@ -426,8 +411,14 @@ def main(argv: list[str] | None = None) -> int:
             "n": sizes["ceiling_n"],
         }
         redis_info = runner.client.info("server")
+        configs = None
+        if own:
+            configs = configurations.measure(
+                lambda params: runner.call("django_delayq", "process", params, 900),
+                args.scale, args.time_limit_pairs, args.default_runs, log)
+            configs["pool"] = configurations.pool(raw["django_delayq"])
         # MIN_REPLICAS=1 against 0 on a primary with a replica of its own (bench/replicas.py).
-        replication = replicas.measure(args.scale) if "django_delayq" in args.libraries else None
+        replication = replicas.measure(args.scale) if own else None
     finally:
         if server is not None:
             server.cleanup()
@@ -439,33 +430,24 @@ def main(argv: list[str] | None = None) -> int:
         if errs:
             errors[lib] = errs
     environment = {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
+        **this_run.environment(),
         "peers_python": next(
             (i.get("python") for lib, i in info.items() if lib in PEERS and i.get("ok")), None
         ),
         "redis_version": redis_info.get("redis_version"),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "platform": platform.platform(),
         "library_versions": {lib: i.get("versions") for lib, i in info.items()},
-        "scale": args.scale,
         "runs": args.runs,
         "sizes": sizes,
         "lateness_window_s": list(LATENESS_WINDOW_S),
         "notes": notes,
         "errors": errors,
-        "duration_s": round(time.monotonic() - started, 1),
-        # Other work on the machine skews every figure: keep a trace of it.
-        "load_average_start": [round(x, 2) for x in load_before],
-        "load_average_end": [round(x, 2) for x in os.getloadavg()],
     }
     data = {"environment": environment, "results": results, "ceiling": ceiling,
-            "replication": replication}
+            "configurations": configs, "replication": replication}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "latest.json").write_text(json.dumps(data, indent=2) + "\n")
-    (out / "latest.md").write_text(report.markdown(data))
+    (out / "latest.md").write_text(report.markdown(data, report.load_others(out)))
     if not args.no_chart:
         report.chart_anywhere(out / "latest.json", out / "latest.png", args.peers_python)
     log(f"wrote {out / 'latest.json'} in {environment['duration_s']}s")

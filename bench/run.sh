@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make bench`: set up both virtualenvs, then run the orchestrator (arguments pass through,
-# e.g. bench/run.sh --scale 0.1 --runs 1 --libraries django_delayq,rq).
+# The peers' table (`make bench` runs it first): set up both virtualenvs, then run the
+# orchestrator (arguments pass through, e.g. bench/run.sh --scale 0.1 --runs 1
+# --libraries django_delayq,rq).
 #   .venv              the project's (made by the Makefile; made here if missing)
 #   bench/.venv-peers  the peer libraries, pinned in bench/requirements-peers.txt
 set -euo pipefail
@@ -23,4 +24,4 @@ if [ ! -f "$STAMP" ]; then
     touch "$STAMP"
 fi
 
-exec .venv/bin/python bench/run.py "$@"
+exec .venv/bin/python -m bench.run "$@"

@@ -1,6 +1,6 @@
 """A sharded queue's scaling on a local 3-primary Redis Cluster: 1, 2 and 3 shards.
 
-    python bench/shards.py [--jobs 30000] [--workers 2] [--prefetch auto,16]
+    python -m bench.shards [--scale 1] [--jobs 60000] [--workers 2] [--prefetch auto,16]
                            [--repeat 1] [--baseline DIR]
 
 For each shard count, the same backlog of no-op jobs (``tests.testapp.tasks.add``) is
@@ -20,35 +20,29 @@ also gives what its costs allow on more cores: jobs per second per core busy (Re
 workers together) and the bound of the busiest primary (one core per Redis process).
 ``--baseline DIR`` runs each row also with the workers of another checkout of the
 project (its ``django_delayq`` package), right before this one's, to compare two
-versions on the same cluster under the same load. Writes
-``bench/results/shards.json`` with the load average.
+versions on the same cluster under the same load. Writes ``shards.json`` (in ``--out``)
+with the load averages.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import datetime as dt
 import json
 import os
-import platform
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench import record
+from bench.harness.processes import proc_stat, start_process, stop_processes
+from django_delayq.engine import Broker, EngineConfig, EnqueueRequest
+from django_delayq.engine.urls import client_from_url
+from django_delayq.testing import RedisCluster
 
-from django_delayq.engine import Broker, EngineConfig, EnqueueRequest  # noqa: E402
-from django_delayq.engine.urls import client_from_url  # noqa: E402
-from django_delayq.testing import RedisCluster  # noqa: E402
-
+ROOT = record.ROOT
 TASK = "tests.testapp.tasks.add"
-TICK = os.sysconf("SC_CLK_TCK")
+JOBS = 60_000
 
 
 def redis_cpu(nodes: list[Any]) -> list[float]:
@@ -60,29 +54,7 @@ def redis_cpu(nodes: list[Any]) -> list[float]:
 
 
 def proc_cpu(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / TICK
-    return total
-
-
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM the workers; kill any still running after its grace period (30 s) and
-    more, so that a stuck one cannot outlive the run (its row was measured already)."""
-    for p in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(60)
-        except subprocess.TimeoutExpired:
-            print(f"worker {p.pid} still running 60 s after SIGTERM: killed", file=sys.stderr)
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    return sum(st.cpu_s for pid in pids if (st := proc_stat(pid)) is not None)
 
 
 def script_calls(nodes: list[Any]) -> int:
@@ -108,8 +80,9 @@ def finished(client: Any, broker: Broker, queue: str) -> int:
 
 
 def run(cluster: RedisCluster, shards: int, jobs: int, workers: int, prefetch: int | None,
-        source: Path) -> dict[str, Any]:
-    """Drain ``jobs`` from ``shards`` shards with workers running ``source``'s code."""
+        source: Path | None = None) -> dict[str, Any]:
+    """Drain ``jobs`` from ``shards`` shards; the workers run ``source``'s package (a
+    checkout of the project) if given, else this one's."""
     import redis
 
     client = client_from_url(cluster.url, decode_responses=True)
@@ -121,16 +94,15 @@ def run(cluster: RedisCluster, shards: int, jobs: int, workers: int, prefetch: i
     client.sadd(broker.global_keys.queues, queue)
     placement = [client.get_node_from_key(k.ready).port for k in broker.shards(queue)]
     nodes = [redis.Redis(port=n.port) for n in cluster.nodes]
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
-           "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(source), str(ROOT)])),
-           "DELAYQ_TEST_REDIS_URL": cluster.url,
+    env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "DELAYQ_TEST_REDIS_URL": cluster.url,
            "DELAYQ_TEST_SETTINGS": json.dumps({"SHARDS": {queue: shards}})}
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(source), str(ROOT)])
     command = [sys.executable, "-m", "django", "runworker", queue, "--concurrency", "8",
                "--no-mirror", "-v", "0"]
     if prefetch is not None:
         command += ["--prefetch", str(prefetch)]
-    procs = [subprocess.Popen(command, cwd=source, env=env, start_new_session=True)
-             for _ in range(workers)]
+    procs = [start_process(command, f"shards-{shards}-{i}", env) for i in range(workers)]
     lo, hi = jobs // 10, jobs * 9 // 10
     start = end = None
     load_before = os.getloadavg()[0]
@@ -147,7 +119,7 @@ def run(cluster: RedisCluster, shards: int, jobs: int, workers: int, prefetch: i
                 break
             time.sleep(0.02)
     finally:
-        stop(procs)
+        stop_processes(procs, grace=30)
     if start is None or end is None:
         raise RuntimeError(f"{shards} shards: the backlog was not drained in time")
     seconds, n = end[0] - start[0], end[1] - start[1]
@@ -162,7 +134,8 @@ def run(cluster: RedisCluster, shards: int, jobs: int, workers: int, prefetch: i
 
 
 def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One row from repeated runs: the median of each figure, the loads of all."""
+    """One row from repeated runs: the median of each figure, the loads of all, and what
+    those costs allow on more cores."""
     row = dict(runs[0])
     for key in ("jobs_per_s", "redis_cpu_us_per_job", "workers_cpu_us_per_job",
                 "script_calls_per_1000_jobs", "window_jobs"):
@@ -180,39 +153,38 @@ def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=30_000)
+def main(argv: list[str] | None = None) -> None:
+    parser = record.parser(__doc__)
+    parser.add_argument("--jobs", type=int, default=None,
+                        help=f"backlog per shard count (default {JOBS:,} x scale)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--prefetch", default="auto,16",
                         help="comma-separated: auto (adaptive) or a number of jobs")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--baseline", type=Path, default=None,
                         help="another checkout whose workers run each row too")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "shards.json"))
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
+    jobs = options.jobs or record.scaled(JOBS, options.scale, 2_000)
     prefetches = [None if p == "auto" else int(p) for p in options.prefetch.split(",")]
-    sources = [("current", ROOT)]
+    sources: list[tuple[str, Path | None]] = [("current", None)]
     if options.baseline is not None:
         sources.insert(0, ("baseline", options.baseline.resolve()))
+    this_run = record.Run("shards", options.scale)
     runs: dict[tuple[int | None, int, str], list[dict[str, Any]]] = {}
     with RedisCluster(masters=3) as cluster:
         for _ in range(options.repeat):
             for prefetch in prefetches:
                 for shards in (1, 2, 3):
                     for code, source in sources:
-                        row = run(cluster, shards, options.jobs, options.workers, prefetch,
-                                  source)
-                        row["code"] = code
+                        row = {**run(cluster, shards, jobs, options.workers, prefetch, source),
+                               "code": code}
                         runs.setdefault((prefetch, shards, code), []).append(row)
                         print(json.dumps(row), flush=True)
-    rows = [median_row(r) for r in runs.values()]
-    result = {"benchmark": "shards", "jobs": options.jobs, "workers": options.workers,
-              "rows": rows, "cpus": os.cpu_count(), "python": platform.python_version(),
-              "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+    figures: dict[str, Any] = {"jobs": jobs, "workers": options.workers,
+                               "rows": [median_row(r) for r in runs.values()]}
     if options.baseline is not None:
-        result["baseline"] = options.baseline.name
-    Path(options.out).write_text(json.dumps(result, indent=2) + "\n")
+        figures["baseline"] = options.baseline.name
+    this_run.write(options.out, figures)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Bulk scheduling: N jobs from a Spark DataFrame next to ``enqueue_many`` in one process.
 
-    python bench/spark_bulk.py --jobs 1000000 [--master local[*]] [--chunk-size 1000]
+    python -m bench.spark_bulk [--scale 1] [--jobs 1000000] [--master local[*]]
 
 Starts a throwaway Redis (``django_delayq.testing.RedisServer``), enqueues N delayed
 jobs (one positional argument, a run_at in the future, a job id each) three ways,
@@ -11,29 +11,23 @@ flushing Redis in between:
   rows, executors enqueuing in parallel;
 - ``spark_rerun``: the same DataFrame again, every job found and counted a duplicate.
 
-Prints one JSON line and writes ``bench/results/spark_bulk.json``. Spark's start-up is
+Prints one JSON line and writes ``spark_bulk.json`` (in ``--out``). Spark's start-up is
 reported apart and not counted in the rates. Needs no Django settings.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
-import os
-import platform
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import redis
 
-import redis  # noqa: E402
+from bench import record
+from django_delayq.engine import Broker, EngineConfig, EnqueueRequest, Queue
+from django_delayq.testing import RedisServer
 
-from django_delayq.engine import Broker, EngineConfig, EnqueueRequest, Queue  # noqa: E402
-from django_delayq.testing import RedisServer  # noqa: E402
-
+JOBS = 1_000_000
 TASK = "bench.tasks.noop"
 RUN_AT = dt.datetime(2031, 1, 1, tzinfo=dt.UTC)
 
@@ -88,36 +82,25 @@ def bench_spark(url: str, jobs: int, chunk_size: int, master: str,
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=1_000_000)
+def main(argv: list[str] | None = None) -> None:
+    parser = record.parser(__doc__)
+    parser.add_argument("--jobs", type=int, default=None,
+                        help=f"jobs (default {JOBS:,} x scale)")
     parser.add_argument("--chunk-size", type=int, default=1_000)
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--partitions", type=int, default=None,
                         help="DataFrame partitions (default: Spark's default parallelism)")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "spark_bulk.json"))
-    options = parser.parse_args()
-
+    options = parser.parse_args(argv)
+    jobs = options.jobs or record.scaled(JOBS, options.scale, 1_000)
+    this_run = record.Run("spark_bulk", options.scale)
     with RedisServer() as server:
-        baseline = bench_enqueue_many(server.url, options.jobs, options.chunk_size)
-        spark = bench_spark(server.url, options.jobs, options.chunk_size, options.master,
+        baseline = bench_enqueue_many(server.url, jobs, options.chunk_size)
+        spark = bench_spark(server.url, jobs, options.chunk_size, options.master,
                             options.partitions)
-    result = {
-        "benchmark": "spark_bulk",
-        "jobs": options.jobs,
-        "chunk_size": options.chunk_size,
-        "master": options.master,
-        "enqueue_many": baseline,
-        **spark,
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-    }
-    line = json.dumps(result)
-    print(line)
-    out = Path(options.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    path = this_run.write(options.out, {"jobs": jobs, "chunk_size": options.chunk_size,
+                                        "master": options.master, "enqueue_many": baseline,
+                                        **spark})
+    print(json.dumps(json.loads(path.read_text())))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from django.utils.module_loading import import_string
 
 from .engine import DelayQError, JobNotFound
 from .engine import Job as EngineJob
+from .engine import errors as engine_errors
 from .engine.keys import QUEUE_NAME_RE
 from .engine.status import OUTBOX, Status
 from .task import Task as DelayQTask
@@ -58,6 +59,7 @@ try:  # Django 6+
     from django.tasks.base import Task, TaskError
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.utils.json import normalize_json
 except ImportError:
     try:  # the django-tasks backport on Django 5.2
         from django_tasks import TaskContext, TaskResult, TaskResultStatus
@@ -65,6 +67,7 @@ except ImportError:
         from django_tasks.base import Task, TaskError
         from django_tasks.exceptions import TaskResultDoesNotExist
         from django_tasks.signals import task_enqueued, task_finished, task_started
+        from django_tasks.utils import normalize_json
 
         try:
             from django_tasks.exceptions import InvalidTask  # type: ignore[attr-defined,unused-ignore]
@@ -173,6 +176,7 @@ class DelayQBackend(BaseTaskBackend):
         JSON, and :class:`~django_delayq.DelayQConnectionError` if Redis is unreachable.
         """
         self.validate_task(task)
+        args, kwargs = _normalized_arguments(task, args, kwargs)
         dq_task = self._register(task)
         run_at = task.run_after
         if run_at is not None and timezone.is_naive(run_at):  # only when USE_TZ is off
@@ -247,6 +251,27 @@ class DelayQBackend(BaseTaskBackend):
         return errors
 
 
+def _normalized_arguments(task: Task, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+    """``args`` and ``kwargs`` as Django's ``TaskResult`` keeps them (its ``normalize_json``:
+    tuples become lists, bytes text), checked before anything is written.
+
+    Raises what ``normalize_json`` raises (``TypeError: Unsupported type`` for a value
+    JSON has no type for, such as a datetime), naming the argument.
+    """
+    try:
+        return normalize_json(list(args)), normalize_json(dict(kwargs))
+    except (TypeError, ValueError):
+        labelled = [*((f"positional argument {i}", v) for i, v in enumerate(args)),
+                    *((f"argument {k!r}", v) for k, v in dict(kwargs).items())]
+        for label, value in labelled:
+            try:
+                normalize_json(value)
+            except (TypeError, ValueError) as inner:
+                kind = ValueError if isinstance(inner, ValueError) else TypeError
+                raise kind(f"{task.module_path}: {label}: {inner}") from None
+        raise
+
+
 def _waiting_in_outbox(job_id: str, queues: Iterable[str]) -> EngineJob | None:
     """The job ``job_id`` as its outbox row describes it (status ``"outbox"``), if a row
     of one of ``queues`` (any queue when empty) waits for the relay."""
@@ -289,12 +314,15 @@ def build_result(task: Task, job: EngineJob, result_id: str, alias: str) -> Task
                                    run_after=run_after)
     errors = []
     if job.error:
-        path = job.error.split(":", 1)[0].strip()
-        errors.append(TaskError(exception_class_path=path, traceback=job.traceback or job.error))
+        errors.append(TaskError(exception_class_path=_error_class_path(job.error),
+                                traceback=job.traceback or job.error))
     if job.status == Status.CANCELLED:
         errors.append(TaskError(exception_class_path=_CANCELLED_PATH,
                                 traceback="The job was cancelled before it ran.\n"))
     status = STATUS_MAP.get(job.status, TaskResultStatus.READY)
+    if status == TaskResultStatus.FAILED and not errors:  # damaged: its error was lost
+        errors.append(TaskError(exception_class_path="builtins.Exception",
+                                traceback="No error was recorded for this job.\n"))
     result = TaskResult(
         task=task, id=result_id, status=status, enqueued_at=job.enqueued_at,
         started_at=job.started_at, finished_at=job.finished_at if job.is_finished else None,
@@ -306,6 +334,21 @@ def build_result(task: Task, job: EngineJob, result_id: str, alias: str) -> Task
     if status == TaskResultStatus.SUCCESSFUL:
         object.__setattr__(result, "_return_value", job.result)
     return result
+
+
+def _error_class_path(error: str) -> str:
+    """The exception class path of a job's error line (``module.Class: message``).
+
+    delayq's own reasons (``LeaseExpired``, ``DamagedJob``, ``DependencyFailed``), which
+    the scripts record by bare name, become the path of their class in
+    :mod:`django_delayq.engine.errors`, so that ``TaskError.exception_class`` finds it.
+    """
+    path = error.split(":", 1)[0].strip()
+    if "." not in path:
+        known = getattr(engine_errors, path, None)
+        if isinstance(known, type) and issubclass(known, engine_errors.DelayQError):
+            return f"{known.__module__}.{known.__qualname__}"
+    return path
 
 
 def _worker_ids(job: EngineJob) -> list[str]:
@@ -340,20 +383,43 @@ def _running_result(task: Task, running: RunningJob | None, args: tuple[Any, ...
     )
 
 
-def _send_finished(sender: type, result: TaskResult, outcome: Any) -> None:
+def _send_finished(sender: type, result: TaskResult, outcome: Any, *,
+                   raised: list[BaseException] | None = None) -> None:
     """Send ``task_finished`` for a job's final ``outcome`` (a worker ``Outcome``):
-    SUCCESSFUL, FAILED when no retry follows, else READY (it will run again)."""
+    SUCCESSFUL, FAILED when no retry follows, else READY (it will run again).
+
+    ``raised`` holds what the task raised, if it did: the signal is then sent while that
+    exception is being handled, as Django's own backends send it, so that receivers
+    reading ``sys.exc_info()`` (Django's log line of a failed task) see it.
+    """
+    error = raised.pop() if raised else None
     if outcome.ok:
         status = TaskResultStatus.SUCCESSFUL
         object.__setattr__(result, "_return_value", json.loads(outcome.result_json))
     else:
         status = TaskResultStatus.FAILED if outcome.final else TaskResultStatus.READY
-        result.errors.append(TaskError(
-            exception_class_path=outcome.error.split(":", 1)[0].strip(),
-            traceback=outcome.traceback or outcome.error))
+        result.errors.append(TaskError(exception_class_path=_error_class_path(outcome.error),
+                                       traceback=outcome.traceback or outcome.error))
     object.__setattr__(result, "status", status)
     object.__setattr__(result, "finished_at", timezone.now())
-    task_finished.send(sender, task_result=result)
+    if error is None or outcome.ok:
+        task_finished.send(sender, task_result=result)
+        return
+    try:
+        raise error
+    except BaseException:
+        task_finished.send(sender, task_result=result)
+
+
+def _call(task: Task, result: TaskResult, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Call ``task``'s function (with its context when it takes one) and return its value
+    as Django's backends keep it, through ``normalize_json``: a value that JSON has no
+    type for (a datetime, a function) fails the task, as it does on Django's backends."""
+    if task.takes_context:
+        value = task.func(TaskContext(task_result=result), *args, **kwargs)
+    else:
+        value = task.func(*args, **kwargs)
+    return normalize_json(value)
 
 
 def _runner(task: Task) -> Callable[..., Any]:
@@ -369,15 +435,16 @@ def _runner(task: Task) -> Callable[..., Any]:
         if running is not None:
             # On a worker, task_finished waits for the job's final outcome: after the
             # return value is encoded, and for whatever the task raises.
-            running.on_finished.append(functools.partial(_send_finished, sender, result))
-            if task.takes_context:
-                return func(TaskContext(task_result=result), *args, **kwargs)
-            return func(*args, **kwargs)
+            raised: list[BaseException] = []
+            running.on_finished.append(
+                functools.partial(_send_finished, sender, result, raised=raised))
+            try:
+                return _call(task, result, args, kwargs)
+            except BaseException as exc:
+                raised.append(exc)
+                raise
         try:
-            if task.takes_context:
-                value = func(TaskContext(task_result=result), *args, **kwargs)
-            else:
-                value = func(*args, **kwargs)
+            value = _call(task, result, args, kwargs)
         except Exception as exc:
             _failed(result, running, exc)
             task_finished.send(sender, task_result=result)
@@ -387,7 +454,7 @@ def _runner(task: Task) -> Callable[..., Any]:
         return value
 
     if inspect.iscoroutinefunction(func):
-        run = _async_runner(task)
+        run = _normalizing(_async_runner(task))
     functools.update_wrapper(run, func)
     if task.takes_context:  # the caller's arguments exclude the leading ``context``
         sig = inspect.signature(func)
@@ -395,6 +462,15 @@ def _runner(task: Task) -> Callable[..., Any]:
             parameters=list(sig.parameters.values())[1:])
     return run
 
+
+def _normalizing(run: Callable[..., Any]) -> Callable[..., Any]:
+    """``run`` (an async runner) returning its value through ``normalize_json``, as
+    :func:`_call` does for sync tasks."""
+
+    async def normalized(*args: Any, **kwargs: Any) -> Any:
+        return normalize_json(await run(*args, **kwargs))
+
+    return normalized
 
 
 def _async_runner(task: Task) -> Callable[..., Any]:

@@ -48,6 +48,9 @@ class Job(models.Model):
     attempt_log = models.JSONField("attempt log", default=list, blank=True)
     #: The jobs it waits (or waited) for, ``[[queue, id], ...]`` in order (``depends_on``).
     parents = models.JSONField(default=list, blank=True)
+    #: The fields of the job record in Redis that could not be read (field -> what was
+    #: found there), which the row holds as their defaults; null when none was damaged.
+    damaged = models.JSONField(null=True, blank=True)
     #: Stream id of the newest event applied to this row: older events never win.
     last_event_id = models.CharField(max_length=40, blank=True)
     updated_at = models.DateTimeField("mirrored at", auto_now=True)

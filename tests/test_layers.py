@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,21 @@ def test_engine_imports_without_django_loaded():
     code = ("import sys; import django_delayq.engine; "
             "assert not [m for m in sys.modules if m == 'django' or m.startswith('django.')]")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE.parent)
+
+
+def test_the_commands_of_every_install_import_without_the_spark_extra():
+    """``runworker`` and ``delayq_mirror`` run without PyArrow, PySpark and matplotlib:
+    the lake they may start loads only when ``LAKE_PATH`` is set."""
+    code = ("import sys\n"
+            "for name in ('pyarrow', 'pyspark', 'matplotlib'): sys.modules[name] = None\n"
+            "import django; django.setup()\n"
+            "from django_delayq.management.commands import delayq_mirror, runworker\n"
+            "from django_delayq.lake.runner import start_export_thread\n"
+            "assert start_export_thread() is None\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True,
+                          text=True, timeout=120, env={**os.environ,
+                                                       "DJANGO_SETTINGS_MODULE": "tests.settings"})
+    assert done.returncode == 0, done.stderr
 
 
 def test_no_pickle_anywhere():

@@ -15,16 +15,17 @@ import os
 import sys
 from importlib.metadata import version
 
-import common
 from arq.connections import RedisSettings, create_pool
+
+from bench.harness import marks, ops, processes
 
 
 async def noop(ctx) -> None:
-    await common.async_marks().done()
+    await marks.async_marks().done()
 
 
 async def late(ctx, due_us: int) -> None:
-    await common.async_marks().late(due_us)
+    await marks.async_marks().late(due_us)
 
 
 async def quiet_logs(ctx) -> None:
@@ -35,20 +36,20 @@ async def quiet_logs(ctx) -> None:
 class WorkerSettings:
     functions = [noop, late]
     on_startup = quiet_logs
-    redis_settings = RedisSettings.from_dsn(os.environ.get(common.URL_ENV, "redis://127.0.0.1:1/0"))
+    redis_settings = RedisSettings.from_dsn(os.environ.get(marks.URL_ENV, "redis://127.0.0.1:1/0"))
 
 
-def make() -> common.Adapter:
+def make() -> ops.Adapter:
     loop = asyncio.new_event_loop()
-    pool = loop.run_until_complete(create_pool(RedisSettings.from_dsn(common.redis_url())))
+    pool = loop.run_until_complete(create_pool(RedisSettings.from_dsn(marks.redis_url())))
     run = loop.run_until_complete
 
     def enqueue_late_async(due: int):
-        return pool.enqueue_job("late", due, _defer_until=common.due_datetime(due))
+        return pool.enqueue_job("late", due, _defer_until=ops.due_datetime(due))
 
     def preload_noop(n: int) -> None:
         async def go() -> None:
-            for size in common.chunks(n):
+            for size in ops.chunks(n):
                 await asyncio.gather(*(pool.enqueue_job("noop") for _ in range(size)))
 
         run(go())
@@ -63,7 +64,7 @@ def make() -> common.Adapter:
     def start_workers(procs: int, scheduler: bool):
         arq_bin = os.path.join(os.path.dirname(sys.executable), "arq")
         return [
-            common.start_process([arq_bin, "arq_bench.WorkerSettings"], f"arq-{i}")
+            processes.start_process([arq_bin, "arq_bench.WorkerSettings"], f"arq-{i}")
             for i in range(procs)
         ]
 
@@ -71,7 +72,7 @@ def make() -> common.Adapter:
         run(pool.aclose())
         loop.close()
 
-    return common.Adapter(
+    return ops.Adapter(
         name="arq",
         versions=lambda: {"arq": version("arq"), "redis-py": version("redis")},
         enqueue_noop=lambda: run(pool.enqueue_job("noop")),
@@ -90,8 +91,3 @@ def make() -> common.Adapter:
         close=close,
     )
 
-
-if __name__ == "__main__":
-    import arq_bench
-
-    common.main(arq_bench.make)

@@ -15,10 +15,11 @@ import os
 import sys
 from importlib.metadata import version
 
-import common
 from celery import Celery, group
 
-app = Celery("celery_bench", broker=os.environ.get(common.URL_ENV, "redis://127.0.0.1:1/0"))
+from bench.harness import marks, ops, processes
+
+app = Celery("celery_bench", broker=os.environ.get(marks.URL_ENV, "redis://127.0.0.1:1/0"))
 app.conf.update(
     task_ignore_result=True,
     task_default_queue="bench",
@@ -30,17 +31,17 @@ THREADS = 8
 
 @app.task(name="bench.noop")
 def noop() -> None:
-    common.mark_done()
+    marks.mark_done()
 
 
 @app.task(name="bench.late")
 def late(due_us: int) -> None:
-    common.mark_late(due_us)
+    marks.mark_late(due_us)
 
 
-def make() -> common.Adapter:
+def make() -> ops.Adapter:
     def bulk_noop(n: int) -> None:
-        for size in common.chunks(n):
+        for size in ops.chunks(n):
             group(noop.s() for _ in range(size)).apply_async()
 
     def preload_late(dues: list[int]) -> None:
@@ -65,7 +66,7 @@ def make() -> common.Adapter:
                 for i in range(0, len(dues), 1000):
                     pipe = client.pipeline(transaction=False)
                     for d in dues[i : i + 1000]:
-                        late.apply_async((d,), eta=common.due_datetime(d), producer=producer)
+                        late.apply_async((d,), eta=ops.due_datetime(d), producer=producer)
                     pipe.execute()
             finally:
                 del channel._put
@@ -73,7 +74,7 @@ def make() -> common.Adapter:
     def start_workers(procs: int, scheduler: bool):
         celery_bin = os.path.join(os.path.dirname(sys.executable), "celery")
         return [
-            common.start_process(
+            processes.start_process(
                 [
                     celery_bin,
                     "-A",
@@ -98,7 +99,7 @@ def make() -> common.Adapter:
             for i in range(procs)
         ]
 
-    return common.Adapter(
+    return ops.Adapter(
         name="celery",
         versions=lambda: {
             "celery": version("celery"),
@@ -108,7 +109,7 @@ def make() -> common.Adapter:
         enqueue_noop=lambda: noop.delay(),
         bulk_noop=bulk_noop,
         preload_noop=bulk_noop,
-        enqueue_late=lambda due: late.apply_async((due,), eta=common.due_datetime(due)),
+        enqueue_late=lambda due: late.apply_async((due,), eta=ops.due_datetime(due)),
         preload_late=preload_late,
         start_workers=start_workers,
         notes={
@@ -121,8 +122,3 @@ def make() -> common.Adapter:
         },
     )
 
-
-if __name__ == "__main__":
-    import celery_bench
-
-    common.main(celery_bench.make)

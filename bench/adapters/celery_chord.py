@@ -1,6 +1,6 @@
-"""Celery's chord on Redis, for bench/workflows.py (run with the peers' Python).
+"""Celery's chord on Redis, for ``bench.workflows`` (run with the peers' Python).
 
-    python celery_chord.py URL MEMBERS PROCS THREADS
+    BENCH_REDIS_URL=URL python -m celery_chord URL MEMBERS PROCS THREADS
 
 A chord of MEMBERS no-op members and a callback, with Redis as broker and result
 backend (Celery's native Redis chord: each member's result is counted in the backend
@@ -19,11 +19,12 @@ import os
 import sys
 import time
 
-import common
 import redis
 from celery import Celery, chord
 
-URL = os.environ.get(common.URL_ENV, "redis://127.0.0.1:1/0")
+from bench.harness import marks, processes
+
+URL = os.environ.get(marks.URL_ENV, "redis://127.0.0.1:1/0")
 app = Celery("celery_chord", broker=URL, backend=URL)
 app.conf.update(task_default_queue="chord", worker_hijack_root_logger=False,
                 broker_connection_retry_on_startup=True, result_expires=3600)
@@ -34,13 +35,13 @@ _client = redis.Redis.from_url(URL)
 
 @app.task(name="chord.member")
 def member(i: int) -> int:
-    common.note_time(_client, LAST_MEMBER_KEY)
+    marks.note_time(_client, LAST_MEMBER_KEY)
     return i
 
 
 @app.task(name="chord.callback")
 def callback(results: list[int]) -> int:
-    common.note_time(_client, CALLBACK_KEY)
+    marks.note_time(_client, CALLBACK_KEY)
     return len(results)
 
 
@@ -54,16 +55,16 @@ def main() -> None:
     published_s = time.monotonic() - started
     per_member = (int(client.info("memory")["used_memory"]) - base) / members
     celery_bin = os.path.join(os.path.dirname(sys.executable), "celery")
-    workers = [common.start_process(
+    workers = [processes.start_process(
         [celery_bin, "-A", "celery_chord", "worker", "--pool", "threads", "--concurrency",
          str(threads), "-Q", "chord", "--without-gossip", "--without-mingle",
          "--without-heartbeat", "-n", f"chord{i}@%h", "--loglevel", "WARNING"],
-        f"celery-chord-{i}", {common.URL_ENV: url}) for i in range(procs)]
+        f"celery-chord-{i}", {marks.URL_ENV: url}) for i in range(procs)]
     try:
         while not client.exists(CALLBACK_KEY):
             time.sleep(0.05)
     finally:
-        common.stop_processes(workers)
+        processes.stop_processes(workers)
     total_s = time.monotonic() - started
     last, cb = int(client.get(LAST_MEMBER_KEY)), int(client.get(CALLBACK_KEY))
     print(json.dumps({"lib": "celery", "members": members, "enqueue_s": round(published_s, 3),

@@ -5,21 +5,57 @@ Idioms: ``noop.enqueue()`` (the public ``@task`` API, one Lua call); delayed job
 call per chunk of 1,000). Worker: ``django-admin runworker bench --concurrency 8``, one
 process each, threads as the other threaded peers; ``--no-mirror`` because no
 peer writes a database (the mirror can run as its own ``delayq_mirror`` process).
+
+Other ways to start the workers of a processing run (``variants``): ``pool``, one
+``runworker --processes N`` (a supervisor and N children) in place of N separate
+processes; ``timeout``, each process with ``--timeout 60``; ``defaults``, one
+``runworker`` as the library starts it with nothing set (its threads, its model
+mirror, a fresh SQLite database, its log line per job); ``defaults_no_mirror``, the same
+with ``--no-mirror``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from importlib.metadata import version
+from pathlib import Path
 
-import common
+from bench.harness import ops, processes
 
 SETTINGS = "delayq_bench_settings"
 THREADS = 8
+TIMEOUT_S = 60
+# As every peer worker is run: warnings only, no log line per job.
+QUIET = ["--verbosity", "0"]
 
 
-def make() -> common.Adapter:
+def runworker(*args: str) -> list[str]:
+    return [sys.executable, "-m", "django", "runworker", *args, "--settings", SETTINGS]
+
+
+def worker_argv(variant: str | None, procs: int) -> tuple[list[str], int]:
+    """The command line of a processing run's workers, and how many to start."""
+    # The peers have no database mirror; it can run as its own process.
+    tuned = ["bench", "--concurrency", str(THREADS), "--no-mirror", *QUIET]
+    if variant is None:
+        return runworker(*tuned), procs
+    if variant == "timeout":
+        return runworker(*tuned, "--timeout", str(TIMEOUT_S)), procs
+    if variant == "pool":
+        return runworker(*tuned, "--processes", str(procs)), 1
+    if variant == "defaults":
+        return runworker(), 1
+    if variant == "defaults_no_mirror":
+        return runworker("--no-mirror"), 1
+    raise ValueError(f"no worker variant {variant!r}")
+
+
+VARIANTS = ("pool", "timeout", "defaults", "defaults_no_mirror")
+
+
+def make() -> ops.Adapter:
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
     import django
 
@@ -28,6 +64,7 @@ def make() -> common.Adapter:
 
     from django_delayq.connection import get_broker
     from django_delayq.engine.broker import EnqueueRequest
+    from django_delayq.mirror import GROUP
 
     broker = get_broker()
 
@@ -37,29 +74,28 @@ def make() -> common.Adapter:
     def preload_late(dues: list[int]) -> None:
         broker.enqueue_many(
             late.queue_name,
-            (EnqueueRequest(task=late.name, args=[d], run_at=common.due_datetime(d)) for d in dues),
+            (EnqueueRequest(task=late.name, args=[d], run_at=ops.due_datetime(d)) for d in dues),
         )
 
-    def start_workers(procs: int, scheduler: bool):
-        argv = [
-            sys.executable,
-            "-m",
-            "django",
-            "runworker",
-            "bench",
-            "--concurrency",
-            str(THREADS),
-            "--settings",
-            SETTINGS,
-            # The peers have no database mirror; it can run as its own process.
-            "--no-mirror",
-            # Warnings only, as every peer worker is run: no log line per job.
-            "--verbosity",
-            "0",
-        ]
-        return [common.start_process(argv, f"delayq-{i}") for i in range(procs)]
+    def start(variant: str | None, procs: int) -> ops.Workers:
+        if variant in ("defaults", "defaults_no_mirror"):
+            fresh_database()
+        argv, count = worker_argv(variant, procs)
+        name = f"delayq-{variant}" if variant else "delayq"
+        return [processes.start_process(argv, f"{name}-{i}") for i in range(count)]
 
-    return common.Adapter(
+    def settled() -> bool:
+        """Every event of the bench queue read and acknowledged by the model mirror."""
+        for keys in broker.shards(noop.queue_name):
+            stream = broker.client.xinfo_stream(keys.events)
+            groups = {_text(g["name"]): g for g in broker.client.xinfo_groups(keys.events)}
+            group = groups.get(GROUP)
+            if group is None or group["pending"] or (
+                    group["last-delivered-id"] != stream["last-generated-id"]):
+                return False
+        return True
+
+    return ops.Adapter(
         name="django_delayq",
         versions=lambda: {
             "django-delayq": version("django-delayq"),
@@ -69,9 +105,11 @@ def make() -> common.Adapter:
         enqueue_noop=lambda: noop.enqueue(),
         bulk_noop=bulk_noop,
         preload_noop=bulk_noop,
-        enqueue_late=lambda due: late.using(run_at=common.due_datetime(due)).enqueue(due),
+        enqueue_late=lambda due: late.using(run_at=ops.due_datetime(due)).enqueue(due),
         preload_late=preload_late,
-        start_workers=start_workers,
+        start_workers=lambda procs, scheduler: start(None, procs),
+        variants={variant: functools.partial(start, variant) for variant in VARIANTS},
+        settled=settled,
         notes={
             "bulk_api": "Task.enqueue_many (one Lua call per chunk of 1,000)",
             "worker": f"runworker bench --concurrency {THREADS} --no-mirror -v 0, one process each "
@@ -81,7 +119,20 @@ def make() -> common.Adapter:
     )
 
 
-if __name__ == "__main__":
-    import delayq_bench
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
-    common.main(delayq_bench.make)
+
+def fresh_database() -> None:
+    """An empty, migrated SQLite database for the model mirror of a defaults run."""
+    from django.core.management import call_command
+    from django.db import connections
+
+    connections.close_all()
+    name = Path(connections["default"].settings_dict["NAME"])
+    for path in (name, Path(f"{name}-wal"), Path(f"{name}-shm"), Path(f"{name}-journal")):
+        path.unlink(missing_ok=True)
+    name.parent.mkdir(parents=True, exist_ok=True)
+    call_command("migrate", verbosity=0)
+    connections.close_all()
+

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-import common
+from bench.harness.marks import URL_ENV
+from bench.harness.processes import LOG_DIR
 
 SECRET_KEY = "bench-only-not-secret"
 DEBUG = False
@@ -14,8 +14,8 @@ INSTALLED_APPS = ["django_delayq", "delayq_benchapp"]
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
-        "NAME": str(Path(__file__).resolve().parent.parent / "results" / "tmp" / "delayq.sqlite3"),
+        "NAME": str(LOG_DIR / "delayq.sqlite3"),
     }
 }
-DELAYQ = {"REDIS_URL": os.environ.get(common.URL_ENV, "redis://127.0.0.1:1/0")}
+DELAYQ = {"REDIS_URL": os.environ.get(URL_ENV, "redis://127.0.0.1:1/0")}
 LOGGING_CONFIG = None

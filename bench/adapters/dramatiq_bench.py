@@ -14,23 +14,24 @@ import sys
 import time
 from importlib.metadata import version
 
-import common
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
-broker = RedisBroker(url=os.environ.get(common.URL_ENV, "redis://127.0.0.1:1/0"))
+from bench.harness import marks, ops, processes
+
+broker = RedisBroker(url=os.environ.get(marks.URL_ENV, "redis://127.0.0.1:1/0"))
 dramatiq.set_broker(broker)
 THREADS = 8
 
 
 @dramatiq.actor(queue_name="bench", max_retries=0)
 def noop() -> None:
-    common.mark_done()
+    marks.mark_done()
 
 
 @dramatiq.actor(queue_name="bench", max_retries=0)
 def late(due_us: int) -> None:
-    common.mark_late(due_us)
+    marks.mark_late(due_us)
 
 
 def _enqueue_late(due_us: int) -> None:
@@ -38,7 +39,7 @@ def _enqueue_late(due_us: int) -> None:
     late.send_with_options(args=(due_us,), delay=delay_ms)
 
 
-def make() -> common.Adapter:
+def make() -> ops.Adapter:
     def preload_noop(n: int) -> None:
         for _ in range(n):
             noop.send()
@@ -50,7 +51,7 @@ def make() -> common.Adapter:
     def start_workers(procs: int, scheduler: bool):
         dramatiq_bin = os.path.join(os.path.dirname(sys.executable), "dramatiq")
         return [
-            common.start_process(
+            processes.start_process(
                 [
                     dramatiq_bin,
                     "dramatiq_bench",
@@ -65,7 +66,7 @@ def make() -> common.Adapter:
             )
         ]
 
-    return common.Adapter(
+    return ops.Adapter(
         name="dramatiq",
         versions=lambda: {"dramatiq": version("dramatiq"), "redis-py": version("redis")},
         enqueue_noop=lambda: noop.send(),
@@ -82,8 +83,3 @@ def make() -> common.Adapter:
         },
     )
 
-
-if __name__ == "__main__":
-    import dramatiq_bench
-
-    common.main(dramatiq_bench.make)

@@ -12,28 +12,29 @@ import os
 import sys
 from importlib.metadata import version
 
-import common
 from huey import RedisHuey
 
-huey = RedisHuey("bench", url=os.environ.get(common.URL_ENV, "redis://127.0.0.1:1/0"))
+from bench.harness import marks, ops, processes
+
+huey = RedisHuey("bench", url=os.environ.get(marks.URL_ENV, "redis://127.0.0.1:1/0"))
 THREADS = 8
 
 
 @huey.task()
 def noop() -> None:
-    common.mark_done()
+    marks.mark_done()
 
 
 @huey.task()
 def late(due_us: int) -> None:
-    common.mark_late(due_us)
+    marks.mark_late(due_us)
 
 
 def _enqueue_late(due_us: int) -> None:
-    late.schedule(args=(due_us,), eta=common.due_datetime(due_us))
+    late.schedule(args=(due_us,), eta=ops.due_datetime(due_us))
 
 
-def make() -> common.Adapter:
+def make() -> ops.Adapter:
     def preload_noop(n: int) -> None:
         for _ in range(n):
             noop()
@@ -45,14 +46,14 @@ def make() -> common.Adapter:
     def start_workers(procs: int, scheduler: bool):
         consumer = os.path.join(os.path.dirname(sys.executable), "huey_consumer")
         return [
-            common.start_process(
+            processes.start_process(
                 [consumer, "huey_bench.huey", "-k", "thread", "-w", str(THREADS), "-q"],
                 f"huey-{i}",
             )
             for i in range(procs)
         ]
 
-    return common.Adapter(
+    return ops.Adapter(
         name="huey",
         versions=lambda: {"huey": version("huey"), "redis-py": version("redis")},
         enqueue_noop=lambda: noop(),
@@ -70,8 +71,3 @@ def make() -> common.Adapter:
         },
     )
 
-
-if __name__ == "__main__":
-    import huey_bench
-
-    common.main(huey_bench.make)

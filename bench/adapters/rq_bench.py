@@ -13,51 +13,51 @@ import os
 import sys
 from importlib.metadata import version
 
-import common
+from bench.harness import marks, ops, processes
 
 QUEUE = "bench"
 
 
 def noop() -> None:
-    common.mark_done()
+    marks.mark_done()
 
 
 def late(due_us: int) -> None:
-    common.mark_late(due_us)
+    marks.mark_late(due_us)
 
 
-def make() -> common.Adapter:
+def make() -> ops.Adapter:
     import redis
     from rq import Queue
 
-    conn = redis.Redis.from_url(common.redis_url())
+    conn = redis.Redis.from_url(marks.redis_url())
     q = Queue(QUEUE, connection=conn)
 
     def enqueue_noop() -> None:
         q.enqueue(noop)
 
     def bulk_noop(n: int) -> None:
-        for size in common.chunks(n):
+        for size in ops.chunks(n):
             q.enqueue_many([Queue.prepare_data(noop) for _ in range(size)])
 
     def enqueue_late(due_us: int) -> None:
-        q.enqueue_at(common.due_datetime(due_us), late, due_us)
+        q.enqueue_at(ops.due_datetime(due_us), late, due_us)
 
     def preload_late(dues: list[int]) -> None:
         for i in range(0, len(dues), 1000):
             with conn.pipeline() as pipe:
                 for due in dues[i : i + 1000]:
-                    q.enqueue_at(common.due_datetime(due), late, due, pipeline=pipe)
+                    q.enqueue_at(ops.due_datetime(due), late, due, pipeline=pipe)
                 pipe.execute()
 
     def start_workers(procs: int, scheduler: bool):
         rq_bin = os.path.join(os.path.dirname(sys.executable), "rq")
-        argv = [rq_bin, "worker", "-w", "rq.worker.SimpleWorker", "-u", common.redis_url(), "-q"]
+        argv = [rq_bin, "worker", "-w", "rq.worker.SimpleWorker", "-u", marks.redis_url(), "-q"]
         if scheduler:
             argv.append("--with-scheduler")
-        return [common.start_process([*argv, QUEUE], f"rq-{i}") for i in range(procs)]
+        return [processes.start_process([*argv, QUEUE], f"rq-{i}") for i in range(procs)]
 
-    return common.Adapter(
+    return ops.Adapter(
         name="rq",
         versions=lambda: {"rq": version("rq"), "redis-py": version("redis")},
         enqueue_noop=enqueue_noop,
@@ -74,9 +74,3 @@ def make() -> common.Adapter:
         },
     )
 
-
-if __name__ == "__main__":
-    # Import ourselves by name so the workers can resolve the task functions.
-    import rq_bench
-
-    common.main(rq_bench.make)

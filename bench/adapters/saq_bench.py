@@ -14,30 +14,31 @@ import os
 import sys
 from importlib.metadata import version
 
-import common
 from saq import Queue
+
+from bench.harness import marks, ops, processes
 
 
 async def noop(ctx) -> None:
-    await common.async_marks().done()
+    await marks.async_marks().done()
 
 
 async def late(ctx, *, due_us: int) -> None:
-    await common.async_marks().late(due_us)
+    await marks.async_marks().late(due_us)
 
 
-queue = Queue.from_url(os.environ.get(common.URL_ENV, "redis://127.0.0.1:1/0"), name="bench")
+queue = Queue.from_url(os.environ.get(marks.URL_ENV, "redis://127.0.0.1:1/0"), name="bench")
 settings = {"queue": queue, "functions": [noop, late], "concurrency": 10}
 
 
-def make() -> common.Adapter:
+def make() -> ops.Adapter:
     loop = asyncio.new_event_loop()
-    q = Queue.from_url(common.redis_url(), name="bench")
+    q = Queue.from_url(marks.redis_url(), name="bench")
     run = loop.run_until_complete
     run(q.connect())
 
     async def gather_noop(n: int) -> None:
-        for size in common.chunks(n):
+        for size in ops.chunks(n):
             await asyncio.gather(*(q.enqueue("noop") for _ in range(size)))
 
     def preload_late(dues: list[int]) -> None:
@@ -52,7 +53,7 @@ def make() -> common.Adapter:
     def start_workers(procs: int, scheduler: bool):
         saq_bin = os.path.join(os.path.dirname(sys.executable), "saq")
         return [
-            common.start_process(
+            processes.start_process(
                 [saq_bin, "saq_bench.settings", "--workers", str(procs), "--quiet"], "saq"
             )
         ]
@@ -61,7 +62,7 @@ def make() -> common.Adapter:
         run(q.disconnect())
         loop.close()
 
-    return common.Adapter(
+    return ops.Adapter(
         name="saq",
         versions=lambda: {"saq": version("saq"), "redis-py": version("redis")},
         enqueue_noop=lambda: run(q.enqueue("noop")),
@@ -79,8 +80,3 @@ def make() -> common.Adapter:
         close=close,
     )
 
-
-if __name__ == "__main__":
-    import saq_bench
-
-    common.main(saq_bench.make)

@@ -56,13 +56,14 @@ def delayq_redis(delayq_redis_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def run_jobs(delayq_redis: str) -> Callable[..., int]:
-    """``run_jobs(queues=None, *, concurrency=1)``: run the due jobs, return how many."""
+    """``run_jobs(queues=None, *, concurrency=1)``: run the due jobs, return how many ran
+    (whatever their outcome: a job that failed ran too)."""
     from ..worker import Worker
 
     def run(queues: Sequence[str] | None = None, *, concurrency: int = 1) -> int:
         worker = Worker(queues=queues, burst=True, concurrency=concurrency,
                         name="pytest-run-jobs", block_timeout=0.1)
         worker.run()
-        return int(worker.processed)
+        return int(worker.jobs_finished)
 
     return run

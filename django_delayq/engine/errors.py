@@ -76,6 +76,21 @@ class UnknownTask(DelayQError, LookupError):
     """No task with this name is registered."""
 
 
+class LeaseExpired(DelayQError):
+    """A job's error, never raised: its worker stopped renewing its lease (it died, froze
+    or was killed) and no attempt was left. ``reclaim.lua`` records it by this name."""
+
+
+class DamagedJob(DelayQError):
+    """A job's error, never raised: its stored record was not a job hash (written by
+    hand) and could not be run. ``claim.lua`` records it by this name."""
+
+
+class DependencyFailed(DelayQError):
+    """A job's error, never raised: a parent it depends on failed or was cancelled, so
+    it never ran. ``flows.lua`` records it by this name."""
+
+
 class JobTimeout(BaseException):
     """Raised inside a job's thread when the job overruns its time limit.
 

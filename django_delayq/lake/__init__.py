@@ -9,7 +9,23 @@ they hold, to a local path or any filesystem URL PyArrow can write. The Spark re
 
 from __future__ import annotations
 
-from .export import GROUP, Exporter, ExportThread
-from .schema import ARROW_SCHEMA
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .export import GROUP, Exporter, ExportThread
+    from .schema import ARROW_SCHEMA
 
 __all__ = ["ARROW_SCHEMA", "GROUP", "ExportThread", "Exporter"]
+
+#: Where each name lives. They load on first use: they need PyArrow (the ``spark``
+#: extra), and ``runworker`` imports :mod:`.runner` from this package without it.
+_HOMES = {"ARROW_SCHEMA": ".schema", "GROUP": ".export", "ExportThread": ".export",
+          "Exporter": ".export"}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home, __name__), name)

@@ -36,14 +36,14 @@ from django.db import (
 from django.db.models import Q
 from django.utils import timezone
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from ..conf import conf
 from ..connection import get_broker
-from ..engine import Broker, Queue
+from ..engine import Broker, streams
 from ..engine.errors import DelayQConnectionError
 from ..engine.keys import QueueKeys
-from ..engine.queue import SKIPS_KEPT
+from ..engine.status import FINISHED_IN_HISTORY
 from ..models import Job, JobStatus
 from ..worker.backoff import Backoff
 from .events import Event, apply_event, parse_entry, row_from_hash, stream_id
@@ -55,13 +55,12 @@ logger = logging.getLogger(__name__)
 UPDATE_FIELDS = [
     "task_name", "status", "priority", "args", "kwargs", "run_at", "enqueued_at",
     "started_at", "finished_at", "attempts", "max_attempts", "worker", "result", "error",
-    "traceback", "progress", "progress_message", "attempt_log", "parents", "last_event_id",
-    "updated_at",
+    "traceback", "progress", "progress_message", "attempt_log", "parents", "damaged",
+    "last_event_id", "updated_at",
 ]
 #: Errors that stop a batch to be read again later (nothing is skipped for them): Redis
 #: or the database is away. Any other error of one event skips that event alone.
 STALLS = (OperationalError, InterfaceError, RedisError, DelayQConnectionError)
-FINISHED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.PURGED)
 #: Seconds between two looks for consumers that are gone (their pending entries are
 #: taken over at once).
 GONE_CHECK_EVERY = 2.0
@@ -197,10 +196,10 @@ class Mirror:
             return handled
         return self._read_new({keys.events: ">" for keys in self._shards}, wait)
 
-    def _read_new(self, streams: dict[str, str], block: int | None) -> int:
+    def _read_new(self, wanted: dict[str, str], block: int | None) -> int:
         by_stream = {keys.events: keys for keys in self._shards}
         handled = 0
-        for stream, got in self._read(streams, block=block):
+        for stream, got in self._read(wanted, block=block):
             if got:
                 handled += self._apply(by_stream[stream], got)
         return handled
@@ -211,10 +210,8 @@ class Mirror:
 
     def _take_over(self, keys: QueueKeys) -> int:
         """Claim and apply one batch of another consumer's long-pending entries."""
-        reply = self.broker.client.xautoclaim(keys.events, GROUP, self.name,
-                                              self.claim_idle_ms, start_id="0-0",
-                                              count=self.batch_size)
-        entries = [e for e in reply[1] if e is not None] if len(reply) > 1 else []
+        entries, _ = streams.take_over_idle(self.broker.client, keys.events, GROUP, self.name,
+                                            self.claim_idle_ms, self.batch_size)
         if not entries:
             return 0
         logger.info("mirror took over pending events stream=%s count=%d", keys.events,
@@ -230,8 +227,7 @@ class Mirror:
         now = time.monotonic()
         if self._shards and now - self._refreshed_at < self.refresh_interval:
             return
-        names = self.fixed_queues or [q.name for q in Queue.all(broker=self.broker)]
-        self._shards = [k for name in names for k in self.broker.shards(name)]
+        self._shards = streams.shards_to_read(self.broker, self.fixed_queues)
         self._refreshed_at = now
         for keys in self._shards:
             self._ensure_group(keys)
@@ -239,20 +235,14 @@ class Mirror:
     def _ensure_group(self, keys: QueueKeys) -> None:
         if keys.events in self._ready:
             return
-        try:
-            self.broker.client.xgroup_create(keys.events, GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        streams.ensure_group(self.broker.client, keys.events, GROUP)
         self._ready.add(keys.events)
 
-    def _read(self, streams: dict[str, str], block: int | None = None) -> list[Any]:
+    def _read(self, wanted: dict[str, str], block: int | None = None) -> list[Any]:
         try:
-            return self.broker.client.xreadgroup(
-                GROUP, self.name, streams, count=self.batch_size, block=block) or []
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
+            return streams.read(self.broker.client, GROUP, self.name, wanted,
+                                self.batch_size, block)
+        except streams.GroupGone:
             # A stream or its group was deleted (FLUSHDB, a Redis without persistence
             # restarted): create the groups again on the next round.
             self._ready.clear()
@@ -301,7 +291,7 @@ class Mirror:
 
     def _acknowledge(self, keys: QueueKeys, ids: list[str]) -> None:
         """Acknowledge entries whose rows are committed (what a crash may fall between)."""
-        self.broker.client.xack(keys.events, GROUP, *ids)
+        streams.ack(self.broker.client, keys.events, GROUP, ids)
 
     def _write_one_by_one(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
         """Write each job alone; a job whose row cannot be written is skipped.
@@ -322,15 +312,9 @@ class Mirror:
     def _record_skip(self, keys: QueueKeys, entry_id: str, reason: str) -> None:
         """Log a skipped event and keep it where operators see it (a count and the newest
         reasons per queue shard: ``Queue.skipped_events()``, the dashboard, the API)."""
-        reason = reason.replace("\n", " ")[:300]
+        reason = streams.record_skip(self.broker.client, keys, "mirror", entry_id, reason)
         logger.error("mirror skipped an event it cannot apply stream=%s id=%s reason=%s",
                      keys.events, entry_id, reason)
-        when = timezone.now().isoformat(timespec="seconds")
-        pipe = self.broker.client.pipeline(transaction=False)
-        pipe.incr(keys.skipped)
-        pipe.lpush(keys.skipped_log, f"{when} id={entry_id} {reason}")
-        pipe.ltrim(keys.skipped_log, 0, SKIPS_KEPT - 1)
-        pipe.execute()
 
     def _write(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
         """Upsert one row per job, in one transaction; ``by_job`` events are oldest first.
@@ -387,7 +371,7 @@ class Mirror:
         if retention is None:
             return 0
         cutoff = timezone.now() - dt.timedelta(seconds=retention)
-        old = Job.objects.filter(status__in=FINISHED).filter(
+        old = Job.objects.filter(status__in=FINISHED_IN_HISTORY).filter(
             Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, updated_at__lt=cutoff))
         deleted, _ = old.delete()
         if deleted:

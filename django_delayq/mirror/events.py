@@ -134,8 +134,8 @@ def row_from_hash(queue: str, job_id: str, data: dict[str, str]) -> Job:
     """A model instance holding a job HASH's state (HGETALL's answer, stored names).
 
     A damaged field (a time out of range, a number that is not one) takes its default,
-    so one damaged hash cannot stall the mirror; the live ``Job`` names the damaged
-    fields.
+    so one damaged hash cannot stall the mirror; ``damaged`` names each such field and
+    what was found there, as the live ``Job`` does.
     """
     h = read_job_hash(data)
     return Job(
@@ -155,6 +155,7 @@ def row_from_hash(queue: str, job_id: str, data: dict[str, str]) -> Job:
         progress_message=storable_text(h.progress_message[:500]),
         attempt_log=_attempt_log(h.text.get("attempt_log")),
         parents=[list(ref) for ref in h.parents],
+        damaged={storable_text(k): storable_text(v) for k, v in h.damaged.items()} or None,
     )
 
 

@@ -68,44 +68,6 @@ async def dj_async_add(a: int, b: int) -> int:
     return a + b
 
 
-# -- the backend-generic cases of Django's own Tasks tests (tests/test_django_tasks_port.py)
-
-
-@task
-def dj_noop(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
-@task(queue_name="async")
-async def dj_noop_async(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
-@task
-def dj_value_error() -> None:
-    raise ValueError("This task failed on purpose")
-
-
-@task
-def dj_nested_error() -> None:
-    raise ValueError(ValueError("nested"))
-
-
-@task
-def dj_not_json() -> object:
-    return {1, 2}
-
-
-@task
-def dj_forty_two() -> int:
-    return 42
-
-
-@task(takes_context=True)
-def dj_own_id(context: Any) -> str:
-    return str(context.task_result.id)
-
-
 @task
 def dj_progress(gate: str) -> str:
     """Report progress through delayq's ``current_job()``, then wait for ``gate``."""

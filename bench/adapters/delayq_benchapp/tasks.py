@@ -1,20 +1,19 @@
-"""The two benchmark jobs, as every other library runs them (see ``common``)."""
+"""The two benchmark jobs, as every other library runs them (see ``bench.harness.marks``)."""
 
 from __future__ import annotations
 
-import common
-
+from bench.harness import marks
 from django_delayq import task
 
 
 @task(queue="bench", max_attempts=1)
 def noop() -> None:
-    common.mark_done()
+    marks.mark_done()
 
 
 @task(queue="bench", max_attempts=1)
 def late(due_us: int) -> None:
-    common.mark_late(due_us)
+    marks.mark_late(due_us)
 
 
 #: Keys of the workflow benchmark (bench/workflows.py): the Redis time (µs) of the last
@@ -26,12 +25,12 @@ CALLBACK_KEY = "bench:flow:callback_us"
 @task(queue="bench", max_attempts=1)
 def member(i: int) -> int:
     """A group member: note the Redis time it finished (the latest one wins)."""
-    common.note_time(common._client(), LAST_MEMBER_KEY)
+    marks.note_time(marks.client(), LAST_MEMBER_KEY)
     return i
 
 
 @task(queue="bench", max_attempts=1)
 def callback(results: list[int]) -> int:
     """The group's callback: note the Redis time it started."""
-    common.note_time(common._client(), CALLBACK_KEY)
+    marks.note_time(marks.client(), CALLBACK_KEY)
     return len(results)

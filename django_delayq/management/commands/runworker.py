@@ -62,7 +62,9 @@ class Command(BaseCommand):
                             help="time limit in seconds of each attempt of a job whose task "
                                  "sets none (default DELAYQ['TIMEOUT']: "
                                  f"{conf.TIMEOUT or 'no limit'})")
-        parser.add_argument("--name", default=None, help="worker name (default host:pid:rand)")
+        parser.add_argument("--name", default=None,
+                            help=f"worker name: up to {MAX_NAME} characters, no spaces "
+                                 "(default host:pid:rand)")
         parser.add_argument("--no-mirror", action="store_true",
                             help="do not run the model mirror (on a thread of this worker, "
                                  "or with --processes in a process of its own)")
@@ -204,6 +206,9 @@ class Command(BaseCommand):
         return received
 
 
+#: Longest ``--name``: it is kept with every job the worker runs, and in its log lines.
+MAX_NAME = 200
+
 #: Options a supervisor passes on to its worker processes as they were given.
 CHILD_OPTIONS = [("concurrency", "--concurrency"), ("lease", "--lease"), ("timeout", "--timeout"),
                  ("grace_period", "--grace-period"), ("prefetch", "--prefetch"),
@@ -228,6 +233,15 @@ def check_options(options: dict[str, Any]) -> None:
     number("grace-period", minimum=0, inclusive=True)
     number("prefetch", minimum=0, inclusive=True)
     number("timeout", minimum=0, inclusive=False)
+    name = options["name"]
+    if name is not None:
+        if not name:
+            raise CommandError("--name must not be empty (leave it out for host:pid:random)")
+        if len(name) > MAX_NAME:
+            raise CommandError(f"--name must be at most {MAX_NAME} characters, not {len(name)}")
+        if not name.isprintable() or any(c.isspace() for c in name):
+            raise CommandError(f"--name must have no spaces or control characters (it shows "
+                               f"in key=value log lines), not {name!r}")
 
 
 def configure_logging(command: BaseCommand, verbosity: int) -> None:
