@@ -20,7 +20,9 @@ also gives what its costs allow on more cores: jobs per second per core busy (Re
 workers together) and the bound of the busiest primary (one core per Redis process).
 ``--baseline DIR`` runs each row also with the workers of another checkout of the
 project (its ``django_delayq`` package), right before this one's, to compare two
-versions on the same cluster under the same load. Writes ``shards.json`` (in ``--out``)
+versions on the same cluster under the same load. ``--one-server`` puts the shards on
+one Redis server instead (one process: what the shards cost apart from being spread
+over several) and writes ``shards_one_server.json``. Writes ``shards.json`` (in ``--out``)
 with the load averages.
 """
 
@@ -38,7 +40,7 @@ from bench import record
 from bench.harness.processes import proc_stat, start_process, stop_processes
 from django_delayq.engine import Broker, EngineConfig, EnqueueRequest
 from django_delayq.engine.urls import client_from_url
-from django_delayq.testing import RedisCluster
+from django_delayq.testing import RedisCluster, RedisServer
 
 ROOT = record.ROOT
 TASK = "tests.testapp.tasks.add"
@@ -79,21 +81,23 @@ def finished(client: Any, broker: Broker, queue: str) -> int:
     return sum(int(client.hget(k.stats, "c") or 0) for k in broker.shards(queue))
 
 
-def run(cluster: RedisCluster, shards: int, jobs: int, workers: int, prefetch: int | None,
-        source: Path | None = None) -> dict[str, Any]:
+def run(cluster: RedisCluster | RedisServer, shards: int, jobs: int, workers: int,
+        prefetch: int | None, source: Path | None = None) -> dict[str, Any]:
     """Drain ``jobs`` from ``shards`` shards; the workers run ``source``'s package (a
     checkout of the project) if given, else this one's."""
     import redis
 
     client = client_from_url(cluster.url, decode_responses=True)
-    queue = spread_queue(client)
-    for node in cluster.nodes:
-        redis.Redis(port=node.port).flushall()
+    ports = cluster.ports if isinstance(cluster, RedisCluster) else [cluster.port]
+    queue = spread_queue(client) if isinstance(cluster, RedisCluster) else "bench"
+    nodes = [redis.Redis(port=port) for port in ports]
+    for node in nodes:
+        node.flushall()
     broker = Broker(client, EngineConfig(shards={queue: shards}))
     broker.enqueue_many(queue, (EnqueueRequest(task=TASK, args=[i, 1]) for i in range(jobs)))
     client.sadd(broker.global_keys.queues, queue)
-    placement = [client.get_node_from_key(k.ready).port for k in broker.shards(queue)]
-    nodes = [redis.Redis(port=n.port) for n in cluster.nodes]
+    placement = ([client.get_node_from_key(k.ready).port for k in broker.shards(queue)]
+                 if isinstance(cluster, RedisCluster) else ports * shards)
     env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "DELAYQ_TEST_REDIS_URL": cluster.url,
            "DELAYQ_TEST_SETTINGS": json.dumps({"SHARDS": {queue: shards}})}
     if source is not None:
@@ -163,15 +167,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--baseline", type=Path, default=None,
                         help="another checkout whose workers run each row too")
+    parser.add_argument("--one-server", action="store_true",
+                        help="the shards on one Redis server, not a cluster")
     options = parser.parse_args(argv)
     jobs = options.jobs or record.scaled(JOBS, options.scale, 2_000)
     prefetches = [None if p == "auto" else int(p) for p in options.prefetch.split(",")]
     sources: list[tuple[str, Path | None]] = [("current", None)]
     if options.baseline is not None:
         sources.insert(0, ("baseline", options.baseline.resolve()))
-    this_run = record.Run("shards", options.scale)
+    # its own file: a one-server run never replaces the cluster's rows of the report
+    this_run = record.Run("shards_one_server" if options.one_server else "shards",
+                          options.scale)
     runs: dict[tuple[int | None, int, str], list[dict[str, Any]]] = {}
-    with RedisCluster(masters=3) as cluster:
+    with RedisServer() if options.one_server else RedisCluster(masters=3) as cluster:
         for _ in range(options.repeat):
             for prefetch in prefetches:
                 for shards in (1, 2, 3):

@@ -140,15 +140,18 @@ def replication(figures: dict[str, Any]) -> Lines:
 
 
 def shards(data: dict[str, Any]) -> Lines:
+    where = ("Redis server, every shard in one process (`python -m bench.shards "
+             "--one-server`)" if data.get("benchmark") == "shards_one_server" else
+             "3-primary Redis Cluster (`python -m bench.shards`)")
+    runs = data["rows"][0].get("runs", 1) if data["rows"] else 1
     baseline = data.get("baseline")
     lines = [f"One queue's backlog of {n(data['jobs'])} no-op jobs drained by "
              f"{data['workers']} `runworker` processes from 1, 2 and 3 shards on a local "
-             "3-primary Redis Cluster (`python -m bench.shards`), with the adaptive "
-             "prefetch and with claims of about 20 jobs (prefetch 16); medians of "
-             f"{data['rows'][0].get('runs', 1) if data['rows'] else 1} runs. Per core: jobs "
-             "a second per core busy with the queue; bound: the busiest primary's one core."
-             + (f" Code: this checkout, or the baseline `{baseline}` on the same cluster, "
-                "right before it." if baseline else ""), "",
+             f"{where}, with the adaptive prefetch and with claims of about 20 jobs "
+             f"(prefetch 16); medians of {runs} runs. Per core: jobs a second per core busy "
+             "with the queue; bound: the busiest Redis process's one core."
+             + (f" Code: this checkout, or the baseline `{baseline}` run right before it."
+                if baseline else ""), "",
              *_header("prefetch", "shards", "code", "jobs/s", "Redis µs/job", "per node",
                       "workers µs/job", "script calls / 1,000 jobs", "jobs/s per core",
                       "bound jobs/s", "load")]
