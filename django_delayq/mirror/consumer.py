@@ -30,7 +30,6 @@ from django.db import (
     InterfaceError,
     OperationalError,
     connection,
-    connections,
     transaction,
 )
 from django.db.models import Q
@@ -428,37 +427,6 @@ def _newer(event: Event, row: Job | None) -> bool:
         return event.order > stream_id(row.last_event_id)
     except ValueError:
         return True
-
-
-class MirrorThread:
-    """A :class:`Mirror` on a daemon thread (what ``runworker`` starts)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        self.mirror = Mirror(**kwargs)
-        self._thread = threading.Thread(target=self._run, name="delayq-mirror", daemon=True)
-        self._enabled = False
-
-    def _run(self) -> None:
-        if not table_exists():
-            logger.warning("the mirror is off: table %s is missing (run manage.py migrate)",
-                           Job._meta.db_table)
-            return
-        self._enabled = True
-        try:
-            self.mirror.run()
-        finally:
-            connections.close_all()  # this thread's own connections
-
-    def start(self) -> MirrorThread:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 10.0, *, drain: bool = False) -> None:
-        """Stop the thread; with ``drain``, then mirror what is left (at most ``timeout``)."""
-        self.mirror.request_stop()
-        self._thread.join(timeout)
-        if drain and self._enabled and not self._thread.is_alive():
-            self.mirror.drain(timeout)
 
 
 def table_exists() -> bool:

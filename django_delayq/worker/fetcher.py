@@ -4,6 +4,10 @@ It claims up to the free capacity in one round trip (:meth:`Broker.claim_many`),
 every served queue shard or, while shards have a backlog, from one of them at a time
 (:meth:`Fetcher.claim`), and when nothing is due blocks on the queues' marker ZSETs
 (BZPOPMIN) until work arrives or the next scheduled job is due (Redis clock).
+
+The capacity is ``concurrency + async slots + prefetch`` leases, counting every lease
+the ledger holds until its ack lands: the jobs one worker holds unacked, and so what its
+death can make run twice, never exceed it.
 """
 
 from __future__ import annotations
@@ -91,8 +95,10 @@ class Fetcher:
         self._starved = False  # the last claim skipped limited queues: no idle thread
         if self.prefetch is None and self._limited == set(self.queues):
             self.prefetch = 0
-        ledger.wake_fetcher = lambda: (self._free_slots() >= self._low_water()
-                                       or not ledger.busy)
+        # A finished job frees no capacity until its ack lands (the ledger's settle wakes
+        # the fetcher then); a free thread matters to limited queues (starved), to a
+        # burst waiting for the last job, and to a stop waiting for running jobs.
+        ledger.wake_fetcher = lambda: self._starved or not ledger.busy or stop.is_set()
 
     # -- capacity -----------------------------------------------------------------
 
@@ -108,8 +114,12 @@ class Fetcher:
         per_thread = PREFETCH_WINDOW / max(self.ledger.avg_run_time, 1e-5)
         return max(self.concurrency, min(MAX_PREFETCH, int(self.concurrency * per_thread)))
 
+    def capacity(self) -> int:
+        """The most leases this worker holds at once (acks on their way included)."""
+        return self.concurrency + self.async_slots + self._prefetch()
+
     def _free_slots(self) -> int:
-        return self.concurrency + self.async_slots + self._prefetch() - self.ledger.busy
+        return self.capacity() - self.ledger.held_count
 
     def _low_water(self) -> int:
         """The fetcher claims again once this many slots are free: batches, not single jobs."""
@@ -123,8 +133,7 @@ class Fetcher:
         ledger = self.ledger
         while not self._stop.is_set():
             with ledger.changed:
-                while (not self._stop.is_set() and ledger.busy
-                       and self._free_slots() < self._low_water()):
+                while not self._stop.is_set() and self._free_slots() < self._low_water():
                     ledger.changed.wait()
                 free = self._free_slots()
             if self._stop.is_set():
@@ -162,18 +171,19 @@ class Fetcher:
                 backoff.wait()
 
     def claim(self, free: int) -> tuple[int, float]:
-        """Claim up to about ``free`` jobs, fairly between shards, in one round trip.
+        """Claim up to ``free`` jobs, fairly between shards, in one round trip.
 
-        While shards have a backlog (their last claim filled what it asked), a round
-        asks one of them, in turn, for all of ``free``: each script call then carries a
+        While shards have a backlog (their last claim gave all it asked), a round asks
+        one of them, in turn, for nearly all of ``free``: each script call then carries a
         whole batch, and so do the acks that follow it, so a sharded queue costs about
         what one shard does per job (a call's fixed cost is paid once per batch, not once
         per shard). The quiet shards (their last claim came back short) are asked for one
         job each along with it at least every QUIET_SHARD_INTERVAL, so a job arriving on
         one waits no longer than that; one that gives its job has a backlog again.
-        Otherwise (no backlog known, or the shard asked came back empty) every shard is
-        asked in a rotating order, ``free`` shared between them. Rate-limited queues are
-        asked in every round, their share as in the latter.
+        Otherwise (no backlog known, the shard asked came back empty, or ``free`` too
+        small to leave it a job) every shard is asked in a rotating order, ``free``
+        split between them. Rate-limited queues get their share of that split in every
+        round. The counts never add up to more than ``free``.
 
         Returns (jobs claimed, seconds until the next scheduled job is due or the next
         start a rate limit allows, capped).
@@ -183,19 +193,22 @@ class Fetcher:
         focus = self._focus(sent)
         if focus is not None:
             ask_quiet = sent - self._quiet_asked_at >= QUIET_SHARD_INTERVAL
-            if ask_quiet:
-                self._quiet_asked_at = sent
-            try:
-                total, wait, filled = self._claim_round(free, sent, focus, ask_quiet)
-            except REDIS_ERRORS:
-                # the round below asks that shard again and backs it off if it refuses
-                # while others answer, as any round does
-                self._backlogged.discard(focus)
-            else:
-                if total or filled:
-                    return total, wait
+            wants = self._wants(free, sent, focus, ask_quiet)
+            if wants is not None:
+                if ask_quiet:
+                    self._quiet_asked_at = sent
+                try:
+                    total, wait, filled = self._claim_round(wants, sent, focus)
+                except REDIS_ERRORS:
+                    # the round below asks that shard again and backs it off if it
+                    # refuses while others answer, as any round does
+                    self._backlogged.discard(focus)
+                else:
+                    if total or filled:
+                        return total, wait
         self._quiet_asked_at = sent
-        total, wait, _ = self._claim_round(free, sent, None, True)
+        wants = self._wants(free, sent, None, True) or []
+        total, wait, _ = self._claim_round(wants, sent, None)
         return total, wait
 
     def _focus(self, now: float) -> QueueKeys | None:
@@ -208,27 +221,38 @@ class Fetcher:
                 return keys
         return None
 
-    def _claim_round(self, free: int, sent: float, focus: QueueKeys | None,
-                     ask_quiet: bool) -> tuple[int, float, bool]:
-        """One round trip: ``focus`` for ``free`` jobs (with the quiet shards for one
-        each if ``ask_quiet``), or every shard (``focus`` None), and the limited
-        queues' shards. Returns (jobs claimed, seconds to wait, whether ``focus`` gave
-        all it was asked)."""
+    def _wants(self, free: int, sent: float, focus: QueueKeys | None,
+               ask_quiet: bool) -> list[tuple[QueueKeys, int]] | None:
+        """What each shard is asked for, ``free`` in all: split over every shard that is
+        not backing off (``focus`` None), or the limited queues' shares of that split,
+        one job per quiet shard if ``ask_quiet``, and the rest for ``focus`` (None if
+        nothing is left for it)."""
         n = len(self.shards)
         start = self.rotation % n
-        backing_off = self._backoff_until
         order = [k for k in self.shards[start:] + self.shards[:start]
-                 if backing_off.get(k, 0.0) <= sent]
+                 if self._backoff_until.get(k, 0.0) <= sent]
         idle = max(0, self.concurrency - self.ledger.busy)
         self._starved = idle == 0 and bool(self._limited)
-        per_shard = max(1, -(-free // max(1, len(order))))
-        # a count of 0 still promotes due jobs and reports the next due time
-        wants = [(keys, min(per_shard, idle)) if keys.queue in self._limited
-                 else (keys, per_shard if focus is None else 1) for keys in order
-                 if focus is None or keys.queue in self._limited
-                 or (ask_quiet and keys != focus and keys not in self._backlogged)]
-        if focus is not None:
-            wants.insert(0, (focus, max(1, free)))
+        # ``free`` split over the shards (the first ones in this turn's order get the
+        # remainder), never more in all; a count of 0 still promotes due jobs and
+        # reports the next due time
+        each, extra = divmod(max(0, free), max(1, len(order)))
+        counts = [each + (i < extra) for i in range(len(order))]
+        split = [(keys, min(count, idle) if keys.queue in self._limited else count)
+                 for keys, count in zip(order, counts, strict=True)]
+        if focus is None:
+            return split
+        limited = [(keys, count) for keys, count in split if keys.queue in self._limited]
+        quiet = [(keys, 1) for keys in order if ask_quiet and keys != focus
+                 and keys.queue not in self._limited and keys not in self._backlogged]
+        rest = free - sum(count for _, count in limited) - len(quiet)
+        return [(focus, rest), *limited, *quiet] if rest >= 1 else None
+
+    def _claim_round(self, wants: list[tuple[QueueKeys, int]], sent: float,
+                     focus: QueueKeys | None) -> tuple[int, float, bool]:
+        """One round trip asking each shard of ``wants`` for its count. Returns (jobs
+        claimed, seconds to wait, whether ``focus`` gave all it was asked)."""
+        backing_off = self._backoff_until
         results: list[ClaimResult] = []
         if wants:
             try:
@@ -249,8 +273,8 @@ class Fetcher:
         filled = False
         for result in results:
             backing_off.pop(result.keys, None)
-            if result.keys.queue in self._limited:
-                continue
+            if result.keys.queue in self._limited or asked[result.keys] < 1:
+                continue  # a count of 0 says nothing of a backlog
             if len(result.jobs) >= asked[result.keys]:
                 self._backlogged.add(result.keys)
                 filled = filled or result.keys == focus
