@@ -13,11 +13,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from ..engine import Broker, DelayQError, QueueKeys, flows
 from ..engine.workers import record_alive
 from .acks import by_shard
+from .backoff import REDIS_ERRORS
 from .ledger import Ledger
 
 logger = logging.getLogger("django_delayq.worker")
@@ -42,7 +41,7 @@ class Heartbeat:
         while not self._done.wait(self.interval):
             try:
                 self.beat()
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 logger.warning("heartbeat failed worker=%s error=%s", self.name, exc)
 
     def beat(self, *, renew: bool = True) -> None:
@@ -73,7 +72,7 @@ class Heartbeat:
         for keys, job_ids in unlinked:
             try:
                 flows.repair(self.broker, keys, job_ids)
-            except (RedisError, DelayQError) as exc:
+            except (*REDIS_ERRORS, DelayQError) as exc:
                 logger.warning("waiting jobs not linked again, next beat retries queue=%s "
                                "error=%s", keys.queue, exc)
         # Releases of dependants in other shards that no acker delivered (its worker
@@ -81,7 +80,7 @@ class Heartbeat:
         for keys in undelivered:
             try:
                 flows.deliver(self.broker, keys)
-            except (RedisError, DelayQError) as exc:
+            except (*REDIS_ERRORS, DelayQError) as exc:
                 logger.warning("releases of dependants not delivered, next beat retries "
                                "queue=%s error=%s", keys.queue, exc)
         self.record_alive()
