@@ -229,9 +229,12 @@ class OutputReader:
         for line in self._process.stdout:
             self.lines.append(line)
 
-    def wait_for(self, text: str, timeout: float = 20.0) -> str:
-        return wait_until(lambda: next((x for x in self.lines if text in x), None), timeout,
-                          message=f"{text!r} in worker output:\n{self.text}")
+    def wait_for(self, *texts: str, timeout: float = 20.0) -> str:
+        """The first line holding one of ``texts``, once the process has written it."""
+        return wait_until(lambda: next((x for x in self.lines if any(t in x for t in texts)),
+                                       None), timeout,
+                          message=f"{' or '.join(map(repr, texts))} in worker output:\n"
+                                  f"{self.text}")
 
     @property
     def text(self) -> str:
