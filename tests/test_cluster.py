@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from django_delayq import Job, JobSpec, Queue, chain, group
+from django_delayq import DelayQConnectionError, Job, JobSpec, Queue, chain, group
 from django_delayq.engine import Broker, PartialClaimError
 from django_delayq.testing import RedisCluster
 from tests.conftest import ran, wait_until, worker_thread
@@ -356,7 +356,6 @@ def test_a_worker_keeps_acking_the_other_shards_while_one_slot_moves(on_cluster,
 
 def test_enqueues_to_a_moving_slot_raise_a_clear_error_and_bulk_counts_what_landed(
         on_cluster, cluster):
-    from django_delayq import DelayQConnectionError
     from django_delayq.engine import BulkResult, EnqueueRequest
 
     broker = on_cluster
@@ -512,13 +511,15 @@ def test_an_idle_worker_claims_again_after_the_whole_cluster_was_away(settings, 
             wait_until(lambda: {"redis unavailable while idle", "heartbeat failed"} <= {
                 r.getMessage().split(" worker=")[0] for r in caplog.records},
                 message="the fetcher and the heartbeat to meet the outage")
+            with pytest.raises(DelayQConnectionError, match="Redis Cluster"):
+                tasks.record.enqueue("while no node answers")
             for node in own.nodes:
                 node.start()
 
             def enqueued() -> Any:
                 try:
                     return tasks.record.enqueue("after")
-                except Exception:
+                except DelayQConnectionError:
                     return None
 
             second = wait_until(enqueued, timeout=30, message="the cluster back")
