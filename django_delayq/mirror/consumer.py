@@ -75,6 +75,7 @@ class Mirror:
                  batch_size: int | None = None, block: float = 1.0,
                  claim_idle: float | None = None, queues: Iterable[str] | None = None,
                  refresh_interval: float = 10.0, prune_interval: float = 300.0) -> None:
+        table.check_database()
         self.broker = broker or get_broker(socket_timeout=block + conf.SOCKET_TIMEOUT)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.batch_size = batch_size or conf.MIRROR_BATCH_SIZE
