@@ -155,7 +155,8 @@ def database_version() -> str:
         import sqlite3
 
         return f"SQLite {sqlite3.sqlite_version}"
-    return f"PostgreSQL {connection.pg_version}"  # type: ignore[attr-defined]
+    version = connection.pg_version  # type: ignore[attr-defined]  # e.g. 150020
+    return f"PostgreSQL {version // 10000}.{version % 10000}"
 
 
 def runs(jobs: int, claim: int) -> dict[str, Any]:
