@@ -18,7 +18,7 @@ from ..engine.jobhash import checked_ms, from_ms, read_job_hash, strict_json, to
 from ..engine.keys import QueueKeys, split_job_ids, validate_job_id
 from ..engine.status import JOB_STATUSES, Status
 from ..models import Job, JobStatus
-from .table import JSONText, Row
+from .table import Row, StoredJSON
 
 logger = logging.getLogger("django_delayq.mirror")
 
@@ -137,7 +137,7 @@ def _json_value(value: Any, raw: str | None, damaged: bool) -> Any:
         return value
     if "\x00" in raw or not raw.isascii() or _UNSTORABLE_ESCAPE.search(raw):
         return _storable(value)
-    return value if damaged else JSONText(raw)
+    return value if damaged else StoredJSON(raw, value)
 
 
 def row_from_hash(queue: str, job_id: str, data: dict[str, str]) -> Row:
@@ -171,7 +171,7 @@ def row_from_hash(queue: str, job_id: str, data: dict[str, str]) -> Row:
     }
 
 
-def _attempt_log(raw: str | None) -> list[Any] | JSONText:
+def _attempt_log(raw: str | None) -> list[Any] | StoredJSON:
     """The stored attempt log as the model keeps it (a list; [] when unreadable)."""
     if raw is None:
         return []
