@@ -60,6 +60,17 @@ def stale_row(job_id: str) -> table.Row:
     return row
 
 
+def test_read_jobs_answers_the_hashes_and_the_newest_entry_of_their_stream(broker,
+                                                                          redis_client):
+    assert broker.commands.read_jobs(KEYS, ["none"]) == ("", [{}])  # no stream yet
+    job = tasks.record.using(delay=3600).enqueue("read")
+    redis_client.set(KEYS.job("a-string"), "x")
+    (newest, _), = redis_client.xrevrange(KEYS.events, count=1)
+    position, found = broker.commands.read_jobs(KEYS, [job.id, "none", "a-string"])
+    assert position == newest
+    assert found == [redis_client.hgetall(KEYS.job(job.id)), {}, "string"]
+
+
 @pytest.mark.django_db
 def test_a_batch_applied_twice_changes_nothing_and_reads_no_hash(redis_client):
     jobs = [tasks.record.enqueue(f"twice{i}") for i in range(4)]
