@@ -7,33 +7,17 @@ its own that it creates and drops; it writes its figures to ``mirror.json``.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests import services
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import run_bench_script
 
 
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_the_mirror_bench_reports_every_figure(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env["DELAYQ_BENCH_PG"] = ":".join(services.pg_conninfo())  # the suite's server
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.mirror", "--jobs", "40", "--claim", "8",
-         "--out", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280, check=False)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
-    data = json.loads((tmp_path / "mirror.json").read_text())
-    assert data["benchmark"] == "mirror"
-    assert data["environment"]["load_average_start"]
+    data = run_bench_script("mirror", "--jobs", "40", "--claim", "8", out=tmp_path)
     assert (data["jobs"], data["claim"]) == (40, 8)
     assert set(data["backends"]) == {"sqlite", "postgresql"}
     for backend, figures in data["backends"].items():
