@@ -140,16 +140,31 @@ def replication(figures: dict[str, Any]) -> Lines:
 
 
 def shards(data: dict[str, Any]) -> Lines:
+    where = ("Redis server, every shard in one process (`python -m bench.shards "
+             "--one-server`)" if data.get("benchmark") == "shards_one_server" else
+             "3-primary Redis Cluster (`python -m bench.shards`)")
+    runs = data["rows"][0].get("runs", 1) if data["rows"] else 1
+    baseline = data.get("baseline")
     lines = [f"One queue's backlog of {n(data['jobs'])} no-op jobs drained by "
              f"{data['workers']} `runworker` processes from 1, 2 and 3 shards on a local "
-             "3-primary Redis Cluster (`python -m bench.shards`).", "",
-             *_header("shards", "jobs/s", "Redis µs/job", "per node", "workers µs/job",
-                      "load")]
+             f"{where}, with the adaptive prefetch and with claims of about 20 jobs "
+             f"(prefetch 16); medians of {runs} runs. Per core: jobs a second per core busy "
+             "with the queue; bound: the busiest Redis process's one core."
+             + (f" Code: this checkout, or the baseline `{baseline}` run right before it."
+                if baseline else ""), "",
+             *_header("prefetch", "shards", "code", "jobs/s", "Redis µs/job", "per node",
+                      "workers µs/job", "script calls / 1,000 jobs", "jobs/s per core",
+                      "bound jobs/s", "load")]
     for row in data["rows"]:
-        lines.append(_row(str(row["shards"]), n(row["jobs_per_s"]),
+        prefetch = row.get("prefetch")
+        lines.append(_row("adaptive" if prefetch is None else str(prefetch), str(row["shards"]),
+                          row.get("code", "current"), n(row["jobs_per_s"]),
                           n(row["redis_cpu_us_per_job"], "{:,.1f}"),
                           " / ".join(f"{v:.1f}" for v in row["redis_cpu_us_per_job_per_node"]),
-                          n(row["workers_cpu_us_per_job"], "{:,.1f}"), _load(row.get("load"))))
+                          n(row["workers_cpu_us_per_job"], "{:,.1f}"),
+                          n(row.get("script_calls_per_1000_jobs"), "{:,.1f}"),
+                          n(row.get("jobs_per_s_per_core")),
+                          n(row.get("primaries_bound_jobs_per_s")), _load(row.get("load"))))
     return lines
 
 

@@ -483,6 +483,13 @@ def _async_runner(task: Task) -> Callable[..., Any]:
         result = _running_result(task, running, args, kwargs)
         sender = type(task.get_backend())
         await task_started.asend(sender, task_result=result)
+        if running is not None:
+            # On a worker, as for sync tasks: task_finished waits for the final outcome
+            # (the worker calls the hook off the event loop, as asend runs sync receivers).
+            running.on_finished.append(functools.partial(_send_finished, sender, result))
+            if task.takes_context:
+                return await func(TaskContext(task_result=result), *args, **kwargs)
+            return await func(*args, **kwargs)
         try:
             if task.takes_context:
                 value = await func(TaskContext(task_result=result), *args, **kwargs)

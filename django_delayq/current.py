@@ -55,9 +55,11 @@ def current_job() -> RunningJob | None:
 
 
 @contextmanager
-def running(job: ClaimedJob, worker: str) -> Iterator[RunningJob]:
-    """Mark ``job`` as the current job of this thread for the duration of the block."""
-    value = RunningJob(job, worker, [])
+def running(job: ClaimedJob, worker: str,
+            on_finished: list[Callable[[Any], None]] | None = None) -> Iterator[RunningJob]:
+    """Mark ``job`` as the current job of this thread (or task, on an event loop) for
+    the duration of the block; hooks the job adds go to ``on_finished``."""
+    value = RunningJob(job, worker, [] if on_finished is None else on_finished)
     token = _current.set(value)
     try:
         yield value

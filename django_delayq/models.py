@@ -48,6 +48,9 @@ class Job(models.Model):
     attempt_log = models.JSONField("attempt log", default=list, blank=True)
     #: The jobs it waits (or waited) for, ``[[queue, id], ...]`` in order (``depends_on``).
     parents = models.JSONField(default=list, blank=True)
+    #: The fields of the job record in Redis that could not be read (field -> what was
+    #: found there), which the row holds as their defaults; null when none was damaged.
+    damaged = models.JSONField(null=True, blank=True)
     #: The position in its queue shard's events stream (an entry id) the row is in step
     #: with: the job's state once every entry up to it was written. A write of an older
     #: position never replaces a newer one (``mirror/table.py``).

@@ -7,9 +7,12 @@ Set ``REDIS_URL`` to run against an existing Redis instead (its database is flus
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -241,9 +244,12 @@ class OutputReader:
         for line in self._process.stdout:
             self.lines.append(line)
 
-    def wait_for(self, text: str, timeout: float = 20.0) -> str:
-        return wait_until(lambda: next((x for x in self.lines if text in x), None), timeout,
-                          message=f"{text!r} in worker output:\n{self.text}")
+    def wait_for(self, *texts: str, timeout: float = 20.0) -> str:
+        """The first line holding one of ``texts``, once the process has written it."""
+        return wait_until(lambda: next((x for x in self.lines if any(t in x for t in texts)),
+                                       None), timeout,
+                          message=f"{' or '.join(map(repr, texts))} in worker output:\n"
+                                  f"{self.text}")
 
     @property
     def text(self) -> str:
@@ -266,6 +272,73 @@ def spawned() -> Iterator[Callable[..., tuple[subprocess.Popen[str], OutputReade
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def migrated_sqlite(tmp_path: Path) -> str:
+    """A migrated SQLite database file for the processes a test starts."""
+    db = str(tmp_path / "jobs.sqlite3")
+    subprocess.run([sys.executable, "-m", "django", "migrate", "-v0"], cwd=ROOT,
+                   env=worker_env(DELAYQ_TEST_SQLITE=db), check=True, timeout=120)
+    return db
+
+
+def sqlite_rows(db: str) -> dict[str, str]:
+    with contextlib.closing(sqlite3.connect(db, timeout=10)) as conn:
+        return dict(conn.execute("SELECT job_id, status FROM django_delayq_job").fetchall())
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its re-parented init) is not alive
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stop_during_a_job(proc: subprocess.Popen[str], out: OutputReader, client: Any, *,
+                      stopping: str, gate: str) -> list[str]:
+    """SIGTERM ``proc``, open ``gate`` (the job it runs then ends during the warm stop) once
+    it logs ``stopping``, and return its output lines once it has exited 0."""
+    proc.send_signal(signal.SIGTERM)
+    out.wait_for(stopping)
+    client.set(gate, 1)
+    assert proc.wait(timeout=60) == 0, out.text
+    return out.lines
+
+
+def first_line(lines: list[str], text: str) -> int:
+    """The index of the first of ``lines`` holding ``text``."""
+    return next(i for i, line in enumerate(lines) if text in line)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux: read from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return found
+
+
+def kill_with_children(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL ``proc`` and its children (runworker's mirror process) at once, as when
+    their machine or container dies. Stopped first, it starts no child meanwhile."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    for pid in [proc.pid, *child_pids(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
 
 
 FAULT_ROWS: list[tuple[str, int, int, int]] = []

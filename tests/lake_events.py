@@ -15,6 +15,7 @@ from typing import Any
 
 from django_delayq.engine import Broker, EnqueueRequest
 from django_delayq.engine.keys import QueueKeys
+from django_delayq.engine.streams import StreamBatch
 from django_delayq.lake import Exporter
 
 CHUNK = 1_000
@@ -74,8 +75,8 @@ class CrashBeforeAck(Exporter):
         super().__init__(*args, **kwargs)
         self.after = after
 
-    def _acknowledge(self, keys: QueueKeys, ids: list[str]) -> None:
+    def _acknowledge(self, keys: QueueKeys, batch: StreamBatch) -> None:
         self.after -= 1
         if self.after <= 0:
             raise Crash
-        super()._acknowledge(keys, ids)
+        super()._acknowledge(keys, batch)

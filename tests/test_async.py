@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT, OutputReader, ran, wait_until, worker_env, worker_thread
+from django_delayq import Queue
+from django_delayq.worker import EXIT_RESTART
+from tests.conftest import ran, wait_until, worker_thread
 from tests.testapp import standard_tasks as st
 from tests.testapp import tasks
 
@@ -45,28 +45,61 @@ def test_async_jobs_run_at_once_on_one_thread_within_their_concurrency(redis_cli
     assert proc.wait(timeout=60) == 0, out.text
 
 
-def test_an_async_job_past_its_time_limit_is_cancelled_and_fails(redis_client):
+@pytest.mark.parametrize("how", ["setting", "option"])
+def test_an_async_job_past_its_time_limit_is_cancelled_and_fails(redis_client, spawned, how):
+    """The limit of a job whose task sets none: DELAYQ["TIMEOUT"], or runworker --timeout."""
     job = tasks.async_overrun.enqueue("late")
     after = tasks.add.enqueue(1, 1)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "django", "runworker", "async", "default", "-c", "1"],
-        cwd=ROOT,
-        env=worker_env(DELAYQ_TEST_SETTINGS=json.dumps({"TIMEOUT": 1})),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = OutputReader(proc)
-    try:
-        wait_until(lambda: job.refresh().status == "failed", timeout=60,
-                   message="the overrunning job to fail")
-        assert "JobTimeout" in job.error
-        assert job.attempts == 1
-        wait_until(lambda: after.refresh().status == "completed", timeout=30,
-                   message="the worker to go on")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, out.text
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    if how == "setting":
+        proc, out = spawned("async", "default", "-c", "1",
+                            env={"DELAYQ_TEST_SETTINGS": json.dumps({"TIMEOUT": 1})})
+    else:
+        proc, out = spawned("async", "default", "-c", "1", "--timeout", "1")
+    wait_until(lambda: job.refresh().status == "failed", timeout=60,
+               message=f"the overrunning job to fail:\n{out.text}")
+    assert job.error == ("django_delayq.engine.errors.JobTimeout: the job ran past its time "
+                         "limit of 1.0s")
+    assert job.attempts == 1
+    wait_until(lambda: after.refresh().status == "completed", timeout=30,
+               message="the worker to go on")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+
+
+@pytest.mark.parametrize(("task", "arg", "note"), [
+    (tasks.async_blocks_loop, 3600, "async-blocks"),
+    (tasks.async_swallows_cancel, "s", "async-swallowed"),
+])
+def test_an_async_job_that_will_not_stop_is_failed_at_the_hard_limit(redis_client, spawned,
+                                                                    task, arg, note):
+    """A coroutine calling time.sleep cannot be cancelled, one swallowing CancelledError
+    goes on: the hard limit fails the job and the process exits to be replaced."""
+    job = task.enqueue(arg)
+    other = tasks.add.enqueue(2, 2)
+    proc, out = spawned("async", "default", "-c", "1")
+    assert proc.wait(timeout=90) == EXIT_RESTART, out.text
+    job.refresh()
+    assert (job.status, job.attempts) == ("failed", 1)
+    assert job.error.startswith("django_delayq.engine.errors.JobTimeout: the job ran past its "
+                                "time limit of 0.5s and did not stop within 5.0s"), job.error
+    assert "(it blocked the event loop, or swallowed the cancellation)" in job.error
+    assert [r["task"] for r in ran(redis_client)].count(note) >= 1
+    assert other.refresh().status == "completed", "threads ran jobs meanwhile"
+    assert "stopping this worker to be restarted" in out.text
+    assert Queue("async").counts()["active"] == 0, "nothing is left leased"
+
+
+def test_a_dead_event_loop_stops_the_worker_and_its_job_runs_again(redis_client, spawned):
+    job = tasks.async_kills_loop.enqueue("k")
+    proc, out = spawned("async", "-c", "1")
+    assert proc.wait(timeout=60) == EXIT_RESTART, out.text
+    assert "event loop thread ended unexpectedly" in out.text
+    assert "handing back 1 running jobs" in out.text
+    assert job.refresh().status == "ready", "handed back at once, not left to its lease"
+    again, out = spawned("async", "--burst")
+    assert again.wait(timeout=60) == 0, out.text
+    job.refresh()
+    assert (job.status, job.attempts, job.result) == ("completed", 2, "k")
 
 
 def test_an_async_task_uses_the_orm_through_sync_to_async():

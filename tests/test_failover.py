@@ -1,5 +1,5 @@
 """A primary SIGKILLed under load: Sentinel and a Cluster with replicas fail over while
-producers enqueue and ``runworker`` processes (with their mirror threads) run jobs.
+producers enqueue and ``runworker`` processes (with their mirror processes) run jobs.
 
 Each run counts what producers were told was enqueued, what Redis still holds after
 the failover, what ran, what ran twice, whether anything started before its run_at, and
@@ -157,7 +157,7 @@ def mirror_db(migrated_db: Path, tmp_path: Path) -> str:
 
 @pytest.fixture
 def workers(spawned: Any) -> Callable[..., tuple[subprocess.Popen[str], OutputReader]]:
-    """Start ``runworker`` on both queues with a mirror thread writing to ``db``."""
+    """Start ``runworker`` on both queues with its mirror process writing to ``db``."""
 
     def start(url: str, db: str, settings: dict[str, Any]) -> tuple[subprocess.Popen[str],
                                                                     OutputReader]:

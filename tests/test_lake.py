@@ -7,8 +7,10 @@ import datetime as dt
 import io
 import json
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from pyarrow import fs as pafs
 
 from django_delayq.engine.keys import QueueKeys
 from django_delayq.lake import GROUP, Exporter
@@ -26,10 +29,11 @@ from tests.lake_events import Crash, CrashBeforeAck, generate
 from tests.testapp import tasks
 
 KEYS = QueueKeys("dq", "default")
+MILLION = 1_000_000
 UTC = dt.UTC
 
 
-def export(lake: Path, broker: Any, **kwargs: Any) -> Exporter:
+def export(lake: Path | str, broker: Any, **kwargs: Any) -> Exporter:
     exporter = Exporter(str(lake), broker=broker, block=0.1, **kwargs)
     exporter.run(burst=True)
     return exporter
@@ -45,7 +49,7 @@ def stream_events(client: Any, keys: QueueKeys = KEYS) -> Counter[tuple[str, str
     return found
 
 
-def lake_events(lake: Path) -> Counter[tuple[str, str, str]]:
+def lake_events(lake: Path | str) -> Counter[tuple[str, str, str]]:
     table = read_all(str(lake))
     return Counter(zip(table.column("stream_id").to_pylist(), table.column("event").to_pylist(),
                        table.column("job_id").to_pylist(), strict=True))
@@ -133,6 +137,40 @@ def test_a_crash_between_file_and_ack_writes_nothing_twice(tmp_path, broker, red
     assert pending(redis_client) == 0
 
 
+def test_a_batch_taken_over_from_a_slow_exporter_is_written_once(tmp_path, broker,
+                                                                  redis_client):
+    """Exporter A reads a batch and stalls before its file; B takes the batch over (its
+    entries idle past B's claim_idle), exports everything and acknowledges; then A
+    wakes and writes its file. B took A's batch whole, so both wrote the same file."""
+    tasks.record.enqueue_many([f"x{i}"] for i in range(300))
+    for i in range(30):
+        tasks.record.enqueue(f"one-{i}")
+    expected = stream_events(redis_client)
+    writing, resume = threading.Event(), threading.Event()
+
+    class Stalled(Exporter):
+        def _write(self, keys: QueueKeys, day: str, part: Any) -> None:
+            writing.set()
+            assert resume.wait(30)
+            super()._write(keys, day, part)
+
+    slow = Stalled(str(tmp_path), broker=broker, name="slow", batch_size=20)
+    thread = threading.Thread(target=slow.step)
+    thread.start()
+    try:
+        assert writing.wait(30)
+        other = export(tmp_path, broker, name="other", batch_size=7, claim_idle=0)
+        assert lake_events(tmp_path) == expected
+        assert other.entries == redis_client.xlen(KEYS.events)
+    finally:
+        resume.set()
+        thread.join(30)
+    assert slow.files == 1
+    assert lake_events(tmp_path) == expected  # A's file replaced B's: the same name
+    assert pending(redis_client) == 0
+    assert redis_client.hlen(KEYS.batches(GROUP)) == 0
+
+
 def test_a_killed_export_process_rerun_leaves_no_duplicate(tmp_path, redis_client):
     for n in range(20):
         tasks.record.enqueue_many([f"{n}-{i}"] for i in range(1_000))
@@ -181,6 +219,88 @@ def test_trimmed_events_are_counted_as_lost(tmp_path, broker, redis_client):
     assert (exporter.lost, exporter.rows) == (20, 10)
 
 
+def test_an_entry_the_lake_cannot_hold_is_skipped_and_shown(tmp_path, broker, redis_client):
+    """Hand-written entries with a time or an attempt no column can hold: each is left
+    out, counted where the mirror's skips are, and logged; the rest is exported."""
+    from django_delayq import Queue
+
+    tasks.record.enqueue("before")
+    bad = [redis_client.xadd(KEYS.events, fields) for fields in (
+        {"event": "completed", "job": "x", "ts": "1e40"},
+        {"event": "completed", "job": "y", "ts": str(10**20)},
+        {"event": "started", "job": "z", "ts": "1767614400000", "attempt": str(2**40)},
+        {"event": "started", "jobs": "a b", "attempts": "1", "ts": "1767614400000"},
+    )]
+    tasks.record.enqueue("after")
+    expected = Counter({k: n for k, n in stream_events(redis_client).items()
+                        if k[0] not in bad})
+    exporter = export(tmp_path, broker)
+    assert exporter.skipped == len(bad)
+    assert lake_events(tmp_path) == expected
+    assert pending(redis_client) == 0
+    count, reasons = Queue("default").skipped_events()
+    assert count == len(bad)
+    assert sorted(r.split(" id=")[1].split(" ")[0] for r in reasons) == sorted(bad)
+    assert all(" lake export id=" in r and "garbled event" in r for r in reasons)
+
+
+@pytest.fixture
+def s3_lake() -> Iterator[str]:
+    """A lake URL on a local S3 endpoint: moto's server (``moto[server]``, in
+    requirements-dev.txt), started on a free port, with a bucket PyArrow creates."""
+    from django_delayq.testing import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        def up() -> bool:
+            with socket.socket() as probe:
+                return probe.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_until(lambda: proc.poll() is not None or up(), timeout=60,
+                   message="moto's S3 server")
+        if proc.poll() is not None:
+            pytest.fail("moto's S3 server did not start (pip install -r requirements-dev.txt): "
+                        + (proc.stderr.read() if proc.stderr else "")[-2000:])
+        yield (f"s3://testing:s3-secret-value@delayq-lake/lake?region=us-east-1"
+               f"&endpoint_override=127.0.0.1:{port}&scheme=http&allow_bucket_creation=true")
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def test_the_lake_on_a_local_s3_endpoint(s3_lake, broker, redis_client, caplog):
+    """Written through the URL branch of the store (an object store: no rename), with a
+    crash between a file and its acknowledgement, read back whole; the URL's secret
+    never shows in a log or an error."""
+    from django_delayq.lake.store import open_lake
+    from django_delayq.spark.lake import is_lake
+
+    tasks.record.enqueue_many([f"x{i}"] for i in range(1_500))
+    for i in range(20):
+        tasks.record.enqueue(f"one-{i}")
+    expected = stream_events(redis_client)
+    crashing = CrashBeforeAck(s3_lake, broker=broker, batch_size=5, after=3)
+    with pytest.raises(Crash):
+        crashing.run(burst=True)
+    export(s3_lake, broker, batch_size=3)
+    assert lake_events(s3_lake) == expected
+    filesystem, root = open_lake(s3_lake)
+    names = [i.base_name for i in filesystem.get_file_info(
+        pafs.FileSelector(root, recursive=True)) if i.is_file]
+    assert names
+    assert all(n.startswith("default~x~") and n.endswith(".parquet") for n in names)
+    assert is_lake(s3_lake)
+    assert not is_lake(s3_lake.replace("/lake?", "/jobs.parquet?"))
+    assert "s3-secret-value" not in caplog.text
+    assert "lake export started lake=s3://testing:***@delayq-lake/lake?" in caplog.text
+    with pytest.raises(ValueError, match="cannot open the lake") as refused:
+        open_lake(s3_lake.replace("scheme=http", "scheme=gopher"))
+    assert "s3-secret-value" not in str(refused.value)
+
+
 def test_export_command_needs_a_lake(capsys):
     from django.core.management import CommandError, call_command
 
@@ -221,11 +341,25 @@ def test_the_lake_report_equals_the_table_report(tmp_path, broker, spark):
     from django_delayq.spark.render import format_table, write_report
 
     jobs = ran_jobs()
+    failed = jobs[-1]
+    # Jobs that have not run: one waiting for its parent, one released at enqueue by its
+    # finished parent (its entries say waiting, then ready), one claimed by a worker
+    # that has not started it.
+    parent = tasks.record.using(delay=600).enqueue("parent")
+    waiting = tasks.record.using(depends_on=[parent]).enqueue("waits")
+    released = tasks.record.using(depends_on=[jobs[0]]).enqueue("released")
+    claimed = tasks.record_other.enqueue("claimed")
+    (claim,) = broker.claim("other", 1, "tester")
+    assert [c.id for c in claim.jobs] == [claimed.id]
+    jobs += [parent, waiting, released, claimed]
     Mirror(block=0.1, broker=broker).run(burst=True)
     lake = tmp_path / "lake"
     export(lake, broker)
     from_table = build_report(jobs_from_orm(spark), top=5)
     assert from_table.jobs == len(jobs)
+    default, other = from_table.row("default"), from_table.row("other")
+    assert (default["waiting"], default["scheduled"], default["ready"]) == (1, 1, 1)
+    assert (other["claimed"], other["total"]) == (1, 1)
     write_report(from_table, tmp_path / "table")
     # delayq_report takes the lake for --input: the same table, the same CSVs (summary,
     # timeline and worst offenders, every value written out).
@@ -237,26 +371,64 @@ def test_the_lake_report_equals_the_table_report(tmp_path, broker, spark):
         table_csv = (tmp_path / "table" / name).read_text()
         assert (tmp_path / "from-lake" / name).read_text() == table_csv, name
     failing = {r["attempt"]: r for r in attempts_from_lake(spark, str(lake))
-               .where(f"job_id = '{jobs[-1].id}'").collect()}
+               .where(f"job_id = '{failed.id}'").collect()}
     assert [failing[n]["outcome"] for n in (1, 2, 3)] == ["retried", "retried", "failed"]
     assert all(failing[n]["duration"] >= 0 and failing[n]["worker"] for n in (1, 2, 3))
     assert failing[2]["run_at"] > failing[1]["finished_at"]
 
 
 @pytest.mark.spark
+@pytest.mark.django_db
+def test_the_lake_and_an_export_through_file_urls(tmp_path, broker, redis_client, spark):
+    """``delayq_export`` and ``delayq_report --input`` take URLs: a lake by its URL is
+    read as a lake, an exported file by its URL as a file."""
+    from django.core.management import call_command
+
+    from django_delayq.mirror import Mirror
+    from django_delayq.spark import export_jobs
+    from django_delayq.spark.lake import is_lake
+
+    ran_jobs()
+    Mirror(block=0.1, broker=broker).run(burst=True)
+    url = (tmp_path / "lake").as_uri()
+    assert url.startswith("file:///")
+    export(url, broker)
+    assert lake_events(url) == stream_events(redis_client)
+    assert is_lake(url)
+    call_command("delayq_report", "--input", url, "--out", str(tmp_path / "from-lake"),
+                 stdout=io.StringIO())
+    export_jobs(tmp_path / "jobs.parquet")
+    file_url = (tmp_path / "jobs.parquet").as_uri()
+    assert not is_lake(file_url)
+    call_command("delayq_report", "--input", file_url, "--out", str(tmp_path / "from-file"),
+                 stdout=io.StringIO())
+    for name in ("summary.csv", "timeline.csv", "latest.csv", "longest.csv"):
+        assert ((tmp_path / "from-lake" / name).read_text()
+                == (tmp_path / "from-file" / name).read_text()), name
+
+
+@pytest.mark.spark
 @pytest.mark.slow
-def test_100k_jobs_exported_twice_read_back_exactly(tmp_path, broker, redis_client, spark):
+@pytest.mark.xdist_group("heavy")  # minutes of both cores: with the other heavy tests
+@pytest.mark.timeout(1800)
+def test_a_million_jobs_exported_twice_read_back_exactly(tmp_path, broker, redis_client,
+                                                         spark):
+    """1,000,000 jobs' events (4,000,000 rows): an export that dies before an ack, then
+    another with other batch boundaries; Spark reads each event once, and every job's
+    attempt with its exact lateness and duration percentiles."""
     from pyspark.sql import functions as F
 
     from django_delayq.spark import attempts_from_lake
     from django_delayq.spark.lake import lake_events as read_lake
 
     t0 = dt.datetime(2026, 1, 5, 12, tzinfo=UTC)
-    made = generate(broker, tasks.record.name, KEYS, 100_000, t0=t0)
+    made = generate(broker, tasks.record.name, KEYS, MILLION, t0=t0)
     crashing = CrashBeforeAck(str(tmp_path), broker=broker, batch_size=60, after=4)
     with pytest.raises(Crash):
         crashing.run(burst=True)
     export(tmp_path, broker, batch_size=25)
+    again = export(tmp_path, broker)  # nothing new: nothing written
+    assert (again.entries, again.files, pending(redis_client)) == (0, 0, 0)
     events = read_lake(spark, str(tmp_path))
     assert events.count() == made.events
     assert events.select("stream_id", "job_id").distinct().count() == made.events

@@ -363,7 +363,7 @@ def test_old_finished_rows_are_pruned_after_the_retention():
 
 
 @pytest.mark.slow
-def test_runworker_mirrors_on_a_thread_unless_told_not_to(tmp_path):
+def test_runworker_mirrors_in_a_process_unless_told_not_to(tmp_path):
     env = worker_env(DELAYQ_TEST_SQLITE=str(tmp_path / "worker.sqlite3"))
     subprocess.run([sys.executable, "-m", "django", "migrate", "-v0"], cwd=ROOT, env=env,
                    check=True)

@@ -271,9 +271,13 @@ def test_the_mirror_refuses_a_database_it_cannot_write_before_anything_is_writte
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_gives_existing_rows_the_position_of_their_last_event():
     executor = MigrationExecutor(connection)
-    before = [("django_delayq", "0007_job_workflows")]
-    latest = executor.loader.graph.leaf_nodes("django_delayq")
-    executor.migrate(before)
+    graph = executor.loader.graph
+    (this,) = [key for key in graph.nodes
+               if key[0] == "django_delayq" and key[1].endswith("_job_last_event_position")]
+    (before,) = [node.key for node in graph.node_map[this].parents
+                 if node.key[0] == "django_delayq"]
+    latest = graph.leaf_nodes("django_delayq")
+    executor.migrate([before])
     try:
         with connection.cursor() as cursor:
             for job_id, last in [("a", "1764089000123-7"), ("b", ""), ("c", "junk-1"),

@@ -1,6 +1,7 @@
-"""A worker SIGKILLed while its mirror thread holds events it read but did not write:
-the next ``delayq_mirror --burst`` takes them over at once (the worker's heartbeat says
-it is gone), so it ends with nothing pending and every row equal to Redis."""
+"""A worker and its mirror process SIGKILLed while the mirror holds events it read but
+did not write: the next ``delayq_mirror --burst`` takes them over at once (the worker's
+heartbeat says it is gone), so it ends with nothing pending and every row equal to
+Redis."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from django_delayq.connection import get_broker
 from django_delayq.engine.workers import consumers_gone, mirror_consumer
 from django_delayq.mirror import GROUP
 from tests import services
-from tests.conftest import ROOT, wait_until
+from tests.conftest import ROOT, kill_with_children, wait_until
 from tests.test_mirror_faults import pending, pg_database, pg_env, rows  # noqa: F401
 from tests.testapp.tasks import record
 
@@ -31,7 +32,7 @@ def test_a_sigkilled_workers_pending_mirror_events_are_taken_over_by_a_burst(
     keys = broker.shards("default")[0]
     waiting = [record.using(delay=3600).enqueue(f"w{i}") for i in range(30)]
     done = [record.enqueue(f"d{i}") for i in range(10)]
-    # Hold the jobs' rows, so the worker's mirror thread reads a batch and blocks writing it.
+    # Hold the jobs' rows, so the worker's mirror reads a batch and blocks writing it.
     lock = psycopg.connect(services.pg_admin_dsn(name), connect_timeout=5)
     with lock.transaction():
         for job in [*waiting, *done]:
@@ -50,13 +51,12 @@ def test_a_sigkilled_workers_pending_mirror_events_are_taken_over_by_a_burst(
         wait_until(lambda: all(j.refresh().status == "completed" for j in done),
                    timeout=60, message="the worker ran the ready jobs")
         wait_until(lambda: pending(redis_client, keys.events) > 0, timeout=60,
-                   message="the mirror thread read a batch")
+                   message="the mirror read a batch")
         consumers = {c["name"]: c["pending"]
                      for c in redis_client.xinfo_consumers(keys.events, GROUP)}
         assert consumers.get(mirror_consumer("doomed"), 0) > 0, consumers
         assert consumers_gone(broker, [mirror_consumer("doomed")]) == set(), "still alive"
-        worker.kill()
-        worker.wait(timeout=30)
+        kill_with_children(worker)  # the worker and its mirror process, mid-batch
     finally:
         if worker.poll() is None:
             worker.kill()

@@ -195,6 +195,25 @@ def test_a_job_swallowing_its_timeout_is_failed_and_the_process_asks_for_a_resta
     assert "stopping this worker to be restarted" in out.text
 
 
+def test_a_job_blocked_in_c_code_is_failed_at_the_hard_limit(redis_client, spawned):
+    """``time.sleep(3600)`` is one C call: the soft JobTimeout waits for it to return, so
+    only the hard limit ends the job (and the process, to be replaced)."""
+    from django_delayq.worker import EXIT_RESTART
+
+    job = tasks.blocks_in_c.enqueue("c")
+    proc, out = spawned("default", "-c", "1")
+    assert proc.wait(timeout=60) == EXIT_RESTART, out.text
+    job.refresh()
+    assert (job.status, job.attempts) == ("failed", 1)
+    assert job.error.startswith("django_delayq.engine.errors.JobTimeout: the job ran past "
+                                "its time limit of 0.5s and did not stop within 5.0s "
+                                "(blocked in C code"), job.error
+    notes = [r["task"] for r in ran(redis_client)]
+    assert notes == ["blocks_in_c"], "the sleep never returned in the task"
+    assert "JobTimeout raised in it" in out.text, "the soft limit came first, in vain"
+    assert Queue("default").counts()["active"] == 0
+
+
 def test_runworker_timeout_limits_jobs_whose_task_sets_none(redis_client):
     job = tasks.sleeps.enqueue(60)
     proc = subprocess.run(

@@ -19,7 +19,7 @@ NEEDED = ["tests/conftest.py", "tests/settings.py", "tests/urls.py", "tests/serv
           "tests/pg_server.py",
           "tests/testapp/__init__.py", "tests/testapp/tasks.py", "tests/test_task.py",
           "tests/test_bench_smoke.py", "bench/run.py", "bench/report.py",
-          "bench/adapters/common.py", "bench/targets.json",
+          "bench/harness/ops.py", "bench/harness/lua/done.lua", "bench/targets.json",
           "docs/testing.md", "docs/api.md", "CHANGELOG.md", "README.md", "LICENSE",
           "Makefile", "pyproject.toml", "requirements-dev.txt", "example_project/demo.py",
           "django_delayq/lua/claim.lua", "django_delayq/contrib/pytest.py",

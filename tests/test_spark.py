@@ -511,6 +511,39 @@ def test_history_loaders_agree(spark: Any, tmp_path: Path) -> None:
     assert orm_table(since=dt.timedelta(hours=1))["job_id"].to_pylist() == ["later"]
 
 
+@pytest.mark.django_db
+def test_a_damaged_record_shows_in_the_history_and_the_report(spark: Any, redis_client: Any,
+                                                              tmp_path: Path) -> None:
+    """A job hash with unreadable fields is mirrored with their defaults and the damage
+    named (``Job.damaged``); the history carries it and the report counts it."""
+    from django_delayq.mirror import Mirror
+    from django_delayq.models import Job as JobRow
+    from django_delayq.spark import build_report, export_jobs, jobs_from_file, jobs_from_orm
+    from django_delayq.spark.render import format_table
+    from tests.testapp import tasks
+
+    damaged = tasks.record.using(delay=600).enqueue("damaged")
+    tasks.record.using(delay=600).enqueue("sound")
+    job_key = Queue("default").broker.keys_for("default", damaged.id).job(damaged.id)
+    redis_client.hset(job_key, mapping={"r": "not-a-time", "p": "high"})
+    Mirror(block=0.1).run(burst=True)
+    row = JobRow.objects.get(job_id=damaged.id)
+    assert row.damaged == {"run_at": "not-a-time", "priority": "high"}
+    assert (row.run_at, row.priority) == (None, 0)
+    assert JobRow.objects.exclude(job_id=damaged.id).get().damaged is None
+
+    history = jobs_from_orm(spark)
+    found = {r["job_id"]: r["damaged"] for r in history.select("job_id", "damaged").collect()}
+    assert json.loads(found[damaged.id]) == {"run_at": "not-a-time", "priority": "high"}
+    assert list(found.values()).count(None) == 1
+    export_jobs(tmp_path / "jobs.parquet")
+    assert jobs_from_file(spark, tmp_path / "jobs.parquet").where(
+        "damaged is not null").count() == 1
+    report = build_report(history)
+    assert (report.row("default")["damaged"], report.row("default")["total"]) == (1, 2)
+    assert "1 jobs mirrored from damaged records" in format_table(report)
+
+
 def _summary_csv(directory: Path) -> dict[tuple[str, str], dict[str, str]]:
     with (directory / "summary.csv").open() as fh:
         return {(r["queue"], r["task_name"]): r for r in csv.DictReader(fh)}

@@ -156,3 +156,73 @@ def test_the_lake_report_on_the_cluster(spark: Any, broker: Any, tmp_path: Path)
     found = jobs.rdd.mapPartitions(probe).collect()
     assert sum(n for _, n, _ in found) == 5_000
     assert all(pid != os.getpid() and not imported for pid, _, imported in found)
+
+
+@pytest.mark.timeout(900)  # three JVMs of its own (two drivers and their executors)
+def test_the_commands_run_on_the_cluster_as_a_user_runs_them(cluster: SparkCluster,
+                                                             broker: Any,
+                                                             tmp_path: Path) -> None:
+    """Fresh ``manage.py delayq_spark_enqueue`` and ``manage.py delayq_report`` processes
+    with ``--master spark://...``, configured as a cluster's users configure Spark: a
+    ``spark-defaults.conf`` in ``SPARK_CONF_DIR`` (where executors find Python and the
+    project). Each is an application of the master, and does its work there."""
+    import csv
+    import datetime as dt
+
+    import numpy as np
+
+    from django_delayq.engine.keys import QueueKeys
+    from django_delayq.lake import Exporter
+    from tests.lake_events import generate
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text("\n".join(f"{k} {v}" for k, v in {
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.executor.memory": "512m",
+        "spark.executor.cores": "1",
+        "spark.cores.max": "2",
+        "spark.ui.enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.pyspark.python": sys.executable,
+        "spark.executorEnv.PYTHONPATH": executor_pythonpath(),
+    }.items()) + "\n")
+    env = worker_env(SPARK_CONF_DIR=str(conf))
+
+    def manage(*args: str) -> str:
+        run = subprocess.run([sys.executable, "-m", "django", *args, "--master",
+                              cluster.master_url], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert run.returncode == 0, run.stdout + run.stderr
+        return run.stdout
+
+    rows = tmp_path / "rows.csv"
+    with rows.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["tag"])
+        writer.writerows([f"row-{i}"] for i in range(3_000))
+    manage("delayq_spark_enqueue", "--input", str(rows), "--task", RECORD,
+           "--args-columns", "tag", "--delay", "3600")
+    assert Queue("default").counts()["scheduled"] == 3_000
+
+    keys = QueueKeys("dq", "lake")
+    made = generate(broker, "lake.work", keys, 4_000,
+                    t0=dt.datetime(2026, 1, 5, 12, tzinfo=dt.UTC))
+    Exporter(str(tmp_path / "lake"), broker=broker, queues=["lake"]).run(burst=True)
+    out = manage("delayq_report", "--input", str(tmp_path / "lake"), "--out",
+                 str(tmp_path / "report"))
+    assert "lake.work" in out
+    with (tmp_path / "report" / "summary.csv").open() as fh:
+        summary = {(r["queue"], r["task_name"]): r for r in csv.DictReader(fh)}
+    row = summary[("lake", "lake.work")]
+    assert (row["total"], row["completed"], row["waiting"]) == ("4000", "4000", "0")
+    want = np.percentile(np.array(made.lateness), [50, 95, 99], method="linear")
+    got = [float(row[f"lateness_p{p}"]) for p in (50, 95, 99)]
+    assert got == pytest.approx(list(want), abs=1e-6)  # the CSV rounds to 6 places
+    assert {p.name for p in (tmp_path / "report").iterdir()} >= {"summary.csv", "report.png"}
+
+    apps = [app["name"] for app in cluster.state()["completedapps"]]
+    assert apps.count("delayq_spark_enqueue") == 1
+    assert apps.count("delayq_report") == 1

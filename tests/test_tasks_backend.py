@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from django.utils import timezone
 from django_delayq import Job, Queue, connection
 from django_delayq.backends import DelayQBackend, JobCancelled, parse_result_id
 from django_delayq.task import registry
+from django_delayq.worker import EXIT_RESTART
 from tests.conftest import wait_until, worker_thread
 from tests.testapp import standard_tasks as st
 from tests.testapp.tasks import record
@@ -236,14 +239,15 @@ def test_a_worker_process_runs_django_tasks(spawned: Any) -> None:
     assert result.return_value == 42
 
 
-@pytest.mark.parametrize(("task", "args", "error_class"), [
-    (st.dj_exits, [4], "builtins.SystemExit"),
-    (st.dj_returns_unjsonable, [], "builtins.TypeError"),
-])
-def test_task_finished_says_what_the_stored_result_says(task: Any, args: list[Any],
-                                                        error_class: str) -> None:
-    """A BaseException, and a return value that is not JSON, end FAILED, and the signal
-    (sent once the outcome is final) says FAILED too."""
+#: Tests running async jobs: test_async.py's ORM test leaves a connection on
+#: sync_to_async's thread (an in-memory SQLite ignores close()), which the worker checks
+#: around each async job.
+ASYNC_JOBS = pytest.mark.django_db
+
+
+def finished_signals(task: Any) -> tuple[list[tuple[str, list[str]]], Any]:
+    """What ``task_finished`` says of ``task``'s results (a list it fills), and the
+    receiver to disconnect."""
     seen: list[tuple[str, list[str]]] = []
 
     def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
@@ -252,15 +256,99 @@ def test_task_finished_says_what_the_stored_result_says(task: Any, args: list[An
                          [e.exception_class_path for e in task_result.errors]))
 
     task_finished.connect(receiver)
+    return seen, receiver
+
+
+@ASYNC_JOBS
+@pytest.mark.parametrize(("task", "args", "error_class"), [
+    (st.dj_exits, [4], "builtins.SystemExit"),
+    (st.dj_returns_unjsonable, [], "builtins.TypeError"),
+    (st.dj_async_exits, [4], "builtins.SystemExit"),
+    (st.dj_async_returns_unjsonable, [], "builtins.TypeError"),
+])
+def test_task_finished_says_what_the_stored_result_says(task: Any, args: list[Any],
+                                                        error_class: str) -> None:
+    """A BaseException, and a return value that is not JSON, end FAILED, and the signal
+    (sent once the outcome is final) says FAILED too, for sync and async tasks alike."""
+    seen, receiver = finished_signals(task)
     try:
         result = task.enqueue(*args)
-        with worker_thread(queues=["default"], concurrency=1):
+        with worker_thread(queues=[task.queue_name], concurrency=1):
             wait_until(lambda: finished(result), message="the task to finish")
+            wait_until(lambda: seen, message="the signal")
     finally:
         task_finished.disconnect(receiver)
     assert result.status == TaskResultStatus.FAILED
     assert [e.exception_class_path for e in result.errors] == [error_class]
     assert seen == [("FAILED", [error_class])]
+
+
+@ASYNC_JOBS
+@override_settings(TASKS={"default": {"BACKEND": "django_delayq.backends.DelayQBackend",
+                                      "QUEUES": [], "OPTIONS": {"MAX_ATTEMPTS": 2}}})
+@pytest.mark.parametrize("task", [st.dj_fails, st.dj_async_fails])
+def test_task_finished_says_ready_while_a_retry_follows(task: Any) -> None:
+    seen, receiver = finished_signals(task)
+    try:
+        result = task.enqueue("r")
+        with worker_thread(queues=[task.queue_name], concurrency=1):
+            wait_until(lambda: finished(result), message="both attempts")
+            wait_until(lambda: len(seen) == 2, message="both signals")
+    finally:
+        task_finished.disconnect(receiver)
+    assert seen == [("READY", ["builtins.ValueError"]), ("FAILED", ["builtins.ValueError"])]
+
+
+@ASYNC_JOBS
+@pytest.mark.parametrize("task", [st.dj_blocks_in_c, st.dj_async_blocks])
+def test_task_finished_is_sent_for_a_job_failed_at_its_hard_limit(task: Any) -> None:
+    """The watchdog fails the job (its thread, or the event loop, is stuck in a lock wait
+    that no JobTimeout or cancellation reaches) and sends the signal itself, while the
+    job's thread is still stuck."""
+    seen, receiver = finished_signals(task)
+    worker = None
+    try:
+        result = task.enqueue()
+        with worker_thread(queues=[task.queue_name], concurrency=1, timeout=0.2,
+                           timeout_grace=0.3) as worker:
+            wait_until(lambda: finished(result), message="the hard limit")
+            wait_until(lambda: seen, message="the signal")
+    finally:
+        task_finished.disconnect(receiver)
+        st.UNBLOCK.set()  # and wait for the stuck thread: nothing of it outlives the test
+        if worker is not None:
+            for thread in [*worker.executor.threads, worker._async._thread]:
+                if thread is not None:
+                    thread.join(30)
+        st.UNBLOCK.clear()
+    assert worker.exit_code == EXIT_RESTART
+    assert result.status == TaskResultStatus.FAILED
+    assert seen == [("FAILED", ["django_delayq.engine.errors.JobTimeout"])]
+
+
+@ASYNC_JOBS
+@pytest.mark.parametrize("task", [st.dj_add, st.dj_async_add])
+def test_a_stop_waits_for_a_slow_task_finished_receiver_and_acks_the_job(task: Any) -> None:
+    """A receiver still running when the worker stops delays the stop (within the grace
+    period); the job's outcome is acked, not left leased to run again."""
+    in_receiver = threading.Event()
+
+    def slow(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        if task_result.task.func is task.func:
+            in_receiver.set()
+            time.sleep(2)  # slow work in the receiver, longer than a thread's join
+
+    task_finished.connect(slow)
+    try:
+        result = task.enqueue(2, 3)
+        with worker_thread(queues=[task.queue_name], concurrency=1) as worker:
+            assert in_receiver.wait(30), "the receiver was called"
+            worker.request_stop()
+    finally:
+        task_finished.disconnect(slow)
+    assert worker.exit_code == 0
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
 
 
 def test_buffered_results_are_ready_then_running_then_successful(broker: Any) -> None:

@@ -102,3 +102,41 @@ def test_eager_runs_an_async_task_from_a_running_event_loop() -> None:
     assert (awaited.status, awaited.result) == ("completed", {"sum": 3, "in_loop": True})
     assert (called.status, called.result) == ("completed", {"sum": 7, "in_loop": True})
     assert called.progress_message == "half way"
+
+
+LEAK_CHECK = '''
+import pytest
+from django.conf import settings as django_settings
+
+
+def test_changes_settings_after_run_jobs(settings, run_jobs):
+    assert run_jobs() == 0
+    settings.DELAYQ_PROBE = "changed"  # a change made after run_jobs's own
+
+
+def test_nothing_is_left_applied():
+    assert not hasattr(django_settings, "DELAYQ_PROBE")
+    assert django_settings.SETTINGS_MODULE == "settings"
+'''
+
+
+def test_the_plugins_settings_come_off_with_the_tests_own(tmp_path: Path) -> None:
+    """A test asking for ``settings`` before ``run_jobs``, then changing a setting: both
+    changes are undone in the right order, nothing stays applied for the tests that
+    follow (``SETTINGS_MODULE`` of a leaked override holder reads None)."""
+    (tmp_path / "settings.py").write_text(doc_files()["settings.py"])
+    (tmp_path / "shop").mkdir()
+    (tmp_path / "shop" / "__init__.py").write_text("")
+    (tmp_path / "shop" / "tasks.py").write_text(doc_files()["shop/tasks.py"])
+    (tmp_path / "test_leak.py").write_text(LEAK_CHECK)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["PYTHONPATH"] = subprocess_path(tmp_path)
+    installed = any(e.name == "django_delayq" for e in entry_points(group="pytest11"))
+    plugin = [] if installed else ["-p", "django_delayq.contrib.pytest"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+         *plugin, "--ds=settings", "test_leak.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "2 passed" in run.stdout

@@ -330,3 +330,60 @@ def test_an_attempts_traceback_keeps_its_last_2000_bytes_whole_characters(redis_
     assert completed["traceback"] == ""
     raw = redis_client.hget(f"{{dq:default}}:j:{ok.id}", "h")
     assert '"t"' not in raw  # a completed attempt stores no traceback at all
+
+
+def test_a_lease_is_renewed_only_while_a_live_thread_runs_it_within_limit_plus_grace(
+        redis_client):
+    from django_delayq.worker import Worker
+
+    jobs = [tasks.record.enqueue(f"r{i}") for i in range(5)]
+    worker = Worker(["default"], concurrency=4, burst=True)
+    assert worker.fetcher.claim(5)[0] == 5
+    held = {job.id: job for job in worker.ledger.held()}
+    within, past, orphaned, acking, buffered = (held[j.id] for j in jobs)
+    ledger, me = worker.ledger, threading.current_thread()
+    dead = threading.Thread(target=lambda: None)
+    dead.start()
+    dead.join()
+    assert ledger.start(within, me, timeout=3600, grace=5.0) is not None
+    assert ledger.start(past, me, timeout=0.0, grace=0.0) is not None  # over at once
+    assert ledger.start(orphaned, dead, timeout=None, grace=0.0) is not None
+    assert ledger.start(acking, me, timeout=None, grace=0.0) is not None
+    assert ledger.finish(acking, me)  # its ack is on its way
+    assert {job.id for job in ledger.renewable()} == {within.id, acking.id, buffered.id}
+
+
+def test_finished_jobs_take_room_until_their_acks_land(redis_client):
+    """The jobs a worker holds unacked never exceed concurrency + prefetch: what one
+    SIGKILL of it can make run twice."""
+    from django_delayq.worker import Worker
+    from django_delayq.worker.execution import Outcome
+
+    for i in range(5):
+        tasks.record.enqueue(f"f{i}")
+    worker = Worker(["default"], concurrency=1, prefetch=1, burst=True)
+    assert worker.fetcher.capacity() == 2
+    assert worker.fetcher.claim(worker.fetcher._free_slots())[0] == 2
+    job, me = worker.ledger.held()[0], threading.current_thread()
+    assert worker.ledger.start(job, me, timeout=None, grace=0.0) is not None
+    assert worker.ledger.finish(job, me)
+    assert worker.ledger.busy == 1
+    assert worker.fetcher._free_slots() == 0, "ran, but not acked: still held"
+    worker.acker.put(Outcome(job, True, result_json="null"))
+    worker.acker.flush()
+    assert worker.fetcher._free_slots() == 1
+
+
+def test_a_claim_over_several_shards_takes_no_more_than_the_room(redis_client):
+    from django_delayq.engine import Broker, EngineConfig, EnqueueRequest
+    from django_delayq.worker import Worker
+
+    broker = Broker(redis_client, EngineConfig(prefix="t", shards={"q": 3}))
+    broker.enqueue_many("q", [EnqueueRequest(task=tasks.record.name, args=[f"s{i}"])
+                              for i in range(30)])
+    worker = Worker(["q"], concurrency=1, prefetch=3, burst=True, broker=broker,
+                    blocking_broker=broker)
+    for turn in range(3):  # each turn starts at another shard
+        claimed, _ = worker.fetcher.claim(4)
+        assert claimed == 4, turn
+    assert worker.ledger.held_count == 12

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -11,7 +14,7 @@ import pytest
 from django_delayq import Job, Queue, chain, group
 from django_delayq.engine.flows import CRASH_ENV
 from django_delayq.worker import Worker
-from tests.conftest import ran, wait_until
+from tests.conftest import ROOT, ran, wait_until, worker_env
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -80,7 +83,8 @@ def test_each_failure_policy_and_the_cascade_to_grandchildren(spawned, redis_cli
     run = tasks.flow_collect.using(depends_on=[parent], on_parent_failure="run",
                                    pass_results="all").enqueue("run")
     fail = tasks.record.using(depends_on=[parent], on_parent_failure="fail").enqueue("fail")
-    spawned("default", "-c", "2")
+    for _ in range(2):  # two worker processes: releases race between them
+        spawned("default", "-c", "2")
     wait_until(lambda: status(run) == "completed" and status(fail) == "failed"
                and status(cancel) == "cancelled", message="the policies applied")
     wait_until(lambda: status(grandchild) == "completed", message="grandchild ran")
@@ -166,7 +170,8 @@ def test_a_diamond_runs_its_last_job_once_with_both_results(spawned, redis_clien
     right = tasks.flow_step.using(depends_on=[top], pass_results="one").enqueue(tag="right")
     bottom = tasks.flow_collect.using(depends_on=[left, right],
                                       pass_results="all").enqueue("bottom")
-    spawned("default", "-c", "4")
+    for _ in range(2):  # two worker processes: left and right may end at once
+        spawned("default", "-c", "2")
     wait_until(lambda: status(bottom) == "completed", message="the diamond ended")
     (collected,) = notes(redis_client, "flow_collect")
     assert collected["head"] == [2, 2]
@@ -209,6 +214,73 @@ def test_a_worker_killed_at_each_step_of_a_release_loses_and_doubles_nothing(
     assert [n["tag"] for n in notes(redis_client, "record")] == ["m0"]  # once, with m0's result
     outbox = Queue("other").broker.keys_for("other", "").flow_outbox
     wait_until(lambda: redis_client.llen(outbox) == 0, message="the outbox emptied")
+
+
+# -- crash points of an enqueue: a producer killed between storing and linking ----------
+
+
+def stopped_producer(job_id: str, parents: list[tuple[str, str]]) -> None:
+    """Run ``tests/stop_before_link.py`` until it stops between storing the job and
+    linking it, then SIGKILL it there."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.stop_before_link",
+         json.dumps({"job_id": job_id, "parents": parents})],
+        cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    try:
+        _, state = os.waitpid(proc.pid, os.WUNTRACED)
+        stopped = os.WIFSTOPPED(state)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert stopped, proc.stdout.read() if proc.stdout else "the producer did not stop"
+
+
+def test_a_producer_killed_between_storing_and_linking_strands_nothing(spawned, redis_client,
+                                                                      broker):
+    """The dependant's parent in its own shard is linked by the enqueue script itself;
+    those in another shard are linked again by a worker's heartbeat, one lease later:
+    one that had finished resolves it at once, one still pending when it ends."""
+    done = tasks.record_other.enqueue("done")
+    late = tasks.record_other.using(delay=600).enqueue("late")
+    Worker(queues=["other"], burst=True).run()
+    local = tasks.flow_step.using(delay=0.5).enqueue(1, tag="local")
+    stopped_producer("stranded", [("other", done.id), ("default", local.id),
+                                  ("other", late.id)])
+    keys, other = broker.keys_for("default", "stranded"), broker.keys_for("other", late.id)
+    assert status(Job.fetch("stranded")) == "waiting"
+    assert redis_client.smembers(keys.job(local.id) + ":c") == {"L 2 stranded"}
+    assert not redis_client.exists(other.job(done.id) + ":c", other.job(late.id) + ":c")
+    assert redis_client.zrange(keys.flow_linking, 0, -1) == ["stranded"]
+    spawned("default", "other", "-c", "2", "--lease", "1")
+    wait_until(lambda: redis_client.smembers(other.job(late.id) + ":c") == {
+        "R 3 default - stranded"} and not redis_client.zcard(keys.flow_linking),
+        timeout=30, message="the heartbeat linked the dependant to its pending parent")
+    assert status(Job.fetch("stranded")) == "waiting"
+    Job.fetch(late.id, "other").reschedule(delay=0)
+    wait_until(lambda: status(Job.fetch("stranded")) == "completed", timeout=30,
+               message="the stranded dependant ran")
+    (collected,) = notes(redis_client, "flow_collect")
+    assert collected["head"] == ["done", 2, "late"]
+
+
+def test_enqueuing_a_stranded_dependant_again_links_it(broker, redis_client):
+    parent = tasks.record_other.enqueue("p")
+    stopped_producer("again", [("other", parent.id)])
+    parent_keys = broker.keys_for("other", parent.id)
+    assert not redis_client.exists(parent_keys.job(parent.id) + ":c")
+    again = tasks.flow_collect.using(job_id="again", pass_results="all",
+                                     depends_on=[("other", parent.id)]).enqueue("c")
+    assert (again.created, again.status) == (False, "waiting")
+    assert redis_client.smembers(parent_keys.job(parent.id) + ":c") == {
+        "R 1 default - again"}
+    assert redis_client.zcard(broker.keys_for("default", "again").flow_linking) == 0
+    Worker(queues=["other"], burst=True).run()
+    assert status(again) == "ready"
+    Worker(queues=["default"], burst=True).run()
+    assert Job.fetch("again").result == 1
+    (collected,) = notes(redis_client, "flow_collect")
+    assert collected["head"] == ["p"]
 
 
 def test_enqueue_many_takes_dependencies_one_round_trip_per_chunk(broker):

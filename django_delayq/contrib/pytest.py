@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
-from django.conf import settings
-from django.test import override_settings
 
 from ..testing import RedisServer
 
@@ -39,19 +38,25 @@ def delayq_redis_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def delayq_redis(delayq_redis_url: str) -> Iterator[str]:
-    """django-delayq pointed at an empty Redis database for this test."""
+def delayq_redis(delayq_redis_url: str, settings: Any) -> Iterator[str]:
+    """django-delayq pointed at an empty Redis database for this test.
+
+    The change goes through pytest-django's ``settings`` fixture, like the test's own
+    changes: overrides of both kinds then come off in the right order (an
+    ``override_settings`` here, undone before a later ``settings.X = ...`` of the test,
+    would leave that one applied for the rest of the session).
+    """
     from .. import connection
 
     current = dict(getattr(settings, "DELAYQ", None) or {})
-    with override_settings(DELAYQ={**current, "REDIS_URL": delayq_redis_url, "EAGER": False,
-                                   "CACHE_ALIAS": None}):
+    settings.DELAYQ = {**current, "REDIS_URL": delayq_redis_url, "EAGER": False,
+                       "CACHE_ALIAS": None}
+    connection.reset()
+    connection.get_broker().client.flushdb()
+    try:
+        yield delayq_redis_url
+    finally:
         connection.reset()
-        connection.get_broker().client.flushdb()
-        try:
-            yield delayq_redis_url
-        finally:
-            connection.reset()
 
 
 @pytest.fixture

@@ -121,10 +121,13 @@ class BulkResult:
 Outgoing = tuple[EncodedJob, flows.Dependencies | None]
 
 
-def _split_waits(items: Sequence[Outgoing]) -> tuple[list[EncodedJob], list[list[Any]]]:
-    """The enqueue script's jobs and flow values of ``items``."""
+def _split_waits(broker: Broker, keys: QueueKeys,
+                 items: Sequence[Outgoing]) -> tuple[list[EncodedJob], list[list[Any]]]:
+    """The enqueue script's jobs and flow values of ``items``, jobs of the shard ``keys``
+    (the script links each to its parents of that shard)."""
     jobs = [job for job, _ in items]
-    waits = [deps.waits(index) for index, (_, deps) in enumerate(items, 1) if deps is not None]
+    waits = [deps.waits(index, deps.split(broker, keys)[0])
+             for index, (_, deps) in enumerate(items, 1) if deps is not None]
     return jobs, waits
 
 
@@ -480,13 +483,8 @@ class Broker:
     def _count_sent(self, queue: str, sent: list[tuple[Any, list[Outgoing]]],
                     total: BulkResult, results: list[EnqueueResult] | None) -> None:
         """Add the jobs of the shards Redis answered to ``total`` (and ``results``), and
-        link those that wait for parents."""
-        waiting = [(self.keys_for(queue, job.job_id), job.job_id, deps)
-                   for reply, items in sent
-                   for (job, deps), added in zip(items, reply[0::4], strict=True)
-                   if deps is not None and added]
-        if waiting:
-            flows.link(self, waiting)
+        link those that wait for parents in other shards (:meth:`_link_elsewhere`)."""
+        self._link_elsewhere(queue, sent)
         for reply, items in sent:
             ids = [job.job_id for job, _ in items]
             added = reply[0::4]
@@ -504,6 +502,28 @@ class Broker:
                         ids, added, reply[1::4], reply[2::4], reply[3::4], strict=True)
                 ]
 
+    def _link_elsewhere(self, queue: str, sent: list[tuple[Any, list[Outgoing]]]) -> None:
+        """After the enqueue calls: link the new waiting jobs to their parents in other
+        shards (the script linked those of their own), and link again the jobs that
+        were already there and still wait (their first producer may have died before
+        linking them)."""
+        new: list[tuple[QueueKeys, str, list[flows.Link]]] = []
+        again: list[tuple[QueueKeys, str]] = []
+        for reply, items in sent:
+            for (job, deps), added, status in zip(items, reply[0::4], reply[1::4],
+                                                  strict=True):
+                if added and deps is not None:
+                    keys = self.keys_for(queue, job.job_id)
+                    _, elsewhere = deps.split(self, keys)
+                    if elsewhere:
+                        new.append((keys, job.job_id, elsewhere))
+                elif not added and status == "waiting":
+                    again.append((self.keys_for(queue, job.job_id), job.job_id))
+        if new:
+            flows.link(self, new)
+        if again:
+            flows.relink(self, again)
+
     def _send_by_shard(
         self, by_shard: dict[QueueKeys, list[Outgoing]], wait: tuple[int, int] | None,
     ) -> tuple[list[tuple[QueueKeys, Any, list[Outgoing]]], int | None]:
@@ -513,14 +533,14 @@ class Broker:
         if len(by_shard) == 1 and self._pinned is not None:
             # One shard: one script call on a pinned connection, without a pipeline.
             ((keys, items),) = by_shard.items()
-            jobs, waits = _split_waits(items)
+            jobs, waits = _split_waits(self, keys, items)
             if wait is None:
                 return [(keys, self.commands.enqueue(keys, jobs, waits), items)], None
             reply, confirmed = self.commands.enqueue_and_wait(keys, jobs, wait, waits)
             return [(keys, reply, items)], confirmed
         batch = self.batch()
-        order = [(keys, self.commands.add_enqueue(batch, keys, *_split_waits(items)), items)
-                 for keys, items in by_shard.items()]
+        order = [(keys, self.commands.add_enqueue(batch, keys, *_split_waits(self, keys, items)),
+                  items) for keys, items in by_shard.items()]
         # A shard that refuses its call (its cluster slot is moving) must not hide what
         # the others added: they are counted in ``total`` before the error is raised.
         replies = batch.run(raise_on_error=False, wait=wait)
@@ -651,9 +671,13 @@ class Broker:
         """Add a lease extension of ``(job_id, attempt)`` pairs to ``batch``."""
         return self.commands.add_extend(batch, keys, leases, lease_ms)
 
-    def add_reclaim(self, batch: Batch, keys: QueueKeys, limit: int = 1_000) -> int:
-        """Add a reclaim of expired leases on the shard ``keys`` to ``batch``."""
-        return self.commands.add_reclaim(batch, keys, limit)
+    def add_reclaim(self, batch: Batch, keys: QueueKeys, limit: int = 1_000, *,
+                    link_grace_ms: int | None = None) -> int:
+        """Add a reclaim of expired leases on the shard ``keys`` to ``batch``; its reply
+        also lists the waiting jobs to link again (see :func:`.flows.repair`), those
+        unconfirmed for ``link_grace_ms`` (default: one lease)."""
+        grace = self.config.lease_ms if link_grace_ms is None else link_grace_ms
+        return self.commands.add_reclaim(batch, keys, limit, grace)
 
     def add_release(
         self, batch: Batch, keys: QueueKeys, leases: Sequence[tuple[str, int]], *,

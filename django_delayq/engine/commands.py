@@ -55,15 +55,20 @@ class Commands:
                       waits: Sequence[Sequence[Any]] = ()) -> tuple[list[str], list[Any]]:
         """``jobs`` all on the shard ``keys``; ``waits``: per job that waits for parents,
         its index in ``jobs`` (1-based), parents JSON, policy ('' for cancel), results
-        passed ('', 'one', 'all')."""
+        passed ('', 'one', 'all'), the indexes of its parents in this shard
+        (space-separated)."""
         script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq]
         script_keys += [keys.job(job.job_id) for job in jobs]
         script_keys += [keys.stats, keys.waiting]
         args: list[Any] = [self.config.events_maxlen, len(waits)]
         for job in jobs:
             args += job
-        for wait in waits:
-            args += wait
+        if waits:
+            for wait in waits:
+                args += wait
+            flow_keys, flow_args = self._flow_call(keys)
+            script_keys += [*flow_keys, keys.flow_linking]
+            args += flow_args
         return script_keys, args
 
     def enqueue(self, keys: QueueKeys, jobs: Sequence[EncodedJob],
@@ -105,6 +110,11 @@ class Commands:
             args += [parent_id, member]
         return batch.add("link", [keys.job_prefix], args)
 
+    def add_linked(self, batch: Batch, keys: QueueKeys, job_ids: Sequence[str]) -> int:
+        """Note that the waiting jobs ``job_ids`` of the shard ``keys`` are linked to every
+        parent elsewhere (they leave the linking set); the reply is how many did."""
+        return batch.add("linked", [keys.flow_linking], list(job_ids))
+
     def add_resolve(self, batch: Batch, keys: QueueKeys,
                     resolutions: Sequence[tuple[str, str, str, str, str]]) -> int:
         """Resolve ``(dependant id, parent index, outcome, parent id, result JSON)`` on
@@ -113,6 +123,27 @@ class Commands:
         for resolution in resolutions:
             args += resolution
         return batch.add("resolve", script_keys, args)
+
+    # -- reading events streams in batches (engine/streams.py) ------------------------
+
+    def batch_read(self, keys: QueueKeys, group: str, consumer: str, count: int) -> list[Any]:
+        """Read up to ``count`` new entries of the shard's stream as ``consumer``'s batch:
+        ['busy'], or ['ok', entries...]."""
+        return list(run_script(self.client, "batch_read", [keys.events, keys.batches(group)],
+                               [group, consumer, count]))
+
+    def batch_claim(self, keys: QueueKeys, group: str, owner: str, taker: str,
+                    min_idle_ms: int, count: int) -> list[Any]:
+        """Move ``owner``'s batch in progress to ``taker``, whole: ['none'], or ['ok',
+        first id, last id, deleted ids joined by spaces, entries...]."""
+        return list(run_script(self.client, "batch_claim", [keys.events, keys.batches(group)],
+                               [group, owner, taker, min_idle_ms, count]))
+
+    def batch_ack(self, keys: QueueKeys, group: str, consumer: str, record: str,
+                  ids: Sequence[str]) -> int:
+        """Acknowledge a finished batch (``record``: '<first> <last>') and its entries."""
+        return int(run_script(self.client, "batch_ack", [keys.events, keys.batches(group)],
+                              [group, consumer, record, *ids]))
 
     def advance_schedule(self, marks_key: str, task: str, occurrence_ms: int) -> int:
         """Raise ``task``'s mark of the latest periodic occurrence enqueued (never lower it)."""
@@ -180,16 +211,18 @@ class Commands:
             args += [job_id, attempt]
         return batch.add("extend", [keys.active, keys.job_prefix], args)
 
-    def add_reclaim(self, batch: Batch, keys: QueueKeys, limit: int) -> int:
+    def add_reclaim(self, batch: Batch, keys: QueueKeys, limit: int, link_grace_ms: int) -> int:
         """Return up to ``limit`` expired leases to ready (or dead-letter them); the reply
-        is (returned, dead-lettered, outbox entries still to deliver)."""
+        is (returned, dead-lettered, outbox entries still to deliver, ids of waiting jobs
+        whose links elsewhere are unconfirmed for longer than ``link_grace_ms``)."""
         cfg = self.config
         flow_keys, flow_args = self._flow_call(keys)
         return batch.add(
             "reclaim",
             [keys.active, keys.ready, keys.failed, keys.marker, keys.events, keys.stats,
-             keys.job_prefix, *flow_keys],
-            [limit, cfg.failed_ttl_ms, cfg.keep_failed, cfg.events_maxlen, *flow_args],
+             keys.job_prefix, *flow_keys, keys.flow_linking],
+            [limit, cfg.failed_ttl_ms, cfg.keep_failed, cfg.events_maxlen, *flow_args,
+             link_grace_ms],
         )
 
     def add_release(self, batch: Batch, keys: QueueKeys, leases: Sequence[tuple[str, int]],

@@ -1,8 +1,12 @@
 """Workflows: jobs that wait for other jobs (``depends_on``), over any queues and slots.
 
-A dependant is stored ``waiting`` by the enqueue script, then linked to each parent
-(``link.lua``, in the parent's shard); a parent found already finished is resolved at
-once (``resolve.lua``, in the dependant's shard). When a parent finishes for good, the
+A dependant is stored ``waiting`` by the enqueue script, which links it in the same call
+to its parents of its own shard. Its parents in other shards are linked next
+(``link.lua``, in each parent's shard), and the links confirmed in the dependant's shard
+(``linked.lua``); until then it sits in that shard's linking set, and a worker's
+heartbeat links it again (:func:`repair`) if its producer died or lost Redis before the
+confirmation. A parent found already finished is resolved at once (``resolve.lua``, in
+the dependant's shard). Linking twice is harmless. When a parent finishes for good, the
 script that finishes it resolves its dependants of the same shard in the same call; for
 a dependant in another shard (another queue, another Redis Cluster slot) it pushes an
 entry to its own shard's outbox, which :func:`deliver` applies in the dependant's shard
@@ -23,6 +27,7 @@ from typing import Any, Protocol
 
 from .commands import Commands
 from .config import EngineConfig
+from .jobhash import parse_parents
 from .keys import QueueKeys, validate_job_id, validate_queue_name
 from .scripts import Batch
 
@@ -61,6 +66,10 @@ def crash_point(step: str) -> None:
         os._exit(70)
 
 
+#: A parent to link: its index among the dependant's parents (1-based), queue and id.
+Link = tuple[int, str, str]
+
+
 @dataclass(frozen=True, slots=True)
 class Dependencies:
     """The parents a job waits for, and what it does with them."""
@@ -71,11 +80,24 @@ class Dependencies:
     #: '' (nothing), 'one' or 'all': see :data:`PASS_RESULTS`.
     pass_results: str = ""
 
-    def waits(self, index: int) -> list[Any]:
-        """The enqueue script's 4 flow values for the job at ``index`` (1-based)."""
+    def waits(self, index: int, here: Sequence[int]) -> list[Any]:
+        """The enqueue script's 5 flow values for the job at ``index`` (1-based), whose
+        parents at the indexes ``here`` (1-based) are in its own shard."""
         policy = "" if self.on_parent_failure == "cancel" else self.on_parent_failure
         return [index, json.dumps([list(p) for p in self.parents], separators=(",", ":")),
-                policy, self.pass_results]
+                policy, self.pass_results, " ".join(map(str, here))]
+
+    def split(self, broker: Broker, keys: QueueKeys) -> tuple[list[int], list[Link]]:
+        """The indexes of the parents in the shard ``keys`` (the dependant's), and the
+        ``(index, queue, id)`` of the others."""
+        here: list[int] = []
+        elsewhere: list[Link] = []
+        for index, (queue, parent_id) in enumerate(self.parents, 1):
+            if broker.keys_for(queue, parent_id) == keys:
+                here.append(index)
+            else:
+                elsewhere.append((index, queue, parent_id))
+        return here, elsewhere
 
 
 def parent_ref(parent: Any, queue: str) -> tuple[str, str]:
@@ -142,47 +164,99 @@ def member(child: QueueKeys, parent: QueueKeys, index: int, child_id: str) -> st
     return f"R {index} {child.queue} {shard} {child_id}"
 
 
-def link(broker: Broker, waiting: Sequence[tuple[QueueKeys, str, Dependencies]]) -> None:
-    """Link newly stored waiting jobs ``(shard, id, dependencies)`` to their parents, and
-    resolve at once those whose parents already finished (a round trip for each step)."""
+def link(broker: Broker, waiting: Sequence[tuple[QueueKeys, str, Sequence[Link]]]) -> None:
+    """Link stored waiting jobs ``(shard, id, parents)`` to those parents, resolve at once
+    the dependants of parents that already finished, and confirm the links in each
+    dependant's shard (a round trip for the links, one for the rest).
+
+    Every step may run again: a dependant left unconfirmed is linked again by
+    :func:`repair`, and linking or resolving twice changes nothing.
+    """
     by_parent: dict[QueueKeys, list[tuple[str, str]]] = {}
     about: dict[QueueKeys, list[tuple[QueueKeys, str, int, str]]] = {}
-    for child_keys, child_id, deps in waiting:
-        for index, (queue, parent_id) in enumerate(deps.parents, 1):
+    for child_keys, child_id, parents in waiting:
+        for index, queue, parent_id in parents:
             parent_keys = broker.keys_for(queue, parent_id)
             by_parent.setdefault(parent_keys, []).append(
                 (parent_id, member(child_keys, parent_keys, index, child_id)))
             about.setdefault(parent_keys, []).append((child_keys, child_id, index, parent_id))
-    if not by_parent:
-        return
-    batch = broker.batch()
-    calls = [(keys, broker.commands.add_link(batch, keys, links))
-             for keys, links in by_parent.items()]
-    with broker.connection_errors():
-        replies = batch.run()
     resolutions: dict[QueueKeys, list[tuple[str, str, str, str, str]]] = {}
-    for keys, index in calls:
-        reply = replies[index]
-        for (child_keys, child_id, parent_index, parent_id), outcome, result in zip(
-                about[keys], reply[0::2], reply[1::2], strict=True):
-            if outcome != "linked":
-                resolutions.setdefault(child_keys, []).append(
-                    (child_id, str(parent_index), outcome, parent_id, result or "null"))
-    if resolutions:
-        _resolve(broker, resolutions)
+    if by_parent:
+        batch = broker.batch()
+        calls = [(keys, broker.commands.add_link(batch, keys, links))
+                 for keys, links in by_parent.items()]
+        with broker.connection_errors():
+            replies = batch.run()
+        for keys, index in calls:
+            reply = replies[index]
+            for (child_keys, child_id, parent_index, parent_id), outcome, result in zip(
+                    about[keys], reply[0::2], reply[1::2], strict=True):
+                if outcome != "linked":
+                    resolutions.setdefault(child_keys, []).append(
+                        (child_id, str(parent_index), outcome, parent_id, result or "null"))
+    linked: dict[QueueKeys, list[str]] = {}
+    for child_keys, child_id, _ in waiting:
+        linked.setdefault(child_keys, []).append(child_id)
+    _resolve(broker, resolutions, linked)
 
 
 def _resolve(broker: Broker,
-             resolutions: dict[QueueKeys, list[tuple[str, str, str, str, str]]]) -> None:
-    """Apply resolutions per dependant shard, then deliver what that pushed elsewhere."""
+             resolutions: dict[QueueKeys, list[tuple[str, str, str, str, str]]],
+             linked: dict[QueueKeys, list[str]] | None = None) -> None:
+    """Apply resolutions per dependant shard, and confirm the ``linked`` dependants, in
+    one round trip; then deliver what the resolutions pushed elsewhere."""
     batch = broker.batch()
     calls = [(keys, broker.commands.add_resolve(batch, keys, items))
              for keys, items in resolutions.items()]
+    for keys, job_ids in (linked or {}).items():
+        broker.commands.add_linked(batch, keys, job_ids)
+    if not len(batch):
+        return
     with broker.connection_errors():
         replies = batch.run()
     for keys, index in calls:
         if int(replies[index]):
             deliver(broker, keys)
+
+
+def relink(broker: Broker, jobs: Sequence[tuple[QueueKeys, str]]) -> int:
+    """Link again the waiting jobs ``(shard, id)`` to each parent they still wait for,
+    as :func:`link` does (jobs no longer waiting are only confirmed). Returns how many
+    were still waiting.
+
+    What a repeated enqueue of a waiting job and :func:`repair` run: a dependant whose
+    producer died (or lost Redis) between storing it and linking it is linked now.
+    """
+    if not jobs:
+        return 0
+    pipe = broker.client.pipeline(transaction=False)
+    for keys, job_id in jobs:
+        pipe.hmget(keys.job(job_id), "s", "d")
+        pipe.smembers(keys.job(job_id) + ":w")
+    with broker.connection_errors():
+        found = pipe.execute()
+    todo: list[tuple[QueueKeys, str, list[Link]]] = []
+    still = 0
+    for (keys, job_id), (status, raw), unresolved in zip(jobs, found[0::2], found[1::2],
+                                                          strict=True):
+        parents = parse_parents(raw) if status == "waiting" else []
+        pending: list[Link] = []
+        for index in sorted(int(i) for i in unresolved if str(i).isdigit()):
+            if 1 <= index <= len(parents):
+                pending.append((index, *parents[index - 1]))
+        still += status == "waiting"
+        todo.append((keys, job_id, pending))
+    link(broker, todo)
+    return still
+
+
+def repair(broker: Broker, keys: QueueKeys, job_ids: Sequence[str]) -> None:
+    """Link again the waiting jobs ``job_ids`` of the shard ``keys`` that the reclaim
+    call found unconfirmed past the grace period (the heartbeat's part)."""
+    still = relink(broker, [(keys, job_id) for job_id in job_ids])
+    logger.warning("linked waiting jobs to their parents again (their producer stopped "
+                   "between storing and linking them) queue=%s jobs=%d waiting=%d",
+                   keys.queue, len(job_ids), still)
 
 
 def deliver(broker: Broker, keys: QueueKeys, *, limit: int = DELIVER_BATCH) -> int:

@@ -54,6 +54,13 @@ def checked_ms(value: Any) -> int | None:
     return ms
 
 
+def to_ms(value: dt.datetime | None) -> int | None:
+    """An aware datetime as epoch milliseconds, exactly (the inverse of :func:`from_ms`)."""
+    if value is None:
+        return None
+    return (value - _EPOCH) // dt.timedelta(milliseconds=1)
+
+
 def reply_time(value: Any) -> dt.datetime | None:
     """A time a script answered after its write: never raises (the write is done; an
     unreadable time reads as None rather than an error a caller would retry)."""

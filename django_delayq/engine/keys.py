@@ -115,6 +115,17 @@ class QueueKeys:
         return self._key("flow:outbox")
 
     @cached_property
+    def flow_linking(self) -> str:
+        """Waiting jobs whose links to parents in other shards are not yet confirmed, by
+        enqueued time (ZSET; a heartbeat links those left there too long again)."""
+        return self._key("flow:linking")
+
+    def batches(self, group: str) -> str:
+        """The batches in progress of the consumers of ``group`` on this shard's events
+        stream: consumer -> '<first id> <last id>' (HASH; see engine/streams.py)."""
+        return self._key(f"batches:{group}")
+
+    @cached_property
     def marker(self) -> str:
         return self._key("marker")
 
@@ -141,7 +152,7 @@ class QueueKeys:
 
     @cached_property
     def skipped(self) -> str:
-        """How many events the model mirror could not apply and skipped (STRING)."""
+        """How many events the mirror or the lake export could not use and skipped (STRING)."""
         return self._key("mirror:skipped")
 
     @cached_property

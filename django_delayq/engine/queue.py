@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_delayq.engine")
 
-#: How many reasons of skipped mirror events are kept per queue shard.
+#: How many reasons of skipped events (by the mirror, the lake export) are kept per shard.
 SKIPS_KEPT = 10
 
 
@@ -183,8 +183,9 @@ class Queue:
                 for _, job_id, data in found[offset:offset + limit]]
 
     def skipped_events(self) -> tuple[int, list[str]]:
-        """Events the model mirror skipped as unusable: how many, and the newest reasons
-        (each with its time and stream id, newest first), over every shard."""
+        """Events the model mirror or the lake export skipped as unusable: how many, and
+        the newest reasons (each with its time, who skipped it and the stream id, newest
+        first), over every shard."""
         broker = self.broker
         with broker.connection_errors():
             pipe = broker.client.pipeline(transaction=False)

@@ -44,3 +44,10 @@ RETRYABLE: Final = (Status.FAILED, Status.CANCELLED)
 OUTBOX: Final = "outbox"
 #: Everything but a running job: what a queue's purge may remove.
 PURGEABLE: Final = (Status.WAITING, Status.SCHEDULED, Status.READY, *FINISHED)
+#: What a job's history (the mirrored table, the lake) says of a job purged from Redis
+#: before it finished (no job hash holds it: Redis has no such status).
+PURGED: Final = "purged"
+#: Every status a job's history can report, in lifecycle order.
+HISTORY_STATUSES: Final = (*JOB_STATUSES, PURGED)
+#: Finished for good, in a job's history (a purged job too).
+FINISHED_IN_HISTORY: Final = (*FINISHED, PURGED)

@@ -143,8 +143,15 @@ def check_url(url: str) -> str | None:
 _USERINFO = re.compile(r"[^/\s]*@")
 
 
+#: Options of a URL whose values are hidden by :func:`redact` (a name containing one):
+#: Redis passwords, and the credentials of object stores (``secret_key``, ``session_token``,
+#: ``access_key`` of a lake URL).
+SECRET_OPTIONS = ("password", "secret", "token", "key")
+
+
 def redact(url: Any) -> str:
-    """``url`` with its passwords (userinfo and ``*password`` options) replaced by ``***``."""
+    """``url`` with its secrets (userinfo, and the options :data:`SECRET_OPTIONS` name)
+    replaced by ``***``."""
     if not isinstance(url, str):
         return f"<{type(url).__name__}>"  # it may hold anything: named by its type only
     scheme, sep, rest = url.partition("://")
@@ -158,7 +165,8 @@ def redact(url: Any) -> str:
     path, q, query = tail.partition("?")
     if q:
         query = "&".join(
-            f"{k}=***" if "password" in k.lower() else f"{k}={v}" if eq else k
+            f"{k}=***" if any(s in k.lower() for s in SECRET_OPTIONS) else f"{k}={v}" if eq
+            else k
             for k, eq, v in (item.partition("=") for item in query.split("&"))
         )
     return f"{scheme}{sep}{netloc}{slash}{path}{q}{query}"

@@ -1,13 +1,16 @@
 """The exporter: every queue shard's events stream -> the lake's Parquet files.
 
 It reads through its own consumer group (:data:`GROUP`), so its position and its
-acknowledgements are independent of the model mirror's. A batch of entries is written
-as one file per UTC day, and acknowledged only once that file is durable
-(:func:`.store.write`): a crash in between leaves the entries pending, and they are read
-again. Entries read again are checked against the files already written (a file's name
-gives the range of stream ids it may hold, its ``stream_id`` column the ids it does):
-those found are acknowledged without being written twice, so no event is in the lake
-twice, whatever the batch boundaries of the second run.
+acknowledgements are independent of the model mirror's. It reads in batches
+(:mod:`~django_delayq.engine.streams`: a script reads the entries and records their
+range as this exporter's batch in progress). A batch is written as one file per UTC day
+(and about :data:`ROWS_PER_FILE` rows), named by the entries it holds, and acknowledged
+only once its files are durable (:func:`.store.write`). A crash in between leaves the
+batch pending: this exporter takes it back, or another one takes it over once it is
+idle, always whole, and writes the same files again (replacing them). Entries of a batch
+taken back or over are also checked against the files already written (a file's name
+gives the range of stream ids it may hold, its ``stream_id`` column the ids it does), so
+no event is in the lake twice.
 
 The streams are capped (``DELAYQ["EVENTS_MAXLEN"]``, an approximate ``MAXLEN`` trim on
 every append, blind to consumer groups): entries trimmed before the exporter read them
@@ -17,7 +20,6 @@ cap above the events a queue shard appends while the exporter may be behind.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import threading
@@ -28,9 +30,13 @@ from typing import Any
 import pyarrow as pa
 from redis.exceptions import RedisError, ResponseError
 
-from ..engine import Broker, Queue
+from ..engine import Broker, streams
 from ..engine.errors import DelayQConnectionError
+from ..engine.fields import stored
+from ..engine.jobhash import JobHash, read_job_hash, to_ms
 from ..engine.keys import QueueKeys
+from ..engine.urls import redact
+from ..engine.validation import check_time_ms
 from . import store
 from .schema import ARROW_SCHEMA, day_of
 
@@ -41,20 +47,13 @@ GROUP = "delayq-lake"
 #: Events whose rows take fields of the job hash.
 _ENQUEUED = "enqueued"
 _ENDS_ATTEMPT = frozenset(("completed", "failed", "retried"))
-#: Job hash fields read at export time: task, run_at, priority, max attempts, log.
-_HASH_FIELDS = ("t", "r", "p", "m", "h")
+#: Job hash fields read at export time (their stored names).
+_STORED = tuple(stored(name) for name in ("status", "task", "run_at", "enqueued_at",
+                                          "priority", "max_attempts", "attempt_log"))
 _PIPELINE = 5_000
+MAX_INT32 = 2**31 - 1
 #: Rows a file holds at most (about: a file ends after the entry that reaches it).
 ROWS_PER_FILE = 250_000
-
-Entry = tuple[str, "dict[str, str] | None"]
-
-
-def _int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 class Exporter:
@@ -101,7 +100,7 @@ class Exporter:
         number of entries acknowledged by this run."""
         from ..worker.backoff import Backoff
 
-        logger.info("lake export started lake=%s consumer=%s burst=%s", self.where,
+        logger.info("lake export started lake=%s consumer=%s burst=%s", redact(self.where),
                     self.name, burst)
         before = self.entries
         backoff = Backoff(self._stop, first=0.5, cap=30.0)
@@ -134,14 +133,15 @@ class Exporter:
     # -- reading ---------------------------------------------------------------------
 
     def step(self) -> int:
-        """Export one batch per stream: pending entries first, then new ones."""
+        """Export one batch per stream: this exporter's batch in progress first (after a
+        crash or an error), then batches other exporters left idle, then new entries."""
         self._refresh_shards()
         handled = 0
         for keys in self._shards:
             if keys.events not in self._recovered:
-                got = self._read(keys, "0")
-                if got:
-                    handled += self._export(keys, got, recovered=True)
+                mine = self._claim(keys, self.name, 0)
+                if mine is not None:
+                    handled += self._export(keys, mine)
                     continue
                 self._recovered.add(keys.events)
         if time.monotonic() >= self._claim_due:
@@ -149,49 +149,60 @@ class Exporter:
                 handled += self._take_over(keys)
             self._claim_due = time.monotonic() + max(1.0, self.claim_idle_ms / 2000)
         for keys in self._shards:
-            got = self._read(keys, ">")
-            if got:
-                handled += self._export(keys, got, recovered=False)
+            try:
+                batch = streams.read_batch(self.broker.commands, keys, GROUP, self.name,
+                                           self.batch_size)
+            except streams.GroupGone:
+                self._group_gone(keys)
+                continue
+            except streams.BatchInProgress:
+                self._recovered.discard(keys.events)  # take it back next round
+                continue
+            if batch is not None:
+                handled += self._export(keys, batch, recovered=False)
         return handled
 
-    def _read(self, keys: QueueKeys, start: str) -> list[Entry]:
+    def _claim(self, keys: QueueKeys, owner: str, min_idle_ms: int) -> streams.StreamBatch | None:
         try:
-            reply = self.broker.client.xreadgroup(GROUP, self.name, {keys.events: start},
-                                                  count=self.batch_size) or []
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            self._ready.discard(keys.events)
-            self._refreshed_at = 0.0
-            return []
-        return [entry for _, got in reply for entry in got]
+            return streams.claim_batch(self.broker.commands, keys, GROUP, owner, self.name,
+                                       min_idle_ms, self.batch_size)
+        except streams.GroupGone:
+            self._group_gone(keys)
+            return None
+
+    def _group_gone(self, keys: QueueKeys) -> None:
+        self._ready.discard(keys.events)
+        self._refreshed_at = 0.0
 
     def _take_over(self, keys: QueueKeys) -> int:
-        """Export one batch of another exporter's entries pending past ``claim_idle``."""
-        reply = self.broker.client.xautoclaim(keys.events, GROUP, self.name,
-                                              self.claim_idle_ms, start_id="0-0",
-                                              count=self.batch_size)
-        entries = [e for e in reply[1] if e is not None] if len(reply) > 1 else []
-        deleted = list(reply[2]) if len(reply) > 2 else []
-        if deleted:  # pending, but trimmed from the stream: nothing left to export
-            self._lose(keys, len(deleted))
-            self.broker.client.xack(keys.events, GROUP, *deleted)
-        return self._export(keys, entries, recovered=True) if entries else len(deleted)
+        """Export the batches of other exporters idle for ``claim_idle``, each whole: one
+        still being written by a slow exporter is then written twice into the same files
+        (the second write replaces the first), never into two."""
+        try:
+            owners = streams.pending_consumers(self.broker.client, keys.events, GROUP)
+        except streams.GroupGone:
+            self._group_gone(keys)
+            return 0
+        handled = 0
+        for owner in owners:
+            if owner == self.name:
+                continue
+            batch = self._claim(keys, owner, self.claim_idle_ms)
+            if batch is not None:
+                logger.info("lake export took over a batch stream=%s from=%s entries=%d",
+                            keys.events, owner, len(batch.entries))
+                handled += self._export(keys, batch)
+        return handled
 
     def _refresh_shards(self) -> None:
         now = time.monotonic()
         if self._shards and now - self._refreshed_at < self.refresh_interval:
             return
-        names = self.fixed_queues or [q.name for q in Queue.all(broker=self.broker)]
-        self._shards = [k for name in names for k in self.broker.shards(name)]
+        self._shards = streams.shards_to_read(self.broker, self.fixed_queues)
         self._refreshed_at = now
         for keys in self._shards:
             if keys.events not in self._ready:
-                try:
-                    self._create_group(keys)
-                except ResponseError as exc:
-                    if "BUSYGROUP" not in str(exc):
-                        raise
+                self._create_group(keys)
                 self._ready.add(keys.events)
             self._check_trimmed(keys)
 
@@ -204,10 +215,7 @@ class Exporter:
             before = int(info["entries-added"]) - int(info["length"])
         except (ResponseError, KeyError, TypeError):
             before = None  # no stream yet
-        if before:
-            client.xgroup_create(keys.events, GROUP, id="0", entries_read=before)
-        else:
-            client.xgroup_create(keys.events, GROUP, id="0", mkstream=True)
+        streams.ensure_group(client, keys.events, GROUP, entries_read=before)
 
     def _check_trimmed(self, keys: QueueKeys) -> None:
         """Count entries trimmed from the stream before this group read them."""
@@ -235,12 +243,22 @@ class Exporter:
 
     # -- writing ---------------------------------------------------------------------
 
-    def _export(self, keys: QueueKeys, entries: list[Entry], *, recovered: bool) -> int:
-        """Write ``entries`` (one file per day), then acknowledge them."""
-        ids = [entry_id for entry_id, _ in entries]
-        present = [(i, f) for i, f in entries if f is not None]
-        if len(present) < len(entries):
-            self._lose(keys, len(entries) - len(present))
+    def _export(self, keys: QueueKeys, batch: streams.StreamBatch, *,
+                recovered: bool = True) -> int:
+        """Write a batch (one file per day and about :data:`ROWS_PER_FILE` rows), then
+        acknowledge it.
+
+        The files are named by the entries they hold, and a batch is always written
+        with the entries it was read with, so writing it again (after a crash, or by an
+        exporter that took it over from a slow one) replaces its files. A batch taken
+        back or over also leaves out rows that other files hold (its first writer may
+        have finished them).
+        """
+        if batch.deleted:
+            self._lose(keys, len(batch.deleted))
+        present = [(i, f) for i, f in batch.entries if f is not None]
+        if len(present) < len(batch.entries):
+            self._lose(keys, len(batch.entries) - len(present))
         for chunk in _chunks(present):
             columns = self._columns(keys, chunk)
             if not columns["stream_id"]:
@@ -251,14 +269,13 @@ class Exporter:
                     part = self._not_yet_written(keys, day, part)
                 if part.num_rows:
                     self._write(keys, day, part)
-        self._acknowledge(keys, ids)
-        self.entries += len(ids)
-        return len(ids)
+        self._acknowledge(keys, batch)
+        self.entries += len(batch.entries)
+        return len(batch.entries)
 
-    def _acknowledge(self, keys: QueueKeys, ids: list[str]) -> None:
-        """Acknowledge entries whose files are durable (what a crash may fall between)."""
-        for start in range(0, len(ids), 10_000):
-            self.broker.client.xack(keys.events, GROUP, *ids[start:start + 10_000])
+    def _acknowledge(self, keys: QueueKeys, batch: streams.StreamBatch) -> None:
+        """Acknowledge a batch whose files are durable (what a crash may fall between)."""
+        streams.ack_batch(self.broker.commands, keys, GROUP, self.name, batch)
 
     def _write(self, keys: QueueKeys, day: str, part: pa.Table) -> None:
         stream_ids = part.column("stream_id")
@@ -292,23 +309,23 @@ class Exporter:
         cols: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
         for entry_id, fields in entries:
             try:
-                ms_text, _, seq_text = entry_id.partition("-")
-                ms, seq = int(ms_text), int(seq_text or 0)
+                ms, seq = _order(entry_id)
                 event = fields["event"]
                 if "jobs" in fields:
                     jobs = fields["jobs"].split(" ")
                     given = fields.get("attempts")
-                    attempts = ([_int(a) for a in given.split(" ")] if given
+                    attempts = ([_attempt(a) for a in given.split(" ")] if given
                                 else [None] * len(jobs))
                     if len(attempts) != len(jobs):
                         raise ValueError("jobs and attempts differ in length")
                 else:
-                    jobs, attempts = [fields["job"]], [_int(fields.get("attempt"))]
-                ts = int(fields["ts"])
-            except (KeyError, ValueError, AttributeError) as exc:
-                self.skipped += 1
-                logger.warning("lake export skipping a garbled entry stream=%s id=%s "
-                               "error=%s", keys.events, entry_id, exc)
+                    jobs, attempts = [fields["job"]], [_attempt(fields.get("attempt"))]
+                if not event or not all(jobs):
+                    raise ValueError("empty event or job")
+                ts = _time_ms(fields["ts"])
+                run_at = _time_ms(fields.get("run_at"))
+            except (KeyError, ValueError, AttributeError, TypeError) as exc:
+                self._skip(keys, entry_id, f"garbled event: {type(exc).__name__}: {exc}")
                 continue
             n = len(jobs)
             cols["stream_id"] += [entry_id] * n
@@ -321,60 +338,64 @@ class Exporter:
             cols["ts"] += [ts] * n
             cols["attempt"] += attempts
             cols["worker"] += [fields.get("worker")] * n
-            cols["run_at"] += [_int(fields.get("run_at"))] * n
+            cols["run_at"] += [run_at] * n
+            cols["status"] += [fields.get("status")] * n
             cols["error"] += [fields.get("error")] * n
         self._enrich(keys, cols)
         return cols
 
+    def _skip(self, keys: QueueKeys, entry_id: str, reason: str) -> None:
+        """Leave an entry out of the lake, where an operator sees it: counted
+        (:attr:`skipped`, ``Queue.skipped_events()``: the dashboard, the API) and logged
+        with its stream id and the reason."""
+        self.skipped += 1
+        reason = streams.record_skip(self.broker.client, keys, "lake export", entry_id,
+                                     reason)
+        logger.error("lake export skipped an event it cannot write stream=%s id=%s "
+                     "reason=%s", keys.events, entry_id, reason)
+
     def _enrich(self, keys: QueueKeys, cols: dict[str, list[Any]]) -> None:
         """Fill the columns the events do not carry from the job hashes (one HMGET per
-        job of the batch that was enqueued or ended an attempt)."""
+        job of the batch that was enqueued or ended an attempt, decoded by the engine's
+        one decoder: a damaged field reads as its default, as everywhere)."""
         rows = len(cols["job_id"])
         for name in ("task_name", "priority", "max_attempts", "started_at"):
             cols[name] = [None] * rows
         wanted = sorted({job for job, event in zip(cols["job_id"], cols["event"], strict=True)
                          if event == _ENQUEUED or event in _ENDS_ATTEMPT})
-        hashes: dict[str, list[str | None]] = {}
+        hashes: dict[str, JobHash] = {}
         client = self.broker.client
         for start in range(0, len(wanted), _PIPELINE):
             part = wanted[start:start + _PIPELINE]
             pipe = client.pipeline(transaction=False)
             for job in part:
-                pipe.hmget(keys.job(job), *_HASH_FIELDS)
-            hashes.update(zip(part, pipe.execute(), strict=True))
-        logs: dict[str, dict[int, dict[str, Any]]] = {}
+                pipe.hmget(keys.job(job), *_STORED)
+            for job, values in zip(part, pipe.execute(), strict=True):
+                found = {name: v for name, v in zip(_STORED, values, strict=True)
+                         if v is not None}
+                if found:  # else the job hash is gone: only the event's own fields
+                    hashes[job] = read_job_hash(found)
+        attempts: dict[str, dict[int, dict[str, Any]]] = {}
         for i in range(rows):
-            event = cols["event"][i]
-            found = hashes.get(cols["job_id"][i])
-            if found is None or found[0] is None:
-                continue  # the job hash is gone: only the event's own fields
-            task, run_at, priority, max_attempts, raw_log = found
-            if event == _ENQUEUED:
-                cols["task_name"][i] = task
-                cols["priority"][i] = _int(priority) or 0
-                cols["max_attempts"][i] = _int(max_attempts) or 1
+            job = cols["job_id"][i]
+            h = hashes.get(job)
+            if h is None:
+                continue
+            if cols["event"][i] == _ENQUEUED:
+                cols["task_name"][i] = h.task or None
+                cols["priority"][i] = h.priority
+                cols["max_attempts"][i] = h.max_attempts
                 # A job already retried has the retry's run_at: the first one is lost.
-                if '"o":"retried"' not in (raw_log or ""):
-                    cols["run_at"][i] = _int(run_at) if run_at else cols["ts"][i]
-            elif event in _ENDS_ATTEMPT:
-                job = cols["job_id"][i]
-                if job not in logs:
-                    logs[job] = _attempt_log(raw_log)
-                entry = logs[job].get(cols["attempt"][i] or -1)
+                if not any(a["outcome"] == "retried" for a in h.attempt_log):
+                    cols["run_at"][i] = to_ms(h.run_at) or cols["ts"][i]
+            else:
+                if job not in attempts:
+                    attempts[job] = {a["attempt"]: a for a in h.attempt_log}
+                entry = attempts[job].get(cols["attempt"][i] or -1)
                 if entry is not None:
-                    cols["started_at"][i] = _int(entry.get("b")) or None
+                    cols["started_at"][i] = to_ms(entry["started_at"])
                     if not cols["worker"][i]:
-                        cols["worker"][i] = entry.get("w") or None
-
-
-def _attempt_log(raw: str | None) -> dict[int, dict[str, Any]]:
-    try:
-        log = json.loads(raw) if raw else []
-    except ValueError:
-        return {}
-    if not isinstance(log, list):
-        return {}
-    return {int(e["n"]): e for e in log if isinstance(e, dict) and _int(e.get("n"))}
+                        cols["worker"][i] = entry["worker"] or None
 
 
 def _chunks(entries: list[tuple[str, dict[str, str]]]
@@ -397,6 +418,23 @@ def _chunks(entries: list[tuple[str, dict[str, str]]]
 def _order(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+def _time_ms(value: str | None) -> int | None:
+    """A time of an event (ms), checked to be one every reader can represent."""
+    if value is None or value == "":
+        return None
+    return check_time_ms(int(value), f"time {value[:40]!r}")
+
+
+def _attempt(value: str | None) -> int | None:
+    """An attempt number of an event, checked to fit the column."""
+    if value is None or value == "":
+        return None
+    number = int(value)
+    if not 0 <= number <= MAX_INT32:
+        raise ValueError(f"attempt {value[:40]!r} is out of range")
+    return number
 
 
 def _by_day(table: pa.Table) -> list[tuple[str, pa.Table]]:

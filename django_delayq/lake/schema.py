@@ -26,6 +26,8 @@ ARROW_SCHEMA = pa.schema([
     ("attempt", pa.int32()),      # the attempt the event belongs to, when it names one
     ("worker", pa.string()),
     ("run_at", TS),               # enqueued (the hash), retried and rescheduled (event)
+    ("status", pa.string()),      # the status the event left, when it names it: waiting
+                                  # (enqueued), ready or scheduled (unblocked)
     ("error", pa.string()),
     ("task_name", pa.string()),   # enqueued rows: from the job hash
     ("priority", pa.int32()),

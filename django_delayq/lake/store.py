@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
+from ..engine.urls import redact
 from .schema import ARROW_SCHEMA, PARTITION
 
 SUFFIX = ".parquet"
@@ -56,14 +57,19 @@ class FileName:
 
 def open_lake(where: str) -> tuple[pafs.FileSystem, str]:
     """The filesystem and root path of a local path or a URL (``s3://``, ``gs://``,
-    ``hdfs://``, ``file://``...); raises ValueError for one PyArrow cannot open."""
+    ``hdfs://``, ``file://``...); raises ValueError for one PyArrow cannot open.
+
+    A URL may carry the store's options (``s3://bucket/lake?endpoint_override=host:9000&
+    scheme=http``); messages show it with its credentials hidden (``redact``)."""
     if "://" not in where:
         path = Path(where).expanduser().resolve()
         return pafs.LocalFileSystem(), str(path)
     try:
         filesystem, root = pafs.FileSystem.from_uri(where)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
-        raise ValueError(f"cannot open the lake at {where!r}: {exc}") from None
+        shown = redact(where)
+        reason = str(exc).replace(where, shown)
+        raise ValueError(f"cannot open the lake at {shown!r}: {reason}") from None
     return filesystem, root.rstrip("/")
 
 

@@ -8,20 +8,30 @@
 -- KEYS[6..5+n]       HASH  one job key per job, in ARGV order
 -- KEYS[6+n] stats    HASH  the enqueued total (field 'e'), duplicates skipped ('du')
 -- KEYS[7+n] waiting  ZSET  jobs waiting for parents, by enqueued time (ms)
+-- with m > 0 (jobs that wait, below):
+-- KEYS[8+n..17+n], the shard's keys for resolving dependants (flow_ctx in flows.lua)
+-- KEYS[18+n] linking ZSET  waiting jobs whose links to parents in other shards are not
+--                          yet confirmed, by enqueued time (ms)
 --
 -- ARGV[1] events stream max length (0: no events)
 -- ARGV[2] m: how many of the jobs wait for parents
 -- ARGV[3..2+9n] per job, 9 values: id, task, args JSON, kwargs JSON, priority,
 --           run_at ms ('' for none), delay ms ('' for none), max attempts,
 --           time limit ms ('' for none)
--- then per waiting job, 4 values: its index among the jobs (1-based), its parents JSON
+-- then per waiting job, 5 values: its index among the jobs (1-based), its parents JSON
 --           ([[queue, id], ...]), its policy ('' cancel, 'run', 'fail'), what it
---           receives of their results ('' nothing, 'one', 'all'); see flows.lua. Such a
---           job is stored 'waiting' (its run_at kept); the caller links it to its
---           parents next (link.lua).
+--           receives of their results ('' nothing, 'one', 'all'), and the indexes
+--           (1-based, space-separated) of its parents in this shard; see flows.lua.
+-- then, with m > 0, the 3 settings for resolving dependants (flow_ctx in flows.lua).
 --
--- Returns, per job, 4 values: added (1, or 0 for a duplicate), status, run_at ms,
--- enqueued_at ms (of the existing job for a duplicate).
+-- A job that waits is stored 'waiting' (its run_at kept) and linked, in this call, to
+-- its parents of this shard; a parent already finished resolves it at once. A job with
+-- parents in other shards joins the linking set: the caller links those next (link.lua)
+-- and then confirms (linked.lua); if it never does, a heartbeat links them again.
+--
+-- Returns, per job, 4 values: added (1, or 0 for a duplicate), status (after linking:
+-- a job whose parents here had all finished is already ready, scheduled or ended by its
+-- policy), run_at ms, enqueued_at ms (of the existing job for a duplicate).
 --
 -- Per job this costs one HSET; the dedupe check, the ZADDs and the event are made once
 -- per call for all its jobs, so a bulk call of 1,000 jobs is a few commands more than
@@ -31,13 +41,16 @@ local maxlen = tonumber(ARGV[1])
 local now = now_ms()
 local scheduled, ready, marker, events, seq_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local m = tonumber(ARGV[2])
-local n = (#ARGV - 2 - 4 * m) / 9
-local waits = {}  -- job index -> the ARGV index of its 4 flow values
+local n = (#ARGV - 2 - 5 * m - (m > 0 and 3 or 0)) / 9
+local waits = {}  -- job index -> the ARGV index of its 5 flow values
 for j = 1, m do
-  local at = 3 + 9 * n + (j - 1) * 4
+  local at = 3 + 9 * n + (j - 1) * 5
   waits[tonumber(ARGV[at])] = at
 end
 local waiting_pairs = {}
+-- per new job that waits: {its reply index, id, ARGV index of its flow values, index}
+local new_waiting = {}
+local placed_ids = {}  -- the new jobs that do not wait
 
 -- Which jobs exist already: one EXISTS over every job key; per-job lookups only if any do.
 local existing = {}
@@ -124,7 +137,9 @@ for i = 1, n do
       call_sliced('SADD', KEYS[5 + i] .. ':w', parents)
       waiting_pairs[#waiting_pairs + 1] = now
       waiting_pairs[#waiting_pairs + 1] = job_id
+      new_waiting[#new_waiting + 1] = {#out + 1, job_id, wait, i}
     elseif run_at <= now then
+      placed_ids[#placed_ids + 1] = job_id
       -- made ready as mark_ready() would, in the job's one HSET below
       status = 'ready'
       if seq == nil then
@@ -137,6 +152,7 @@ for i = 1, n do
       fields[#fields + 1] = 'q'
       fields[#fields + 1] = seq
     else
+      placed_ids[#placed_ids + 1] = job_id
       status = 'scheduled'
       scheduled_pairs[#scheduled_pairs + 1] = run_at
       scheduled_pairs[#scheduled_pairs + 1] = job_id
@@ -172,7 +188,18 @@ if wake_at then
   redis.call('ZADD', marker, wake_at, '1')
 end
 
-emit_jobs(events, maxlen, 'enqueued', added_ids, now)  -- one entry for the call's jobs
+-- One entry for the call's jobs; those that wait in one more, which says so (the
+-- mirror reads their status from the hash, the lake from the entry).
+if #new_waiting == 0 then
+  emit_jobs(events, maxlen, 'enqueued', added_ids, now)
+else
+  local waiting_ids = {}
+  for _, w in ipairs(new_waiting) do
+    waiting_ids[#waiting_ids + 1] = w[2]
+  end
+  emit_jobs(events, maxlen, 'enqueued', placed_ids, now)
+  emit_jobs(events, maxlen, 'enqueued', waiting_ids, now, nil, 'status', 'waiting')
+end
 if #added_ids > 0 then
   redis.call('HINCRBY', KEYS[6 + n], 'e', #added_ids)
 end
@@ -181,5 +208,36 @@ if #added_ids < n then
   -- already (a retry after NotReplicated) then covers the earlier write of those jobs;
   -- Redis 7.2+ advances a connection's WAIT offset only when its command wrote something.
   redis.call('HINCRBY', KEYS[6 + n], 'du', n - #added_ids)
+end
+
+-- Link the jobs that wait to their parents of this shard, in this call; in call order,
+-- so that a job may wait for one enqueued before it in the same call.
+if #new_waiting > 0 then
+  local flow = flow_ctx(8 + n, 3 + 9 * n + 5 * m)
+  local linking = KEYS[18 + n]
+  for _, w in ipairs(new_waiting) do
+    local at, job_id = w[3], w[2]
+    local parents = cjson.decode(ARGV[at + 1])
+    local here = {}
+    for index in string.gmatch(ARGV[at + 4], '%d+') do
+      here[tonumber(index)] = true
+    end
+    local elsewhere = false
+    for p = 1, #parents do
+      if here[p] then
+        local parent_id = parents[p][2]
+        local outcome, result = link_parent(flow.prefix, parent_id, 'L ' .. p .. ' ' .. job_id)
+        if outcome then
+          resolve_dependant(flow, job_id, p, outcome, result, parent_id, now)
+        end
+      else
+        elsewhere = true
+      end
+    end
+    if elsewhere then
+      redis.call('ZADD', linking, now, job_id)
+    end
+    out[w[1] + 1] = redis.call('HGET', KEYS[5 + w[4]], 's')
+  end
 end
 return out

@@ -1,7 +1,9 @@
--- Link waiting jobs to their parents in this shard (flows.lua), after enqueue.lua stored
--- them: a parent that has not finished for good records the dependant, to resolve it
--- when it does; a parent that has is reported, for the caller to resolve the dependant
--- now (resolve.lua). Linking twice is harmless (a SET).
+-- Link waiting jobs to their parents in this shard (flows.lua): the parents in another
+-- shard than their dependant's (enqueue.lua links those of the dependant's own shard),
+-- or any parent again when a dependant is repaired. A parent that has not finished for
+-- good records the dependant, to resolve it when it does; a parent that has is
+-- reported, for the caller to resolve the dependant now (resolve.lua). Linking twice is
+-- harmless (a SET).
 --
 -- KEYS[1] job key prefix of this shard (parent keys are KEYS[1] .. id)
 --
@@ -14,20 +16,8 @@
 local prefix = KEYS[1]
 local out = {}
 for i = 1, #ARGV, 2 do
-  local job_key = prefix .. ARGV[i]
-  local f = redis.call('HMGET', job_key, 's', 'v')
-  local status = f[1]
-  if not status then
-    out[#out + 1] = 'missing'
-    out[#out + 1] = 'null'
-  elseif status == 'completed' or status == 'failed' or status == 'cancelled' then
-    out[#out + 1] = status
-    out[#out + 1] = f[2] or 'null'
-  else
-    redis.call('SADD', job_key .. ':c', ARGV[i + 1])
-    redis.call('HSET', job_key, 'dc', '1')
-    out[#out + 1] = 'linked'
-    out[#out + 1] = ''
-  end
+  local outcome, result = link_parent(prefix, ARGV[i], ARGV[i + 1])
+  out[#out + 1] = outcome or 'linked'
+  out[#out + 1] = result or ''
 end
 return out

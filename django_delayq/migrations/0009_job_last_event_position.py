@@ -34,7 +34,7 @@ def fill_positions(apps: Any, schema_editor: Any) -> None:
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_delayq', '0007_job_workflows'),
+        ('django_delayq', '0008_job_damaged'),
     ]
 
     operations = [

@@ -31,21 +31,20 @@ from django.db import (
     InterfaceError,
     OperationalError,
     connection,
-    connections,
     transaction,
 )
 from django.db.models import Q
 from django.utils import timezone
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from ..conf import conf
 from ..connection import get_broker
-from ..engine import Broker, Queue
+from ..engine import Broker, streams
 from ..engine.errors import DelayQConnectionError
 from ..engine.keys import QueueKeys
-from ..engine.queue import SKIPS_KEPT
-from ..models import Job, JobStatus
+from ..engine.status import FINISHED_IN_HISTORY
+from ..models import Job
 from ..worker.backoff import Backoff
 from . import table
 from .events import Event, apply_event, parse_entry, row_from_hash, stream_id
@@ -57,7 +56,6 @@ logger = logging.getLogger(__name__)
 #: Errors that stop a batch to be read again later (nothing is skipped for them): Redis
 #: or the database is away. Any other error of one event skips that event alone.
 STALLS = (OperationalError, InterfaceError, RedisError, DelayQConnectionError)
-FINISHED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.PURGED)
 #: Seconds between two looks for consumers that are gone (their pending entries are
 #: taken over at once).
 GONE_CHECK_EVERY = 2.0
@@ -194,10 +192,10 @@ class Mirror:
             return handled
         return self._read_new({keys.events: ">" for keys in self._shards}, wait)
 
-    def _read_new(self, streams: dict[str, str], block: int | None) -> int:
+    def _read_new(self, wanted: dict[str, str], block: int | None) -> int:
         by_stream = {keys.events: keys for keys in self._shards}
         handled = 0
-        for stream, got in self._read(streams, block=block):
+        for stream, got in self._read(wanted, block=block):
             if got:
                 handled += self._apply(by_stream[stream], got)
         return handled
@@ -208,10 +206,8 @@ class Mirror:
 
     def _take_over(self, keys: QueueKeys) -> int:
         """Claim and apply one batch of another consumer's long-pending entries."""
-        reply = self.broker.client.xautoclaim(keys.events, GROUP, self.name,
-                                              self.claim_idle_ms, start_id="0-0",
-                                              count=self.batch_size)
-        entries = [e for e in reply[1] if e is not None] if len(reply) > 1 else []
+        entries, _ = streams.take_over_idle(self.broker.client, keys.events, GROUP, self.name,
+                                            self.claim_idle_ms, self.batch_size)
         if not entries:
             return 0
         logger.info("mirror took over pending events stream=%s count=%d", keys.events,
@@ -227,8 +223,7 @@ class Mirror:
         now = time.monotonic()
         if self._shards and now - self._refreshed_at < self.refresh_interval:
             return
-        names = self.fixed_queues or [q.name for q in Queue.all(broker=self.broker)]
-        self._shards = [k for name in names for k in self.broker.shards(name)]
+        self._shards = streams.shards_to_read(self.broker, self.fixed_queues)
         self._refreshed_at = now
         for keys in self._shards:
             self._ensure_group(keys)
@@ -236,20 +231,14 @@ class Mirror:
     def _ensure_group(self, keys: QueueKeys) -> None:
         if keys.events in self._ready:
             return
-        try:
-            self.broker.client.xgroup_create(keys.events, GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        streams.ensure_group(self.broker.client, keys.events, GROUP)
         self._ready.add(keys.events)
 
-    def _read(self, streams: dict[str, str], block: int | None = None) -> list[Any]:
+    def _read(self, wanted: dict[str, str], block: int | None = None) -> list[Any]:
         try:
-            return self.broker.client.xreadgroup(
-                GROUP, self.name, streams, count=self.batch_size, block=block) or []
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
+            return streams.read(self.broker.client, GROUP, self.name, wanted,
+                                self.batch_size, block)
+        except streams.GroupGone:
             # A stream or its group was deleted (FLUSHDB, a Redis without persistence
             # restarted): create the groups again on the next round.
             self._ready.clear()
@@ -298,7 +287,7 @@ class Mirror:
 
     def _acknowledge(self, keys: QueueKeys, ids: list[str]) -> None:
         """Acknowledge entries whose rows are committed (what a crash may fall between)."""
-        self.broker.client.xack(keys.events, GROUP, *ids)
+        streams.ack(self.broker.client, keys.events, GROUP, ids)
 
     def _write_one_by_one(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
         """Write each job alone; a job whose row cannot be written is skipped.
@@ -319,15 +308,9 @@ class Mirror:
     def _record_skip(self, keys: QueueKeys, entry_id: str, reason: str) -> None:
         """Log a skipped event and keep it where operators see it (a count and the newest
         reasons per queue shard: ``Queue.skipped_events()``, the dashboard, the API)."""
-        reason = reason.replace("\n", " ")[:300]
+        reason = streams.record_skip(self.broker.client, keys, "mirror", entry_id, reason)
         logger.error("mirror skipped an event it cannot apply stream=%s id=%s reason=%s",
                      keys.events, entry_id, reason)
-        when = timezone.now().isoformat(timespec="seconds")
-        pipe = self.broker.client.pipeline(transaction=False)
-        pipe.incr(keys.skipped)
-        pipe.lpush(keys.skipped_log, f"{when} id={entry_id} {reason}")
-        pipe.ltrim(keys.skipped_log, 0, SKIPS_KEPT - 1)
-        pipe.execute()
 
     def _write(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
         """Write the row of each job of ``by_job`` (its events, oldest first) that is
@@ -380,7 +363,7 @@ class Mirror:
         if retention is None:
             return 0
         cutoff = timezone.now() - dt.timedelta(seconds=retention)
-        old = Job.objects.filter(status__in=FINISHED).filter(
+        old = Job.objects.filter(status__in=FINISHED_IN_HISTORY).filter(
             Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, updated_at__lt=cutoff))
         deleted, _ = old.delete()
         if deleted:
@@ -443,37 +426,6 @@ def refresh_rows(queue: str, job_ids: Iterable[str], *, broker: Broker | None = 
     with transaction.atomic(using=table.alias()):
         table.upsert(rows)
     return len(rows)
-
-
-class MirrorThread:
-    """A :class:`Mirror` on a daemon thread (what ``runworker`` starts)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        self.mirror = Mirror(**kwargs)
-        self._thread = threading.Thread(target=self._run, name="delayq-mirror", daemon=True)
-        self._enabled = False
-
-    def _run(self) -> None:
-        if not table_exists():
-            logger.warning("the mirror is off: table %s is missing (run manage.py migrate)",
-                           Job._meta.db_table)
-            return
-        self._enabled = True
-        try:
-            self.mirror.run()
-        finally:
-            connections.close_all()  # this thread's own connections
-
-    def start(self) -> MirrorThread:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 10.0, *, drain: bool = False) -> None:
-        """Stop the thread; with ``drain``, then mirror what is left (at most ``timeout``)."""
-        self.mirror.request_stop()
-        self._thread.join(timeout)
-        if drain and self._enabled and not self._thread.is_alive():
-            self.mirror.drain(timeout)
 
 
 def table_exists() -> bool:

@@ -144,8 +144,8 @@ def row_from_hash(queue: str, job_id: str, data: dict[str, str]) -> Row:
     """The row values of a job HASH's state (HGETALL's answer, stored names).
 
     A damaged field (a time out of range, a number that is not one) takes its default,
-    so one damaged hash cannot stall the mirror; the live ``Job`` names the damaged
-    fields.
+    so one damaged hash cannot stall the mirror; ``damaged`` names each such field and
+    what was found there, as the live ``Job`` does.
     """
     h = read_job_hash(data)
     text, damaged = h.text, h.damaged
@@ -168,6 +168,7 @@ def row_from_hash(queue: str, job_id: str, data: dict[str, str]) -> Row:
         "attempt_log": _attempt_log(text.get("attempt_log")),
         # Only the well-formed pairs are kept: never the stored text as it is.
         "parents": _storable(parents) if parents else parents,
+        "damaged": {storable_text(k): storable_text(v) for k, v in damaged.items()} or None,
     }
 
 

@@ -1,10 +1,10 @@
 """Taking over the pending events of mirror consumers that are gone.
 
-A worker SIGKILLed while its mirror thread had read events it had not acknowledged
-leaves them pending under its consumer name. The workers' heartbeats say when a worker
-is gone (:func:`~django_delayq.engine.workers.consumers_gone`); its entries are then
-claimed at once by the next mirror round, instead of after ``MIRROR_CLAIM_IDLE``, so a
-``delayq_mirror --burst`` run ends with nothing pending.
+A worker SIGKILLed with its mirror process while the mirror held events it had read but
+not acknowledged leaves them pending under its consumer name. The workers' heartbeats
+say when a worker is gone (:func:`~django_delayq.engine.workers.consumers_gone`); its
+entries are then claimed at once by the next mirror round, instead of after
+``MIRROR_CLAIM_IDLE``, so a ``delayq_mirror --burst`` run ends with nothing pending.
 """
 
 from __future__ import annotations

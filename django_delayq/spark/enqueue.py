@@ -22,8 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from django_delayq.engine import EngineConfig
-from django_delayq.engine import validation as check
+from django_delayq.engine import EngineConfig, validation
 from django_delayq.engine.errors import UnknownTask
 from django_delayq.engine.keys import JOB_ID_RE
 from django_delayq.engine.urls import sentinel_url_from_cache
@@ -212,11 +211,11 @@ def enqueue_dataframe(
         raise ValueError(f"job_id_prefix {job_id_prefix!r} has characters job ids cannot "
                          "hold (use A-Z a-z 0-9 _ . : @ + = / -)")
     if delay is not None:
-        check.delay_ms(delay)
+        validation.delay_ms(delay)
     if max_attempts is not None:
-        check.check_max_attempts(max_attempts)
+        validation.check_max_attempts(max_attempts)
     if queue is not None:
-        check.validate_queue_name(queue)
+        validation.validate_queue_name(queue)
 
     conf = _django_settings()
     tasks = _registered_tasks() if conf is not None else None
@@ -226,7 +225,7 @@ def enqueue_dataframe(
     elif tasks is not None:
         allowed = frozenset(tasks)
     if task is not None:
-        check.check_task_name(task)
+        validation.check_task_name(task)
         if allowed is not None and task not in allowed:
             raise UnknownTask(f"no task named {task!r} is registered (known: "
                               f"{', '.join(sorted(allowed)) or 'none'}); nothing was enqueued")
@@ -240,7 +239,7 @@ def enqueue_dataframe(
     task_queues = {name: t.queue_name for name, t in (tasks or {}).items()}
     task_attempts = {name: t.attempts_allowed for name, t in (tasks or {}).items()}
     for name in task_queues.values():
-        check.validate_queue_name(name)
+        validation.validate_queue_name(name)
 
     selected: list[Any] = []
     names: list[str] = []
@@ -297,7 +296,7 @@ def enqueue_dataframe(
                             f"{dtype.simpleString()}")
         priority_pos = take(col, priority)
     else:
-        fixed_priority = check.check_priority(priority)
+        fixed_priority = validation.check_priority(priority)
 
     job_id_pos = None
     if job_id is not None:
@@ -330,7 +329,7 @@ def enqueue_dataframe(
         kwargs=tuple(kwarg_plan),
         run_at_kind=run_at_kind,
         run_at_pos=run_at_pos,
-        delay=None if delay is None else check.delay_ms(delay) / 1000,
+        delay=None if delay is None else validation.delay_ms(delay) / 1000,
         priority=fixed_priority,
         priority_pos=priority_pos,
         job_id_pos=job_id_pos,

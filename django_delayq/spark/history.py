@@ -1,13 +1,16 @@
 """The job history as a Spark DataFrame: from the mirrored ``Job`` table or a file export.
 
 Every loader returns the same columns (:data:`HISTORY_SCHEMA`), timestamps as Spark
-TIMESTAMPs (instants). The ORM is read on the driver in chunks into an Arrow table;
+TIMESTAMPs (instants). ``damaged`` shows a row mirrored from a damaged job record: the
+fields that could not be read and what was found there (JSON), the row holding their
+defaults; the report counts such rows. The ORM is read on the driver in chunks into an Arrow table;
 :func:`export_jobs` writes the same rows to Parquet for ``delayq_report --input``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import re
 from collections.abc import Iterator
@@ -36,8 +39,11 @@ FIELDS: tuple[tuple[str, T.DataType, pa.DataType], ...] = (
     ("max_attempts", T.IntegerType(), pa.int32()),
     ("worker", T.StringType(), pa.string()),
     ("error", T.StringType(), pa.string()),
+    # JSON {field: what was found} of a job record that could not be fully read, else null
+    ("damaged", T.StringType(), pa.string()),
 )
 COLUMNS = tuple(name for name, _, _ in FIELDS)
+_DAMAGED = COLUMNS.index("damaged")
 HISTORY_SCHEMA = T.StructType([T.StructField(name, t, True) for name, t, _ in FIELDS])
 ARROW_SCHEMA = pa.schema([(name, t) for name, _, t in FIELDS])
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".json": "json",
@@ -94,6 +100,8 @@ def _batches(since: dt.timedelta | None, queryset: Any, size: int) -> Iterator[p
 
 def _to_batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
     columns = list(zip(*rows, strict=True))
+    columns[_DAMAGED] = tuple(None if not v else json.dumps(v, sort_keys=True)
+                              for v in columns[_DAMAGED])
     return pa.RecordBatch.from_arrays(
         [pa.array(col, type=t) for col, (_, _, t) in zip(columns, FIELDS, strict=True)],
         schema=ARROW_SCHEMA,

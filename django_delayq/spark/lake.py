@@ -13,22 +13,28 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+from pyarrow import fs as pafs
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from .history import FIELDS, filter_since
+from ..engine.status import FINISHED_IN_HISTORY
+from ..lake.schema import PARTITION
+from ..lake.store import open_lake
+from .history import FIELDS, FORMATS, filter_since
+
+PARTITION_PREFIX = f"{PARTITION}="
 
 #: Events that end an attempt, and what the attempt's outcome is then.
 ENDS = ("completed", "failed", "retried", "reclaimed", "released")
-#: The job status each event leaves (retried, rescheduled and unblocked, when a job's last
-#: parent ended: scheduled or ready by run_at).
+#: The job status each event leaves. None: the status the entry names (``status``: an
+#: enqueue of jobs that wait, a release of one whose last parent ended), else scheduled
+#: or ready by run_at (an enqueue, a retry, a reschedule).
 STATUS_AFTER = {
     "enqueued": None, "claimed": "claimed", "started": "active", "completed": "completed",
     "failed": "failed", "cancelled": "cancelled", "retried": None, "rescheduled": None,
     "promoted": "ready", "reclaimed": "ready", "released": "ready", "purged": "purged",
     "orphaned": "purged", "unblocked": None,
 }
-FINISHED = ("completed", "failed", "cancelled", "purged")
 
 
 def lake_uri(where: str | Path) -> str:
@@ -44,12 +50,30 @@ def lake_uri(where: str | Path) -> str:
 
 
 def is_lake(where: str | Path) -> bool:
-    """Whether ``where`` looks like a lake: a directory with ``date=`` partitions."""
+    """Whether ``where`` is a lake: a directory (or a URL of one) with ``date=``
+    partitions, not a file export.
+
+    A URL whose name ends like a file (``s3a://b/jobs.parquet``, ``.csv``, ``.jsonl``)
+    is a file. Another URL is looked at through ``pyarrow.fs`` when PyArrow opens it (a
+    directory with ``date=`` partitions is a lake, anything else a file export); one it
+    cannot open (Spark's own ``s3a://``, no credentials here) is taken as a lake.
+    """
     text = str(where)
-    if "://" in text:
+    if "://" not in text:
+        path = Path(text)
+        return path.is_dir() and any(p.name.startswith(PARTITION_PREFIX)
+                                     for p in path.iterdir())
+    name = text.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    if Path(name).suffix.lower() in FORMATS:
+        return False
+    try:
+        filesystem, root = open_lake(text)
+        if filesystem.get_file_info(root).type != pafs.FileType.Directory:
+            return False
+        return any(info.base_name.startswith(PARTITION_PREFIX) for info in
+                   filesystem.get_file_info(pafs.FileSelector(root)))
+    except (ValueError, OSError):
         return True
-    path = Path(text)
-    return path.is_dir() and any(p.name.startswith("date=") for p in path.iterdir())
 
 
 def lake_events(spark: SparkSession, where: str | Path) -> DataFrame:
@@ -121,12 +145,11 @@ def attempts_from_lake(spark: SparkSession, where: str | Path) -> DataFrame:
     )
 
 
-def _status(event: Column, due: Column, ts: Column) -> Column:
-    waiting = F.when(due > ts, F.lit("scheduled")).otherwise(F.lit("ready"))
-    out = F.when(event.isin("enqueued", "retried", "rescheduled", "unblocked"), waiting)
+def _status(event: Column, due: Column, ts: Column, named: Column) -> Column:
+    by_run_at = F.when(due > ts, F.lit("scheduled")).otherwise(F.lit("ready"))
+    out = F.when(named.isNotNull(), named)
     for name, status in STATUS_AFTER.items():
-        if status is not None:
-            out = out.when(event == name, F.lit(status))
+        out = out.when(event == name, by_run_at if status is None else F.lit(status))
     return out
 
 
@@ -137,7 +160,7 @@ def jobs_from_lake(spark: SparkSession, where: str | Path, *,
     events = _with_run_at(lake_events(spark, where))
     known = events.where(F.col("event").isin(*STATUS_AFTER))
     last = (known.groupBy("queue", "job_id")
-            .agg(F.max_by(F.struct("event", "due", "ts"), _order()).alias("newest"),
+            .agg(F.max_by(F.struct("event", "due", "ts", "status"), _order()).alias("newest"),
                  F.max("attempt").alias("attempts"),
                  F.max_by("error", F.when(F.col("error").isNotNull(), _order()))
                  .alias("error")))
@@ -146,15 +169,17 @@ def jobs_from_lake(spark: SparkSession, where: str | Path, *,
     last_attempt = (attempts.withColumn("rank", F.row_number().over(newest))
                     .where("rank = 1").select("queue", "job_id", "started_at", "worker",
                                               F.col("finished_at").alias("attempt_end")))
-    status = _status(F.col("newest.event"), F.col("newest.due"), F.col("newest.ts"))
+    status = _status(F.col("newest.event"), F.col("newest.due"), F.col("newest.ts"),
+                     F.col("newest.status"))
     jobs = (last.join(_job_facts(events), ["queue", "job_id"], "left")
             .join(last_attempt, ["queue", "job_id"], "left")
             .withColumn("status", status))
-    finished = F.when(F.col("status").isin(*FINISHED), F.col("newest.ts"))
+    finished = F.when(F.col("status").isin(*FINISHED_IN_HISTORY), F.col("newest.ts"))
     df = jobs.select(
         "job_id", "queue", "task_name", "status", "priority",
         F.col("newest.due").alias("run_at"), "enqueued_at", "started_at",
         finished.alias("finished_at"), F.coalesce("attempts", F.lit(0)).alias("attempts"),
         "max_attempts", "worker", "error",
+        F.lit(None).alias("damaged"),  # the lake holds events, not job records
     )
     return filter_since(df.select(*[F.col(n).cast(t).alias(n) for n, t, _ in FIELDS]), since)

@@ -16,8 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from django_delayq.engine import Broker, EngineConfig, EnqueueRequest, encode_arguments
-from django_delayq.engine import validation as check
+from django_delayq.engine import Broker, EngineConfig, EnqueueRequest, encode_arguments, validation
 from django_delayq.engine.errors import PayloadTooLarge
 from django_delayq.engine.urls import client_from_url
 
@@ -102,7 +101,7 @@ def build_request(plan: EnqueuePlan, row: Any) -> tuple[str, EnqueueRequest]:
     if plan.allowed_tasks is not None and task not in plan.allowed_tasks:
         raise Rejected(f"unknown task {task!r}: no task of that name is registered")
     try:
-        task = check.check_task_name(task)
+        task = validation.check_task_name(task)
     except ValueError as exc:
         raise Rejected(str(exc)) from None
     args = [to_json_value(row[pos], spec, f"argument {name!r}") for pos, spec, name in plan.args]
@@ -116,9 +115,9 @@ def build_request(plan: EnqueuePlan, row: Any) -> tuple[str, EnqueueRequest]:
         run_at = run_at_from_text(row[plan.run_at_pos])
     try:
         if run_at is not None:
-            when = str(check.run_at_ms(run_at))
+            when = str(validation.run_at_ms(run_at))
         else:
-            when = "now" if plan.delay is None else f"delay:{check.delay_ms(plan.delay)}"
+            when = "now" if plan.delay is None else f"delay:{validation.delay_ms(plan.delay)}"
     except (TypeError, ValueError) as exc:
         raise Rejected(str(exc)) from None
 
@@ -126,8 +125,8 @@ def build_request(plan: EnqueuePlan, row: Any) -> tuple[str, EnqueueRequest]:
     if priority is None:
         raise Rejected("priority is null")
     try:
-        check.check_priority(priority)
-        check.check_max_attempts(plan.max_attempts or plan.task_attempts.get(
+        validation.check_priority(priority)
+        validation.check_max_attempts(plan.max_attempts or plan.task_attempts.get(
             task, plan.default_max_attempts))
         args_json, kwargs_json = encode_arguments(task, args, kwargs,
                                                   limit=plan.max_payload_bytes)
@@ -141,7 +140,7 @@ def build_request(plan: EnqueuePlan, row: Any) -> tuple[str, EnqueueRequest]:
         if raw is None:
             raise Rejected("job_id is null")
         try:
-            job_id = check.validate_job_id(str(raw))
+            job_id = validation.validate_job_id(str(raw))
         except ValueError as exc:
             raise Rejected(str(exc)) from None
 

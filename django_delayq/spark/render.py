@@ -128,4 +128,8 @@ def format_table(report: Report) -> str:
         out.append("(no jobs in the window)")
     out.append(f"{report.jobs} jobs; lateness and durations in seconds (exact percentiles); "
                f"per min over {report.window_minutes:.1f} minutes")
+    damaged = sum(r["damaged"] for r in report.summary if r["task_name"] == ALL_TASKS)
+    if damaged:
+        out.append(f"{damaged} jobs mirrored from damaged records: their unreadable fields "
+                   f"count as defaults (the damaged column of the history says which)")
     return "\n".join(out)

@@ -18,7 +18,10 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-STATUSES = ("scheduled", "ready", "active", "completed", "failed", "cancelled", "purged")
+from ..engine.status import HISTORY_STATUSES
+
+#: A count per status in each summary row, in lifecycle order (waiting to purged).
+STATUSES = HISTORY_STATUSES
 PERCENTILES = (0.5, 0.95, 0.99)
 ALL_TASKS = "*"
 #: The most timeline buckets a report draws; longer windows get wider buckets.
@@ -83,6 +86,7 @@ def _aggregates() -> list[Column]:
     return [
         F.count(F.lit(1)).alias("total"),
         *[F.sum(F.when(F.col("status") == s, 1).otherwise(0)).alias(s) for s in STATUSES],
+        F.count("damaged").alias("damaged"),
         _percentiles("lateness"),
         _percentiles("duration"),
         F.max("lateness").alias("lateness_max"),
@@ -135,7 +139,7 @@ def _build(jobs: DataFrame, since: dt.timedelta | None, top: int) -> Report:
         report.window_minutes = max(seconds / 60, 1.0)
 
     peaks = _peaks(jobs)
-    key_order = ["queue", "task_name", "total", *STATUSES, "success_rate",
+    key_order = ["queue", "task_name", "total", *STATUSES, "damaged", "success_rate",
                  "lateness_p50", "lateness_p95", "lateness_p99", "lateness_max",
                  "duration_p50", "duration_p95", "duration_p99", "duration_max",
                  "throughput_per_min", "peak_per_min"]

@@ -9,8 +9,10 @@
 - :mod:`.acks`: the acker, sending outcomes in batches;
 - :mod:`.heartbeat`: lease renewal, reclaim and liveness;
 - :mod:`.timelimits`: the watchdog raising and enforcing jobs' time limits;
-- :mod:`.exit_codes`: what the exit codes mean.
+- :mod:`.exit_codes`: what the exit codes mean;
+- :mod:`.children`: child processes kept running (the pool's, and the mirror's);
 - :mod:`.supervisor`: the process pool of ``runworker --processes N``;
+- :mod:`.mirror_process`: a single ``runworker``'s mirror, in a child process;
 - :mod:`.recycle`: a worker process's job and memory limits;
 - :mod:`.async_executor`: ``async def`` tasks on the process's event loop thread;
 - :mod:`.health`: is a worker alive (``delayq_health``);

@@ -3,16 +3,26 @@
 A worker thread that takes a job of an async task hands it to the
 :class:`AsyncExecutor` and goes back to its queue at once: async jobs do not hold
 threads. At most ``concurrency`` of them (``DELAYQ["ASYNC_CONCURRENCY"]``, ``runworker
---async-concurrency``) run at once. Each runs under ``asyncio.timeout`` when it has a
-time limit: at the limit it is cancelled and fails with
-:class:`~django_delayq.engine.errors.JobTimeout` (a coroutine that swallows the
-cancellation keeps running, and its lease is handed back at the stop like any job that
-overruns the grace period). Outcomes go to the same acker as threaded jobs.
+--async-concurrency``) run at once; one waiting for a slot is still buffered (not
+started, its time limit not yet running). Outcomes go to the same acker as threaded
+jobs.
+
+Time limits follow the threaded rules (:mod:`.timelimits`), with the same limit (the
+job's, its task's, ``runworker --timeout``, ``DELAYQ["TIMEOUT"]``): at the limit the
+coroutine is cancelled (``asyncio.timeout``) and its job fails with
+:class:`~django_delayq.engine.errors.JobTimeout`. A cancellation is delivered at the
+coroutine's next ``await``, so a coroutine that blocks the loop (a ``time.sleep``) or
+swallows ``CancelledError`` runs on; the watchdog then fails it at the hard limit (limit
+plus grace) and the process stops to be replaced, as for a thread, and its lease is
+never renewed past that point. The loop thread is the thread of its jobs' leases: if it
+dies, their leases lapse, and the worker stops claiming, hands back what it holds and
+exits to be restarted.
 
 Django's async-safety rules apply: the ORM is reached through ``sync_to_async`` (a
 direct call raises ``SynchronousOnlyOperation``). Django's connections of the
 thread-sensitive thread that ``sync_to_async`` uses are checked before and after each
-job (``close_old_connections``), as a worker thread does around its jobs.
+job (``close_old_connections``), as a worker thread does around its jobs, and the
+job's ``on_finished`` hooks (the Tasks backend's ``task_finished``) run there too.
 """
 
 from __future__ import annotations
@@ -34,7 +44,9 @@ from ..current import running
 from ..engine import ClaimedJob, UnknownTask, encode_result
 from ..engine.errors import JobTimeout
 from ..task import Task, TaskRegistry
-from .execution import CorruptPayload, Outcome, decode_arguments, failure
+from .execution import CorruptPayload, Outcome, decode_arguments, failure, finished
+from .ledger import Lease, Ledger
+from .timelimits import HARD_LIMIT_GRACE, limit_of
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -44,29 +56,35 @@ def is_async(task: Task[Any, Any]) -> bool:
     return inspect.iscoroutinefunction(task.func)
 
 
-def time_limit(job: ClaimedJob) -> float | None:
-    """Seconds ``job`` may run: its own limit when the job carries one, else
-    ``DELAYQ["TIMEOUT"]`` (None: no limit)."""
-    return job.timeout_ms / 1000 if job.timeout_ms > 0 else conf.TIMEOUT
-
-
 class AsyncExecutor:
     """The event loop thread of a worker process and the async jobs it runs."""
 
-    def __init__(self, tasks: TaskRegistry, encoder: type[json.JSONEncoder], worker: str,
-                 concurrency: int | None = None) -> None:
+    def __init__(self, *, tasks: TaskRegistry, encoder: type[json.JSONEncoder], name: str,
+                 ledger: Ledger, report: Callable[[Outcome], None],
+                 note_started: Callable[[ClaimedJob, int], None],
+                 on_loop_lost: Callable[[], None], concurrency: int | None = None,
+                 timeout: float | None = None,
+                 timeout_grace: float = HARD_LIMIT_GRACE) -> None:
         self.tasks = tasks
         self.encoder = encoder
-        self.worker = worker
+        self.name = name
+        self.ledger = ledger
+        self._report = report
+        self._note_started = note_started
+        self._on_loop_lost = on_loop_lost
         self.concurrency = concurrency or conf.ASYNC_CONCURRENCY
         if self.concurrency < 1:
             raise ValueError("async concurrency must be at least 1")
+        #: Time limit of jobs that set none (their task neither), seconds.
+        self.timeout = timeout
+        self.timeout_grace = timeout_grace
+        #: Called as each job ends (the process pool's recycling counts jobs with it).
+        self.after_job: Callable[[], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._slots: asyncio.Semaphore | None = None
         self._started = threading.Lock()
-        self._idle = threading.Condition()
-        self._in_flight = 0
+        self._stopping = False
 
     def accepts(self, job: ClaimedJob) -> bool:
         """Whether ``job`` is a job of a registered async task."""
@@ -75,28 +93,26 @@ class AsyncExecutor:
         except UnknownTask:
             return False  # the threaded path fails it with its usual error
 
-    def submit(self, job: ClaimedJob, on_done: Callable[[Outcome], None]) -> None:
-        """Run ``job`` on the loop; ``on_done(outcome)`` is called on the loop thread."""
+    def alive(self) -> bool:
+        """Whether the loop can run jobs (not started yet counts: it starts on demand)."""
+        return self._thread is None or self._thread.is_alive()
+
+    def submit(self, job: ClaimedJob) -> None:
+        """Run ``job`` on the loop once a slot is free. On a dead loop it stays
+        buffered, to be handed back (unattempted) as the worker stops."""
+        if self._stopping or not self.alive():
+            return
         loop = self._ensure_loop()
-        with self._idle:
-            self._in_flight += 1
-        asyncio.run_coroutine_threadsafe(self._run(job, on_done), loop)
+        asyncio.run_coroutine_threadsafe(self._run(job), loop)
 
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
-
-    def wait_idle(self, deadline: float) -> bool:
-        """Wait (at most until ``deadline``, monotonic) for every async job to end."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._in_flight == 0,
-                                       timeout=max(0.0, deadline - time.monotonic()))
-
-    def stop(self) -> None:
-        """Stop the loop thread (jobs still running on it are abandoned)."""
-        if self._loop is not None and self._thread is not None:
+    def stop(self, *, wait: bool = True) -> None:
+        """Stop the loop thread (jobs still running on it are abandoned); ``wait=False``
+        does not wait for a loop that a coroutine blocks."""
+        self._stopping = True
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=5)
+            if wait:
+                self._thread.join(timeout=5)
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         with self._started:
@@ -108,7 +124,15 @@ class AsyncExecutor:
                     asyncio.set_event_loop(loop)
                     self._slots = asyncio.Semaphore(self.concurrency)
                     loop.call_soon(ready.set)
-                    loop.run_forever()
+                    try:
+                        loop.run_forever()
+                    except BaseException:  # a SystemExit from a callback ends the loop
+                        logger.exception("event loop failed worker=%s", self.name)
+                    finally:
+                        if not self._stopping:
+                            logger.critical("event loop thread ended unexpectedly: its "
+                                            "async jobs cannot finish worker=%s", self.name)
+                            self._on_loop_lost()
 
                 self._thread = threading.Thread(target=run, name="delayq-async", daemon=True)
                 self._thread.start()
@@ -116,45 +140,68 @@ class AsyncExecutor:
                 self._loop = loop
             return self._loop
 
-    async def _run(self, job: ClaimedJob, on_done: Callable[[Outcome], None]) -> None:
+    async def _run(self, job: ClaimedJob) -> None:
         assert self._slots is not None
+        assert self._thread is not None
+        me = self._thread
+        limit = limit_of(job.timeout_ms, job.task, self.tasks, self.timeout)
+        async with self._slots:
+            # started once it has a slot: its time limit runs from here
+            lease = self.ledger.start(job, me, timeout=limit, grace=self.timeout_grace,
+                                      on_loop=True)
+            if lease is None:
+                return  # handed back, or its lease was lost, while it waited
+            self._note_started(job, lease.started_ms)
+            began = time.perf_counter()
+            try:
+                outcome = await self._outcome(job, limit, lease)
+            except GeneratorExit:
+                raise  # the task is being closed (its loop is gone): no await, no outcome
+            except BaseException as exc:  # whatever a coroutine raises, its job gets an outcome
+                outcome = failure(job, exc, retry=True)
+        outcome.started_ms = lease.started_ms
+        outcome.finished_ms = lease.started_ms + int((time.perf_counter() - began) * 1000)
+        if self.after_job is not None:
+            self.after_job()
+        if not self.ledger.finish(job, me):
+            return  # failed by the watchdog at its hard limit: that outcome stands
         try:
-            async with self._slots:
-                outcome = await self._outcome(job)
-        except BaseException as exc:  # whatever a coroutine raises, its job gets an outcome
-            outcome = failure(job, exc, retry=True)
-        try:
-            on_done(outcome)
+            if lease.on_finished:
+                # receivers are sync code: off the loop, as Django's Signal.asend runs them
+                await sync_to_async(finished)(lease.on_finished, outcome)
+            self._report(outcome)
         finally:
-            with self._idle:
-                self._in_flight -= 1
-                self._idle.notify_all()
+            self.ledger.reported()
 
-    async def _outcome(self, job: ClaimedJob) -> Outcome:
+    async def _outcome(self, job: ClaimedJob, limit: float | None, lease: Lease) -> Outcome:
         """Run ``job``'s coroutine and turn what happened into an :class:`Outcome`."""
         task = self.tasks.get(job.task)
         try:
             args, kwargs = decode_arguments(job)
         except CorruptPayload as exc:
             return failure(job, exc, retry=False)
-        limit = time_limit(job)
         await sync_to_async(close_old_connections)()
+        outcome: Outcome | None = None
         try:
-            with running(job, self.worker):
+            with running(job, self.name, lease.on_finished):
                 async with asyncio.timeout(limit) as scope:
                     coroutine: Coroutine[Any, Any, Any] = task.func(*args, **kwargs)
                     value = await coroutine
         except TimeoutError as exc:
-            if not scope.expired():
-                return failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
-            return failure(job, JobTimeout(f"the job ran past its time limit of {limit}s"),
-                           retry=True, delay=task.retry_delay(job.attempt))
-        except Exception as exc:
-            return failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
-        finally:
-            await sync_to_async(close_old_connections)()
+            error = exc if not scope.expired() else JobTimeout(
+                f"the job ran past its time limit of {limit}s")
+            outcome = failure(job, error, retry=True, delay=task.retry_delay(job.attempt))
+        except GeneratorExit as exc:
+            if self._stopping:
+                raise  # thrown in by the close of a task its stopped loop left behind
+            outcome = failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
+        except BaseException as exc:  # KeyboardInterrupt, CancelledError... fail the job
+            outcome = failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
+        await sync_to_async(close_old_connections)()
+        if outcome is not None:
+            return outcome
         try:
             result_json = encode_result(value, self.encoder)
-        except TypeError as exc:
+        except BaseException as exc:  # a value whose encoding raises anything
             return failure(job, exc, retry=False)
         return Outcome(job, True, result_json=result_json)

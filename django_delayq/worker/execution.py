@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import close_old_connections
 
-from ..current import RunningJob, running
+from ..current import running
 from ..engine import ClaimedJob, UnknownTask, encode_result
 from ..task import TaskRegistry
 
@@ -53,54 +54,54 @@ class Outcome:
 
 
 def execute(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder],
-            worker: str, *, check_connections: bool = True) -> Outcome:
+            worker: str, *, check_connections: bool = True,
+            on_finished: list[Callable[[Outcome], None]] | None = None) -> Outcome:
     """Run ``job`` with Django's ``close_old_connections()`` around it, as Django does
-    around a request, and tell the job's ``on_finished`` hooks its outcome.
+    around a request. What the task adds to its ``on_finished`` hooks goes to
+    ``on_finished``: the caller calls them (:func:`finished`) once the outcome is final.
 
     ``check_connections=False`` skips the call before the job: for a thread whose
     previous job has just made the call after itself, nothing has happened since.
     An unknown task and an exception of the task are retried (while attempts remain);
     undecodable data and a return value that is not JSON are not.
     """
-    current: RunningJob | None = None
     try:
         if check_connections:
             close_old_connections()
-        outcome, current = _run(job, tasks, encoder, worker)
+        return _run(job, tasks, encoder, worker, [] if on_finished is None else on_finished)
     finally:
         close_old_connections()
-    if current is not None:
-        finished(current, outcome)
-    return outcome
 
 
 def _run(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder],
-         worker: str) -> tuple[Outcome, RunningJob | None]:
+         worker: str, on_finished: list[Callable[[Outcome], None]]) -> Outcome:
     if not job.task:
-        return failure(job, CorruptPayload("the job has no task name"), retry=False), None
+        return failure(job, CorruptPayload("the job has no task name"), retry=False)
     try:
         task = tasks.get(job.task)
     except UnknownTask as exc:
-        return failure(job, exc, retry=True), None
+        return failure(job, exc, retry=True)
     try:
         args, kwargs = decode_arguments(job)
     except CorruptPayload as exc:
-        return failure(job, exc, retry=False), None
-    with running(job, worker) as current:
+        return failure(job, exc, retry=False)
+    with running(job, worker, on_finished):
         try:
             value = task.func(*args, **kwargs)
         except BaseException as exc:  # every failure of a task is the job's
-            return failure(job, exc, retry=True, delay=task.retry_delay(job.attempt)), current
+            return failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
     try:
         result_json = encode_result(value, encoder)
     except BaseException as exc:  # a value whose encoding raises anything
-        return failure(job, exc, retry=False), current
-    return Outcome(job, True, result_json=result_json), current
+        return failure(job, exc, retry=False)
+    return Outcome(job, True, result_json=result_json)
 
 
-def finished(current: RunningJob, outcome: Outcome) -> None:
-    """Call the job's ``on_finished`` hooks; a hook that raises is logged, not raised."""
-    for hook in current.on_finished:
+def finished(hooks: list[Callable[[Outcome], None]], outcome: Outcome) -> None:
+    """Call (and forget) a job's ``on_finished`` hooks with its final ``outcome``, once;
+    a hook that raises is logged, not raised."""
+    while hooks:
+        hook = hooks.pop(0)
         try:
             hook(outcome)
         except Exception:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from ..engine import ClaimedJob, JobTimeout
 from ..task import TaskRegistry
 from .async_executor import AsyncExecutor
-from .execution import Outcome, execute, failure
+from .execution import Outcome, execute, failure, finished
 from .ledger import Ledger
 from .timelimits import HARD_LIMIT_GRACE, clear_pending, limit_of
 
@@ -132,7 +132,7 @@ class Executor:
     def _run_one(self, job: ClaimedJob, me: threading.Thread, last_done: float | None) -> float:
         """Run ``job`` on this thread and report its outcome; returns when it ended."""
         if self.async_executor is not None and self.async_executor.accepts(job):
-            self._submit_async(job, me, self.async_executor)
+            self.async_executor.submit(job)  # this thread is free at once
             return time.perf_counter()
         limit = limit_of(job.timeout_ms, job.task, self.tasks, self.timeout)
         lease = self.ledger.start(job, me, timeout=limit, grace=self.timeout_grace)
@@ -145,7 +145,7 @@ class Executor:
             # first only if they may have aged or broken while this thread idled.
             idled = last_done is None or began - last_done > IDLE_CONNECTION_CHECK
             outcome = execute(job, self.tasks, self.encoder, self.name,
-                              check_connections=idled)
+                              check_connections=idled, on_finished=lease.on_finished)
         except BaseException as exc:  # raised outside the task (a late JobTimeout)
             outcome = failure(job, exc, retry=True)
         if limit is not None:
@@ -155,30 +155,15 @@ class Executor:
         if self.after_job is not None:
             self.after_job()
         if self.ledger.finish(job, me):
-            self._report(outcome)
+            # the outcome is this thread's to give (not the watchdog's, at a hard limit)
+            try:
+                finished(lease.on_finished, outcome)
+                self._report(outcome)
+            finally:
+                self.ledger.reported()
         else:
             self.stuck.discard(me)  # failed at its hard limit, and back after all
         return time.perf_counter()
-
-    def _submit_async(self, job: ClaimedJob, me: threading.Thread,
-                      runner: AsyncExecutor) -> None:
-        """Hand an async job to the event loop (its limit is an ``asyncio.timeout`` there,
-        not the watchdog's); this thread is free at once."""
-        lease = self.ledger.start(job, me, timeout=None, grace=0.0)
-        if lease is None:
-            return
-        self._note_started(job, lease.started_ms)
-        began = time.perf_counter()
-
-        def done(outcome: Outcome) -> None:  # on the event loop thread
-            outcome.started_ms = lease.started_ms
-            outcome.finished_ms = lease.started_ms + int((time.perf_counter() - began) * 1000)
-            if self.after_job is not None:
-                self.after_job()
-            if self.ledger.finish(job, me):
-                self._report(outcome)
-
-        runner.submit(job, done)
 
     def _shield(self, job: ClaimedJob, me: threading.Thread) -> None:
         """Make sure no JobTimeout is raised in this thread after its job: none is raised

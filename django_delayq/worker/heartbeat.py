@@ -13,11 +13,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from ..engine import Broker, DelayQError, QueueKeys, flows
 from ..engine.workers import record_alive
 from .acks import by_shard
+from .backoff import REDIS_ERRORS
 from .ledger import Ledger
 
 logger = logging.getLogger("django_delayq.worker")
@@ -42,7 +41,7 @@ class Heartbeat:
         while not self._done.wait(self.interval):
             try:
                 self.beat()
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 logger.warning("heartbeat failed worker=%s error=%s", self.name, exc)
 
     def beat(self, *, renew: bool = True) -> None:
@@ -51,27 +50,37 @@ class Heartbeat:
         batch = self.broker.batch()
         extend_calls = [(keys, self.broker.add_extend(batch, keys, pairs, self.lease_ms))
                         for keys, pairs in by_shard(held).items()]
-        reclaim_calls = [(keys, self.broker.add_reclaim(batch, keys)) for keys in self.shards]
+        reclaim_calls = [(keys, self.broker.add_reclaim(batch, keys, link_grace_ms=self.lease_ms))
+                         for keys in self.shards]
         replies = batch.run()
         for keys, index in extend_calls:
             lost = self.ledger.lost(keys, replies[index])
             if lost:
                 logger.warning("lease lost for %d jobs queue=%s jobs=%s worker=%s", len(lost),
                                keys.queue, ",".join(lost[:10]), self.name)
-        undelivered = []
+        undelivered, unlinked = [], []
         for keys, index in reclaim_calls:
-            returned, dead, outbox = replies[index]
+            returned, dead, outbox, to_link = replies[index]
             if returned or dead:
                 logger.warning("reclaimed expired leases queue=%s returned=%s dead_lettered=%s",
                                keys.queue, returned, dead)
             if outbox:
                 undelivered.append(keys)
+            if to_link:
+                unlinked.append((keys, to_link))
+        # Dependants whose producer stopped between storing and linking them.
+        for keys, job_ids in unlinked:
+            try:
+                flows.repair(self.broker, keys, job_ids)
+            except (*REDIS_ERRORS, DelayQError) as exc:
+                logger.warning("waiting jobs not linked again, next beat retries queue=%s "
+                               "error=%s", keys.queue, exc)
         # Releases of dependants in other shards that no acker delivered (its worker
         # died between two steps): delivering again is harmless (engine/flows.py).
         for keys in undelivered:
             try:
                 flows.deliver(self.broker, keys)
-            except (RedisError, DelayQError) as exc:
+            except (*REDIS_ERRORS, DelayQError) as exc:
                 logger.warning("releases of dependants not delivered, next beat retries "
                                "queue=%s error=%s", keys.queue, exc)
         self.record_alive()

@@ -2,10 +2,15 @@
 
 Every claimed job is in the ledger from its claim until its ack lands (or it is handed
 back, or its lease is found lost). A lease is *buffered* (claimed, waiting for a
-thread), *running* (a thread runs it) or *finished* (ran, its ack not yet confirmed).
-The fetcher adds leases, executors start and finish them, the acker settles them, the
-heartbeat renews what :meth:`Ledger.renewable` lists. One lock guards it all; its
-condition wakes the fetcher when room frees up.
+thread), *running* (a thread, or the event loop thread for an ``async def`` task, runs
+it) or *finished* (ran, its ack not yet confirmed). The fetcher adds leases, executors
+start and finish them, the acker settles them, the heartbeat renews what
+:meth:`Ledger.renewable` lists. One lock guards it all; its condition wakes the fetcher
+when room frees up.
+
+Every lease counts against the worker's capacity until it leaves the ledger, finished
+ones included: a worker never holds more than ``concurrency + prefetch`` (plus its async
+slots) unacked jobs, which bounds what one SIGKILL can make run twice.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..engine import ClaimedJob, QueueKeys
 
@@ -33,8 +39,12 @@ class Lease:
 
     job: ClaimedJob
     state: str = BUFFERED
-    #: The executor thread running it (while ``running``).
+    #: The thread running it (while ``running``): an executor thread, or the event loop
+    #: thread for an async job.
     thread: threading.Thread | None = None
+    #: An async job on the event loop: its soft limit is a cancellation on the loop,
+    #: never an exception raised in the (shared) loop thread.
+    on_loop: bool = False
     #: When it was claimed and when it started running (``time.monotonic()``), and its
     #: start on the Redis clock (estimated from the claim's Redis time).
     claimed: float = 0.0
@@ -52,6 +62,9 @@ class Lease:
     #: The engine said another attempt owns the job now: not renewed any more (its
     #: outcome is still sent, and ignored as stale).
     lost: bool = False
+    #: Called with the job's final outcome by whoever ends it (its thread, or the
+    #: watchdog at the hard limit): the Tasks backend's ``task_finished``.
+    on_finished: list[Callable[[Any], None]] = field(default_factory=list)
 
 
 def key(job: ClaimedJob) -> Key:
@@ -77,6 +90,7 @@ class Ledger:
         self.changed = threading.Condition(self.lock)
         self._leases: dict[Key, Lease] = {}
         self._busy = 0  # buffered or running
+        self._reporting = 0  # finished by their thread, outcome not yet with the acker
         #: Moving average of job run time, seconds (the fetcher sizes prefetch with it).
         self.avg_run_time = FIRST_RUN_TIME_GUESS
         #: Jobs whose run ended on a thread of this worker (the pool recycles on it).
@@ -90,6 +104,12 @@ class Ledger:
         """Leases claimed and not yet finished running (buffered or running)."""
         return self._busy
 
+    @property
+    def held_count(self) -> int:
+        """Leases held: buffered, running, and finished with their ack on its way (what
+        the fetcher counts against the worker's capacity)."""
+        return len(self._leases)
+
     def __contains__(self, item: Key) -> bool:
         return item in self._leases
 
@@ -102,15 +122,16 @@ class Ledger:
                 self._busy += 1
 
     def start(self, job: ClaimedJob, thread: threading.Thread, *,
-              timeout: float | None, grace: float) -> Lease | None:
+              timeout: float | None, grace: float, on_loop: bool = False) -> Lease | None:
         """Mark ``job`` running on ``thread``; None if its lease was lost meanwhile
-        (another worker owns the job now: it must not run here)."""
+        (another worker owns the job now: it must not run here) or it was handed back."""
         now = time.monotonic()
         with self.lock:
             lease = self._leases.get(key(job))
             if lease is None or lease.state != BUFFERED:
                 return None
             lease.state, lease.thread, lease.began = RUNNING, thread, now
+            lease.on_loop = on_loop
             lease.started_ms = job.started_at_ms + int((now - lease.claimed) * 1000)
             if timeout is not None:
                 lease.timeout, lease.limit_at = timeout, now + timeout
@@ -125,10 +146,11 @@ class Ledger:
                 lease.shielded = True
 
     def interrupt(self, lease: Lease, raise_in: Callable[[threading.Thread], None]) -> bool:
-        """Call ``raise_in(thread)`` for a running, unshielded lease, once."""
+        """Call ``raise_in(thread)`` for a running, unshielded lease of a thread of its
+        own (not the event loop's), once."""
         with self.lock:
             thread = lease.thread
-            if (lease.state != RUNNING or lease.shielded or lease.interrupted
+            if (lease.state != RUNNING or lease.shielded or lease.interrupted or lease.on_loop
                     or thread is None or self._leases.get(key(lease.job)) is not lease):
                 return False
             lease.interrupted = True
@@ -147,10 +169,19 @@ class Ledger:
             self.avg_run_time += (now - lease.began - self.avg_run_time) * 0.05
             lease.state, lease.thread = FINISHED, None
             self._busy -= 1
+            self._reporting += 1
             self.finished_count += 1
             if self.wake_fetcher():
                 self.changed.notify()
             return True
+
+    def reported(self) -> None:
+        """The outcome of a job :meth:`finish` gave to its thread is with the acker now
+        (or will never be: the thread failed to give it)."""
+        with self.lock:
+            self._reporting -= 1
+            if self.wake_fetcher():
+                self.changed.notify()
 
     def abandon(self, job: ClaimedJob) -> bool:
         """Take a running ``job`` from its (stuck) thread and mark it finished, so the
@@ -216,6 +247,20 @@ class Ledger:
         """The running leases (a snapshot; the Lease objects are live)."""
         with self.lock:
             return [lease for lease in self._leases.values() if lease.state == RUNNING]
+
+    def wait_running(self, timeout: float | None, *, until: Callable[[], bool]) -> bool:
+        """Wait (at most ``timeout`` seconds; None: no limit) until no live thread runs a
+        job or holds an outcome not yet given to the acker, or ``until()`` (checked
+        whenever the ledger changes) is true. Returns whether none does. A job whose
+        thread died never ends: not waited for."""
+        def quiet() -> bool:
+            return not self._reporting and not any(
+                lease.state == RUNNING and lease.thread is not None
+                and lease.thread.is_alive() for lease in self._leases.values())
+
+        with self.changed:
+            self.changed.wait_for(lambda: quiet() or until(), timeout)
+            return quiet()
 
     def held(self) -> list[ClaimedJob]:
         with self.lock:

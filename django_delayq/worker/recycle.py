@@ -2,13 +2,14 @@
 
 ``runworker --max-jobs-per-child N`` and ``--max-memory-per-child MiB`` attach a
 :class:`RecycleMonitor` to the :class:`~django_delayq.worker.Worker`; it looks at the
-limits after each job. When one is reached it asks the worker to stop exactly as a
-first SIGTERM does: no new claims, claimed jobs that have not started are handed back
-unattempted, running jobs finish (within the grace period). The process then exits
-with :data:`EXIT_RECYCLE`, which the pool's supervisor answers by starting a fresh
-process at once. Nothing is lost, and the recycle itself runs no job twice: only a job
-still running when the grace period ends is handed back (and counts an attempt), as at
-any warm stop.
+limits after each job. When one is reached it asks the worker to recycle
+(:meth:`~django_delayq.worker.Worker.request_recycle`): no new claims, claimed jobs that
+have not started are handed back unattempted, and running jobs finish, however long
+they take: the grace period of a stop does not cut them short (a job's time limit plus
+its grace still bounds it, when it has one). The process then exits with
+:data:`EXIT_RECYCLE`, which the pool's supervisor answers by starting a fresh process
+at once. Nothing is lost and the recycle runs no job twice. A stop signal during the
+wait is a first signal: the grace period then applies, from the signal.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ MIB = 1024 * 1024
 class Recyclable(Protocol):
     after_job: Callable[[], None] | None
 
-    def request_stop(self) -> None: ...
+    def request_recycle(self) -> None: ...
 
 
 def rss_bytes() -> int:
@@ -83,7 +84,7 @@ class RecycleMonitor:
                 return
             self.reason = reason
         logger.info("recycling worker process pid=%d %s", os.getpid(), reason)
-        self.worker.request_stop()
+        self.worker.request_recycle()
 
     def check(self) -> str | None:
         """The limit reached now, as a log-friendly reason, or None."""

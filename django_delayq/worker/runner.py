@@ -14,7 +14,9 @@ owning its own state and running on its own thread:
 ``run()`` blocks until :meth:`Worker.request_stop` (or, with ``burst``, until nothing is
 due), then stops claiming, hands back claimed jobs that have not started, lets running
 jobs finish within the grace period and returns an exit code (:mod:`.exit_codes`).
-Signals are the management command's business, not the worker's.
+:meth:`Worker.request_recycle` stops the same way but lets running jobs finish however
+long they take (each within its time limit plus grace, when it has one), so a recycle
+runs no job twice. Signals are the management command's business, not the worker's.
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from ..conf import conf
 from ..connection import get_broker
 from ..engine import Broker, ClaimedJob
@@ -38,6 +38,7 @@ from ..periodic import schedule_due
 from ..task import TaskRegistry, registry
 from .acks import Acker, by_shard
 from .async_executor import AsyncExecutor, is_async
+from .backoff import REDIS_ERRORS
 from .executor import Executor
 from .exit_codes import EXIT_FORCED, EXIT_OK, EXIT_RESTART
 from .fetcher import Fetcher
@@ -86,24 +87,31 @@ class Worker:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
         self._stop = threading.Event()
+        #: When a stop with a grace period was first asked (None: not yet, or only a
+        #: recycle, which lets running jobs finish however long they take).
+        self._stop_asked: float | None = None
         self._disabled = False  # no executor thread left: exit to be restarted at once
         self._restart = False  # a thread is stuck: exit to be restarted after the others
         self._done = threading.Event()  # running jobs are over: the acker may finish
         self.ledger = Ledger()
-        #: async def tasks run on an event loop thread, beside the executor threads
-        self._async = AsyncExecutor(self.tasks, self.broker.config.json_encoder, self.name,
-                                    async_concurrency)
-        async_slots = self._async.concurrency if any(
-            is_async(t) and t.queue_name in self.queues for t in self.tasks.tasks()) else 0
         self.acker = Acker(broker=self.broker, name=self.name, ledger=self.ledger,
                            done=self._done)
+        timeout = conf.TIMEOUT if timeout is None else timeout
+        #: async def tasks run on an event loop thread, beside the executor threads
+        self._async = AsyncExecutor(tasks=self.tasks, encoder=self.broker.config.json_encoder,
+                                    name=self.name, ledger=self.ledger, report=self.acker.put,
+                                    note_started=self.acker.note_started,
+                                    on_loop_lost=self._loop_lost,
+                                    concurrency=async_concurrency, timeout=timeout,
+                                    timeout_grace=timeout_grace)
+        async_slots = self._async.concurrency if any(
+            is_async(t) and t.queue_name in self.queues for t in self.tasks.tasks()) else 0
         self.executor = Executor(concurrency=self.concurrency, tasks=self.tasks,
                                  encoder=self.broker.config.json_encoder, name=self.name,
                                  ledger=self.ledger, report=self.acker.put,
                                  note_started=self.acker.note_started,
                                  on_thread_lost=self._thread_lost,
-                                 timeout=conf.TIMEOUT if timeout is None else timeout,
-                                 timeout_grace=timeout_grace,
+                                 timeout=timeout, timeout_grace=timeout_grace,
                                  async_executor=self._async if async_slots else None)
         self.watchdog = Watchdog(ledger=self.ledger, tasks=self.tasks, name=self.name,
                                  grace=timeout_grace, report=self.acker.put,
@@ -123,7 +131,19 @@ class Worker:
 
     def request_stop(self) -> None:
         """Stop claiming; ``run()`` then hands back the buffer, lets running jobs finish
-        within the grace period and returns. Safe to call from any thread, any time."""
+        within the grace period and returns. Safe to call from any thread, any time
+        (during a recycle, the grace period starts now)."""
+        if self._stop_asked is None:
+            self._stop_asked = time.monotonic()
+        self._halt()
+
+    def request_recycle(self) -> None:
+        """Stop claiming and hand back the buffer, as :meth:`request_stop` does, but let
+        running jobs finish however long they take (each is bounded by its time limit
+        plus grace when it has one): a recycle runs no job twice."""
+        self._halt()
+
+    def _halt(self) -> None:
         if not self._stop.is_set():
             logger.info("worker stopping worker=%s", self.name)
         self._stop.set()
@@ -137,6 +157,12 @@ class Worker:
         logger.critical("no executor thread left: handing back every job and exiting to "
                         "be restarted worker=%s", self.name)
         self._disabled = True
+        self.request_stop()
+
+    def _loop_lost(self) -> None:
+        """The event loop thread died: its async jobs cannot end, so stop and be
+        restarted (their leases lapse, or are handed back as the worker stops)."""
+        self._restart = True
         self.request_stop()
 
     def _thread_stuck(self, thread: threading.Thread) -> None:
@@ -155,6 +181,7 @@ class Worker:
     @after_job.setter
     def after_job(self, hook: Callable[[], None] | None) -> None:
         self.executor.after_job = hook
+        self._async.after_job = hook
 
     @property
     def stopping(self) -> bool:
@@ -206,7 +233,7 @@ class Worker:
         self._done.set()
         acker.join(timeout=10)
         heartbeat.join(timeout=10)
-        self._async.stop()
+        self._async.stop(wait=not self._restart)  # a stuck coroutine may block the loop
         if self.burst:
             self._reclaim()
         forget(self.broker, self.name)
@@ -224,10 +251,9 @@ class Worker:
         unstarted = self.ledger.withdraw_unstarted()
         if unstarted:
             self._release(unstarted, started=False, settle=False)
-        deadline = time.monotonic() + (0.0 if self._disabled else self.grace_period)
-        self.executor.join(deadline)
-        self._async.wait_idle(deadline)
-        self.acker.flush_until_done(deadline + 5)
+        over = self._let_running_finish()  # their outcomes with the acker too
+        self.executor.join(time.monotonic() + (1.0 if over else 0.0))
+        self.acker.flush_until_done(time.monotonic() + 5)
         leftover = [lease.job for lease in self.ledger.running()]
         if leftover:
             logger.warning("%s, handing back %d running jobs worker=%s",
@@ -237,6 +263,31 @@ class Worker:
         if self._disabled or self._restart:
             return EXIT_RESTART
         return EXIT_FORCED if leftover else EXIT_OK
+
+    def _let_running_finish(self) -> bool:
+        """Wait for the running jobs and their outcomes: until the grace period ends (it
+        starts when the stop was asked, or now if later), or, for a recycle, until they
+        are over. Returns whether they are."""
+        began = time.monotonic()
+
+        def deadline() -> float | None:
+            if self._disabled:
+                return began
+            asked = self._stop_asked
+            return None if asked is None else max(began, asked) + self.grace_period
+
+        while True:
+            until = deadline()
+            wait = 1.0 if until is None else min(1.0, until - time.monotonic())
+
+            def moved(until: float | None = until) -> bool:
+                return deadline() != until  # a signal during a recycle: a grace period now
+
+            # re-checked at least every second: a thread may die with its job
+            if self.ledger.wait_running(max(0.0, wait), until=moved):
+                return True
+            if wait <= 0:
+                return False
 
     def _schedule_loop(self, periodic: list[Any]) -> None:
         """Enqueue upcoming occurrences of periodic tasks, a few times per lookahead."""
@@ -251,7 +302,7 @@ class Worker:
                                      catch_up_max=conf.CRON_CATCH_UP_MAX)
                 if added:
                     logger.debug("enqueued %d periodic jobs worker=%s", added, self.name)
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 logger.warning("periodic scheduling failed worker=%s error=%s", self.name, exc)
             self._stop.wait(interval)
 
@@ -259,14 +310,14 @@ class Worker:
         try:
             self.broker.client.sadd(self.broker.global_keys.queues, *self.queues)
             self.heartbeat.record_alive()
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             logger.warning("could not register worker worker=%s error=%s", self.name, exc)
 
     def _reclaim(self) -> None:
         """One heartbeat without lease renewal: reclaim expired leases, record alive."""
         try:
             self.heartbeat.beat(renew=False)
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             logger.warning("reclaim failed worker=%s error=%s", self.name, exc)
 
     def _info(self) -> dict[str, Any]:
@@ -285,7 +336,7 @@ class Worker:
             self.broker.add_release(batch, keys, pairs, started=started)
         try:
             batch.run()
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             logger.warning("could not hand back %d jobs (their leases will lapse) error=%s",
                            len(jobs), exc)
             return

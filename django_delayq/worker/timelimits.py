@@ -6,12 +6,17 @@ the thread runs, so it cannot interrupt a call that stays in C (a ``time.sleep``
 socket read without a timeout, a long C computation) until that call returns, and a
 task that catches ``BaseException`` can swallow it.
 
-*Hard* limit: a job still running :data:`HARD_LIMIT_GRACE` seconds after its limit is
-failed with ``JobTimeout`` (acked at once, retried or dead-lettered by the usual rules)
-and the worker stops with :data:`.exit_codes.EXIT_RESTART`: a thread that cannot be
-stopped can only be ended with its process, which its supervisor restarts. The
-heartbeat never renews a lease past the limit plus the grace, so even a frozen process
-loses the job to another worker.
+An ``async def`` job's soft limit is a cancellation on its event loop instead
+(:mod:`.async_executor`): an exception raised in the loop thread could land in any of
+its coroutines, or in the loop itself.
+
+*Hard* limit, the same for both: a job still running :data:`HARD_LIMIT_GRACE` seconds
+after its limit is failed with ``JobTimeout`` (acked at once, retried or dead-lettered by
+the usual rules, its ``on_finished`` hooks told) and the worker stops with
+:data:`.exit_codes.EXIT_RESTART`: a thread (or a loop) that cannot be stopped can only
+be ended with its process, which its supervisor restarts. The heartbeat never renews a
+lease past the limit plus the grace, so even a frozen process loses the job to another
+worker.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import Callable
 
 from ..engine import JobTimeout
 from ..task import TaskRegistry
-from .execution import Outcome, failure
+from .execution import Outcome, failure, finished
 from .ledger import Lease, Ledger
 
 logger = logging.getLogger("django_delayq.worker")
@@ -110,11 +115,13 @@ class Watchdog:
                      "stopping this worker to be restarted job=%s queue=%s task=%s "
                      "thread=%s worker=%s", self.grace, job.id, job.queue, job.task,
                      thread.name, self.name)
+        why = ("it blocked the event loop, or swallowed the cancellation" if lease.on_loop
+               else "blocked in C code, or it caught JobTimeout")
         exc = JobTimeout(f"the job ran past its time limit of {lease.timeout}s and did not "
-                         f"stop within {self.grace}s (blocked in C code, or it caught "
-                         "JobTimeout); its worker process was replaced")
+                         f"stop within {self.grace}s ({why}); its worker process was replaced")
         outcome = failure(job, exc, retry=True, delay=delay)
         outcome.started_ms = lease.started_ms
         outcome.finished_ms = lease.started_ms + int((time.monotonic() - lease.began) * 1000)
         self._report(outcome)
         self._on_stuck(thread)
+        finished(lease.on_finished, outcome)  # the thread that ran it will not: abandoned

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -66,6 +67,54 @@ async def dj_async_add(a: int, b: int) -> int:
 
     await asyncio.sleep(0)
     return a + b
+
+
+@task(queue_name="async")
+async def dj_async_exits(code: int) -> None:
+    raise SystemExit(code)
+
+
+@task(queue_name="async")
+async def dj_async_returns_unjsonable() -> object:
+    return {1, 2}
+
+
+@task(queue_name="async")
+async def dj_async_fails(tag: str) -> None:
+    raise ValueError(f"bad {tag}")
+
+
+#: Set by a test to let the two tasks below return (they block until then, at most 60 s).
+UNBLOCK = threading.Event()
+
+
+@task
+def dj_blocks_in_c() -> None:
+    """Block in one C call (a lock wait) until UNBLOCK: no soft time limit reaches it."""
+    UNBLOCK.wait(60)
+
+
+@task(queue_name="async")
+async def dj_async_blocks() -> None:
+    """Block the event loop (a lock wait, not an await) until UNBLOCK: its cancellation
+    cannot be delivered."""
+    UNBLOCK.wait(60)
+
+
+@task(takes_context=True)
+def dj_steps(context: Any, gate: str) -> str:
+    """Each attempt notes its start and waits (at most 60 s) for ``<gate>:<attempt>``;
+    the first then fails, the next returns ``done``."""
+    client = get_broker().client
+    client.rpush("test:dj", json.dumps({"started": gate, "attempt": context.attempt}))
+    deadline = time.monotonic() + 60
+    while not client.exists(f"{gate}:{context.attempt}"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate}:{context.attempt} never opened")
+        time.sleep(0.02)
+    if context.attempt == 1:
+        raise ValueError("the first attempt fails")
+    return "done"
 
 
 @task

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
 
 from django_delayq import task
@@ -210,6 +211,14 @@ def swallows_timeout(tag: str) -> None:
             _note("swallowed", tag=tag, error=type(exc).__name__)
 
 
+@task(timeout=0.5, max_attempts=1)
+def blocks_in_c(tag: str) -> None:
+    """Sleep in one C call far past the limit: the soft limit cannot reach it."""
+    _note("blocks_in_c", tag=tag)
+    time.sleep(3600)
+    _note("blocks_in_c-end", tag=tag)
+
+
 @task(max_attempts=1)
 def sleeps(seconds: float) -> float:
     """Sleep ``seconds`` (a task with no time limit of its own)."""
@@ -263,6 +272,36 @@ async def async_overrun(tag: str) -> None:
     """Note the start, then await far longer than any time limit of the tests."""
     _note("async-overrun", tag=tag)
     await asyncio.sleep(300)
+
+
+@task(queue=ASYNC, timeout=0.5, max_attempts=1)
+async def async_blocks_loop(seconds: float) -> None:
+    """Block the event loop (a sync sleep in a coroutine) far past the limit."""
+    _note("async-blocks", seconds=seconds)
+    time.sleep(seconds)
+
+
+@task(queue=ASYNC, timeout=0.5, max_attempts=1)
+async def async_swallows_cancel(tag: str) -> None:
+    """Catch every cancellation and go on awaiting: only the hard limit ends it."""
+    _note("async-swallows", tag=tag)
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            _note("async-swallowed", tag=tag)
+
+
+@task(queue=ASYNC, max_attempts=2)
+async def async_kills_loop(tag: str) -> str:
+    """On the first attempt, end the event loop under the job (a SystemExit raised in a
+    callback of the loop leaves ``run_forever``); on the second, return ``tag``."""
+    attempt = _attempt()
+    _note("async-kills-loop", tag=tag, attempt=attempt)
+    if attempt == 1:
+        asyncio.get_running_loop().call_soon(sys.exit, 3)
+        await asyncio.sleep(60)
+    return tag
 
 
 @task(queue=ASYNC, max_attempts=1)

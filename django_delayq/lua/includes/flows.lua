@@ -14,6 +14,13 @@
 --                     'R <index> <queue> <shard or -> <id>' elsewhere; it expires with
 --                     the parent's hash
 --
+-- Linking (a dependant to one parent) runs in the parent's shard: in enqueue.lua itself
+-- for a parent of the dependant's own shard, in link.lua for one elsewhere. A dependant
+-- with parents elsewhere stays in its shard's linking ZSET (by enqueue time) until its
+-- producer confirms those links (linked.lua); one still there after a grace period is
+-- linked again by a worker's heartbeat (its producer died or lost Redis between the two
+-- steps). Linking twice is harmless: the parent's dependants are a SET.
+--
 -- Resolving (parent index i of a waiting job) is an SREM of i from the job's :w set:
 -- applying it twice changes nothing, so every path below may be retried. When the set
 -- empties the job is placed by its own run_at (ready when due). A dependant in another
@@ -30,6 +37,24 @@ local function flow_ctx(kf, af)
           outbox = KEYS[kf + 6], waiting = KEYS[kf + 7], events = KEYS[kf + 8],
           prefix = KEYS[kf + 9], ttl = tonumber(ARGV[af]), keep = tonumber(ARGV[af + 1]),
           maxlen = tonumber(ARGV[af + 2])}
+end
+
+-- Link the dependant `member` (see <job key>:c above) to the parent `parent_id` of this
+-- shard. Returns nil once linked, or the parent's final outcome ('completed', 'failed',
+-- 'cancelled'; 'missing' when it is gone) and its result JSON, for the caller to resolve.
+local function link_parent(prefix, parent_id, member)
+  local job_key = prefix .. parent_id
+  local f = redis.call('HMGET', job_key, 's', 'v')
+  local status = f[1]
+  if not status then
+    return 'missing', 'null'
+  end
+  if status == 'completed' or status == 'failed' or status == 'cancelled' then
+    return status, f[2] or 'null'
+  end
+  redis.call('SADD', job_key .. ':c', member)
+  redis.call('HSET', job_key, 'dc', '1')
+  return nil
 end
 
 -- Finish a waiting job for good ('cancelled' or 'failed'): its policy after a parent's

@@ -1,17 +1,18 @@
 """``manage.py delayq_mirror``: keep the Job table in step with the events streams.
 
-``runworker`` runs the same mirror on a thread by default; this command runs it alone
-(``--burst``: mirror what the streams hold, then exit). SIGTERM/SIGINT stop it after the
-batch in hand is written and acknowledged; with ``--drain-on-stop`` (what the pool of
-``runworker --processes`` runs) it then mirrors what is left, for at most 5 seconds,
-unless a second signal comes. The outbox relay runs on a thread unless
-``DELAYQ["OUTBOX"]["RELAY"]`` is False, and the lake export when ``DELAYQ["LAKE_PATH"]``
-is set. Without the Job table (no ``migrate`` yet) it
-says so and exits 0.
+``runworker`` runs this command as a child process of its own by default (the pool of
+``runworker --processes`` too); this command runs it alone (``--burst``: mirror what
+the streams hold, then exit). SIGTERM/SIGINT stop it after the batch in hand is
+written and acknowledged; with ``--drain-on-stop`` (what ``runworker`` runs) it then
+mirrors what is left, for at most 5 seconds, unless a second signal comes. The outbox
+relay runs on a thread unless ``DELAYQ["OUTBOX"]["RELAY"]`` is False, and the lake
+export when ``DELAYQ["LAKE_PATH"]`` is set. Without the Job table (no ``migrate`` yet)
+it says so and exits 0.
 """
 
 from __future__ import annotations
 
+import argparse
 import signal
 import threading
 from types import FrameType
@@ -25,6 +26,7 @@ from django_delayq.management.commands.runworker import configure_logging
 from django_delayq.mirror import Mirror, table_exists
 from django_delayq.outbox import start_relay_threads, stop_relay_threads
 from django_delayq.task import registry
+from django_delayq.worker.children import watch_parent, watch_stdin
 
 
 class Command(BaseCommand):
@@ -47,6 +49,10 @@ class Command(BaseCommand):
         parser.add_argument("--drain-on-stop", action="store_true",
                             help="after a stop signal, mirror what is left (at most 5 s) "
                                  "unless a second signal comes")
+        # set by runworker (and the pool's supervisor) on the command line of its child:
+        # the end of stdin, or the parent's end, stops it like a first signal
+        parser.add_argument("--stop-on-eof", action="store_true", help=argparse.SUPPRESS)
+        parser.add_argument("--supervisor-pid", type=int, default=None, help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(self, options["verbosity"])
@@ -63,6 +69,8 @@ class Command(BaseCommand):
             return
         mirror = Mirror(queues=options["queues"] or None, batch_size=options["batch_size"],
                         claim_idle=options["claim_idle"], name=options["name"])
+        # A second signal means "now": no drain. The end of stdin and the parent's end
+        # are warm stops, never a second signal.
         signals: list[int] = []
         if threading.current_thread() is threading.main_thread():
             def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -71,12 +79,16 @@ class Command(BaseCommand):
 
             signal.signal(signal.SIGTERM, on_signal)
             signal.signal(signal.SIGINT, on_signal)
+        if options["stop_on_eof"]:
+            watch_stdin(mirror.request_stop)
+        if options["supervisor_pid"] is not None:
+            watch_parent(options["supervisor_pid"], mirror.request_stop)
         relays = start_relay_threads(known_tasks=registry)  # none if OUTBOX RELAY is False
         lake = start_export_thread()  # none unless DELAYQ["LAKE_PATH"] is set
         try:
             count = mirror.run(burst=options["burst"])
-            if options["drain_on_stop"] and len(signals) == 1:
-                count += mirror.drain(5.0)  # the last events of the workers that just stopped
+            if options["drain_on_stop"] and len(signals) < 2:
+                count += mirror.drain(5.0)  # the last events of the workers that stopped
         finally:
             stop_relay_threads(relays)
             if lake is not None:

@@ -9,7 +9,8 @@ for its supervisor to start a fresh one. Bad arguments exit 1 with a ``CommandEr
 
 With ``--processes N`` (N > 1) this process is the pool's supervisor
 (:mod:`django_delayq.worker.supervisor`): the same signals and exit codes, for the
-whole pool.
+whole pool. Otherwise the model mirror runs in a child process of this one
+(:mod:`django_delayq.worker.mirror_process`), unless ``--no-mirror``.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_delayq.conf import conf
 from django_delayq.engine import workers as liveness
 from django_delayq.engine.keys import validate_queue_name
-from django_delayq.engine.workers import mirror_consumer
 from django_delayq.lake.runner import start_export_thread
-from django_delayq.mirror import MirrorThread
+from django_delayq.mirror import table_exists
 from django_delayq.outbox import start_relay_threads, stop_relay_threads
 from django_delayq.task import registry
 from django_delayq.worker import EXIT_FORCED, EXIT_RESTART, Worker
+from django_delayq.worker.children import watch_parent
+from django_delayq.worker.mirror_process import MirrorProcess
 from django_delayq.worker.recycle import EXIT_RECYCLE, RecycleMonitor
-from django_delayq.worker.supervisor import Supervisor, watch_parent
+from django_delayq.worker.supervisor import Supervisor
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
@@ -66,8 +68,8 @@ class Command(BaseCommand):
                             help=f"worker name: up to {MAX_NAME} characters, no spaces "
                                  "(default host:pid:rand)")
         parser.add_argument("--no-mirror", action="store_true",
-                            help="do not run the model mirror (on a thread of this worker, "
-                                 "or with --processes in a process of its own)")
+                            help="do not run the model mirror (a child process of this "
+                                 "one, or of the pool's supervisor)")
         parser.add_argument("--processes", "-p", type=int, default=None,
                             help="worker processes, each with --concurrency threads, under "
                                  f"a supervisor (default {conf.PROCESSES}: no supervisor)")
@@ -128,18 +130,19 @@ class Command(BaseCommand):
         recycle = None
         if max_jobs is not None or max_memory is not None:
             recycle = RecycleMonitor(worker, max_jobs=max_jobs, max_memory_mib=max_memory)
-        # The mirror consumes under the worker's name, so that once the worker's heartbeat
-        # says it is gone, other mirrors take over its pending events at once.
-        mirror = None if options["no_mirror"] else MirrorThread(
-            name=mirror_consumer(worker.name)).start()
-        lake = None if options["no_mirror"] else start_export_thread()  # LAKE_PATH set
+        mirror = lake = None
+        if not options["no_mirror"]:
+            # in a process of its own: writing rows here would slow the jobs down
+            mirror = start_mirror_process(worker.name, options["verbosity"])
+            if mirror is None:  # no Job table: the lake (LAKE_PATH set) runs here
+                lake = start_export_thread()
         relays = start_relay_threads(known_tasks=registry)  # none if OUTBOX RELAY is False
         try:
             code = worker.run()
         finally:
             stop_relay_threads(relays)
             if mirror is not None:
-                mirror.stop(timeout=5.0, drain=True)  # mirror the last events too
+                mirror.stop()  # after the last acks: it mirrors them too
             if lake is not None:
                 lake.stop(timeout=5.0, drain=True)
         if code == 0 and recycle is not None and recycle.reason and not signals:
@@ -208,6 +211,21 @@ class Command(BaseCommand):
 
 #: Longest ``--name``: it is kept with every job the worker runs, and in its log lines.
 MAX_NAME = 200
+def start_mirror_process(worker_name: str, verbosity: int) -> MirrorProcess | None:
+    """The mirror process of a single worker; None without the Job table (no
+    ``migrate`` yet: said once, and no process started for nothing)."""
+    from django.db import connection
+
+    try:
+        exists = table_exists()
+    finally:
+        connection.close()  # this thread runs the worker: no connection held for nothing
+    if not exists:
+        logging.getLogger("django_delayq.worker").warning(
+            "the mirror is off: the Job table is missing (run manage.py migrate)")
+        return None
+    return MirrorProcess(worker_name, verbosity=verbosity).start()
+
 
 #: Options a supervisor passes on to its worker processes as they were given.
 CHILD_OPTIONS = [("concurrency", "--concurrency"), ("lease", "--lease"), ("timeout", "--timeout"),
