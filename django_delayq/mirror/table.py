@@ -260,8 +260,8 @@ def _recordset_statement() -> str:
     selected = ", ".join(
         f"NULLIF({_quote(f.column)}, 'null'::jsonb)" if f.get_internal_type() == "JSONField"
         else _quote(f.column) for f in fields())
-    return (f"{_insert()} SELECT {selected} FROM json_populate_recordset(NULL::{table}, %s) "
-            f"{_on_conflict()}")
+    return (f"{_insert()} SELECT {selected} "
+            f"FROM json_populate_recordset(NULL::{table}, %s::json) {_on_conflict()}")
 
 
 # -- both ------------------------------------------------------------------------------
