@@ -264,6 +264,28 @@ def bulk_enqueue(data: dict[str, Any]) -> Lines:
             "", f"Speed-up: {data['speed_up']:.1f}x."]
 
 
+def mirror(data: dict[str, Any]) -> Lines:
+    lines = [f"The model mirror over the events of {n(data['jobs'])} no-op jobs (enqueued one "
+             f"call each, claimed, started and completed {data['claim']} at a time), each "
+             "run a fresh `Mirror.run(burst=True)` (`python -m bench.mirror`): **backlog** "
+             "mirrors every event of the finished jobs at once, **replay** the same events "
+             "delivered again, **in step** a mirror that keeps up (after each stage).", "",
+             *_header("database", "run", "mirror µs/job", "µs/entry", "jobs/s",
+                      "Redis µs/job", "database server µs/job", "load")]
+    for backend, figures in data["backends"].items():
+        label = figures.get("database_version") or backend
+        for run, row in figures["runs"].items():
+            lines.append(_row(label, run.replace("_", " "),
+                              n(row["cpu_us_per_job"], "{:,.1f}"),
+                              n(row["cpu_us_per_entry"], "{:,.1f}"), n(row["jobs_per_s"]),
+                              n(row["redis_cpu_us_per_job"], "{:,.1f}"),
+                              n(row["database_cpu_us_per_job"], "{:,.1f}"),
+                              _load(row.get("load"))))
+    return [*lines, "", "CPU (user + system) of the mirror's process; on SQLite the "
+            "database's work is in it, on PostgreSQL the server process of its connection "
+            "is counted apart."]
+
+
 #: The results file of each stand-alone script, its title and its section.
 SCRIPTS: dict[str, tuple[str, Callable[[dict[str, Any]], Lines]]] = {
     "shards": ("Sharded queue on a Redis Cluster", shards),
@@ -272,6 +294,7 @@ SCRIPTS: dict[str, tuple[str, Callable[[dict[str, Any]], Lines]]] = {
     "lake": ("Job-history lake and Spark", lake),
     "spark_bulk": ("Bulk scheduling from Spark", spark_bulk),
     "bulk_enqueue": ("Bulk enqueue against single enqueues", bulk_enqueue),
+    "mirror": ("The model mirror's CPU per job", mirror),
 }
 
 

@@ -118,6 +118,24 @@ def test_every_queue_operation_works_on_a_sharded_queue(on_cluster):
     assert queue.counts()["scheduled"] == 0
 
 
+@pytest.mark.django_db
+def test_the_mirror_writes_every_shard_and_refresh_rows_reads_each(on_cluster):
+    from django_delayq.mirror import Mirror
+    from django_delayq.mirror.consumer import refresh_rows
+    from django_delayq.models import Job as Row
+
+    ids = [f"m{i}" for i in range(20)]
+    tasks.record.using(queue="sharded").enqueue_many([JobSpec([i], job_id=i) for i in ids])
+    Mirror(block=0.1, queues=["sharded"]).run(burst=True, timeout=60)
+    assert dict(Row.objects.values_list("job_id", "status")) == dict.fromkeys(ids, "ready")
+    cancelled = ids[::5]
+    for job_id in cancelled:
+        Job.fetch(job_id, "sharded").cancel()
+    assert refresh_rows("sharded", ids) == len(ids)  # one script call per shard
+    assert dict(Row.objects.values_list("job_id", "status")) == (
+        dict.fromkeys(ids, "ready") | dict.fromkeys(cancelled, "cancelled"))
+
+
 def test_delayed_jobs_start_on_time_with_markers_watched_per_shard(on_cluster, redis_client):
     jobs = [tasks.count_run.using(queue="sharded", delay=0.3 + i * 0.1).enqueue(f"d{i}")
             for i in range(8)]
