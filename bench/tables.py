@@ -140,16 +140,31 @@ def replication(figures: dict[str, Any]) -> Lines:
 
 
 def shards(data: dict[str, Any]) -> Lines:
+    where = ("Redis server, every shard in one process (`python -m bench.shards "
+             "--one-server`)" if data.get("benchmark") == "shards_one_server" else
+             "3-primary Redis Cluster (`python -m bench.shards`)")
+    runs = data["rows"][0].get("runs", 1) if data["rows"] else 1
+    baseline = data.get("baseline")
     lines = [f"One queue's backlog of {n(data['jobs'])} no-op jobs drained by "
              f"{data['workers']} `runworker` processes from 1, 2 and 3 shards on a local "
-             "3-primary Redis Cluster (`python -m bench.shards`).", "",
-             *_header("shards", "jobs/s", "Redis µs/job", "per node", "workers µs/job",
-                      "load")]
+             f"{where}, with the adaptive prefetch and with claims of about 20 jobs "
+             f"(prefetch 16); medians of {runs} runs. Per core: jobs a second per core busy "
+             "with the queue; bound: the busiest Redis process's one core."
+             + (f" Code: this checkout, or the baseline `{baseline}` run right before it."
+                if baseline else ""), "",
+             *_header("prefetch", "shards", "code", "jobs/s", "Redis µs/job", "per node",
+                      "workers µs/job", "script calls / 1,000 jobs", "jobs/s per core",
+                      "bound jobs/s", "load")]
     for row in data["rows"]:
-        lines.append(_row(str(row["shards"]), n(row["jobs_per_s"]),
+        prefetch = row.get("prefetch")
+        lines.append(_row("adaptive" if prefetch is None else str(prefetch), str(row["shards"]),
+                          row.get("code", "current"), n(row["jobs_per_s"]),
                           n(row["redis_cpu_us_per_job"], "{:,.1f}"),
                           " / ".join(f"{v:.1f}" for v in row["redis_cpu_us_per_job_per_node"]),
-                          n(row["workers_cpu_us_per_job"], "{:,.1f}"), _load(row.get("load"))))
+                          n(row["workers_cpu_us_per_job"], "{:,.1f}"),
+                          n(row.get("script_calls_per_1000_jobs"), "{:,.1f}"),
+                          n(row.get("jobs_per_s_per_core")),
+                          n(row.get("primaries_bound_jobs_per_s")), _load(row.get("load"))))
     return lines
 
 
@@ -249,6 +264,28 @@ def bulk_enqueue(data: dict[str, Any]) -> Lines:
             "", f"Speed-up: {data['speed_up']:.1f}x."]
 
 
+def mirror(data: dict[str, Any]) -> Lines:
+    lines = [f"The model mirror over the events of {n(data['jobs'])} no-op jobs (enqueued one "
+             f"call each, claimed, started and completed {data['claim']} at a time), each "
+             "run a fresh `Mirror.run(burst=True)` (`python -m bench.mirror`): **backlog** "
+             "mirrors every event of the finished jobs at once, **replay** the same events "
+             "delivered again, **in step** a mirror that keeps up (after each stage).", "",
+             *_header("database", "run", "mirror µs/job", "µs/entry", "jobs/s",
+                      "Redis µs/job", "database server µs/job", "load")]
+    for backend, figures in data["backends"].items():
+        label = figures.get("database_version") or backend
+        for run, row in figures["runs"].items():
+            lines.append(_row(label, run.replace("_", " "),
+                              n(row["cpu_us_per_job"], "{:,.1f}"),
+                              n(row["cpu_us_per_entry"], "{:,.1f}"), n(row["jobs_per_s"]),
+                              n(row["redis_cpu_us_per_job"], "{:,.1f}"),
+                              n(row["database_cpu_us_per_job"], "{:,.1f}"),
+                              _load(row.get("load"))))
+    return [*lines, "", "CPU (user + system) of the mirror's process; on SQLite the "
+            "database's work is in it, on PostgreSQL the server process of its connection "
+            "is counted apart."]
+
+
 #: The results file of each stand-alone script, its title and its section.
 SCRIPTS: dict[str, tuple[str, Callable[[dict[str, Any]], Lines]]] = {
     "shards": ("Sharded queue on a Redis Cluster", shards),
@@ -257,6 +294,7 @@ SCRIPTS: dict[str, tuple[str, Callable[[dict[str, Any]], Lines]]] = {
     "lake": ("Job-history lake and Spark", lake),
     "spark_bulk": ("Bulk scheduling from Spark", spark_bulk),
     "bulk_enqueue": ("Bulk enqueue against single enqueues", bulk_enqueue),
+    "mirror": ("The model mirror's CPU per job", mirror),
 }
 
 

@@ -51,8 +51,14 @@ class Job(models.Model):
     #: The fields of the job record in Redis that could not be read (field -> what was
     #: found there), which the row holds as their defaults; null when none was damaged.
     damaged = models.JSONField(null=True, blank=True)
-    #: Stream id of the newest event applied to this row: older events never win.
+    #: The position in its queue shard's events stream (an entry id) the row is in step
+    #: with: the job's state once every entry up to it was written. A write of an older
+    #: position never replaces a newer one (``mirror/table.py``).
     last_event_id = models.CharField(max_length=40, blank=True)
+    #: That position as the two numbers of the entry id, which SQL compares (0 and 0: not
+    #: known, any write may replace the row).
+    last_event_ms = models.BigIntegerField(default=0, db_default=0, editable=False)
+    last_event_seq = models.BigIntegerField(default=0, db_default=0, editable=False)
     updated_at = models.DateTimeField("mirrored at", auto_now=True)
 
     class Meta:

@@ -205,6 +205,21 @@ def rerun_on_postgresql(test_file: str, *, this_test: str, timeout: float = 900)
     return output
 
 
+def run_bench_script(name: str, *args: str, out: Path) -> dict[str, Any]:
+    """Run ``python -m bench.<name> ARGS --out OUT`` as ``make bench`` does, on the
+    suite's PostgreSQL, fail unless it succeeds, and return its results file."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["DELAYQ_BENCH_PG"] = ":".join(services.pg_conninfo())
+    done = subprocess.run([sys.executable, "-m", f"bench.{name}", *args, "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=280,
+                          check=False)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    data: dict[str, Any] = json.loads((out / f"{name}.json").read_text())
+    assert data["benchmark"] == name
+    assert data["environment"]["load_average_start"]
+    return data
+
+
 def spawn_worker(*args: str, redis_url: str | None = None, env: dict[str, str] | None = None,
                  **popen: Any) -> subprocess.Popen[str]:
     """``manage.py runworker ARGS`` in a new process (its stderr is piped, as text);
@@ -230,9 +245,12 @@ class OutputReader:
         for line in self._process.stdout:
             self.lines.append(line)
 
-    def wait_for(self, text: str, timeout: float = 20.0) -> str:
-        return wait_until(lambda: next((x for x in self.lines if text in x), None), timeout,
-                          message=f"{text!r} in worker output:\n{self.text}")
+    def wait_for(self, *texts: str, timeout: float = 20.0) -> str:
+        """The first line holding one of ``texts``, once the process has written it."""
+        return wait_until(lambda: next((x for x in self.lines if any(t in x for t in texts)),
+                                       None), timeout,
+                          message=f"{' or '.join(map(repr, texts))} in worker output:\n"
+                                  f"{self.text}")
 
     @property
     def text(self) -> str:

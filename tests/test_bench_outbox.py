@@ -7,33 +7,18 @@ own that it creates and drops, and writes its figures to ``outbox.json``.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests import services
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import run_bench_script
 
 
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_the_outbox_bench_reports_every_figure(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env["DELAYQ_BENCH_PG"] = ":".join(services.pg_conninfo())  # the suite's server
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.outbox", "--transactions", "5", "--rows", "20",
-         "--samples", "2", "--out", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280, check=False)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
-    data = json.loads((tmp_path / "outbox.json").read_text())
-    assert data["benchmark"] == "outbox"
-    assert data["environment"]["load_average_start"]
+    data = run_bench_script("outbox", "--transactions", "5", "--rows", "20", "--samples", "2",
+                            out=tmp_path)
     assert [t["label"] for t in data["timed"]] == [
         "an INSERT alone (no job)", "INSERT + enqueue_on_commit",
         "INSERT + enqueue_in_transaction (hook sends)",

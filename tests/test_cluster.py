@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from django_delayq import Job, JobSpec, Queue, chain, group
+from django_delayq import DelayQConnectionError, Job, JobSpec, Queue, chain, group
 from django_delayq.engine import Broker, PartialClaimError
 from django_delayq.testing import RedisCluster
 from tests.conftest import ran, wait_until, worker_thread
@@ -116,6 +116,24 @@ def test_every_queue_operation_works_on_a_sharded_queue(on_cluster):
     assert queue.counts()["active"] == 40
     assert queue.purge(("scheduled",)) == 1
     assert queue.counts()["scheduled"] == 0
+
+
+@pytest.mark.django_db
+def test_the_mirror_writes_every_shard_and_refresh_rows_reads_each(on_cluster):
+    from django_delayq.mirror import Mirror
+    from django_delayq.mirror.consumer import refresh_rows
+    from django_delayq.models import Job as Row
+
+    ids = [f"m{i}" for i in range(20)]
+    tasks.record.using(queue="sharded").enqueue_many([JobSpec([i], job_id=i) for i in ids])
+    Mirror(block=0.1, queues=["sharded"]).run(burst=True, timeout=60)
+    assert dict(Row.objects.values_list("job_id", "status")) == dict.fromkeys(ids, "ready")
+    cancelled = ids[::5]
+    for job_id in cancelled:
+        Job.fetch(job_id, "sharded").cancel()
+    assert refresh_rows("sharded", ids) == len(ids)  # one script call per shard
+    assert dict(Row.objects.values_list("job_id", "status")) == (
+        dict.fromkeys(ids, "ready") | dict.fromkeys(cancelled, "cancelled"))
 
 
 def test_delayed_jobs_start_on_time_with_markers_watched_per_shard(on_cluster, redis_client):
@@ -239,6 +257,40 @@ def test_a_claim_keeps_what_the_other_shards_leased_while_one_slot_moves(on_clus
     assert Queue("sharded").counts()["active"] == 40
 
 
+def test_a_focused_claim_on_a_moving_slot_claims_from_the_other_shards_at_once(
+        on_cluster, cluster, monkeypatch):
+    from django_delayq.worker import Worker
+    from django_delayq.worker import fetcher as fetcher_module
+
+    monkeypatch.setattr(fetcher_module, "QUIET_SHARD_INTERVAL", 3600.0)
+    broker = on_cluster
+    every = {f"f{i}" for i in range(200)}
+    tasks.record.using(queue="sharded").enqueue_many(JobSpec([i], job_id=i) for i in every)
+    moving = broker.shards("sharded")[0]
+    on_moving = {i for i in every if broker.keys_for("sharded", i) == moving}
+    fetcher = Worker(["sharded"], broker=broker, concurrency=2, prefetch=6,
+                     burst=True).fetcher
+    # A full round: every shard gave all it was asked (2), so each has a backlog and
+    # focused rounds take them in turn, the moving one among them.
+    assert fetcher.claim(8)[0] == 8
+
+    def held() -> set[str]:
+        return {job.id for job in fetcher.ledger.held()}
+
+    with slot_moving(cluster, broker.client, broker.client.keyslot(moving.ready)):
+        for _ in range(4):
+            # The moving shard's TRYAGAIN costs no claim round: a full round follows at
+            # once, takes the other shards' jobs and leaves the moving one out.
+            assert fetcher.claim(8)[0] > 0
+        while fetcher.claim(8)[0]:
+            pass
+        assert every - on_moving <= held()
+        assert len(held() & on_moving) == 2, "only the first round's jobs of the moving shard"
+    # Moved: the shard is asked again once its SHARD_BACKOFF is over.
+    wait_until(lambda: fetcher.claim(8) and held() == every, message="the moved shard's jobs")
+    assert Queue("sharded").counts()["active"] == len(every)
+
+
 def test_a_worker_runs_the_other_shards_while_one_slot_moves_and_loses_nothing(
         on_cluster, cluster):
     n = 1200
@@ -322,7 +374,6 @@ def test_a_worker_keeps_acking_the_other_shards_while_one_slot_moves(on_cluster,
 
 def test_enqueues_to_a_moving_slot_raise_a_clear_error_and_bulk_counts_what_landed(
         on_cluster, cluster):
-    from django_delayq import DelayQConnectionError
     from django_delayq.engine import BulkResult, EnqueueRequest
 
     broker = on_cluster
@@ -469,3 +520,75 @@ def test_workflows_release_across_cluster_slots_exactly_once(on_cluster, cluster
     collected = [x for x in ran(client) if x["task"] == "flow_collect"]
     assert [(c["n"], c["nones"]) for c in collected] == [(n, n)]  # once, every result
     assert Job.fetch(steps[-1].id).result == 3
+
+
+def test_a_marker_watcher_outlives_the_whole_cluster_going_away(caplog):
+    """redis-py raises RedisClusterException, not a RedisError, when no node of the
+    cluster answers: the watcher logs it and keeps watching, so idle workers still wake
+    up on a mark once the cluster is back."""
+    from django_delayq.engine.urls import client_from_url
+    from django_delayq.worker.markers import MarkerWatch
+
+    marker = "{t:watched}:marker"
+    with RedisCluster() as own:
+        client = client_from_url(own.url, decode_responses=True)
+        stop = threading.Event()
+        watch = MarkerWatch(client, [marker], stop)
+        try:
+            for node in own.nodes:
+                node.stop()
+            with caplog.at_level("WARNING", logger="django_delayq.worker"):
+                # the watcher's calls fail while the worker idles
+                watch.wait(3.0)
+            assert any("marker watch failed" in r.getMessage() for r in caplog.records)
+            for node in own.nodes:
+                node.start()
+
+            def marked() -> bool:
+                try:
+                    client.zadd(marker, {"0": 0})
+                except (redis.RedisError, redis.exceptions.RedisClusterException):
+                    return False
+                return True
+
+            wait_until(marked, timeout=30, message="the cluster back")
+            watch.wait(60.0)  # returns once the watcher pops the mark
+            assert client.zcard(marker) == 0, "the watcher is gone: nothing popped the mark"
+        finally:
+            stop.set()
+            client.close()
+
+
+def test_an_idle_worker_claims_again_after_the_whole_cluster_was_away(settings, caplog):
+    """One unsharded queue on a cluster: the idle fetcher blocks on its marker itself
+    (one slot). While no node answers, redis-py raises RedisClusterException (not a
+    RedisError): the fetcher and the heartbeat wait it out, and the worker claims and
+    beats again once the cluster is back."""
+    with RedisCluster() as own, caplog.at_level("WARNING", logger="django_delayq.worker"):
+        settings.DELAYQ = {**settings.DELAYQ, "REDIS_URL": own.url}
+        with worker_thread(queues=["default"], block_timeout=0.5, lease=1.5) as worker:
+            assert worker.fetcher.watch is None, "one marker: no watcher threads"
+            first = tasks.record.enqueue("before")
+            wait_until(lambda: first.refresh().status == "completed", message="a first job")
+            for node in own.nodes:
+                node.stop()
+            wait_until(lambda: {"redis unavailable while idle", "heartbeat failed"} <= {
+                r.getMessage().split(" worker=")[0] for r in caplog.records},
+                message="the fetcher and the heartbeat to meet the outage")
+            with pytest.raises(DelayQConnectionError, match="Redis Cluster"):
+                tasks.record.enqueue("while no node answers")
+            for node in own.nodes:
+                node.start()
+
+            def enqueued() -> Any:
+                try:
+                    return tasks.record.enqueue("after")
+                except DelayQConnectionError:
+                    return None
+
+            second = wait_until(enqueued, timeout=30, message="the cluster back")
+            wait_until(lambda: second.refresh().status == "completed", timeout=30,
+                       message="a job enqueued once the cluster is back")
+            record = worker.broker.global_keys.worker(worker.name)
+            worker.broker.client.delete(record)
+            wait_until(lambda: worker.broker.client.exists(record), message="a heartbeat")

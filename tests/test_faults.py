@@ -27,6 +27,9 @@ CHAOS_WORKERS = 3
 CONCURRENCY = 4
 PREFETCH = 4
 LEASE = "2"
+#: What a worker logs when it finds Redis gone: its fetcher when it claims, else (every
+#: slot taken by jobs whose acks wait) its acker or its heartbeat.
+OUTAGE_NOTICED = ("redis unavailable", "acks not sent", "heartbeat failed")
 
 
 def client_for(url: str) -> Any:
@@ -165,7 +168,7 @@ def test_redis_crash_with_aof_keeps_jobs_and_workers_reconnect(spawned, fault_re
         done_at_crash = statuses(client, keys, early).count("completed")
         server.kill()
         for _, out in workers:
-            out.wait_for("redis unavailable", timeout=30)
+            out.wait_for(*OUTAGE_NOTICED, timeout=30)
         server.start()
         wait_until(lambda: statuses(client, keys, early).count("completed") == len(early),
                    timeout=60, message="every job enqueued before the crash to complete")
@@ -202,7 +205,7 @@ def test_redis_restart_without_persistence_loses_the_queue_but_not_the_worker(sp
         wait_until(lambda: client.hlen(RUNS) > 100, message="the run to be under way")
         ran = client.hlen(RUNS)
         server.kill()
-        out.wait_for("redis unavailable", timeout=30)
+        out.wait_for(*OUTAGE_NOTICED, timeout=30)
         server.start()  # empty: no AOF, no RDB
         # No job is left (the reconnecting worker may have re-registered itself, and a task
         # that was running may have counted its run on the new server already).

@@ -64,12 +64,14 @@ def test_every_results_file_gets_its_section(latest: dict[str, Any]) -> None:
         env = others[name]["environment"]
         # each section says when it ran and under what load
         assert tables.ran(env) in md
-    assert "| 3 | " in md  # the 3-shard row
+    assert "| 16 | 3 | current | " in md  # the 3-shard row with claims of about 20
     assert "| celery | " in md
     assert "| INSERT + enqueue_on_commit | " in md
     assert "| `enqueue_many` | " in md
     assert "- Export: 8,000 events" in md
     assert "`enqueue_dataframe` on a standalone cluster" in md
+    assert "| SQLite 3.40.1 | backlog | " in md
+    assert "| PostgreSQL 15.20 | in step | " in md
 
 
 def test_django_delayq_rows_beside_the_tuned_worker(latest: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.safestring import SafeString
 from django.views import View
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from ..connection import get_broker
 from ..engine import Broker, DelayQConnectionError, DelayQError, Queue
@@ -38,6 +38,9 @@ from .display import when
 logger = logging.getLogger(__name__)
 
 REDIS_DOWN = "Redis is unreachable, so live queue state cannot be shown. Try again shortly."
+#: What reading the live state may raise: Redis unreachable or refusing, a Cluster
+#: client's own errors, a name Redis holds that no queue can have.
+READ_ERRORS = (RedisError, RedisClusterException, DelayQError, ValueError)
 OPERATIONS = ("pause", "resume", "purge")
 #: A mirror whose consumer has not read for longer than this (ms) counts as stopped.
 MIRROR_IDLE_MS = 60_000
@@ -242,7 +245,7 @@ class QueuesView(_AdminView):
         data: dict[str, Any] = {"queues": [], "workers": [], "warnings": [], "periodic": []}
         try:
             data = snapshot()
-        except (RedisError, DelayQError, ValueError) as exc:
+        except READ_ERRORS as exc:
             error = unavailable(exc)
         return TemplateResponse(request, "admin/django_delayq/queues.html", self.context(
             request, title="Queues", error=error, statuses=STATUSES, **data))
@@ -255,7 +258,7 @@ class QueuesDataView(_AdminView):
         self.require(request, change=False)
         try:
             data = snapshot()
-        except (RedisError, DelayQError, ValueError) as exc:
+        except READ_ERRORS as exc:
             return JsonResponse({"error": unavailable(exc)}, status=503)
         workers = [{"name": w.name, "host": w.host, "pid": w.pid,
                     "role": ("supervisor" if w.role == "supervisor" else

@@ -26,9 +26,8 @@ from django.urls import URLPattern, path, reverse
 from django.utils.functional import lazy
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
-from redis.exceptions import RedisError
 
-from ..engine import DelayQConnectionError, DelayQError, InvalidJobState, JobNotFound
+from ..engine import DelayQConnectionError, InvalidJobState, JobNotFound
 from ..engine import Job as EngineJob
 from ..engine.status import CANCELLABLE, PENDING, RETRYABLE
 from ..models import Job, QueuesDashboard
@@ -149,7 +148,7 @@ class JobAdmin(admin.ModelAdmin):
         mirror alive, the list stays behind Redis and would not say why)."""
         try:
             warnings = dashboard.health_warnings()
-        except (RedisError, DelayQError, ValueError) as exc:  # never a 500 for a warning
+        except dashboard.READ_ERRORS as exc:  # never a 500 for a warning
             warnings = [dashboard.unavailable(exc)]
         return super().changelist_view(request, {"title": "Jobs", "dq_warnings": warnings,
                                                  **(extra_context or {})})

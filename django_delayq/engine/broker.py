@@ -18,7 +18,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import ClusterError, ReadOnlyError, RedisError, TryAgainError
+from redis.exceptions import (
+    ClusterError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -40,7 +46,11 @@ from .urls import client_from_url as client_from_url  # re-exported
 ID_BYTES = 12
 ID_CHARS = 16
 #: redis-py errors that mean Redis did not serve a call, not that the call was wrong.
-UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainError)
+#: (``RedisClusterException``, which is not a ``RedisError``, is what redis-py raises when
+#: no node of a cluster answers; the engine never sends what it raises for misuse, such
+#: as keys of several slots in one call.)
+UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainError,
+               RedisClusterException)
 #: Errors after which an enqueue may be retried with the same job id: Redis did not
 #: serve it, or a demoted primary refused it (``READONLY``).
 FAILOVER = (*UNAVAILABLE, ReadOnlyError)
@@ -219,7 +229,7 @@ class Broker:
             raise self._unreachable(exc) from exc
 
     def _unreachable(self, exc: Exception) -> DelayQConnectionError:
-        if isinstance(exc, ClusterError | TryAgainError):
+        if isinstance(exc, ClusterError | TryAgainError | RedisClusterException):
             return DelayQConnectionError(
                 f"the Redis Cluster at {_describe(self.client)} did not serve the call (a "
                 f"slot moving between nodes answers TRYAGAIN until the move ends; a failover "

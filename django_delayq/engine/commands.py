@@ -242,6 +242,19 @@ class Commands:
                                    [want, limit, period_ms, token])
         return int(granted), int(wait)
 
+    # -- the model mirror -----------------------------------------------------------
+
+    def read_jobs(self, keys: QueueKeys,
+                  job_ids: Sequence[str]) -> tuple[str, list[dict[str, str] | str]]:
+        """The id of the newest entry of the events stream of the shard ``keys`` ('' if
+        none) and the hashes of ``job_ids`` there, read at one instant: per job, its
+        fields (empty: no such job), or the type of a key that is not a hash."""
+        reply = run_script(self.client, "read_jobs",
+                           [keys.events, *(keys.job(job_id) for job_id in job_ids)], [])
+        return str(reply[0]), [dict(zip(flat[::2], flat[1::2], strict=True))
+                               if isinstance(flat, list) else str(flat)
+                               for flat in reply[1:]]
+
     # -- one job --------------------------------------------------------------------
 
     def progress(self, keys: QueueKeys, job_id: str, attempt: int, fraction: float,

@@ -31,6 +31,14 @@ def from_ms(value: Any) -> dt.datetime | None:
     Raises :class:`~.validation.InvalidTime` (a ``ValueError``) for a value that is not
     a number of milliseconds in the stored range (:data:`~.validation.MAX_TIME_MS`).
     """
+    ms = checked_ms(value)
+    # Positional (days, seconds, microseconds, milliseconds): cheaper than the keyword.
+    return None if ms is None else _EPOCH + dt.timedelta(0, 0, 0, ms)
+
+
+def checked_ms(value: Any) -> int | None:
+    """Epoch milliseconds as stored, as an int: :func:`from_ms` without the datetime
+    (None for no time; InvalidTime for what is not one in the stored range)."""
     if value in (None, "", 0, "0"):
         return None
     try:
@@ -41,8 +49,9 @@ def from_ms(value: Any) -> dt.datetime | None:
         except (TypeError, ValueError, OverflowError):
             raise validation.InvalidTime(
                 f"not a time in milliseconds: {str(value)[:40]!r}") from None
-    validation.check_time_ms(ms, f"time {ms} ms")
-    return _EPOCH + dt.timedelta(milliseconds=ms)
+    if not validation.MIN_TIME_MS <= ms <= validation.MAX_TIME_MS:  # the message, only then
+        validation.check_time_ms(ms, f"time {ms} ms")
+    return ms
 
 
 def to_ms(value: dt.datetime | None) -> int | None:
@@ -72,6 +81,21 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+#: JSON as every reader of a job can hold it: no NaN, no infinity (made once: a decoder
+#: keeps no state between calls).
+_STRICT_JSON = json.JSONDecoder(parse_float=_finite, parse_constant=_no_constant)
+
+
+def strict_json(text: str) -> Any:
+    """Decode stored JSON that every reader (a database too) can hold: no NaN, no
+    infinity, no number out of a double's range. Raises ValueError (or RecursionError)."""
+    try:
+        value, end = _STRICT_JSON.raw_decode(text)  # the stored text: no whitespace around
+    except ValueError:
+        return _STRICT_JSON.decode(text)  # whitespace first, or the error decode() gives
+    return value if end == len(text) else _STRICT_JSON.decode(text)
+
+
 class _Reader:
     """Reads the fields of a stored record, noting each damaged one instead of raising."""
 
@@ -97,7 +121,7 @@ class _Reader:
         if text is None:
             return default
         try:
-            return json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+            return strict_json(text)
         except (ValueError, RecursionError):
             self._note(name, text)
             return text
@@ -187,12 +211,16 @@ class JobHash:
     progress_message: str
     #: The job's own time limit per attempt, seconds (None: none set on the job).
     timeout: float | None
-    #: The last attempts, oldest first (see :func:`parse_attempt_log`).
-    attempt_log: list[dict[str, Any]]
     #: The ``(queue, id)`` parents it waits (or waited) for, in order (workflows).
     parents: list[tuple[str, str]]
     #: Fields that could not be read: field -> what was found there.
     damaged: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def attempt_log(self) -> list[dict[str, Any]]:
+        """The last attempts, oldest first (see :func:`parse_attempt_log`); read when
+        asked for (the mirror stores the log as it is)."""
+        return parse_attempt_log(self.text.get("attempt_log"))
 
 
 def parse_attempt_log(raw: str | None) -> list[dict[str, Any]]:
@@ -269,6 +297,5 @@ def read_job_hash(stored: dict[str, str]) -> JobHash:
         damaged=read.damaged,
         timeout=to_int(data.get("timeout")) / 1000
         if to_int(data.get("timeout")) > 0 else None,
-        attempt_log=parse_attempt_log(data.get("attempt_log")),
         parents=parse_parents(data.get("parents")),
     )

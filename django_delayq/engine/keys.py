@@ -17,6 +17,8 @@ from .status import STATUSES
 # \Z, not $: "$" also matches before a trailing newline, which would let "q\n" through.
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}\Z")
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.:@+=/\-]{1,128}\Z")
+#: Space-separated job ids with neither '.' nor '/' (the parts rule has nothing to check).
+_PLAIN_JOB_IDS_RE = re.compile(r"[A-Za-z0-9_:@+=\-]{1,128}(?: [A-Za-z0-9_:@+=\-]{1,128})*\Z")
 
 
 def validate_queue_name(name: str) -> str:
@@ -46,6 +48,16 @@ def validate_job_id(job_id: str) -> str:
             raise ValueError(f"invalid job id {job_id[:80]!r}: the parts between '/' may not "
                              "be empty, '.' or '..'")
     return job_id
+
+
+def split_job_ids(text: str) -> list[str]:
+    """The job ids of a space-separated list (as a stream entry names them), each checked
+    as :func:`validate_job_id` does (``ValueError`` for the first that is not one)."""
+    job_ids = text.split(" ")
+    if not _PLAIN_JOB_IDS_RE.match(text):  # one match for the common case: all plain
+        for job_id in job_ids:
+            validate_job_id(job_id)
+    return job_ids
 
 
 @dataclass(frozen=True, eq=True)

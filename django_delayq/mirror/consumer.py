@@ -5,11 +5,12 @@ mirrors (one per worker process, or ``manage.py delayq_mirror``) share the work.
 entry is acknowledged only after the database transaction holding its row commits: a
 crash or a database outage loses nothing, the entries stay pending and are read again
 (the consumer's own pending entries first, then other consumers' entries idle for longer
-than ``claim_idle``). Writes are idempotent: a row remembers the stream id of the newest
-event applied to it (``last_event_id``) and an older event never overwrites it.
+than ``claim_idle``). Writes are idempotent: a row remembers the stream position its
+state is as of, an event it already holds is not written again, and a write of an older
+position never replaces a newer one (:mod:`.table`).
 
 Redis stays the source of truth: a row is built from the job HASH read at mirror time
-(its newest state), or from the event alone when the hash is gone (result TTL, purge).
+(its newest state), or from the events alone when the hash is gone (result TTL, purge).
 """
 
 from __future__ import annotations
@@ -43,20 +44,15 @@ from ..engine import Broker, streams
 from ..engine.errors import DelayQConnectionError
 from ..engine.keys import QueueKeys
 from ..engine.status import FINISHED_IN_HISTORY
-from ..models import Job, JobStatus
+from ..models import Job
 from ..worker.backoff import Backoff
+from . import table
 from .events import Event, apply_event, parse_entry, row_from_hash, stream_id
+from .table import NO_POSITION
 from .takeover import GROUP, claim_from_gone
 
 logger = logging.getLogger(__name__)
 
-#: Fields an upsert rewrites (everything but the key and the primary key).
-UPDATE_FIELDS = [
-    "task_name", "status", "priority", "args", "kwargs", "run_at", "enqueued_at",
-    "started_at", "finished_at", "attempts", "max_attempts", "worker", "result", "error",
-    "traceback", "progress", "progress_message", "attempt_log", "parents", "damaged",
-    "last_event_id", "updated_at",
-]
 #: Errors that stop a batch to be read again later (nothing is skipped for them): Redis
 #: or the database is away. Any other error of one event skips that event alone.
 STALLS = (OperationalError, InterfaceError, RedisError, DelayQConnectionError)
@@ -77,6 +73,7 @@ class Mirror:
                  batch_size: int | None = None, block: float = 1.0,
                  claim_idle: float | None = None, queues: Iterable[str] | None = None,
                  refresh_interval: float = 10.0, prune_interval: float = 300.0) -> None:
+        table.check_database()
         self.broker = broker or get_broker(socket_timeout=block + conf.SOCKET_TIMEOUT)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.batch_size = batch_size or conf.MIRROR_BATCH_SIZE
@@ -316,43 +313,39 @@ class Mirror:
                      keys.events, entry_id, reason)
 
     def _write(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
-        """Upsert one row per job, in one transaction; ``by_job`` events are oldest first.
+        """Write the row of each job of ``by_job`` (its events, oldest first) that is
+        older than its newest event, in one transaction.
 
-        A row takes its job HASH's state when the hash exists, else the events newer than
-        the row, applied in order.
+        A row takes its job HASH's state, as of the stream position read with it; when
+        the hash is gone, the events newer than the row, applied in order.
         """
         queue = keys.queue
-        job_ids = sorted(by_job)
-        with transaction.atomic():
-            # Placeholders make every row lockable, so concurrent mirrors apply their
-            # batches one after the other (each reads the job hashes once it holds the lock).
-            Job.objects.bulk_create(
-                [Job(queue=queue, job_id=j, status=JobStatus.READY) for j in job_ids],
-                ignore_conflicts=True)
-            existing = {row.job_id: row for row in Job.objects.select_for_update()
-                        .filter(queue=queue, job_id__in=job_ids).order_by("job_id")}
-            todo = [j for j in job_ids if _newer(by_job[j][-1], existing.get(j))]
-            if not todo:
-                return
-            pipe = self.broker.client.pipeline(transaction=False)
-            for job_id in todo:
-                pipe.hgetall(keys.job(job_id))
-            hashes = pipe.execute()
-            now = timezone.now()
-            rows = []
-            for job_id, data in zip(todo, hashes, strict=True):
-                event = by_job[job_id][-1]
-                if data:
-                    row = row_from_hash(queue, job_id, data)
-                else:
-                    row = existing.get(job_id) or Job(queue=queue, job_id=job_id)
-                    for older in by_job[job_id]:
-                        if _newer(older, row):
-                            apply_event(row, older)
-                row.pk = None  # upserted on (queue, job_id), never by primary key
-                row.last_event_id, row.updated_at = event.entry_id, now
+        # Read before the transaction, so that on SQLite its first statement is a write
+        # (which takes the database's write lock at once).
+        stored = table.positions(queue, by_job)
+        todo = [job_id for job_id, events in by_job.items()
+                if events[-1].order > stored.get(job_id, NO_POSITION)]
+        if not todo:
+            return
+        position, hashes = self.broker.commands.read_jobs(keys, todo)
+        read_at = stream_id(position) if position else NO_POSITION
+        now = timezone.now()
+        rows = []
+        gone: dict[str, list[Event]] = {}
+        for job_id, data in zip(todo, hashes, strict=True):
+            events = by_job[job_id]
+            if isinstance(data, str):
+                raise ValueError(f"its key holds a {data}, not a job hash")
+            if data:
+                row = row_from_hash(queue, job_id, data)
+                row.update(table.position_fields(max(read_at, events[-1].order), now))
                 rows.append(row)
-            _upsert(rows)
+            else:
+                gone[job_id] = events
+        with transaction.atomic(using=table.alias()):
+            if gone:
+                rows += _rows_from_events(queue, gone, now)
+            table.upsert(rows)
 
     # -- retention -----------------------------------------------------------------
 
@@ -386,47 +379,53 @@ class Mirror:
                     self.broker.client.xgroup_delconsumer(keys.events, GROUP, consumer["name"])
 
 
-def _upsert(rows: list[Job]) -> None:
-    Job.objects.bulk_create(rows, update_conflicts=True, unique_fields=["queue", "job_id"],
-                            update_fields=UPDATE_FIELDS)
+def _rows_from_events(queue: str, by_job: dict[str, list[Event]],
+                      now: dt.datetime) -> list[table.Row]:
+    """The rows of jobs whose hash is gone: each stored row (locked, so that no other
+    writer changes it meanwhile) with the events newer than it applied in order."""
+    rows = []
+    for job_id, job in table.lock_rows(queue, by_job).items():
+        newer = [event for event in by_job[job_id]
+                 if event.order > (job.last_event_ms, job.last_event_seq)]
+        if not newer:
+            continue  # another writer got there first
+        for event in newer:
+            apply_event(job, event)
+        row = table.row_of(job)
+        row.update(table.position_fields(newer[-1].order, now))
+        rows.append(row)
+    return rows
 
 
 def refresh_rows(queue: str, job_ids: Iterable[str], *, broker: Broker | None = None) -> int:
     """Rewrite the rows of ``job_ids`` from their job hashes now, without waiting for
     their events (an admin action shows its effect at once). Returns how many.
 
-    A job whose hash is gone, or that has no row yet, is left to the events. The rows
-    keep their ``last_event_id``: the events still apply, newest state first.
+    Each row takes the stream position read with its hash, as the mirror's writes do:
+    whichever of the two writes a job last, its row ends in the newer state, and the
+    events up to that position are not written again. A job whose hash is gone is left
+    to its events.
     """
     broker = broker or get_broker()
-    with transaction.atomic():
-        rows = {row.job_id: row for row in Job.objects.select_for_update()
-                .filter(queue=queue, job_id__in=list(job_ids)).order_by("job_id")}
-        if not rows:
-            return 0
-        with broker.connection_errors():
-            pipe = broker.client.pipeline(transaction=False)
-            for job_id in rows:
-                pipe.hgetall(broker.keys_for(queue, job_id).job(job_id))
-            hashes = pipe.execute()
-        now = timezone.now()
-        fresh = []
-        for (job_id, old), data in zip(rows.items(), hashes, strict=True):
-            if data:
-                row = row_from_hash(queue, job_id, data)
-                row.last_event_id, row.updated_at = old.last_event_id, now
-                fresh.append(row)
-        _upsert(fresh)
-    return len(fresh)
-
-
-def _newer(event: Event, row: Job | None) -> bool:
-    if row is None or not row.last_event_id:
-        return True
-    try:
-        return event.order > stream_id(row.last_event_id)
-    except ValueError:
-        return True
+    shards: dict[QueueKeys, list[str]] = {}
+    for job_id in job_ids:
+        shards.setdefault(broker.keys_for(queue, job_id), []).append(job_id)
+    now = timezone.now()
+    rows = []
+    with broker.connection_errors():
+        for keys, ids in shards.items():
+            position, hashes = broker.commands.read_jobs(keys, ids)
+            if not position:
+                continue  # no events: nothing to order a write against
+            read_at = stream_id(position)
+            for job_id, data in zip(ids, hashes, strict=True):
+                if data and isinstance(data, dict):
+                    row = row_from_hash(queue, job_id, data)
+                    row.update(table.position_fields(read_at, now))
+                    rows.append(row)
+    with transaction.atomic(using=table.alias()):
+        table.upsert(rows)
+    return len(rows)
 
 
 def table_exists() -> bool:

@@ -9,15 +9,16 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..engine.fields import stored
-from ..engine.jobhash import decode_stored, from_ms, read_job_hash, to_fraction
-from ..engine.keys import QueueKeys, validate_job_id
+from ..engine.jobhash import checked_ms, from_ms, read_job_hash, strict_json, to_fraction
+from ..engine.keys import QueueKeys, split_job_ids, validate_job_id
 from ..engine.status import JOB_STATUSES, Status
 from ..models import Job, JobStatus
+from .table import Row, StoredJSON
 
 logger = logging.getLogger("django_delayq.mirror")
 
@@ -26,25 +27,33 @@ logger = logging.getLogger("django_delayq.mirror")
 _UNSTORABLE_ESCAPE = re.compile(r"\\u(?:0000|d[89a-f][0-9a-f]{2})", re.IGNORECASE)
 
 
+#: The largest part of an entry id a row stores (its columns are SQL bigints).
+MAX_ID_PART = 2**63 - 1
+
+
 def stream_id(entry_id: str) -> tuple[int, int]:
-    """A stream entry id as a comparable ``(ms, seq)`` pair; raises ValueError."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
+    """A stream entry id as a comparable ``(ms, seq)`` pair; raises ValueError (for an id
+    whose parts a row cannot store, too)."""
+    ms_text, _, seq_text = entry_id.partition("-")
+    ms, seq = int(ms_text), int(seq_text or 0)
+    if not (0 <= ms <= MAX_ID_PART and 0 <= seq <= MAX_ID_PART):
+        raise ValueError(f"stream id out of range: {entry_id[:60]}")
+    return ms, seq
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Event:
-    """One decoded entry of an events stream."""
+    """One decoded entry of an events stream, for one of the jobs it names."""
 
-    keys: QueueKeys
     entry_id: str
+    #: ``entry_id`` as numbers (:func:`stream_id`): events sort by it.
+    order: tuple[int, int]
     event: str
     job_id: str
+    #: The attempt of this job the entry reports, as stored (None: not given).
+    attempt: str | None
+    #: The entry's fields, shared by the events of every job it names.
     fields: dict[str, str]
-
-    @property
-    def order(self) -> tuple[int, int]:
-        return stream_id(self.entry_id)
 
     @property
     def at(self) -> dt.datetime | None:
@@ -64,35 +73,31 @@ def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None,
                        keys.events, entry_id)
         return []
     try:
-        stream_id(entry_id)
+        order = stream_id(entry_id)
         event = fields["event"]
-        attempts: list[str | None]
+        attempts: Sequence[str | None]
+        # An id no job can have would fail its row's insert (PostgreSQL enforces the
+        # column length): a poison entry that would stall the stream.
         if "jobs" not in fields:
-            job_ids, attempts = [fields["job"]], [fields.get("attempt")]
+            job_ids, attempts = [validate_job_id(fields["job"])], [fields.get("attempt")]
         else:
-            job_ids = fields["jobs"].split(" ")
+            job_ids = split_job_ids(fields["jobs"])
             if "attempts" in fields:
-                attempts = list(fields["attempts"].split(" "))
+                attempts = fields["attempts"].split(" ")
             else:
                 attempts = [None] * len(job_ids)
             if len(attempts) != len(job_ids):
                 raise ValueError("jobs and attempts differ in length")
-        from_ms(fields.get("ts"))  # a time every reader can represent (ValueError if not)
-        if not event or not all(job_ids):
-            raise ValueError("empty event or job")
-        # An id no job can have would fail its row's insert (PostgreSQL enforces the
-        # column length): a poison entry that would stall the stream.
-        for job_id in job_ids:
-            validate_job_id(job_id)
+        checked_ms(fields.get("ts"))  # a time every reader can represent (ValueError if not)
+        if not event:
+            raise ValueError("empty event")
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         logger.warning("skipping garbled event stream=%s id=%s fields=%r error=%s",
                        keys.events, entry_id, fields, exc)
         if on_garbled is not None:
             on_garbled(f"garbled event: {type(exc).__name__}: {exc}")
         return []
-    common = {k: v for k, v in fields.items() if k not in ("jobs", "attempts", "attempt")}
-    return [Event(keys, entry_id, event, job_id,
-                  common if attempt is None else {**common, "attempt": attempt})
+    return [Event(entry_id, order, event, job_id, attempt, fields)
             for job_id, attempt in zip(job_ids, attempts, strict=True)]
 
 
@@ -123,52 +128,65 @@ def _storable(value: Any) -> Any:
     return value
 
 
-def _json_field(value: Any, raw: str | None) -> Any:
-    """A decoded JSON field, made storable when its stored text ``raw`` needs it."""
-    if raw and ("\x00" in raw or _UNSTORABLE_ESCAPE.search(raw) or not raw.isascii()):
-        value = _storable(value)
-    return value
+def _json_value(value: Any, raw: str | None, damaged: bool) -> Any:
+    """What to write of a JSON field, read as ``value`` from its stored text ``raw``: that
+    text itself when a database takes it as it is (the common case: the decoder checked
+    it, and it is ASCII with no escape a database refuses), else the value made storable
+    (a damaged field's value is its text, written as a JSON string). None is SQL NULL."""
+    if value is None or raw is None:
+        return value
+    if "\x00" in raw or not raw.isascii() or _UNSTORABLE_ESCAPE.search(raw):
+        return _storable(value)
+    return value if damaged else StoredJSON(raw, value)
 
 
-def row_from_hash(queue: str, job_id: str, data: dict[str, str]) -> Job:
-    """A model instance holding a job HASH's state (HGETALL's answer, stored names).
+def row_from_hash(queue: str, job_id: str, data: dict[str, str]) -> Row:
+    """The row values of a job HASH's state (HGETALL's answer, stored names).
 
     A damaged field (a time out of range, a number that is not one) takes its default,
     so one damaged hash cannot stall the mirror; ``damaged`` names each such field and
     what was found there, as the live ``Job`` does.
     """
     h = read_job_hash(data)
-    return Job(
-        queue=queue, job_id=job_id, task_name=storable_text(h.task[:200]),
-        status=h.status if h.status in JOB_STATUSES else JobStatus.READY,
-        priority=h.priority,
-        args=_json_field(h.args, h.text.get("args")),
-        kwargs=_json_field(h.kwargs, h.text.get("kwargs")),
-        run_at=h.run_at, enqueued_at=h.enqueued_at,
-        started_at=h.started_at, finished_at=h.finished_at,
-        attempts=max(0, h.attempts), max_attempts=max(1, h.max_attempts),
-        worker=storable_text((h.worker or "")[:200]),
-        result=_json_field(h.result, h.text.get("result")),
-        error=storable_text(h.error or ""),
-        traceback=storable_text(h.traceback or ""),
-        progress=h.progress,
-        progress_message=storable_text(h.progress_message[:500]),
-        attempt_log=_attempt_log(h.text.get("attempt_log")),
-        parents=[list(ref) for ref in h.parents],
-        damaged={storable_text(k): storable_text(v) for k, v in h.damaged.items()} or None,
-    )
+    text, damaged = h.text, h.damaged
+    parents = [list(ref) for ref in h.parents]
+    return {
+        "queue": queue, "job_id": job_id, "task_name": storable_text(h.task[:200]),
+        "status": h.status if h.status in JOB_STATUSES else JobStatus.READY,
+        "priority": h.priority,
+        "args": _json_value(h.args, text.get("args"), "args" in damaged),
+        "kwargs": _json_value(h.kwargs, text.get("kwargs"), "kwargs" in damaged),
+        "run_at": h.run_at, "enqueued_at": h.enqueued_at,
+        "started_at": h.started_at, "finished_at": h.finished_at,
+        "attempts": max(0, h.attempts), "max_attempts": max(1, h.max_attempts),
+        "worker": storable_text((h.worker or "")[:200]),
+        "result": _json_value(h.result, text.get("result"), "result" in damaged),
+        "error": storable_text(h.error or ""),
+        "traceback": storable_text(h.traceback or ""),
+        "progress": h.progress,
+        "progress_message": storable_text(h.progress_message[:500]),
+        "attempt_log": _attempt_log(text.get("attempt_log")),
+        # Only the well-formed pairs are kept: never the stored text as it is.
+        "parents": _storable(parents) if parents else parents,
+        "damaged": {storable_text(k): storable_text(v) for k, v in damaged.items()} or None,
+    }
 
 
-def _attempt_log(raw: str | None) -> list[Any]:
+def _attempt_log(raw: str | None) -> list[Any] | StoredJSON:
     """The stored attempt log as the model keeps it (a list; [] when unreadable)."""
-    value = _json_field(decode_stored(raw, []), raw)
-    return value if isinstance(value, list) else []
+    if raw is None:
+        return []
+    try:
+        value = strict_json(raw)
+    except (ValueError, RecursionError):
+        return []
+    return _json_value(value, raw, False) if isinstance(value, list) else []
 
 
 def apply_event(row: Job, event: Event) -> None:
     """Update ``row`` from an event alone (its job HASH is gone)."""
     f, at = event.fields, event.at
-    attempt = f.get("attempt")
+    attempt = event.attempt
     if attempt and attempt.isdigit():
         row.attempts = int(attempt)
     kind = event.event

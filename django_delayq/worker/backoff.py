@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import threading
 
+from redis.exceptions import RedisClusterException, RedisError
+
+#: What a worker's loops catch as "Redis failed: try again later": any RedisError, and
+#: RedisClusterException, which redis-py raises (it is not a RedisError) when no node of
+#: a Redis Cluster answers; a loop that let it through would end its thread for good.
+REDIS_ERRORS = (RedisError, RedisClusterException)
 #: Waits between retries while Redis is unreachable: the first, and the longest.
 FIRST_BACKOFF = 0.1
 MAX_BACKOFF = 5.0

@@ -1,7 +1,8 @@
 """The fetcher: claims jobs for the worker's free threads and buffer, in batches.
 
-It claims up to the free capacity from every served queue shard in one round trip
-(:meth:`Broker.claim_many`), and when nothing is due blocks on the queues' marker ZSETs
+It claims up to the free capacity in one round trip (:meth:`Broker.claim_many`), from
+every served queue shard or, while shards have a backlog, from one of them at a time
+(:meth:`Fetcher.claim`), and when nothing is due blocks on the queues' marker ZSETs
 (BZPOPMIN) until work arrives or the next scheduled job is due (Redis clock).
 
 The capacity is ``concurrency + async slots + prefetch`` leases, counting every lease
@@ -12,14 +13,13 @@ death can make run twice, never exceed it.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
 
-from redis.exceptions import RedisError
-
 from ..engine import Broker, ClaimedJob, ClaimResult, PartialClaimError, QueueKeys
-from .backoff import FIRST_BACKOFF, MAX_BACKOFF, SHARD_BACKOFF, Backoff
+from .backoff import FIRST_BACKOFF, MAX_BACKOFF, REDIS_ERRORS, SHARD_BACKOFF, Backoff
 from .ledger import Ledger
 from .markers import MarkerWatch
 
@@ -31,6 +31,10 @@ PRECISE_WAIT = 0.25
 #: Adaptive prefetch holds about this many seconds of work per thread, up to MAX_PREFETCH.
 PREFETCH_WINDOW = 0.05
 MAX_PREFETCH = 500
+#: While shards with a backlog are claimed from one at a time, the quiet ones (no
+#: backlog) are asked for a job at least this often, in seconds: the longest a job
+#: arriving on a quiet shard waits for a claim while the worker keeps claiming.
+QUIET_SHARD_INTERVAL = 0.05
 
 
 class Fetcher:
@@ -72,6 +76,13 @@ class Fetcher:
         self._on_burst_done = on_burst_done
         self.shards: list[QueueKeys] = [k for q in self.queues for k in broker.shards(q)]
         self.rotation = 0
+        #: Shards whose last claim gave all it asked: a backlog, claimed from one at a
+        #: time (see :meth:`claim`), in turn from a random start so that workers started
+        #: together do not all ask the same shard first.
+        self._backlogged: set[QueueKeys] = set()
+        self._next_focus = random.randrange(max(1, len(self.shards)))
+        #: When the quiet shards were last asked (monotonic seconds).
+        self._quiet_asked_at = float("-inf")
         #: Shards backing off after refusing a claim: until when (monotonic seconds).
         self._backoff_until: dict[QueueKeys, float] = {}
         self.watch: MarkerWatch | None = None
@@ -130,7 +141,7 @@ class Fetcher:
             try:
                 claimed, wait = self.claim(free)
                 backoff.reset()
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 logger.warning("redis unavailable, retrying in %.1fs worker=%s error=%s",
                                backoff.delay, self.name, exc)
                 backoff.wait()
@@ -155,23 +166,71 @@ class Fetcher:
                 break
             try:
                 self._wait_for_work(wait)
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 logger.warning("redis unavailable while idle worker=%s error=%s", self.name, exc)
                 backoff.wait()
 
     def claim(self, free: int) -> tuple[int, float]:
-        """Claim up to about ``free`` jobs over all shards, fairly, in one round trip.
+        """Claim up to ``free`` jobs, fairly between shards, in one round trip.
 
-        Shards are asked in a rotating order. Returns (jobs claimed, seconds until the
-        next scheduled job is due or the next start a rate limit allows, capped).
+        While shards have a backlog (their last claim gave all it asked), a round asks
+        one of them, in turn, for nearly all of ``free``: each script call then carries a
+        whole batch, and so do the acks that follow it, so a sharded queue costs about
+        what one shard does per job (a call's fixed cost is paid once per batch, not once
+        per shard). The quiet shards (their last claim came back short) are asked for one
+        job each along with it at least every QUIET_SHARD_INTERVAL, so a job arriving on
+        one waits no longer than that; one that gives its job has a backlog again.
+        Otherwise (no backlog known, the shard asked came back empty, or ``free`` too
+        small to leave it a job) every shard is asked in a rotating order, ``free``
+        split between them. Rate-limited queues get their share of that split in every
+        round. The counts never add up to more than ``free``.
+
+        Returns (jobs claimed, seconds until the next scheduled job is due or the next
+        start a rate limit allows, capped).
         """
-        n = len(self.shards)
-        start = self.rotation % n
         self.rotation += 1
         sent = time.monotonic()
-        backing_off = self._backoff_until
+        focus = self._focus(sent)
+        if focus is not None:
+            ask_quiet = sent - self._quiet_asked_at >= QUIET_SHARD_INTERVAL
+            wants = self._wants(free, sent, focus, ask_quiet)
+            if wants is not None:
+                if ask_quiet:
+                    self._quiet_asked_at = sent
+                try:
+                    total, wait, filled = self._claim_round(wants, sent, focus)
+                except REDIS_ERRORS:
+                    # the round below asks that shard again and backs it off if it
+                    # refuses while others answer, as any round does
+                    self._backlogged.discard(focus)
+                else:
+                    if total or filled:
+                        return total, wait
+        self._quiet_asked_at = sent
+        wants = self._wants(free, sent, None, True) or []
+        total, wait, _ = self._claim_round(wants, sent, None)
+        return total, wait
+
+    def _focus(self, now: float) -> QueueKeys | None:
+        """The next shard with a backlog, in turn (None: none is known)."""
+        n = len(self.shards)
+        for step in range(n if self._backlogged else 0):
+            keys = self.shards[(self._next_focus + step) % n]
+            if keys in self._backlogged and self._backoff_until.get(keys, 0.0) <= now:
+                self._next_focus = (self._next_focus + step + 1) % n
+                return keys
+        return None
+
+    def _wants(self, free: int, sent: float, focus: QueueKeys | None,
+               ask_quiet: bool) -> list[tuple[QueueKeys, int]] | None:
+        """What each shard is asked for, ``free`` in all: split over every shard that is
+        not backing off (``focus`` None), or the limited queues' shares of that split,
+        one job per quiet shard if ``ask_quiet``, and the rest for ``focus`` (None if
+        nothing is left for it)."""
+        n = len(self.shards)
+        start = self.rotation % n
         order = [k for k in self.shards[start:] + self.shards[:start]
-                 if backing_off.get(k, 0.0) <= sent]
+                 if self._backoff_until.get(k, 0.0) <= sent]
         idle = max(0, self.concurrency - self.ledger.busy)
         self._starved = idle == 0 and bool(self._limited)
         # ``free`` split over the shards (the first ones in this turn's order get the
@@ -179,8 +238,21 @@ class Fetcher:
         # reports the next due time
         each, extra = divmod(max(0, free), max(1, len(order)))
         counts = [each + (i < extra) for i in range(len(order))]
-        wants = [(keys, min(count, idle) if keys.queue in self._limited else count)
+        split = [(keys, min(count, idle) if keys.queue in self._limited else count)
                  for keys, count in zip(order, counts, strict=True)]
+        if focus is None:
+            return split
+        limited = [(keys, count) for keys, count in split if keys.queue in self._limited]
+        quiet = [(keys, 1) for keys in order if ask_quiet and keys != focus
+                 and keys.queue not in self._limited and keys not in self._backlogged]
+        rest = free - sum(count for _, count in limited) - len(quiet)
+        return [(focus, rest), *limited, *quiet] if rest >= 1 else None
+
+    def _claim_round(self, wants: list[tuple[QueueKeys, int]], sent: float,
+                     focus: QueueKeys | None) -> tuple[int, float, bool]:
+        """One round trip asking each shard of ``wants`` for its count. Returns (jobs
+        claimed, seconds to wait, whether ``focus`` gave all it was asked)."""
+        backing_off = self._backoff_until
         results: list[ClaimResult] = []
         if wants:
             try:
@@ -193,11 +265,21 @@ class Fetcher:
                 refused = [k for k, _ in wants if k not in answered]
                 for keys in refused:
                     backing_off[keys] = sent + SHARD_BACKOFF
+                    self._backlogged.discard(keys)
                 logger.warning("claim refused by %d shard(s), left out for %.1fs worker=%s "
                                "shards=%s error=%s", len(refused), SHARD_BACKOFF, self.name,
                                ",".join(k.tag for k in refused), exc.__cause__)
+        asked = dict(wants)
+        filled = False
         for result in results:
             backing_off.pop(result.keys, None)
+            if result.keys.queue in self._limited or asked[result.keys] < 1:
+                continue  # a count of 0 says nothing of a backlog
+            if len(result.jobs) >= asked[result.keys]:
+                self._backlogged.add(result.keys)
+                filled = filled or result.keys == focus
+            else:
+                self._backlogged.discard(result.keys)
         wait = self.block_timeout
         if backing_off:
             wait = min(wait, min(backing_off.values()) - sent)
@@ -216,7 +298,7 @@ class Fetcher:
             self.ledger.add(result.jobs)
             for job in result.jobs:
                 self._deliver(job)
-        return total, wait - (time.monotonic() - sent)
+        return total, wait - (time.monotonic() - sent), filled
 
     def _wait_for_work(self, wait: float) -> None:
         """Sleep until work may be there: a marker, the next due time, or the cap.

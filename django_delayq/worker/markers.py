@@ -13,7 +13,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
+from .backoff import REDIS_ERRORS
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -56,7 +56,7 @@ class MarkerWatch:
                 continue
             try:
                 popped = self._client.bzpopmin([key], timeout=WATCH_SLICE)
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 logger.warning("marker watch failed key=%s error=%s", key, exc)
                 self._stop.wait(0.5)
                 continue

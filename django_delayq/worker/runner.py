@@ -30,8 +30,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from ..conf import conf
 from ..connection import get_broker
 from ..engine import Broker, ClaimedJob, DelayQError
@@ -40,6 +38,7 @@ from ..periodic import schedule_due
 from ..task import TaskRegistry, registry
 from .acks import Acker, by_shard
 from .async_executor import AsyncExecutor, is_async
+from .backoff import REDIS_ERRORS
 from .executor import Executor
 from .exit_codes import EXIT_FORCED, EXIT_OK, EXIT_RESTART
 from .fetcher import Fetcher
@@ -312,7 +311,7 @@ class Worker:
                                      catch_up_max=conf.CRON_CATCH_UP_MAX)
                 if added:
                     logger.debug("enqueued %d periodic jobs worker=%s", added, self.name)
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 logger.warning("periodic scheduling failed worker=%s error=%s", self.name, exc)
             self._stop.wait(interval)
 
@@ -324,7 +323,7 @@ class Worker:
         try:
             self.broker.client.sadd(self.broker.global_keys.queues, *self.queues)
             self.heartbeat.record_alive()
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             logger.warning("could not register worker worker=%s error=%s", self.name, exc)
 
     def _reclaim(self) -> None:
@@ -332,7 +331,7 @@ class Worker:
         (what fails is logged: the burst runs on)."""
         try:
             self.heartbeat.beat(renew=False)
-        except (RedisError, DelayQError) as exc:
+        except (*REDIS_ERRORS, DelayQError) as exc:
             logger.warning("reclaim failed worker=%s error=%s", self.name, exc)
         except Exception:
             logger.exception("reclaim failed worker=%s", self.name)
@@ -353,7 +352,7 @@ class Worker:
             self.broker.add_release(batch, keys, pairs, started=started)
         try:
             batch.run()
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             logger.warning("could not hand back %d jobs (their leases will lapse) error=%s",
                            len(jobs), exc)
             return

@@ -23,11 +23,10 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from redis.exceptions import RedisError
-
 from ..connection import get_broker
 from ..engine import Broker
 from ..engine.workers import forget, record_alive
+from .backoff import REDIS_ERRORS
 from .children import MIRROR, WORKER, Child, Children
 
 logger = logging.getLogger("django_delayq.worker")
@@ -126,5 +125,5 @@ class Supervisor:
                 "children": ",".join(str(c.proc.pid) for c in live if c.proc is not None),
                 "restarts": self.restarts,
             })
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             logger.warning("supervisor heartbeat failed supervisor=%s error=%s", self.name, exc)

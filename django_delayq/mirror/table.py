@@ -1,0 +1,299 @@
+"""The Job table as the mirror writes it: one conditional upsert per batch of rows.
+
+Every write carries the position in its queue shard's events stream that the state it
+holds is as of (``last_event_ms``, ``last_event_seq``; ``lua/read_jobs.lua`` reads a job
+hash and that position at one instant), and replaces a stored row only when the row's
+position is older::
+
+    INSERT INTO django_delayq_job (...) ...
+    ON CONFLICT (queue, job_id) DO UPDATE SET ... = excluded. ...
+    WHERE (stored ms, stored seq) < (excluded ms, excluded seq)
+
+So no row lock is needed: PostgreSQL checks the condition on the newest version of the
+row once it holds the row (a concurrent writer's commit is waited for), SQLite runs one
+writer at a time, and whatever the order in which two mirrors (or a mirror and
+:func:`~.consumer.refresh_rows`) write one job, the row ends holding the newest state
+either read; a batch written twice changes nothing (not even ``updated_at``).
+
+Not ``bulk_create(update_conflicts=True)``: Django compiles the SQL of every value of
+every row in Python, which made the mirror cost ten times the job it mirrors. Here the
+statement is built once from the model's fields (a field added to ``Job`` is written
+too), in the shape each database runs at the least cost (``bench/mirror.py`` measured
+them): on SQLite, a one-row ``VALUES`` statement prepared once and run for every row,
+each value adapted by its field only where a plain value would not do (times, JSON); on
+PostgreSQL, the whole batch as one JSON document (one C-encoded parameter) that
+``json_populate_recordset`` turns into rows, one statement parsed and planned once,
+where one statement per row cost the server three times as much.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Iterable
+from functools import cache
+from operator import itemgetter
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections, router
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field
+
+from ..engine.status import Status
+from ..models import Job
+
+#: A row to write: values by field name (``Field.attname``); a field left out takes its
+#: default.
+Row = dict[str, Any]
+#: A stream entry id as numbers, ``(ms, seq)``; (0, 0) is no known position.
+Position = tuple[int, int]
+NO_POSITION: Position = (0, 0)
+#: Fields a database takes as the Python value itself: no adaptation needed.
+PLAIN = frozenset({
+    "CharField", "TextField", "SmallIntegerField", "IntegerField", "BigIntegerField",
+    "PositiveSmallIntegerField", "PositiveIntegerField", "PositiveBigIntegerField",
+    "FloatField",
+})
+#: The databases whose upsert takes a condition (``ON CONFLICT ... DO UPDATE ... WHERE``).
+VENDORS = ("sqlite", "postgresql")
+#: The unique key of a row.
+KEY = ("queue", "job_id")
+#: Ids per query that reads stored positions.
+READ_CHUNK = 500
+
+
+def alias() -> str:
+    """The database the mirror writes to (``Job``'s, as the database routers say)."""
+    return router.db_for_write(Job)
+
+
+def check_database() -> None:
+    """Refuse a database the upsert cannot run on, before anything is written."""
+    vendor = connections[alias()].vendor
+    if vendor not in VENDORS:
+        raise ImproperlyConfigured(
+            f"the model mirror writes to SQLite or PostgreSQL, and the database "
+            f"{alias()!r} is {vendor}: run the workers with --no-mirror")
+
+
+def fields() -> list[Field[Any, Any]]:
+    """Every column the mirror writes: all of ``Job``'s but its primary key."""
+    return [f for f in Job._meta.concrete_fields if not f.primary_key]
+
+
+def position_fields(position: Position, now: dt.datetime) -> Row:
+    """The values that say which position a row is as of, and when it was written."""
+    ms, seq = position
+    return {"last_event_id": f"{ms}-{seq}", "last_event_ms": ms, "last_event_seq": seq,
+            "updated_at": now}
+
+
+def row_of(job: Job) -> Row:
+    """A model instance's values, as a row to write."""
+    return {f.attname: getattr(job, f.attname) for f in fields()}
+
+
+def positions(queue: str, job_ids: Iterable[str]) -> dict[str, Position]:
+    """The stored position of each of ``job_ids`` that has a row."""
+    ids = list(job_ids)
+    found: dict[str, Position] = {}
+    with connections[alias()].cursor() as cursor:
+        for start in range(0, len(ids), READ_CHUNK):
+            part = ids[start:start + READ_CHUNK]
+            cursor.execute(_positions_sql(len(part)), [queue, *part])
+            found.update((job_id, (ms, seq)) for job_id, ms, seq in cursor.fetchall())
+    return found
+
+
+def lock_rows(queue: str, job_ids: Iterable[str]) -> dict[str, Job]:
+    """The rows of ``job_ids``, made (empty, at no position) where missing, and locked
+    until the transaction ends: for events that apply to what a row holds."""
+    ids = sorted(job_ids)
+    jobs = Job.objects.using(alias())
+    jobs.bulk_create([Job(queue=queue, job_id=job_id, status=Status.READY) for job_id in ids],
+                     ignore_conflicts=True)  # on SQLite, this write takes the write lock
+    return {job.job_id: job for job in jobs.select_for_update()
+            .filter(queue=queue, job_id__in=ids).order_by("job_id")}
+
+
+def upsert(rows: Iterable[Row]) -> None:
+    """Write ``rows`` (each with its position: :func:`position_fields`) where they are
+    newer than what is stored; in the caller's transaction, if any."""
+    newest: dict[str, Row] = {}  # one row per job (a statement may not touch one twice)
+    for row in rows:
+        held = newest.get(row["job_id"])
+        if held is None or _position(row) > _position(held):
+            newest[row["job_id"]] = row
+    if not newest:
+        return
+    ordered = [newest[job_id] for job_id in sorted(newest)]  # one lock order for all
+    connection = connections[alias()]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(_recordset_statement(), [_document(ordered)])
+        else:
+            columns = _Columns(connection)
+            cursor.executemany(_values_statement(), [columns.values(row) for row in ordered])
+
+
+def _position(row: Row) -> Position:
+    return row["last_event_ms"], row["last_event_seq"]
+
+
+class StoredJSON:
+    """A JSON value with the text it was stored as, which a database takes as it is (its
+    reader checked that): written without being encoded again where JSON is text."""
+
+    __slots__ = ("text", "value")
+
+    def __init__(self, text: str, value: Any) -> None:
+        self.text, self.value = text, value
+
+
+# -- SQLite: one row per run of a prepared statement -------------------------------------
+
+Adapter = Callable[[Any], Any]
+
+
+class _Columns:
+    """Turns rows into the statement's parameters, for one connection and one batch."""
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        all_fields = fields()
+        self.names = [f.attname for f in all_fields]
+        self._defaults = {f.attname: f.get_default for f in all_fields}
+        self._every = itemgetter(*self.names)
+        self._adapted = [(i, adapt) for i, f in enumerate(all_fields)
+                         if (adapt := _adapter(f, connection)) is not None]
+
+    def values(self, row: Row) -> list[Any]:
+        try:
+            values = list(self._every(row))
+        except KeyError:  # a field left out: its default
+            values = [row[name] if name in row else self._defaults[name]()
+                      for name in self.names]
+        for i, adapt in self._adapted:
+            values[i] = adapt(values[i])
+        return values
+
+
+def _adapter(field: Field[Any, Any], connection: BaseDatabaseWrapper) -> Adapter | None:
+    """``field.get_db_prep_save`` for the values a row holds, in fewer steps where they
+    are most of the cost (None: the value is taken as it is). A time or a JSON value goes
+    straight to the backend's adaptation, where ``get_db_prep_save`` ends for an aware
+    datetime or a JSON value (None stays SQL NULL)."""
+    kind = field.get_internal_type()
+    if kind in PLAIN:
+        return None
+    if kind == "DateTimeField":
+        adapt_time = connection.ops.adapt_datetimefield_value
+        seen: dict[Any, Any] = {}  # a batch's rows share times (updated_at, often run_at)
+
+        def time_value(value: Any) -> Any:
+            try:
+                return seen[value]
+            except KeyError:
+                adapted = seen[value] = adapt_time(value)
+                return adapted
+        return time_value
+    if kind == "JSONField":
+        adapt_json, encoder = connection.ops.adapt_json_value, field.encoder
+        # A backend that takes JSON as text takes the stored text as it is.
+        text_as_is = adapt_json([], encoder) == "[]"
+        empty: dict[type, Any] = {list: adapt_json([], encoder), dict: adapt_json({}, encoder)}
+
+        def json_value(value: Any) -> Any:
+            of = type(value)
+            if of is StoredJSON:
+                return value.text if text_as_is else adapt_json(value.value, encoder)
+            if value is None:
+                return None
+            if not value and of in empty:  # most jobs' kwargs, parents, ...
+                return empty[of]
+            return adapt_json(value, encoder)
+        return json_value
+
+    def prepared(value: Any) -> Any:
+        return field.get_db_prep_save(value, connection)
+    return prepared
+
+
+@cache
+def _values_statement() -> str:
+    """The upsert of one row, ``%s`` for each of its values."""
+    one = "(" + ", ".join(["%s"] * len(fields())) + ")"
+    return f"{_insert()} VALUES {one} {_on_conflict()}"
+
+
+# -- PostgreSQL: one statement per batch --------------------------------------------------
+
+
+def _document(rows: list[Row]) -> str:
+    """The rows as a JSON array of objects keyed by column (what a row leaves out takes
+    its field's default)."""
+    every = fields()
+    as_named = all(f.attname == f.column for f in every)
+    complete = [row if as_named and len(row) == len(every) else _with_defaults(row, every)
+                for row in rows]
+    return json.dumps(complete, default=_json_default, ensure_ascii=False, allow_nan=False,
+                      separators=(",", ":"))
+
+
+def _with_defaults(row: Row, every: list[Field[Any, Any]]) -> Row:
+    return {f.column: row[f.attname] if f.attname in row else f.get_default() for f in every}
+
+
+def _json_default(value: Any) -> Any:
+    if type(value) is StoredJSON:
+        return value.value
+    if isinstance(value, dt.datetime):
+        return value.isoformat()  # every digit: DjangoJSONEncoder cuts microseconds
+    raise TypeError(f"{type(value).__name__} is not a value of a job row")
+
+
+@cache
+def _recordset_statement() -> str:
+    """The upsert of the rows of one JSON document (:func:`_document`): a JSON null in a
+    JSON column is SQL NULL, as Django writes None."""
+    table = _quote(Job._meta.db_table)
+    selected = ", ".join(
+        f"NULLIF({_quote(f.column)}, 'null'::jsonb)" if f.get_internal_type() == "JSONField"
+        else _quote(f.column) for f in fields())
+    return (f"{_insert()} SELECT {selected} "
+            f"FROM json_populate_recordset(NULL::{table}, %s::json) {_on_conflict()}")
+
+
+# -- both ------------------------------------------------------------------------------
+
+
+def _insert() -> str:
+    columns = ", ".join(_quote(f.column) for f in fields())
+    return f"INSERT INTO {_quote(Job._meta.db_table)} ({columns})"
+
+
+def _on_conflict() -> str:
+    """Replace the stored row only when it is as of an older position."""
+    table = _quote(Job._meta.db_table)
+    key = [Job._meta.get_field(name).column for name in KEY]
+    updated = ", ".join(f"{_quote(f.column)} = excluded.{_quote(f.column)}"
+                        for f in fields() if f.column not in key)
+    ms, seq = (_quote(Job._meta.get_field(name).column)
+               for name in ("last_event_ms", "last_event_seq"))
+    return (f"ON CONFLICT ({', '.join(_quote(c) for c in key)}) DO UPDATE SET {updated} "
+            f"WHERE ({table}.{ms}, {table}.{seq}) < (excluded.{ms}, excluded.{seq})")
+
+
+@cache
+def _positions_sql(ids: int) -> str:
+    """The stored positions of ``ids`` jobs of one queue."""
+    column = {name: _quote(Job._meta.get_field(name).column)
+              for name in ("job_id", "queue", "last_event_ms", "last_event_seq")}
+    return (f"SELECT {column['job_id']}, {column['last_event_ms']}, "
+            f"{column['last_event_seq']} FROM {_quote(Job._meta.db_table)} "
+            f"WHERE {column['queue']} = %s AND {column['job_id']} IN "
+            f"({', '.join(['%s'] * ids)})")
+
+
+def _quote(name: str) -> str:
+    return f'"{name}"'  # SQL's quoted identifier, as SQLite and PostgreSQL both take it
