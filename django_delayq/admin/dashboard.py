@@ -201,6 +201,8 @@ def unavailable(exc: Exception) -> str:
         return REDIS_DOWN
     logger.warning("admin: live queue state unavailable error=%s: %s",
                    type(exc).__name__, exc)
+    if isinstance(exc, ValueError):  # a name in Redis that no queue can have
+        return f"Live queue state is unavailable: {str(exc)[:200]}"
     return (f"Live queue state is unavailable: Redis refused a read "
             f"({type(exc).__name__}: {str(exc)[:200]}).")
 

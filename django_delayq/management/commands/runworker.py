@@ -144,8 +144,8 @@ class Command(BaseCommand):
             mirror = start_mirror_process(worker.name, options["verbosity"])
         # The outbox relay and the lake export run in the mirror process, or in the
         # pool's (a pool's worker runs neither); without one, here.
-        side = SideThreads.start() if mirror is None and options["supervisor"] is None \
-            else SideThreads()
+        here = mirror is None and options["supervisor"] is None
+        side = SideThreads.start() if here else SideThreads()
         try:
             # its mirror consumes as <worker>/mirror: the worker's record stays until
             # the mirror has stopped, or other mirrors would take its events over
