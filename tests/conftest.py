@@ -260,8 +260,8 @@ class OutputReader:
 @pytest.fixture
 def spawned() -> Iterator[Callable[..., tuple[subprocess.Popen[str], OutputReader]]]:
     """Start worker processes; every one still running at the end is killed, with its
-    children (a mirror process in a session of its own would otherwise go on, against
-    the next test's Redis)."""
+    children (a mirror process outlives a killed parent for a while, and would mirror
+    against the next test's Redis)."""
     procs: list[subprocess.Popen[str]] = []
 
     def start(*args: str, redis_url: str | None = None,
