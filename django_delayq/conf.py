@@ -193,7 +193,7 @@ def _permission_classes(value: Any) -> list[str]:
 
 #: The options of DELAYQ["OUTBOX"] (the transactional outbox, docs/outbox.md).
 OUTBOX_DEFAULTS: dict[str, Any] = {
-    "RELAY": True,  # run the relay on a thread of runworker and delayq_mirror
+    "RELAY": True,  # run the relay on a thread: one per runworker (or pool), delayq_mirror
     "FAST_PATH": True,  # send a transaction's jobs from an on_commit hook at once
     "CHUNK_SIZE": 500,  # rows the relay (and the commit hook) send per round trip
     "POLL_INTERVAL": 1.0,  # seconds the relay waits between reads of an empty outbox
@@ -370,16 +370,18 @@ class DelayQSettings:
                                 "Seconds another mirror's unacknowledged events may sit "
                                 "before this one takes them over.")
     # The job-history lake: a local path or filesystem URL (s3://, gs://, hdfs://...)
-    # that runworker's export thread appends every queue's events to (None: off; the
-    # delayq_export command takes the path itself).
+    # that an export thread appends every queue's events to: one per runworker (or
+    # pool), in its mirror process or, without one, in runworker itself; delayq_mirror
+    # runs one too (None: off; the delayq_export command takes the path itself).
     LAKE_PATH = Setting(None, optional(str), "E033", _lake_path,
-                        "Where runworker's export thread writes the job-history lake "
-                        "(None: no thread).")
+                        "Where the export thread of runworker (its mirror process, or "
+                        "runworker itself under --no-mirror) and delayq_mirror writes "
+                        "the job-history lake (None: no thread).")
     # The transactional outbox (Task.enqueue_in_transaction): keys left out keep their
     # defaults (OUTBOX_DEFAULTS).
     OUTBOX = Setting(OUTBOX_DEFAULTS, _outbox_options, "E090", _outbox,
                      "Options of the transactional outbox: RELAY, FAST_PATH, CHUNK_SIZE, "
-                     "POLL_INTERVAL, MAX_ATTEMPTS, DATABASES.")
+                     "POLL_INTERVAL, DATABASES.")
     # Spark master URL of the Spark pipeline's commands; --master overrides it.
     SPARK_MASTER = Setting("local[*]", str, "E060", _spark_master,
                            "Spark master URL (local[*], spark://host:7077, yarn, k8s://...).")

@@ -98,6 +98,8 @@ class QueuesDashboard(Job):
         proxy = True
         verbose_name = "queues dashboard"
         verbose_name_plural = "queues dashboard"
+
+
 class OutboxEntry(models.Model):
     """A job written in a database transaction, waiting to be sent to Redis.
 

@@ -96,6 +96,7 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
     session = services.SESSION
     return [f"  {session.pg_note}"] if session.pg_note and not session.pg_in_header else []
 
+
 @pytest.fixture(autouse=True)
 def _clean_redis(settings: Any) -> Iterator[None]:
     """Each test starts with an empty Redis database and fresh connections."""
@@ -258,7 +259,9 @@ class OutputReader:
 
 @pytest.fixture
 def spawned() -> Iterator[Callable[..., tuple[subprocess.Popen[str], OutputReader]]]:
-    """Start worker processes; every one still running at the end is killed."""
+    """Start worker processes; every one still running at the end is killed, with its
+    children (a mirror process outlives a killed parent for a while, and would mirror
+    against the next test's Redis)."""
     procs: list[subprocess.Popen[str]] = []
 
     def start(*args: str, redis_url: str | None = None,
@@ -270,8 +273,7 @@ def spawned() -> Iterator[Callable[..., tuple[subprocess.Popen[str], OutputReade
     yield start
     for proc in procs:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            kill_with_children(proc)
 
 
 def migrated_sqlite(tmp_path: Path) -> str:

@@ -242,3 +242,68 @@ def test_job_list_time_column_names_its_zone(admin_client):
     assert ">Run at (UTC)<" in admin_client.get(changelist).content.decode()
     with override_settings(TIME_ZONE="Asia/Kolkata"):
         assert ">Run at (Asia/Kolkata)<" in admin_client.get(changelist).content.decode()
+
+
+def reads_processed(client) -> int:
+    """Network reads the Redis server processed so far: one per round trip of a client."""
+    return int(client.info("stats")["total_reads_processed"])
+
+
+def test_job_list_warnings_take_two_round_trips_whatever_the_queues_and_workers(
+        settings, redis_client):
+    from django_delayq.admin import dashboard
+    from django_delayq.engine.workers import record_alive
+
+    settings.DELAYQ = {**settings.DELAYQ, "QUEUES": {"wide": {"shards": 4}}}
+    from django_delayq.connection import get_broker
+
+    broker = get_broker()
+    for i in range(20):
+        tasks.record.using(queue=f"q{i}").enqueue("one")
+    tasks.record.using(queue="wide", delay=600).enqueue("sharded")
+    for i in range(50):
+        record_alive(broker, f"w{i}", 60, {"queues": "default"})
+    assert dashboard.health_warnings() == [  # connections warm
+        "No mirror is running: 21 event(s) are not in the job list yet. The mirror runs "
+        "inside runworker (or manage.py delayq_mirror)."]
+    before = reads_processed(redis_client)
+    dashboard.health_warnings()
+    assert reads_processed(redis_client) - before <= 3  # two, and this INFO
+
+
+@pytest.fixture
+def refused_command(request, settings, redis_client) -> Iterator[str]:
+    """DELAYQ on a Redis user that may run every command but one (an ACL)."""
+    from django_delayq import connection
+
+    command = request.param
+    redis_client.acl_setuser("limited", enabled=True, passwords=["+secret-pw"],
+                             categories=["+@all"], commands=[f"-{command}"], keys=["*"],
+                             channels=["*"])
+    url = settings.DELAYQ["REDIS_URL"].replace("redis://", "redis://limited:secret-pw@", 1)
+    settings.DELAYQ = {**settings.DELAYQ, "REDIS_URL": url}
+    connection.reset()
+    try:
+        yield command
+    finally:
+        connection.reset()
+        redis_client.acl_deluser("limited")
+
+
+@pytest.mark.parametrize("refused_command", ["xinfo", "smembers"], indirect=True)
+def test_a_redis_refusing_a_read_shows_a_note_not_an_error_page(admin_client, redis_client,
+                                                               refused_command):
+    """A refusal is not taken for an empty stream (a wrong warning), nor raised (a
+    500): the pages say it."""
+    redis_client.sadd("dq:queues", "default")
+    page = admin_client.get(reverse("admin:django_delayq_job_changelist"))
+    assert page.status_code == 200
+    note = "Live queue state is unavailable: Redis refused a read (NoPermissionError"
+    assert note in page.content.decode()
+    dashboard_page = admin_client.get(reverse(DASHBOARD))
+    assert dashboard_page.status_code == 200
+    assert note in dashboard_page.content.decode()
+    data = admin_client.get(reverse(DATA))
+    assert data.status_code == 503
+    assert data.json()["error"].startswith(note)
+    assert "secret-pw" not in data.json()["error"]

@@ -6,17 +6,22 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from collections.abc import Iterator
 
 import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
 
 from django_delayq import Queue
 from django_delayq.worker import EXIT_RESTART
 from tests.conftest import ran, wait_until, worker_thread
+from tests.test_worker import (
+    assert_failed_outside_its_task,
+    claimed_in_a_ledger,
+    raising_start_note,
+)
 from tests.testapp import standard_tasks as st
 from tests.testapp import tasks
-
-# The ORM test leaves a connection on sync_to_async's thread, which later jobs check.
-pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def most_at_once(records: list[dict], start: str, end: str) -> int:
@@ -102,6 +107,24 @@ def test_a_dead_event_loop_stops_the_worker_and_its_job_runs_again(redis_client,
     assert (job.status, job.attempts, job.result) == ("completed", 2, "k")
 
 
+@pytest.fixture
+def orm_on_the_sync_thread() -> Iterator[None]:
+    """Forget, once the test is over, the database connections the ORM opened on
+    ``sync_to_async``'s thread (an in-memory SQLite ignores ``close()``): the worker
+    checks that thread's connections around every async job, and a later test without
+    database access would find this one there."""
+    yield
+
+    def forget() -> None:
+        for alias in list(connections):
+            connections[alias].close()
+            del connections[alias]
+
+    asyncio.run(sync_to_async(forget)())
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("orm_on_the_sync_thread")
 def test_an_async_task_uses_the_orm_through_sync_to_async():
     from django.contrib.auth.models import User
 
@@ -142,3 +165,35 @@ def test_a_leaking_async_exception_does_not_lose_the_job(redis_client):
         wait_until(lambda: job.refresh().is_finished, message="the job to finish")
     assert job.status == "failed"
     assert "KeyboardInterrupt" in job.error
+
+
+def test_an_after_job_hook_that_raises_loses_no_async_outcome(redis_client):
+    def boom() -> None:
+        raise RuntimeError("hook")
+
+    with worker_thread(queues=["async"], concurrency=1) as worker:
+        worker.after_job = boom
+        jobs = [tasks.async_add.enqueue(i, 1) for i in range(2)]
+        wait_until(lambda: all(j.refresh().status == "completed" for j in jobs),
+                   message="the async jobs acked")
+        wait_until(lambda: worker.ledger.held_count == 0, message="no lease left held")
+
+
+def test_an_async_job_whose_run_fails_outside_its_task_is_failed_not_held(broker):
+    """What raises on the event loop around a job (not in its task) reaches the future
+    of its run: logged, and the job failed instead of held for ever."""
+    from django_delayq.task import registry
+    from django_delayq.worker.async_executor import AsyncExecutor
+
+    job = tasks.async_add.enqueue(1, 2)
+    ledger, claimed = claimed_in_a_ledger(broker, "async")
+    outcomes = []
+    executor = AsyncExecutor(tasks=registry, encoder=json.JSONEncoder, name="w",
+                             ledger=ledger, report=outcomes.append,
+                             note_started=raising_start_note, on_loop_lost=lambda: None)
+    try:
+        executor.submit(claimed)
+        wait_until(lambda: outcomes, message="an outcome")
+    finally:
+        executor.stop()
+    assert_failed_outside_its_task(broker, job, ledger, outcomes)

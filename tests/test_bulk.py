@@ -105,3 +105,23 @@ def test_the_earliest_delayed_job_of_a_bulk_call_wakes_a_worker(redis_client):
     assert bulk.enqueued == 3
     earliest = min(r.run_at_ms for r in results)
     assert redis_client.zrange(keys.marker, 0, -1, withscores=True) == [("1", earliest)]
+
+
+def test_a_sharded_queue_reports_its_jobs_in_call_order(settings):
+    """Each shard answers its own call: the ids and results still follow the requests."""
+    from django_delayq.connection import get_broker
+    from django_delayq.engine import EnqueueRequest
+
+    settings.DELAYQ = {**settings.DELAYQ, "QUEUES": {"wide": {"shards": 3}}}
+    broker = get_broker()
+    ids = [f"w{i}" for i in range(30)]
+    assert len({broker.keys_for("wide", job_id) for job_id in ids}) == 3
+    tasks.record.using(queue="wide", job_id="w7").enqueue("there first")
+    results: list[EnqueueResult] = []
+    total = broker.enqueue_many("wide", [EnqueueRequest(task=tasks.record.name, args=[j],
+                                                        job_id=j) for j in ids],
+                                results=results)
+    assert total.job_ids == ids
+    assert [r.job_id for r in results] == ids
+    assert [r.added for r in results] == [job_id != "w7" for job_id in ids]
+    assert total.duplicate_ids == ["w7"]

@@ -425,15 +425,61 @@ def test_failover_retry_sends_again_the_shard_a_bulk_chunk_could_not_reach(
         sender = threading.Thread(target=send)
         sender.start()
         # The other shards answered; the moving one is being retried.
-        wait_until(lambda: total.enqueued == len(ids) - len(on_moving) or errors,
-                   message="the other shards' jobs")
+        wait_until(lambda: Queue("sharded").counts()["ready"] == len(ids) - len(on_moving) + 1
+                   or errors, message="the other shards' jobs")
         assert sender.is_alive(), errors
     sender.join(timeout=60)
     assert not sender.is_alive()
     assert errors == []
     assert (total.enqueued, total.duplicates) == (len(ids) - 1, 1)
-    assert sorted(total.job_ids) == sorted(ids)
+    assert total.job_ids == ids, "in call order, whatever shard answered first"
     assert Queue("sharded").counts()["ready"] == len(ids)
+
+
+def test_a_dependant_is_linked_once_its_parent_s_shard_answered_a_failover_retry(
+        on_cluster, cluster, caplog):
+    """A parent and its dependant in one bulk chunk, on two shards: the parent's shard
+    is retried (its slot moving) after the dependant's answered. The dependant is linked
+    only once the parent is stored, so it waits for it instead of finding it missing."""
+    from django_delayq.engine import EngineConfig, EnqueueRequest
+
+    broker = Broker(on_cluster.client, EngineConfig(shards={"sharded": 4},
+                                                    failover_retry_ms=60_000))
+    moving = broker.shards("sharded")[0]
+    ids = (f"d{i}" for i in itertools.count())
+    parent_id = next(i for i in ids if broker.keys_for("sharded", i) == moving)
+    child_id = next(i for i in ids if broker.keys_for("sharded", i) != moving)
+    there_first = next(i for i in ids if broker.keys_for("sharded", i) == moving)
+    tasks.record.using(queue="sharded", job_id=there_first).enqueue("there first")
+    errors: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            broker.enqueue_many("sharded", [
+                EnqueueRequest(task=tasks.record.name, args=["p"], job_id=parent_id),
+                EnqueueRequest(task=tasks.record.name, args=["c"], job_id=child_id,
+                               depends_on=[parent_id])])
+        except BaseException as exc:
+            errors.append(exc)
+
+    caplog.set_level("DEBUG", logger="django_delayq.engine.broker")
+    with slot_moving(cluster, broker.client, broker.client.keyslot(moving.ready)):
+        sender = threading.Thread(target=send)
+        sender.start()
+        # redis-py gave up on the moving slot: the chunk's other shard has answered
+        wait_until(lambda: errors or any("retrying the enqueue" in r.getMessage()
+                                         for r in caplog.records),
+                   message="a failover retry of the parent's shard")
+        assert broker.client.exists(broker.keys_for("sharded", child_id).job(child_id))
+        assert sender.is_alive(), errors
+    sender.join(timeout=60)
+    assert not sender.is_alive()
+    assert errors == []
+    child = Job.fetch(child_id, "sharded", broker=broker)
+    assert child.status == "waiting", child.error
+    with worker_thread(queues=["sharded"], broker=broker):
+        wait_until(lambda: child.refresh().status == "completed",
+                   message="the dependant to run after its parent")
 
 
 def test_a_url_naming_several_seeds_connects_while_the_first_is_down(settings, cluster):

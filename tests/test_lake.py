@@ -24,7 +24,7 @@ from django_delayq.engine.keys import QueueKeys
 from django_delayq.lake import GROUP, Exporter
 from django_delayq.lake.store import read_all
 from django_delayq.mirror import GROUP as MIRROR_GROUP
-from tests.conftest import ROOT, wait_until, worker_env, worker_thread
+from tests.conftest import ROOT, migrated_sqlite, wait_until, worker_env, worker_thread
 from tests.lake_events import Crash, CrashBeforeAck, generate
 from tests.testapp import tasks
 
@@ -193,16 +193,25 @@ def test_a_killed_export_process_rerun_leaves_no_duplicate(tmp_path, redis_clien
     assert pending(redis_client) == 0
 
 
-def test_runworker_exports_on_a_thread_when_lake_path_is_set(tmp_path, redis_client):
+@pytest.mark.parametrize("args", [(), ("--no-mirror",)])
+def test_runworker_exports_on_a_thread_when_lake_path_is_set(tmp_path, redis_client, args):
+    """In its mirror process, or in runworker itself when it runs none."""
+    db = migrated_sqlite(tmp_path)
+    lake = tmp_path / "lake"
     jobs = [tasks.record.enqueue(f"w{i}") for i in range(5)]
-    env = worker_env(DELAYQ_TEST_SETTINGS=json.dumps({"LAKE_PATH": str(tmp_path)}))
-    done = subprocess.run([sys.executable, "-m", "django", "runworker", "--burst"],
+    env = worker_env(DELAYQ_TEST_SETTINGS=json.dumps({"LAKE_PATH": str(lake)}),
+                     DELAYQ_TEST_SQLITE=db)
+    done = subprocess.run([sys.executable, "-m", "django", "runworker", "--burst", *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+    exporters = [line for line in done.stderr.splitlines()
+                 if "lake export started" in line and "burst=False" in line]
+    assert len(exporters) == 1, done.stderr
+    assert ("started mirror-0" in done.stderr) == (not args), done.stderr
     assert all(j.refresh().status == "completed" for j in jobs)
     # Stopping, the thread exported what the worker's last acks wrote.
-    assert lake_events(tmp_path) == stream_events(redis_client)
-    assert {e for _, e, _ in lake_events(tmp_path)} >= {"enqueued", "completed"}
+    assert lake_events(lake) == stream_events(redis_client)
+    assert {e for _, e, _ in lake_events(lake)} >= {"enqueued", "completed"}
 
 
 def test_trimmed_events_are_counted_as_lost(tmp_path, broker, redis_client):

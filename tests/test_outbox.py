@@ -37,6 +37,7 @@ from django_delayq.testing import RedisServer
 from tests.conftest import (
     ROOT,
     OutputReader,
+    kill_with_children,
     rerun_on_postgresql,
     wait_until,
     worker_env,
@@ -530,6 +531,37 @@ def test_a_process_killed_between_commit_and_send_loses_nothing(redis_client, db
     assert "outbox relay sent rows=1 new=1 duplicates=0" in reader.text
     assert counted(redis_client) == {"killed": 1}
     assert EngineJob.fetch(job_id).status == "completed"
+
+
+@pytest.mark.parametrize(("args", "workers", "mirror"), [
+    ((), 1, True), (("--no-mirror",), 1, False),
+    (("--processes", "2"), 2, True), (("--processes", "2", "--no-mirror"), 2, False),
+])
+def test_each_runworker_runs_one_relay(redis_client, db_env, args, workers, mirror):
+    """The relay runs in the mirror process (a single worker's, or the pool's), or,
+    without one, in runworker itself (the pool's supervisor): never one per process."""
+    env, rows = db_env
+    env = {**env, "DELAYQ_TEST_SETTINGS": json.dumps({"OUTBOX": {"FAST_PATH": False}})}
+    subprocess.run([sys.executable, "-c", WRITE_ROWS, "3"], cwd=ROOT, env=env, check=True,
+                   timeout=120)
+    worker = subprocess.Popen([sys.executable, "-m", "django", "runworker", "default", *args],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    reader = OutputReader(worker)
+    try:
+        wait_until(lambda: counted(redis_client) == {"r0": 1, "r1": 1, "r2": 1}, timeout=60,
+                   message=f"the relayed jobs to run:\n{reader.text}")
+        # every process up (each would have started its relay first)
+        wait_until(lambda: reader.text.count("worker started worker=") == workers
+                   and ("mirror started consumer=" in reader.text) == mirror, timeout=60,
+                   message=f"the processes to start:\n{reader.text}")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0, reader.text
+    finally:
+        if worker.poll() is None:
+            kill_with_children(worker)
+    assert reader.text.count("outbox relay started") == 1, reader.text
+    assert rows() == []
 
 
 def test_the_relay_thread_can_be_turned_off(redis_client, db_env):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -18,16 +21,20 @@ from django_delayq.worker.children import (
     FIRST_RESTART_DELAY,
     MAX_RESTART_DELAY,
     QUICK_DEATH,
+    project_paths,
     restart_delay,
 )
 from tests.conftest import (
+    OutputReader,
     first_line,
+    kill_with_children,
     migrated_sqlite,
     pid_alive,
     ran,
     sqlite_rows,
     stop_during_a_job,
     wait_until,
+    worker_env,
 )
 from tests.testapp import tasks
 
@@ -327,3 +334,63 @@ def test_bad_pool_arguments_are_refused(args, message, spawned):
     proc, out = spawned(*args)
     assert proc.wait(timeout=60) == 1
     assert message in out.text
+
+
+def test_children_keep_every_project_path_and_drop_the_interpreter_s_own():
+    """Whole path components are compared: a project whose path merely starts with the
+    interpreter's prefix (``/usr/src/app`` under ``/usr``) is the project's."""
+    import site
+    import sysconfig
+
+    own = [sysconfig.get_paths()["stdlib"], *site.getsitepackages()]
+    projects = [os.path.join(sys.base_prefix, "src", "app"), sys.prefix + "-app",
+                os.path.join(sys.prefix, "src", "app")]
+    zipped = os.path.join(sys.base_prefix, "lib",
+                          f"python{sys.version_info[0]}{sys.version_info[1]}.zip")
+    assert project_paths([*own, *projects, zipped, ""]) == [*projects, os.getcwd()]
+
+
+@pytest.fixture
+def project_beside_the_prefix() -> Any:
+    """A project directory whose path starts with this interpreter's prefix (as
+    ``/usr/src/app`` starts with ``/usr``), outside it; skipped where it cannot be made."""
+    home = f"{sys.prefix}-delayq-test-{os.getpid()}"
+    try:
+        os.makedirs(os.path.join(home, "project"))
+    except OSError as exc:
+        pytest.skip(f"cannot create a directory beside {sys.prefix}: {exc}")
+    try:
+        yield os.path.join(home, "project")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_mirror_child_finds_a_project_started_from_another_directory(
+        redis_client, project_beside_the_prefix, tmp_path):
+    """``python /path/manage.py runworker`` run from elsewhere: the mirror child gets the
+    project's directory on its path, so it imports the settings and mirrors."""
+    project = project_beside_the_prefix
+    with open(os.path.join(project, "beside_settings.py"), "w") as fh:
+        fh.write("from tests.settings import *  # noqa: F403\n")
+    with open(os.path.join(project, "manage.py"), "w") as fh:
+        fh.write("import sys\n\nfrom django.core.management import execute_from_command_line"
+                 "\n\nexecute_from_command_line(sys.argv)\n")
+    db = migrated_sqlite(tmp_path)
+    job = tasks.record.enqueue("beside")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(project, "manage.py"), "runworker", "default"],
+        cwd=elsewhere, env=worker_env(DELAYQ_TEST_SQLITE=db,
+                                      DJANGO_SETTINGS_MODULE="beside_settings"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = OutputReader(proc)
+    try:
+        wait_until(lambda: sqlite_rows(db).get(job.id) == "completed" or "mirror-0 died"
+                   in out.text, timeout=60, message=f"the mirror's row:\n{out.text}")
+        assert "mirror-0 died" not in out.text, out.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, out.text
+    finally:
+        if proc.poll() is None:
+            kill_with_children(proc)

@@ -239,12 +239,6 @@ def test_a_worker_process_runs_django_tasks(spawned: Any) -> None:
     assert result.return_value == 42
 
 
-#: Tests running async jobs: test_async.py's ORM test leaves a connection on
-#: sync_to_async's thread (an in-memory SQLite ignores close()), which the worker checks
-#: around each async job.
-ASYNC_JOBS = pytest.mark.django_db
-
-
 def finished_signals(task: Any) -> tuple[list[tuple[str, list[str]]], Any]:
     """What ``task_finished`` says of ``task``'s results (a list it fills), and the
     receiver to disconnect."""
@@ -259,7 +253,6 @@ def finished_signals(task: Any) -> tuple[list[tuple[str, list[str]]], Any]:
     return seen, receiver
 
 
-@ASYNC_JOBS
 @pytest.mark.parametrize(("task", "args", "error_class"), [
     (st.dj_exits, [4], "builtins.SystemExit"),
     (st.dj_returns_unjsonable, [], "builtins.TypeError"),
@@ -283,7 +276,6 @@ def test_task_finished_says_what_the_stored_result_says(task: Any, args: list[An
     assert seen == [("FAILED", [error_class])]
 
 
-@ASYNC_JOBS
 @override_settings(TASKS={"default": {"BACKEND": "django_delayq.backends.DelayQBackend",
                                       "QUEUES": [], "OPTIONS": {"MAX_ATTEMPTS": 2}}})
 @pytest.mark.parametrize("task", [st.dj_fails, st.dj_async_fails])
@@ -299,7 +291,6 @@ def test_task_finished_says_ready_while_a_retry_follows(task: Any) -> None:
     assert seen == [("READY", ["builtins.ValueError"]), ("FAILED", ["builtins.ValueError"])]
 
 
-@ASYNC_JOBS
 @pytest.mark.parametrize("task", [st.dj_blocks_in_c, st.dj_async_blocks])
 def test_task_finished_is_sent_for_a_job_failed_at_its_hard_limit(task: Any) -> None:
     """The watchdog fails the job (its thread, or the event loop, is stuck in a lock wait
@@ -326,7 +317,6 @@ def test_task_finished_is_sent_for_a_job_failed_at_its_hard_limit(task: Any) -> 
     assert seen == [("FAILED", ["django_delayq.engine.errors.JobTimeout"])]
 
 
-@ASYNC_JOBS
 @pytest.mark.parametrize("task", [st.dj_add, st.dj_async_add])
 def test_a_stop_waits_for_a_slow_task_finished_receiver_and_acks_the_job(task: Any) -> None:
     """A receiver still running when the worker stops delays the stop (within the grace
@@ -349,6 +339,30 @@ def test_a_stop_waits_for_a_slow_task_finished_receiver_and_acks_the_job(task: A
     assert worker.exit_code == 0
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL
+
+
+@pytest.mark.parametrize("task", [st.dj_add, st.dj_async_add])
+def test_a_task_finished_receiver_that_exits_loses_no_outcome(task: Any) -> None:
+    """A receiver raising SystemExit is logged: the job's outcome is acked all the same,
+    its lease let go, and the worker runs the next job."""
+
+    def exits(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        if task_result.task.func is task.func:
+            raise SystemExit(3)
+
+    task_finished.connect(exits)
+    try:
+        first, second = task.enqueue(2, 3), task.enqueue(4, 5)
+        with worker_thread(queues=[task.queue_name], concurrency=1, prefetch=0) as worker:
+            wait_until(lambda: finished(first) and finished(second),
+                       message="both jobs acked")
+            wait_until(lambda: worker.ledger.held_count == 0, message="no lease left held")
+            assert not worker.stopping
+    finally:
+        task_finished.disconnect(exits)
+    assert worker.exit_code == 0
+    assert [(r.status, r.return_value) for r in (first, second)] == [
+        (TaskResultStatus.SUCCESSFUL, 5), (TaskResultStatus.SUCCESSFUL, 9)]
 
 
 def test_buffered_results_are_ready_then_running_then_successful(broker: Any) -> None:

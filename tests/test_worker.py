@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -387,3 +388,68 @@ def test_a_claim_over_several_shards_takes_no_more_than_the_room(redis_client):
         claimed, _ = worker.fetcher.claim(4)
         assert claimed == 4, turn
     assert worker.ledger.held_count == 12
+
+
+def test_an_after_job_hook_that_raises_loses_no_outcome(redis_client):
+    """The hook recycling counts jobs with: what it raises is logged, the job acked."""
+    def boom() -> None:
+        raise RuntimeError("hook")
+
+    with worker_thread(queues=["default"], concurrency=1) as worker:
+        worker.after_job = boom
+        jobs = [tasks.record.enqueue(f"h{i}") for i in range(2)]
+        wait_until(lambda: all(j.refresh().status == "completed" for j in jobs),
+                   message="the jobs acked")
+        wait_until(lambda: worker.ledger.held_count == 0, message="no lease left held")
+
+
+def raising_start_note(job, start_ms) -> None:
+    """An executor's ``note_started`` that fails, as code around a job may."""
+    raise RuntimeError("the start note went nowhere")
+
+
+def claimed_in_a_ledger(broker, queue: str):
+    """A ledger holding the one job claimed from ``queue``, and that job."""
+    from django_delayq.worker.ledger import Ledger
+
+    [claim] = broker.claim(queue, 1, "w")
+    ledger = Ledger()
+    ledger.add(claim.jobs)
+    return ledger, claim.jobs[0]
+
+
+def assert_failed_outside_its_task(broker, job, ledger, outcomes) -> None:
+    """One failed outcome naming the error, no lease left running, the job failed once
+    the outcome is acked."""
+    from django_delayq.worker.acks import send_outcomes
+
+    [outcome] = outcomes
+    assert not outcome.ok
+    assert "RuntimeError: the start note went nowhere" in outcome.error
+    assert ledger.busy == 0
+    send_outcomes(broker, outcomes, worker="w")
+    job.refresh()
+    assert (job.status, job.error) == ("failed", outcome.error)
+
+
+def test_a_job_whose_run_fails_outside_its_task_is_failed_not_held(broker):
+    """What raises in an executor thread around a job (not in its task) fails the job
+    (retried while attempts remain): held without an outcome, its lease would be renewed
+    for ever and its slot lost."""
+    from django_delayq.task import registry
+    from django_delayq.worker.executor import Executor
+
+    job = tasks.record.using(max_attempts=1).enqueue("outside")
+    ledger, claimed = claimed_in_a_ledger(broker, "default")
+    outcomes = []
+    executor = Executor(concurrency=1, tasks=registry, encoder=json.JSONEncoder, name="w",
+                        ledger=ledger, report=outcomes.append,
+                        note_started=raising_start_note, on_thread_lost=lambda: None)
+    executor.start()
+    try:
+        executor.deliver(claimed)
+        wait_until(lambda: outcomes, message="an outcome")
+    finally:
+        executor.stop()
+        executor.join(time.monotonic() + 30)
+    assert_failed_outside_its_task(broker, job, ledger, outcomes)

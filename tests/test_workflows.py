@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import os
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import pytest
@@ -14,7 +16,7 @@ import pytest
 from django_delayq import Job, Queue, chain, group
 from django_delayq.engine.flows import CRASH_ENV
 from django_delayq.worker import Worker
-from tests.conftest import ROOT, ran, wait_until, worker_env
+from tests.conftest import ROOT, ran, wait_until, worker_env, worker_thread
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -358,3 +360,104 @@ def test_an_unreadable_outbox_entry_is_dropped_and_the_others_delivered(broker, 
     assert Job.fetch(parent.id, "other").cancel()  # delivers its outbox at once
     assert status(child) == "ready"
     assert redis_client.llen(outbox) == 0
+
+
+# -- the heartbeat's repair: damaged parents, jobs no longer waiting, one report each ----
+
+
+def damaged_dependant(broker: Any, redis_client: Any, policy: str) -> Job:
+    """A waiting job whose stored parent names a queue that cannot exist, left in the
+    linking set long ago (as by a producer that died before confirming its links)."""
+    parent = tasks.record_other.using(delay=600).enqueue("p")
+    child = tasks.record.using(depends_on=[("other", parent.id)],
+                               on_parent_failure=policy).enqueue("c")
+    keys = broker.keys_for("default", child.id)
+    redis_client.hset(keys.job(child.id), "d", json.dumps([["no such queue!", parent.id]]))
+    redis_client.zadd(keys.flow_linking, {child.id: 0})
+    return child
+
+
+@pytest.mark.parametrize(("policy", "outcome"), [("cancel", "cancelled"),
+                                                 ("run", "completed")])
+def test_a_damaged_waiting_job_follows_its_policy_and_the_heartbeat_lives_on(
+        broker, redis_client, caplog, policy, outcome):
+    child = damaged_dependant(broker, redis_client, policy)
+    keys = broker.keys_for("default", child.id)
+    workers = broker.global_keys.workers
+    with worker_thread(queues=["default"], lease=0.6) as worker:
+        wait_until(lambda: status(child) == outcome, message="the damaged job to resolve")
+        beat = redis_client.zscore(workers, worker.name)
+        wait_until(lambda: (redis_client.zscore(workers, worker.name) or 0) > beat,
+                   message="the next heartbeats")
+        assert any(t.name == "delayq-heartbeat" for t in threading.enumerate())
+    assert not redis_client.zcard(keys.flow_linking)
+    job = Job.fetch(child.id)
+    if policy == "cancel":
+        assert job.error.startswith("DependencyFailed: parent ")
+        assert job.error.endswith(" missing")
+    else:
+        assert job.result == "c"
+    damaged = [r for r in caplog.records if "cannot exist" in r.getMessage()]
+    assert len(damaged) == 1, [r.getMessage() for r in caplog.records]
+    assert "invalid queue name 'no such queue!'" in damaged[0].getMessage()
+
+
+def test_a_burst_starts_with_a_damaged_waiting_job(broker, redis_client):
+    child = damaged_dependant(broker, redis_client, "cancel")
+    assert Worker(queues=["default"], burst=True).run() == 0
+    assert status(child) == "cancelled"
+
+
+def test_a_stranded_dependant_goes_to_one_heartbeat_per_grace_period(broker, redis_client):
+    """Every worker serving the queue reclaims; the first to take a dependant to link
+    again has it to itself until the grace period has passed again."""
+    parent = tasks.record_other.using(delay=600).enqueue("p")
+    child = tasks.record.using(depends_on=[("other", parent.id)]).enqueue("c")
+    keys = broker.keys_for("default", child.id)
+    redis_client.zadd(keys.flow_linking, {child.id: 0})
+
+    def handed_over(grace_ms: int) -> list[str]:
+        batch = broker.batch()
+        broker.add_reclaim(batch, keys, link_grace_ms=grace_ms)
+        return batch.run()[0][3]
+
+    assert handed_over(60_000) == [child.id]
+    assert handed_over(60_000) == [], "another heartbeat within the grace period"
+    assert handed_over(0) == [child.id], "still unconfirmed a grace period later"
+
+
+def test_the_repair_says_what_it_found(broker, redis_client, caplog):
+    from django_delayq.engine import flows
+
+    parent = tasks.record_other.using(delay=600).enqueue("p")
+    stranded = tasks.record.using(depends_on=[("other", parent.id)]).enqueue("s")
+    cancelled = tasks.record.using(depends_on=[("other", parent.id)]).enqueue("x")
+    assert Job.fetch(cancelled.id).cancel()
+    keys = broker.keys_for("default", stranded.id)
+    caplog.set_level("INFO", logger="django_delayq")
+    found = flows.repair(broker, keys, [stranded.id, cancelled.id])
+    assert (found.waiting, found.gone, found.damaged) == ([stranded.id], [cancelled.id], [])
+    lines = [r.getMessage() for r in caplog.records if r.name == "django_delayq.engine.flows"]
+    assert len(lines) == 2, lines
+    again, gone = lines
+    assert again.startswith("linked waiting jobs to their parents again")
+    assert f"ids={stranded.id}" in again
+    assert gone.startswith("jobs no longer waiting left the linking set")
+    assert f"ids={cancelled.id}" in gone
+
+
+def test_chains_and_groups_on_a_sharded_queue_return_each_step_as_itself(settings):
+    """The shards of a queue answer one call each; the jobs come back in step order."""
+    settings.DELAYQ = {**settings.DELAYQ, "QUEUES": {"wide": {"shards": 3}}}
+    wide = tasks.record.using(queue="wide")
+    steps = chain(*[wide.bind(f"s{i}") for i in range(12)]).enqueue()
+    assert [j.status for j in steps] == ["ready"] + ["waiting"] * 11
+    for before, step in itertools.pairwise(steps):
+        assert Job.fetch(step.id, "wide").parent_refs == [("wide", before.id)]
+    members = [wide.using(job_id=f"m{i}").bind(f"m{i}") for i in range(12)]
+    jobs = group(members).then(tasks.flow_collect.using(queue="wide").bind(tag="cb")).enqueue()
+    assert [j.id for j in jobs.members] == [f"m{i}" for i in range(12)]
+    assert jobs.callback.id not in {j.id for j in jobs.members}
+    callback = Job.fetch(jobs.callback.id, "wide")
+    assert (callback.task_name, callback.status) == (tasks.flow_collect.name, "waiting")
+    assert callback.parent_refs == [("wide", f"m{i}") for i in range(12)]

@@ -19,16 +19,16 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.safestring import SafeString
 from django.views import View
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisClusterException, RedisError
 
 from ..connection import get_broker
-from ..engine import Broker, DelayQConnectionError, Queue
+from ..engine import Broker, DelayQConnectionError, DelayQError, Queue
 from ..engine.jobhash import from_ms
 from ..engine.keys import validate_queue_name
 from ..engine.stats import QueueStats, queue_stats
 from ..engine.status import PURGEABLE, STATUSES
-from ..engine.workers import live_workers
-from ..mirror.lag import mirror_lag
+from ..engine.workers import is_alive, live_workers
+from ..mirror.lag import absent, shard_lag
 from ..mirror.takeover import GROUP
 from ..models import Job
 from ..task import registry
@@ -38,6 +38,9 @@ from .display import when
 logger = logging.getLogger(__name__)
 
 REDIS_DOWN = "Redis is unreachable, so live queue state cannot be shown. Try again shortly."
+#: What reading the live state may raise: Redis unreachable or refusing, a Cluster
+#: client's own errors, a name Redis holds that no queue can have.
+READ_ERRORS = (RedisError, RedisClusterException, DelayQError, ValueError)
 OPERATIONS = ("pause", "resume", "purge")
 #: A mirror whose consumer has not read for longer than this (ms) counts as stopped.
 MIRROR_IDLE_MS = 60_000
@@ -98,19 +101,52 @@ class MirrorState:
     alive: bool = False
 
 
-def mirror_state(broker: Broker, names: list[str]) -> MirrorState:
-    state = MirrorState()
+@dataclass
+class Health:
+    """What the warnings are made of: whether a worker is alive, and the mirror's state."""
+
+    workers_alive: bool
+    mirror: MirrorState
+
+
+def read_health(broker: Broker, names: list[str]) -> Health:
+    """The :class:`Health` of the queues ``names``, in one round trip whatever their
+    number and their shards' (two on a Redis Cluster, whose pipelines refuse ``TIME``).
+    Raises what Redis raises, a refusal (an ACL without ``XINFO``) included."""
+    shards = [keys for name in names for keys in broker.shards(name)]
+    timed = not broker.is_cluster  # TIME in the pipeline
     with broker.connection_errors():
-        for name in names:
-            state.lag += mirror_lag(broker, name)
-            for keys in broker.shards(name):
-                try:
-                    consumers = broker.client.xinfo_consumers(keys.events, GROUP)
-                except ResponseError:  # no stream or no group yet
-                    continue
-                if any(int(c.get("idle", MIRROR_IDLE_MS)) < MIRROR_IDLE_MS for c in consumers):
-                    state.alive = True
-    return state
+        pipe = broker.client.pipeline(transaction=False)
+        pipe.zrevrangebyscore(broker.global_keys.workers, "+inf", "-inf", start=0, num=1,
+                              withscores=True)
+        if timed:
+            pipe.time()
+        for keys in shards:
+            pipe.xinfo_groups(keys.events)
+            pipe.xlen(keys.events)
+            pipe.xinfo_consumers(keys.events, GROUP)
+        replies = pipe.execute(raise_on_error=False)
+        head, streams = replies[:1 + timed], replies[1 + timed:]
+        for reply in head:
+            if isinstance(reply, Exception):
+                raise reply
+        if timed:
+            seconds, micros = head[1]
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+        else:
+            now_ms = broker.server_time_ms()
+        state = MirrorState()
+        for groups, length, consumers in zip(streams[0::3], streams[1::3], streams[2::3],
+                                             strict=True):
+            state.lag += shard_lag(groups, length)
+            if absent(consumers):
+                continue  # no stream or no group yet
+            if isinstance(consumers, Exception):
+                raise consumers
+            if any(int(c.get("idle", MIRROR_IDLE_MS)) < MIRROR_IDLE_MS for c in consumers):
+                state.alive = True
+    newest = head[0]
+    return Health(bool(newest) and is_alive(newest[0][1], now_ms), state)
 
 
 def periodic_schedules(broker: Broker) -> list[dict[str, Any]]:
@@ -135,11 +171,11 @@ def periodic_schedules(broker: Broker) -> list[dict[str, Any]]:
     return rows
 
 
-def warnings_for(workers: list[Any], mirror: MirrorState) -> list[str]:
+def warnings_for(workers_alive: bool, mirror: MirrorState) -> list[str]:
     """What an operator must know first: nothing runs the jobs, or nothing brings them
     into the job list."""
     warnings = []
-    if not workers:
+    if not workers_alive:
         warnings.append("No worker is running: jobs wait until one starts "
                         "(manage.py runworker).")
     if mirror.lag and not mirror.alive:
@@ -150,10 +186,25 @@ def warnings_for(workers: list[Any], mirror: MirrorState) -> list[str]:
 
 
 def health_warnings() -> list[str]:
-    """The dashboard's warnings, for the job list (raises DelayQConnectionError)."""
+    """The dashboard's warnings, for the job list: two round trips, whatever the number
+    of queues and workers (raises what Redis raises: see :func:`unavailable`)."""
     broker = get_broker()
-    names = [q.name for q in Queue.all(broker=broker)]
-    return warnings_for(live_workers(broker), mirror_state(broker, names))
+    health = read_health(broker, [q.name for q in Queue.all(broker=broker)])
+    return warnings_for(health.workers_alive, health.mirror)
+
+
+def unavailable(exc: Exception) -> str:
+    """What a page shows, and logs, instead of the live state when reading it failed:
+    Redis unreachable, or refusing a read (an ACL without a command the page needs)."""
+    if isinstance(exc, DelayQConnectionError):
+        logger.warning("admin: Redis unreachable error=%s", exc)
+        return REDIS_DOWN
+    logger.warning("admin: live queue state unavailable error=%s: %s",
+                   type(exc).__name__, exc)
+    if isinstance(exc, ValueError):  # a name in Redis that no queue can have
+        return f"Live queue state is unavailable: {str(exc)[:200]}"
+    return (f"Live queue state is unavailable: Redis refused a read "
+            f"({type(exc).__name__}: {str(exc)[:200]}).")
 
 
 def snapshot() -> dict[str, Any]:
@@ -163,9 +214,9 @@ def snapshot() -> dict[str, Any]:
     names = [q.name for q in queues]
     stats = queue_stats(broker, names)
     workers = live_workers(broker)
-    mirror = mirror_state(broker, names)
+    health = read_health(broker, names)
     return {"queues": [queue_state(q, stats[q.name]) for q in queues], "workers": workers,
-            "mirror": mirror, "warnings": warnings_for(workers, mirror),
+            "mirror": health.mirror, "warnings": warnings_for(bool(workers), health.mirror),
             "periodic": periodic_schedules(broker)}
 
 
@@ -196,9 +247,8 @@ class QueuesView(_AdminView):
         data: dict[str, Any] = {"queues": [], "workers": [], "warnings": [], "periodic": []}
         try:
             data = snapshot()
-        except DelayQConnectionError as exc:
-            logger.warning("queues dashboard: Redis unreachable error=%s", exc)
-            error = REDIS_DOWN
+        except READ_ERRORS as exc:
+            error = unavailable(exc)
         return TemplateResponse(request, "admin/django_delayq/queues.html", self.context(
             request, title="Queues", error=error, statuses=STATUSES, **data))
 
@@ -210,8 +260,8 @@ class QueuesDataView(_AdminView):
         self.require(request, change=False)
         try:
             data = snapshot()
-        except DelayQConnectionError:
-            return JsonResponse({"error": REDIS_DOWN}, status=503)
+        except READ_ERRORS as exc:
+            return JsonResponse({"error": unavailable(exc)}, status=503)
         workers = [{"name": w.name, "host": w.host, "pid": w.pid,
                     "role": ("supervisor" if w.role == "supervisor" else
                              f"child of {w.supervisor}" if w.supervisor else "worker"),

@@ -148,10 +148,8 @@ class JobAdmin(admin.ModelAdmin):
         mirror alive, the list stays behind Redis and would not say why)."""
         try:
             warnings = dashboard.health_warnings()
-        except DelayQConnectionError:
-            warnings = [dashboard.REDIS_DOWN]
-        except ValueError as exc:  # a damaged queue name in Redis
-            warnings = [f"Queue state unavailable: {exc}"]
+        except dashboard.READ_ERRORS as exc:  # never a 500 for a warning
+            warnings = [dashboard.unavailable(exc)]
         return super().changelist_view(request, {"title": "Jobs", "dq_warnings": warnings,
                                                  **(extra_context or {})})
 

@@ -120,6 +120,7 @@ class BulkResult:
 
     enqueued: int = 0
     duplicates: int = 0
+    #: The id of every job Redis took (added or a duplicate), in call order.
     job_ids: list[str] = field(default_factory=list)
     #: Ids that were not added because a job with that id exists (or came earlier).
     duplicate_ids: list[str] = field(default_factory=list)
@@ -373,7 +374,6 @@ class Broker:
         time.sleep(min(FAILOVER_INTERVAL, max(0.0, deadline - now)))
         return deadline
 
-
     def _remember_queue(self, queue: str) -> None:
         self.client.sadd(self.global_keys.queues, queue)
         self._known_queues.add(queue)
@@ -398,8 +398,9 @@ class Broker:
         Every request is validated and encoded before anything of its chunk is sent, so
         a bad request raises without enqueuing its chunk; the error names how many jobs
         earlier chunks enqueued. Duplicate ids are skipped, counted and listed. Pass a
-        list as ``results`` to receive one :class:`EnqueueResult` each, and ``total`` to
-        have the totals filled in even when an error interrupts the call.
+        list as ``results`` to receive one :class:`EnqueueResult` each (in call order, as
+        ``job_ids``), and ``total`` to have the totals filled in even when an error
+        interrupts the call.
         """
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be at least 1, not {chunk_size}")
@@ -455,46 +456,81 @@ class Broker:
         results: list[EnqueueResult] | None,
     ) -> None:
         by_shard = self._by_shard(queue, chunk)  # checks the queue name
+        single = len(by_shard) == 1
         if queue not in self._known_queues:  # once a chunk is valid: a refusal leaves no trace
             self._remember_queue(queue)
         wait = self.replica_wait()
         deadline = None
         confirmed: int | None = None
+        answered: dict[QueueKeys, Any] = {}  # the reply of each shard that answered
         counted = False
-        while True:
-            try:
-                sent, sent_confirmed = self._send_by_shard(by_shard, wait)
-            except FAILOVER as exc:  # the same ids again: a retry cannot add a job twice
-                deadline = self._retry_or_raise(exc, deadline)
-                continue
-            if not counted:
-                total.chunks += 1
-                counted = True
-            if sent_confirmed is not None:
-                confirmed = sent_confirmed if confirmed is None else min(confirmed,
-                                                                         sent_confirmed)
-            self._count_sent(queue, [(reply, items) for _, reply, items in sent
-                                     if not isinstance(reply, Exception)], total, results)
-            failed = [(keys, reply, items) for keys, reply, items in sent
-                      if isinstance(reply, Exception)]
-            refusal = next((reply for _, reply, _ in failed
-                            if not isinstance(reply, FAILOVER)), None)
-            if refusal is not None:
-                raise refusal
-            if not failed:
-                break
-            # Shards whose reply is a failover error (their node died or was demoted,
-            # their slot is moving) are sent again, alone, with the same ids.
-            deadline = self._retry_or_raise(failed[0][1], deadline)
-            by_shard = {keys: items for keys, _, items in failed}
+        try:
+            while True:
+                try:
+                    sent, sent_confirmed = self._send_by_shard(by_shard, wait)
+                except FAILOVER as exc:  # the same ids again: a retry cannot add a job twice
+                    deadline = self._retry_or_raise(exc, deadline)
+                    continue
+                if not counted:
+                    total.chunks += 1
+                    counted = True
+                if sent_confirmed is not None:
+                    confirmed = sent_confirmed if confirmed is None else min(confirmed,
+                                                                             sent_confirmed)
+                failed = []
+                for keys, reply, items in sent:
+                    if isinstance(reply, Exception):
+                        failed.append((keys, reply, items))
+                    else:
+                        answered[keys] = reply
+                refusal = next((reply for _, reply, _ in failed
+                                if not isinstance(reply, FAILOVER)), None)
+                if refusal is not None:
+                    raise refusal
+                if not failed:
+                    break
+                # Shards whose reply is a failover error (their node died or was demoted,
+                # their slot is moving) are sent again, alone, with the same ids.
+                deadline = self._retry_or_raise(failed[0][1], deadline)
+                by_shard = {keys: items for keys, _, items in failed}
+        finally:
+            # What the shards that answered added counts, even when the call raises.
+            sent_in_order = ([(reply, chunk) for reply in answered.values()] if single
+                             else self._in_call_order(queue, chunk, answered))
+            self._count_sent(sent_in_order, total, results)
+        # Only now that every shard answered are the parents of this chunk stored: a
+        # dependant linked while its parent's shard was still being retried would find
+        # it missing. (On an error, its dependants stay in the linking set: a
+        # heartbeat's repair links them.)
+        self._link_elsewhere(queue, sent_in_order)
         if wait is not None and confirmed is not None and confirmed < wait[0]:
             raise NotReplicated([job.job_id for job, _ in chunk], confirmed, *wait)
 
-    def _count_sent(self, queue: str, sent: list[tuple[Any, list[Outgoing]]],
-                    total: BulkResult, results: list[EnqueueResult] | None) -> None:
-        """Add the jobs of the shards Redis answered to ``total`` (and ``results``), and
-        link those that wait for parents in other shards (:meth:`_link_elsewhere`)."""
-        self._link_elsewhere(queue, sent)
+    def _in_call_order(self, queue: str, chunk: list[Outgoing],
+                       answered: dict[QueueKeys, Any]) -> list[tuple[Any, list[Outgoing]]]:
+        """The replies of the shards that ``answered`` and their jobs, in the order of
+        ``chunk`` (the shards are sent one call each, so their replies come shard by
+        shard): ``BulkResult.job_ids``, ``results`` and the workflows that zip their
+        steps with them see the jobs as the caller gave them."""
+        reply_rows: list[Any] = []
+        items: list[Outgoing] = []
+        cursor = dict.fromkeys(answered, 0)
+        for item in chunk:
+            keys = self.keys_for(queue, item[0].job_id)
+            reply = answered.get(keys)
+            if reply is None:
+                continue  # its shard did not answer
+            at = cursor[keys]
+            cursor[keys] = at + 4
+            reply_rows += reply[at:at + 4]
+            items.append(item)
+        return [(reply_rows, items)]
+
+    @staticmethod
+    def _count_sent(sent: list[tuple[Any, list[Outgoing]]], total: BulkResult,
+                    results: list[EnqueueResult] | None) -> None:
+        """Add the jobs of the replies ``sent`` (4 values a job) to ``total`` (and
+        ``results``)."""
         for reply, items in sent:
             ids = [job.job_id for job, _ in items]
             added = reply[0::4]
@@ -513,10 +549,10 @@ class Broker:
                 ]
 
     def _link_elsewhere(self, queue: str, sent: list[tuple[Any, list[Outgoing]]]) -> None:
-        """After the enqueue calls: link the new waiting jobs to their parents in other
-        shards (the script linked those of their own), and link again the jobs that
-        were already there and still wait (their first producer may have died before
-        linking them)."""
+        """After every shard of a chunk answered: link the new waiting jobs to their
+        parents in other shards (the script linked those of their own), and link again
+        the jobs that were already there and still wait (their first producer may have
+        died before linking them)."""
         new: list[tuple[QueueKeys, str, list[flows.Link]]] = []
         again: list[tuple[QueueKeys, str]] = []
         for reply, items in sent:
@@ -697,12 +733,17 @@ class Broker:
         return self.commands.add_release(batch, keys, leases, started=started)
 
     def reclaim(self, queue: str, limit: int = 1_000) -> tuple[int, int]:
-        """Reclaim expired leases of ``queue``: (returned to ready, dead-lettered)."""
+        """Reclaim expired leases of ``queue``: (returned to ready, dead-lettered). The
+        waiting jobs the calls hand over to link again are linked (:func:`.flows.repair`)."""
+        shards = self.shards(queue)
         batch = self.batch()
-        for keys in self.shards(queue):
+        for keys in shards:
             self.add_reclaim(batch, keys, limit)
         with self.connection_errors():
             replies = batch.run()
+        for keys, reply in zip(shards, replies, strict=True):
+            if reply[3]:
+                flows.repair(self, keys, reply[3])
         return sum(int(r[0]) for r in replies), sum(int(r[1]) for r in replies)
 
     def server_time_ms(self) -> int:

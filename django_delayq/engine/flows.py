@@ -22,11 +22,12 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .commands import Commands
 from .config import EngineConfig
+from .fields import stored
 from .jobhash import parse_parents
 from .keys import QueueKeys, validate_job_id, validate_queue_name
 from .scripts import Batch
@@ -45,6 +46,7 @@ class Broker(Protocol):
     def batch(self) -> Batch: ...
 
     def connection_errors(self) -> AbstractContextManager[None]: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +70,10 @@ def crash_point(step: str) -> None:
 
 #: A parent to link: its index among the dependant's parents (1-based), queue and id.
 Link = tuple[int, str, str]
+#: A parent's end to apply to a dependant (``resolve.lua``): the dependant's id, the
+#: parent's index, its outcome ('completed', 'failed', 'cancelled', 'missing'), its id
+#: and its result JSON.
+Resolution = tuple[str, str, str, str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,10 +170,12 @@ def member(child: QueueKeys, parent: QueueKeys, index: int, child_id: str) -> st
     return f"R {index} {child.queue} {shard} {child_id}"
 
 
-def link(broker: Broker, waiting: Sequence[tuple[QueueKeys, str, Sequence[Link]]]) -> None:
+def link(broker: Broker, waiting: Sequence[tuple[QueueKeys, str, Sequence[Link]]], *,
+         resolved: dict[QueueKeys, list[Resolution]] | None = None) -> None:
     """Link stored waiting jobs ``(shard, id, parents)`` to those parents, resolve at once
-    the dependants of parents that already finished, and confirm the links in each
-    dependant's shard (a round trip for the links, one for the rest).
+    the dependants of parents that already finished (and the ``resolved`` ones, per
+    dependant shard), and confirm the links in each dependant's shard (a round trip for
+    the links, one for the rest).
 
     Every step may run again: a dependant left unconfirmed is linked again by
     :func:`repair`, and linking or resolving twice changes nothing.
@@ -180,7 +188,7 @@ def link(broker: Broker, waiting: Sequence[tuple[QueueKeys, str, Sequence[Link]]
             by_parent.setdefault(parent_keys, []).append(
                 (parent_id, member(child_keys, parent_keys, index, child_id)))
             about.setdefault(parent_keys, []).append((child_keys, child_id, index, parent_id))
-    resolutions: dict[QueueKeys, list[tuple[str, str, str, str, str]]] = {}
+    resolutions = {keys: list(items) for keys, items in (resolved or {}).items()}
     if by_parent:
         batch = broker.batch()
         calls = [(keys, broker.commands.add_link(batch, keys, links))
@@ -200,8 +208,7 @@ def link(broker: Broker, waiting: Sequence[tuple[QueueKeys, str, Sequence[Link]]
     _resolve(broker, resolutions, linked)
 
 
-def _resolve(broker: Broker,
-             resolutions: dict[QueueKeys, list[tuple[str, str, str, str, str]]],
+def _resolve(broker: Broker, resolutions: dict[QueueKeys, list[Resolution]],
              linked: dict[QueueKeys, list[str]] | None = None) -> None:
     """Apply resolutions per dependant shard, and confirm the ``linked`` dependants, in
     one round trip; then deliver what the resolutions pushed elsewhere."""
@@ -219,44 +226,97 @@ def _resolve(broker: Broker,
             deliver(broker, keys)
 
 
-def relink(broker: Broker, jobs: Sequence[tuple[QueueKeys, str]]) -> int:
+@dataclass(slots=True)
+class Relinked:
+    """What :func:`relink` found of the jobs it was given."""
+
+    #: Jobs still waiting: linked again to each parent they still wait for.
+    waiting: list[str] = field(default_factory=list)
+    #: Jobs no longer waiting (released, cancelled, purged): only confirmed.
+    gone: list[str] = field(default_factory=list)
+    #: ``(job id, what is wrong)`` for each parent a waiting job names that cannot exist
+    #: (its stored parents are damaged): resolved as a missing parent, by its policy.
+    damaged: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _stored_parent(index: str, parents: Sequence[tuple[str, str]]) -> tuple[str, str, str]:
+    """The ``(queue, id)`` of the parent at ``index`` (a member of the job's unresolved
+    set) and '', or a placeholder and what makes it unusable."""
+    if not index.isdigit() or not 1 <= int(index) <= len(parents):
+        return "", "", f"parent {index[:20]!r} is not in the stored parents"
+    queue, parent_id = parents[int(index) - 1]
+    try:
+        validate_queue_name(queue)
+        validate_job_id(parent_id)
+    except ValueError as exc:
+        return queue, parent_id, str(exc)
+    return queue, parent_id, ""
+
+
+def relink(broker: Broker, jobs: Sequence[tuple[QueueKeys, str]]) -> Relinked:
     """Link again the waiting jobs ``(shard, id)`` to each parent they still wait for,
-    as :func:`link` does (jobs no longer waiting are only confirmed). Returns how many
-    were still waiting.
+    as :func:`link` does (jobs no longer waiting are only confirmed), and say what it
+    found.
 
     What a repeated enqueue of a waiting job and :func:`repair` run: a dependant whose
-    producer died (or lost Redis) between storing it and linking it is linked now.
+    producer died (or lost Redis) between storing it and linking it is linked now. A
+    parent whose stored queue or id cannot exist (damaged data) is resolved as a missing
+    parent, so the job follows its policy and leaves the linking set.
     """
+    found = Relinked()
     if not jobs:
-        return 0
+        return found
+    status_field, parents_field = stored("status"), stored("parents")
     pipe = broker.client.pipeline(transaction=False)
     for keys, job_id in jobs:
-        pipe.hmget(keys.job(job_id), "s", "d")
-        pipe.smembers(keys.job(job_id) + ":w")
+        pipe.hmget(keys.job(job_id), status_field, parents_field)
+        pipe.smembers(keys.unresolved(job_id))
     with broker.connection_errors():
-        found = pipe.execute()
+        replies = pipe.execute()
     todo: list[tuple[QueueKeys, str, list[Link]]] = []
-    still = 0
-    for (keys, job_id), (status, raw), unresolved in zip(jobs, found[0::2], found[1::2],
+    missing: dict[QueueKeys, list[Resolution]] = {}
+    for (keys, job_id), (status, raw), unresolved in zip(jobs, replies[0::2], replies[1::2],
                                                           strict=True):
-        parents = parse_parents(raw) if status == "waiting" else []
         pending: list[Link] = []
-        for index in sorted(int(i) for i in unresolved if str(i).isdigit()):
-            if 1 <= index <= len(parents):
-                pending.append((index, *parents[index - 1]))
-        still += status == "waiting"
+        if status != "waiting":
+            found.gone.append(job_id)
+            todo.append((keys, job_id, pending))
+            continue
+        found.waiting.append(job_id)
+        parents = parse_parents(raw)
+        for index in sorted(map(str, unresolved), key=lambda i: (len(i), i)):
+            queue, parent_id, problem = _stored_parent(index, parents)
+            if not problem:
+                pending.append((int(index), queue, parent_id))
+                continue
+            found.damaged.append((job_id, problem))
+            missing.setdefault(keys, []).append(
+                (job_id, index, "missing", repr(parent_id)[:80] if parent_id else "?", "null"))
         todo.append((keys, job_id, pending))
-    link(broker, todo)
-    return still
+    link(broker, todo, resolved=missing)
+    return found
 
 
-def repair(broker: Broker, keys: QueueKeys, job_ids: Sequence[str]) -> None:
+def repair(broker: Broker, keys: QueueKeys, job_ids: Sequence[str]) -> Relinked:
     """Link again the waiting jobs ``job_ids`` of the shard ``keys`` that the reclaim
-    call found unconfirmed past the grace period (the heartbeat's part)."""
-    still = relink(broker, [(keys, job_id) for job_id in job_ids])
-    logger.warning("linked waiting jobs to their parents again (their producer stopped "
-                   "between storing and linking them) queue=%s jobs=%d waiting=%d",
-                   keys.queue, len(job_ids), still)
+    call found unconfirmed past the grace period (the heartbeat's part), and log what
+    was found: the reclaim call hands each job to one heartbeat per grace period, so
+    each is reported once."""
+    found = relink(broker, [(keys, job_id) for job_id in job_ids])
+    for job_id, problem in found.damaged:
+        logger.warning("a waiting job names a parent that cannot exist (damaged data): "
+                       "resolved as a missing parent, its policy applies queue=%s job=%s "
+                       "error=%s", keys.queue, job_id, problem)
+    if found.waiting:
+        logger.warning("linked waiting jobs to their parents again: their producer did "
+                       "not confirm the links within the grace period (it stopped or lost "
+                       "Redis) queue=%s jobs=%d ids=%s", keys.queue, len(found.waiting),
+                       ",".join(found.waiting[:10]))
+    if found.gone:
+        logger.info("jobs no longer waiting left the linking set (released, cancelled or "
+                    "purged before their producer confirmed the links) queue=%s jobs=%d "
+                    "ids=%s", keys.queue, len(found.gone), ",".join(found.gone[:10]))
+    return found
 
 
 def deliver(broker: Broker, keys: QueueKeys, *, limit: int = DELIVER_BATCH) -> int:
@@ -274,7 +334,7 @@ def deliver(broker: Broker, keys: QueueKeys, *, limit: int = DELIVER_BATCH) -> i
         if not entries:
             return delivered
         crash_point("deliver:read")
-        resolutions: dict[QueueKeys, list[tuple[str, str, str, str, str]]] = {}
+        resolutions: dict[QueueKeys, list[Resolution]] = {}
         for raw in entries:
             try:
                 entry = json.loads(raw)

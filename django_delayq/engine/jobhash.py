@@ -256,6 +256,8 @@ def parse_parents(raw: str | None) -> list[tuple[str, str]]:
     if not isinstance(value, list):
         return []
     return [(str(p[0]), str(p[1])) for p in value if isinstance(p, list) and len(p) == 2]
+
+
 def _entry_time(value: Any) -> dt.datetime | None:
     """A time of an attempt log entry; None when absent or out of range."""
     try:

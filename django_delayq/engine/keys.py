@@ -21,7 +21,6 @@ JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.:@+=/\-]{1,128}\Z")
 _PLAIN_JOB_IDS_RE = re.compile(r"[A-Za-z0-9_:@+=\-]{1,128}(?: [A-Za-z0-9_:@+=\-]{1,128})*\Z")
 
 
-
 def validate_queue_name(name: str) -> str:
     """Return ``name`` if it is a valid queue name, else raise ``ValueError``."""
     if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
@@ -171,6 +170,11 @@ class QueueKeys:
         """SET of the dependants linked to a job (``<job key>:c``; the scripts derive it
         from the job key, see ``lua/includes/flows.lua``)."""
         return f"{self.job(job_id)}:c"
+
+    def unresolved(self, job_id: str) -> str:
+        """SET of the indexes (1-based) of the parents a waiting job still waits for
+        (``<job key>:w``; see ``lua/includes/flows.lua``)."""
+        return f"{self.job(job_id)}:w"
 
     def status_set(self, status: str) -> str:
         if status not in STATUSES:

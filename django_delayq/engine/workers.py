@@ -92,6 +92,12 @@ class WorkerInfo:
     damaged: dict[str, str] = field(default_factory=dict)
 
 
+def is_alive(heartbeat_ms: float, now_ms: int) -> bool:
+    """Whether a worker whose last heartbeat was at ``heartbeat_ms`` is alive at
+    ``now_ms`` (both by the Redis clock)."""
+    return now_ms - heartbeat_ms <= ALIVE_MS
+
+
 def count_alive(broker: Broker) -> int:
     """How many workers are alive (one command, whatever their number)."""
     with broker.connection_errors():
@@ -184,7 +190,7 @@ def consumers_gone(broker: Broker, consumers: list[str]) -> set[str]:
         replies = pipe.execute()
         for name, beat, (on_host, pid) in zip(workers, replies[0::2], replies[1::2],
                                                strict=True):
-            if (beat is None or now_ms - beat > ALIVE_MS or on_host is None
+            if (beat is None or not is_alive(beat, now_ms) or on_host is None
                     or (on_host == host and str(pid).isdigit()
                         and not _pid_running(int(pid)))):
                 gone.add(mirror_consumer(name))

@@ -1,5 +1,6 @@
-"""The export thread that ``runworker`` and ``delayq_mirror`` run when
-``DELAYQ["LAKE_PATH"]`` is set (off by default)."""
+"""The export thread that ``delayq_mirror`` (and so ``runworker``'s mirror process) runs
+when ``DELAYQ["LAKE_PATH"]`` is set (off by default), or ``runworker`` itself when it has
+no mirror process."""
 
 from __future__ import annotations
 

@@ -17,12 +17,15 @@
 -- KEYS[8..17], ARGV[5..7] the shard's keys and settings for resolving dependants
 -- (flow_ctx in flows.lua)
 -- KEYS[18] linking   ZSET  waiting jobs whose links to parents elsewhere are not yet
---                          confirmed, by enqueued time (flows.lua)
+--                          confirmed, by enqueued time or the latest hand-over below
+--                          (flows.lua)
 -- ARGV[8] grace (ms): how long a producer may take to confirm those links
 --
 -- Returns {ids returned to ready, ids dead-lettered, entries in the shard's outbox of
 -- dependants' resolutions (flows.lua) still to deliver, the ids of waiting jobs whose
 -- links are unconfirmed past the grace (at most ARGV[1]), for the caller to link again}.
+-- Those ids are handed to this caller alone: their time in the linking set becomes now,
+-- so another caller gets them only if they are still unconfirmed a grace later.
 
 local active, ready, failed, marker = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local events, stats, job_prefix = KEYS[5], KEYS[6], KEYS[7]
@@ -68,4 +71,7 @@ end
 add_ready(ready, to_ready, marker)
 local unlinked = redis.call('ZRANGEBYSCORE', KEYS[18], '-inf', now - tonumber(ARGV[8]),
   'LIMIT', 0, tonumber(ARGV[1]))
+for i = 1, #unlinked do
+  redis.call('ZADD', KEYS[18], 'XX', now, unlinked[i])
+end
 return {returned, dead, redis.call('LLEN', flow.outbox), unlinked}

@@ -5,7 +5,8 @@ it commits (see docs/outbox.md).
   :class:`OutboxJob` it returns, and the commit hook that sends a transaction's rows;
 - :mod:`.send`: sending rows in bulk and settling them (delete, park, count a failure);
 - :mod:`.relay`: :class:`Relay`, which sends the rows the commit hook could not, and
-  :class:`RelayThread` (the relay on a thread of ``runworker`` and ``delayq_mirror``).
+  :class:`RelayThread` (the relay on a thread of ``delayq_mirror``, which is
+  ``runworker``'s mirror process, or of ``runworker`` without one).
 """
 
 from ..engine.status import OUTBOX

@@ -56,7 +56,8 @@ class Relay:
     ``run(burst=True)`` sends what is waiting and returns. An unreachable Redis or
     database is retried with a capped backoff (0.1 s doubling to 5 s) for as long as it
     lasts: rows are parked only when Redis or the checks refuse them, never for an
-    outage, however long, or however many relays (one per ``runworker``) try meanwhile.
+    outage, however long, or however many relays (one per ``runworker`` or pool, and
+    ``delayq_mirror``) try meanwhile.
     """
 
     def __init__(self, *, using: str = DEFAULT_DB_ALIAS, broker: Broker | None = None,
@@ -156,7 +157,8 @@ class Relay:
 
 
 class RelayThread:
-    """A :class:`Relay` on a daemon thread (what ``runworker`` and ``delayq_mirror`` start)."""
+    """A :class:`Relay` on a daemon thread (what ``delayq_mirror`` starts, and so the
+    mirror process of ``runworker``; ``runworker`` itself without one)."""
 
     def __init__(self, **kwargs: Any) -> None:
         self.relay = Relay(**kwargs)

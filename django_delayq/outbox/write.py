@@ -57,6 +57,7 @@ class Enqueueable(Protocol):
 
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None: ...
 
+
 logger = logging.getLogger(__name__)
 
 

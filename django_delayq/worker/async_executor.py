@@ -28,6 +28,8 @@ job's ``on_finished`` hooks (the Tasks backend's ``task_finished``) run there to
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import inspect
 import json
 import logging
@@ -44,7 +46,15 @@ from ..current import running
 from ..engine import ClaimedJob, UnknownTask, encode_result
 from ..engine.errors import JobTimeout
 from ..task import Task, TaskRegistry
-from .execution import CorruptPayload, Outcome, decode_arguments, failure, finished
+from .execution import (
+    CorruptPayload,
+    Outcome,
+    after_job,
+    decode_arguments,
+    fail_held,
+    failure,
+    finished,
+)
 from .ledger import Lease, Ledger
 from .timelimits import HARD_LIMIT_GRACE, limit_of
 
@@ -103,7 +113,26 @@ class AsyncExecutor:
         if self._stopping or not self.alive():
             return
         loop = self._ensure_loop()
-        asyncio.run_coroutine_threadsafe(self._run(job), loop)
+        future = asyncio.run_coroutine_threadsafe(self._run(job), loop)
+        future.add_done_callback(functools.partial(self._ran, job))
+
+    def _ran(self, job: ClaimedJob, future: concurrent.futures.Future[None]) -> None:
+        """The run of ``job`` on the loop is over. Whatever the task raises is its
+        outcome; what raised here is this code's, before the job started or after it
+        ended: logged, and the job failed if it is still held without an outcome."""
+        if future.cancelled():
+            if self._stopping:
+                return  # the worker hands back what it holds as it stops
+            exc: BaseException = asyncio.CancelledError("its run on the event loop was "
+                                                        "cancelled")
+        else:
+            error = future.exception()
+            if error is None:
+                return
+            exc = error
+        logger.error("async job run failed job=%s worker=%s", job.id, self.name,
+                     exc_info=exc)
+        fail_held(self.ledger, self._report, job, exc)
 
     def stop(self, *, wait: bool = True) -> None:
         """Stop the loop thread (jobs still running on it are abandoned); ``wait=False``
@@ -161,17 +190,18 @@ class AsyncExecutor:
                 outcome = failure(job, exc, retry=True)
         outcome.started_ms = lease.started_ms
         outcome.finished_ms = lease.started_ms + int((time.perf_counter() - began) * 1000)
-        if self.after_job is not None:
-            self.after_job()
+        after_job(self.after_job, job)
         if not self.ledger.finish(job, me):
             return  # failed by the watchdog at its hard limit: that outcome stands
         try:
             if lease.on_finished:
                 # receivers are sync code: off the loop, as Django's Signal.asend runs them
                 await sync_to_async(finished)(lease.on_finished, outcome)
-            self._report(outcome)
         finally:
-            self.ledger.reported()
+            try:
+                self._report(outcome)
+            finally:
+                self.ledger.reported()
 
     async def _outcome(self, job: ClaimedJob, limit: float | None, lease: Lease) -> Outcome:
         """Run ``job``'s coroutine and turn what happened into an :class:`Outcome`."""

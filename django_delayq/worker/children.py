@@ -33,8 +33,10 @@ import logging
 import os
 import select
 import signal
+import site
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable
@@ -78,10 +80,41 @@ def django_command(name: str, *args: str) -> tuple[list[str], dict[str, str]]:
     # manage.py's directory (or the working directory of ``python -m django``) and any
     # --pythonpath are how this process found the project: the child gets them too
     # (the interpreter's own paths it finds by itself).
-    own = (sys.prefix, sys.base_prefix, sys.exec_prefix)
-    extra = [p or os.getcwd() for p in sys.path if not p.startswith(own) or not p]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(extra))
+    env["PYTHONPATH"] = os.pathsep.join(project_paths(sys.path))
     return [sys.executable, "-m", "django", name, *args], env
+
+
+def interpreter_paths() -> list[str]:
+    """The directories a new interpreter puts on its import path by itself: its
+    standard library and site-packages (a virtualenv's and its base's), resolved."""
+    found = []
+    for scheme in (sysconfig.get_paths(),
+                   sysconfig.get_paths(vars={"base": sys.base_prefix,
+                                             "platbase": sys.base_exec_prefix})):
+        found += [scheme[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")
+                  if key in scheme]
+    found += site.getsitepackages()
+    if site.ENABLE_USER_SITE:
+        found.append(site.getusersitepackages())
+    return list(dict.fromkeys(os.path.realpath(p) for p in found))
+
+
+def project_paths(paths: list[str]) -> list[str]:
+    """The entries of ``paths`` (``sys.path``) a child needs on its PYTHONPATH: all but
+    the interpreter's own (:func:`interpreter_paths`, compared as whole path components,
+    so a project in ``/usr/src/app`` is kept under a ``/usr`` prefix) and its zipped
+    standard library; '' stands for the working directory."""
+    own = interpreter_paths()
+    stdlib_zip = f"python{sys.version_info[0]}{sys.version_info[1]}.zip"
+
+    def is_own(path: str) -> bool:
+        if os.path.basename(path) == stdlib_zip:
+            return True
+        real = os.path.realpath(path)
+        return any(real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+                   for root in own)
+
+    return list(dict.fromkeys(p or os.getcwd() for p in paths if not p or not is_own(p)))
 
 
 @dataclass

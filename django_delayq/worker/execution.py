@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from django.db import close_old_connections
 from ..current import running
 from ..engine import ClaimedJob, UnknownTask, encode_result
 from ..task import TaskRegistry
+from .ledger import Ledger
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -98,14 +100,49 @@ def _run(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder],
 
 
 def finished(hooks: list[Callable[[Outcome], None]], outcome: Outcome) -> None:
-    """Call (and forget) a job's ``on_finished`` hooks with its final ``outcome``, once;
-    a hook that raises is logged, not raised."""
+    """Call (and forget) a job's ``on_finished`` hooks with its final ``outcome``, once.
+
+    A hook that raises, ``BaseException`` included (a ``task_finished`` receiver calling
+    ``sys.exit()``), is logged and the next one called: the outcome is the job's, and the
+    worker goes on.
+    """
     while hooks:
         hook = hooks.pop(0)
         try:
             hook(outcome)
-        except Exception:
+        except BaseException:
             logger.exception("on_finished hook failed job=%s", outcome.job.id)
+
+
+def after_job(hook: Callable[[], None] | None, job: ClaimedJob) -> None:
+    """Call a worker's after-job hook (recycling counts jobs with it); what it raises is
+    logged, so the job's outcome is reported all the same."""
+    if hook is None:
+        return
+    try:
+        hook()
+    except BaseException:
+        logger.exception("after-job hook failed job=%s", job.id)
+
+
+def fail_held(ledger: Ledger, report: Callable[[Outcome], None], job: ClaimedJob,
+              exc: BaseException) -> bool:
+    """Fail ``job`` (retried while attempts remain) when what runs it raised outside the
+    task (a fault of the worker, not of the job) while its lease was still buffered or
+    running: held with no outcome, it would be renewed for ever and its slot lost.
+    Returns whether the job was still held so."""
+    lease = ledger.abandon(job, buffered=True)
+    if lease is None:
+        return False
+    logger.error("job run failed outside its task, failing it job=%s queue=%s task=%s "
+                 "error=%s", job.id, job.queue, job.task, describe(exc))
+    outcome = failure(job, exc, retry=True)
+    if lease.began:
+        outcome.started_ms = lease.started_ms
+        outcome.finished_ms = lease.started_ms + int((time.monotonic() - lease.began) * 1000)
+    report(outcome)
+    finished(lease.on_finished, outcome)  # hooks its task added, if it got that far
+    return True
 
 
 def describe(exc: BaseException) -> str:

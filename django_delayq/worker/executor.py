@@ -17,7 +17,7 @@ from collections.abc import Callable
 from ..engine import ClaimedJob, JobTimeout
 from ..task import TaskRegistry
 from .async_executor import AsyncExecutor
-from .execution import Outcome, execute, failure, finished
+from .execution import Outcome, after_job, execute, fail_held, failure, finished
 from .ledger import Ledger
 from .timelimits import HARD_LIMIT_GRACE, clear_pending, limit_of
 
@@ -126,8 +126,9 @@ class Executor:
                 return
             try:
                 last_done = self._run_one(job, me, last_done)
-            except BaseException:  # this thread must go on
+            except BaseException as exc:  # this thread must go on
                 logger.exception("executor error job=%s worker=%s", job.id, self.name)
+                fail_held(self.ledger, self._report, job, exc)
 
     def _run_one(self, job: ClaimedJob, me: threading.Thread, last_done: float | None) -> float:
         """Run ``job`` on this thread and report its outcome; returns when it ended."""
@@ -152,15 +153,16 @@ class Executor:
             self._shield(job, me)
         outcome.started_ms = lease.started_ms
         outcome.finished_ms = lease.started_ms + int((time.perf_counter() - began) * 1000)
-        if self.after_job is not None:
-            self.after_job()
+        after_job(self.after_job, job)
         if self.ledger.finish(job, me):
             # the outcome is this thread's to give (not the watchdog's, at a hard limit)
             try:
                 finished(lease.on_finished, outcome)
-                self._report(outcome)
             finally:
-                self.ledger.reported()
+                try:
+                    self._report(outcome)
+                finally:
+                    self.ledger.reported()
         else:
             self.stuck.discard(me)  # failed at its hard limit, and back after all
         return time.perf_counter()

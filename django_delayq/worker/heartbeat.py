@@ -38,11 +38,16 @@ class Heartbeat:
         self.interval = max(0.2, min(lease_ms / 3000, 10.0))
 
     def run(self) -> None:
+        """Beat every :attr:`interval` until the worker is done. Nothing ends the loop
+        early: without it no lease is renewed, nothing reclaimed, and the worker drops
+        out of the registry while it goes on claiming."""
         while not self._done.wait(self.interval):
             try:
                 self.beat()
-            except REDIS_ERRORS as exc:
+            except (*REDIS_ERRORS, DelayQError) as exc:
                 logger.warning("heartbeat failed worker=%s error=%s", self.name, exc)
+            except Exception:
+                logger.exception("heartbeat failed, next beat retries worker=%s", self.name)
 
     def beat(self, *, renew: bool = True) -> None:
         """One heartbeat: renew (unless ``renew`` is False), reclaim, record alive."""
@@ -68,13 +73,19 @@ class Heartbeat:
                 undelivered.append(keys)
             if to_link:
                 unlinked.append((keys, to_link))
-        # Dependants whose producer stopped between storing and linking them.
+        # Dependants whose producer stopped between storing and linking them. A shard
+        # whose repair fails leaves the others, and the rest of the beat, unharmed.
         for keys, job_ids in unlinked:
             try:
                 flows.repair(self.broker, keys, job_ids)
             except (*REDIS_ERRORS, DelayQError) as exc:
-                logger.warning("waiting jobs not linked again, next beat retries queue=%s "
-                               "error=%s", keys.queue, exc)
+                logger.warning("waiting jobs not linked again, a heartbeat retries after "
+                               "the grace period queue=%s jobs=%s error=%s", keys.queue,
+                               ",".join(job_ids[:10]), exc)
+            except Exception:
+                logger.exception("waiting jobs not linked again, a heartbeat retries after "
+                                 "the grace period queue=%s jobs=%s", keys.queue,
+                                 ",".join(job_ids[:10]))
         # Releases of dependants in other shards that no acker delivered (its worker
         # died between two steps): delivering again is harmless (engine/flows.py).
         for keys in undelivered:
@@ -83,6 +94,9 @@ class Heartbeat:
             except (*REDIS_ERRORS, DelayQError) as exc:
                 logger.warning("releases of dependants not delivered, next beat retries "
                                "queue=%s error=%s", keys.queue, exc)
+            except Exception:
+                logger.exception("releases of dependants not delivered, next beat retries "
+                                 "queue=%s", keys.queue)
         self.record_alive()
 
     def record_alive(self) -> None:

@@ -183,18 +183,20 @@ class Ledger:
             if self.wake_fetcher():
                 self.changed.notify()
 
-    def abandon(self, job: ClaimedJob) -> bool:
+    def abandon(self, job: ClaimedJob, *, buffered: bool = False) -> Lease | None:
         """Take a running ``job`` from its (stuck) thread and mark it finished, so the
-        watchdog's outcome is the one acked. False if it was not running."""
+        caller's outcome is the one acked (the watchdog's, at a hard limit); with
+        ``buffered``, a job not started yet too. None if it was neither."""
         with self.lock:
             lease = self._leases.get(key(job))
-            if lease is None or lease.state != RUNNING:
-                return False
+            if lease is None or lease.state not in ((RUNNING, BUFFERED) if buffered
+                                                    else (RUNNING,)):
+                return None
             lease.state, lease.thread = FINISHED, None
             self._busy -= 1
             self.finished_count += 1
             self.changed.notify()
-            return True
+            return lease
 
     def settle(self, jobs: Iterable[ClaimedJob]) -> None:
         """Forget ``jobs``: their acks landed, or they were handed back."""

@@ -32,8 +32,8 @@ from typing import Any
 
 from ..conf import conf
 from ..connection import get_broker
-from ..engine import Broker, ClaimedJob
-from ..engine.workers import forget
+from ..engine import Broker, ClaimedJob, DelayQError
+from ..engine.workers import forget as forget_worker
 from ..periodic import schedule_due
 from ..task import TaskRegistry, registry
 from .acks import Acker, by_shard
@@ -204,8 +204,14 @@ class Worker:
 
     # -- running ------------------------------------------------------------------
 
-    def run(self) -> int:
-        """Run until stopped; returns an exit code of :mod:`.exit_codes`."""
+    def run(self, *, keep_record: bool = False) -> int:
+        """Run until stopped; returns an exit code of :mod:`.exit_codes`.
+
+        The worker then leaves the workers alive, unless ``keep_record``: its record is
+        then written once more and kept until the caller calls :meth:`forget` (a
+        ``runworker`` whose mirror process, consuming under this worker's name, still
+        writes what is left: until then other mirrors must not take its events over).
+        """
         logger.info("worker started worker=%s queues=%s concurrency=%d", self.name,
                     ",".join(self.queues), self.concurrency)
         self._register_queues()
@@ -236,7 +242,10 @@ class Worker:
         self._async.stop(wait=not self._restart)  # a stuck coroutine may block the loop
         if self.burst:
             self._reclaim()
-        forget(self.broker, self.name)
+        if keep_record:
+            self._register_queues()  # a fresh heartbeat for the time the caller needs
+        else:
+            self.forget()
         counts = self.acker
         logger.info("worker stopped worker=%s jobs=%d completed=%d retried=%d failed=%d "
                     "exit_code=%d", self.name,
@@ -306,6 +315,10 @@ class Worker:
                 logger.warning("periodic scheduling failed worker=%s error=%s", self.name, exc)
             self._stop.wait(interval)
 
+    def forget(self) -> None:
+        """Leave the workers alive (:meth:`run` does as it returns, unless told not to)."""
+        forget_worker(self.broker, self.name)
+
     def _register_queues(self) -> None:
         try:
             self.broker.client.sadd(self.broker.global_keys.queues, *self.queues)
@@ -314,11 +327,14 @@ class Worker:
             logger.warning("could not register worker worker=%s error=%s", self.name, exc)
 
     def _reclaim(self) -> None:
-        """One heartbeat without lease renewal: reclaim expired leases, record alive."""
+        """One heartbeat without lease renewal: reclaim expired leases, record alive
+        (what fails is logged: the burst runs on)."""
         try:
             self.heartbeat.beat(renew=False)
-        except REDIS_ERRORS as exc:
+        except (*REDIS_ERRORS, DelayQError) as exc:
             logger.warning("reclaim failed worker=%s error=%s", self.name, exc)
+        except Exception:
+            logger.exception("reclaim failed worker=%s", self.name)
 
     def _info(self) -> dict[str, Any]:
         """What the workers-alive registry shows of this worker."""

@@ -18,8 +18,8 @@
 -- for a parent of the dependant's own shard, in link.lua for one elsewhere. A dependant
 -- with parents elsewhere stays in its shard's linking ZSET (by enqueue time) until its
 -- producer confirms those links (linked.lua); one still there after a grace period is
--- linked again by a worker's heartbeat (its producer died or lost Redis between the two
--- steps). Linking twice is harmless: the parent's dependants are a SET.
+-- handed to one worker's heartbeat (reclaim.lua), which links it again (its producer
+-- died or lost Redis between the two steps). Linking twice is harmless: the parent's dependants are a SET.
 --
 -- Resolving (parent index i of a waiting job) is an SREM of i from the job's :w set:
 -- applying it twice changes nothing, so every path below may be retried. When the set

@@ -3,8 +3,10 @@
 ``runworker`` runs this command as a child process of its own by default (the pool of
 ``runworker --processes`` too); this command runs it alone (``--burst``: mirror what
 the streams hold, then exit). SIGTERM/SIGINT stop it after the batch in hand is
-written and acknowledged; with ``--drain-on-stop`` (what ``runworker`` runs) it then
-mirrors what is left, for at most 5 seconds, unless a second signal comes. The outbox
+written and acknowledged; with ``--drain-on-stop`` it then mirrors what is left, for
+at most 5 seconds, unless a second signal comes. As the child of ``runworker`` (or of
+the pool's supervisor) it is stopped warmly by the end of its stdin or its parent's
+end, and drains then; a signal to it means "now": it stops without draining. The outbox
 relay runs on a thread unless ``DELAYQ["OUTBOX"]["RELAY"]`` is False, and the lake
 export when ``DELAYQ["LAKE_PATH"]`` is set. Without the Job table (no ``migrate`` yet)
 it says so and exits 0.
@@ -70,7 +72,8 @@ class Command(BaseCommand):
         mirror = Mirror(queues=options["queues"] or None, batch_size=options["batch_size"],
                         claim_idle=options["claim_idle"], name=options["name"])
         # A second signal means "now": no drain. The end of stdin and the parent's end
-        # are warm stops, never a second signal.
+        # are warm stops, never a second signal; a child (--stop-on-eof) is stopped
+        # warmly by those, so a signal to it is its parent's cold stop: no drain either.
         signals: list[int] = []
         if threading.current_thread() is threading.main_thread():
             def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -87,7 +90,8 @@ class Command(BaseCommand):
         lake = start_export_thread()  # none unless DELAYQ["LAKE_PATH"] is set
         try:
             count = mirror.run(burst=options["burst"])
-            if options["drain_on_stop"] and len(signals) < 2:
+            cold = signals if options["stop_on_eof"] else signals[1:]
+            if options["drain_on_stop"] and not cold:
                 count += mirror.drain(5.0)  # the last events of the workers that stopped
         finally:
             stop_relay_threads(relays)

@@ -11,6 +11,10 @@ With ``--processes N`` (N > 1) this process is the pool's supervisor
 (:mod:`django_delayq.worker.supervisor`): the same signals and exit codes, for the
 whole pool. Otherwise the model mirror runs in a child process of this one
 (:mod:`django_delayq.worker.mirror_process`), unless ``--no-mirror``.
+
+The outbox relay and the lake export (``LAKE_PATH``) run once per ``runworker`` (or
+pool): in the mirror process, or without one (``--no-mirror``, no Job table) on threads
+of this process (the pool's supervisor).
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -32,13 +37,16 @@ from django_delayq.engine import workers as liveness
 from django_delayq.engine.keys import validate_queue_name
 from django_delayq.lake.runner import start_export_thread
 from django_delayq.mirror import table_exists
-from django_delayq.outbox import start_relay_threads, stop_relay_threads
+from django_delayq.outbox import RelayThread, start_relay_threads, stop_relay_threads
 from django_delayq.task import registry
 from django_delayq.worker import EXIT_FORCED, EXIT_RESTART, Worker
 from django_delayq.worker.children import watch_parent
 from django_delayq.worker.mirror_process import MirrorProcess
 from django_delayq.worker.recycle import EXIT_RECYCLE, RecycleMonitor
 from django_delayq.worker.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from django_delayq.lake.export import ExportThread
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
@@ -130,21 +138,23 @@ class Command(BaseCommand):
         recycle = None
         if max_jobs is not None or max_memory is not None:
             recycle = RecycleMonitor(worker, max_jobs=max_jobs, max_memory_mib=max_memory)
-        mirror = lake = None
+        mirror = None
         if not options["no_mirror"]:
             # in a process of its own: writing rows here would slow the jobs down
             mirror = start_mirror_process(worker.name, options["verbosity"])
-            if mirror is None:  # no Job table: the lake (LAKE_PATH set) runs here
-                lake = start_export_thread()
-        relays = start_relay_threads(known_tasks=registry)  # none if OUTBOX RELAY is False
+        # The outbox relay and the lake export run in the mirror process, or in the
+        # pool's (a pool's worker runs neither); without one, here.
+        here = mirror is None and options["supervisor"] is None
+        side = SideThreads.start() if here else SideThreads()
         try:
-            code = worker.run()
+            # its mirror consumes as <worker>/mirror: the worker's record stays until
+            # the mirror has stopped, or other mirrors would take its events over
+            code = worker.run(keep_record=mirror is not None)
         finally:
-            stop_relay_threads(relays)
             if mirror is not None:
                 mirror.stop()  # after the last acks: it mirrors them too
-            if lake is not None:
-                lake.stop(timeout=5.0, drain=True)
+                worker.forget()
+            side.stop()  # after the last acks: the lake exports them too
         if code == 0 and recycle is not None and recycle.reason and not signals:
             code = EXIT_RECYCLE  # stopped by a limit, not by a signal: replace me
         if code == EXIT_RESTART:
@@ -169,8 +179,9 @@ class Command(BaseCommand):
             worker_args += ["--max-jobs-per-child", str(max_jobs)]
         if max_memory is not None:
             worker_args += ["--max-memory-per-child", str(max_memory)]
-        mirror_args = None if options["no_mirror"] else [
-            "--drain-on-stop", "-v", str(options["verbosity"])]
+        mirror_args = None
+        if not options["no_mirror"] and mirror_table_exists():
+            mirror_args = ["--drain-on-stop", "-v", str(options["verbosity"])]
         supervisor = Supervisor(
             worker_args, processes, mirror_args=mirror_args, queues=options["queues"],
             concurrency=options["concurrency"] or conf.CONCURRENCY, burst=options["burst"],
@@ -183,7 +194,12 @@ class Command(BaseCommand):
             signal.signal(signal.SIGTERM, on_signal)
             signal.signal(signal.SIGINT, on_signal)
             signal.signal(signal.SIGCHLD, lambda signum, frame: supervisor.wake())
-        code = supervisor.run()
+        # without a mirror process, the supervisor runs the relay and the lake export
+        side = SideThreads.start() if mirror_args is None else SideThreads()
+        try:
+            code = supervisor.run()
+        finally:
+            side.stop()
         if code:
             sys.exit(code)
 
@@ -211,9 +227,11 @@ class Command(BaseCommand):
 
 #: Longest ``--name``: it is kept with every job the worker runs, and in its log lines.
 MAX_NAME = 200
-def start_mirror_process(worker_name: str, verbosity: int) -> MirrorProcess | None:
-    """The mirror process of a single worker; None without the Job table (no
-    ``migrate`` yet: said once, and no process started for nothing)."""
+
+
+def mirror_table_exists() -> bool:
+    """Whether the mirror's Job table exists; when not (no ``migrate`` yet), say once
+    that the mirror is off, so that no process is started for nothing."""
     from django.db import connection
 
     try:
@@ -223,8 +241,33 @@ def start_mirror_process(worker_name: str, verbosity: int) -> MirrorProcess | No
     if not exists:
         logging.getLogger("django_delayq.worker").warning(
             "the mirror is off: the Job table is missing (run manage.py migrate)")
+    return exists
+
+
+def start_mirror_process(worker_name: str, verbosity: int) -> MirrorProcess | None:
+    """The mirror process of a single worker; None without the Job table."""
+    if not mirror_table_exists():
         return None
     return MirrorProcess(worker_name, verbosity=verbosity).start()
+
+
+@dataclass
+class SideThreads:
+    """The outbox relay (unless ``DELAYQ["OUTBOX"]["RELAY"]`` is False) and the lake
+    export (when ``DELAYQ["LAKE_PATH"]`` is set) of a process with no mirror process to
+    run them: one of each per ``runworker`` or pool."""
+
+    relays: list[RelayThread] = field(default_factory=list)
+    lake: ExportThread | None = None
+
+    @classmethod
+    def start(cls) -> SideThreads:
+        return cls(start_relay_threads(known_tasks=registry), start_export_thread())
+
+    def stop(self) -> None:
+        stop_relay_threads(self.relays)
+        if self.lake is not None:
+            self.lake.stop(timeout=5.0, drain=True)
 
 
 #: Options a supervisor passes on to its worker processes as they were given.
