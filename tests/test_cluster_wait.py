@@ -40,11 +40,16 @@ def cluster() -> Iterator[RedisCluster]:
     server.cleanup()
 
 
-def new_broker(cluster: RedisCluster, **config: Any) -> Broker:
-    client = client_from_url(cluster.seeds_url, decode_responses=True)
-    client.flushall()
-    return Broker(client, EngineConfig(min_replicas=1, min_replicas_timeout_ms=200,
-                                       shards={SHARDED: 3}, **config))
+def new_broker(cluster: RedisCluster, *, timeout_ms: int = 30_000,
+               client: Any = None) -> Broker:
+    """A broker asking one replica for each write, within ``timeout_ms`` (long by
+    default: a running replica confirms however loaded the machine is); on ``client``
+    (its connection pool) when given, else on a new client of an emptied cluster."""
+    if client is None:
+        client = client_from_url(cluster.seeds_url, decode_responses=True)
+        client.flushall()
+    return Broker(client, EngineConfig(min_replicas=1, min_replicas_timeout_ms=timeout_ms,
+                                       shards={SHARDED: 3}))
 
 
 def hammer(broker: Broker, label: str) -> list[str]:
@@ -94,11 +99,14 @@ def replica_caught_up(primary: int) -> bool:
 
 
 def test_threads_sharing_a_client_are_never_confirmed_by_a_stopped_replica(cluster):
-    broker = new_broker(cluster)
-    primary = cluster.primary_port_of(broker.shards(QUEUE)[0].ready)
+    patient = new_broker(cluster)
+    primary = cluster.primary_port_of(patient.shards(QUEUE)[0].ready)
     (replica,) = cluster.replicas_of(primary)
     assert replica.process is not None
-    assert hammer(broker, "running") == ["returned"] * THREADS * (CALLS + 1)
+    assert hammer(patient, "running") == ["returned"] * THREADS * (CALLS + 1)
+    # The same client, so the same pooled connections; a short deadline, since the
+    # stopped replica can never confirm.
+    broker = new_broker(cluster, timeout_ms=200, client=patient.client)
     assert all(on_replica(replica.port, broker.keys_for(QUEUE, job_id).job(job_id))
                for job_id in (f"running-{t}-{i}" for t in range(THREADS) for i in range(CALLS)))
     # The pool now holds connections whose last writes the replica has: a WAIT sent on
