@@ -44,7 +44,8 @@ ENDPOINTS: list[tuple[str, str, Any, str, Changed | None]] = [
     ("get", "/schema/redoc/", None, "view", None),
     ("post", "/queues/default/pause/", None, "change",
      lambda jobs: Queue("default").is_paused),
-    ("post", "/queues/default/resume/", None, "change", None),
+    ("post", "/queues/held/resume/", None, "change",
+     lambda jobs: not Queue("held").is_paused),
     ("post", "/jobs/", {"task": record.name, "args": ["new"]}, "add",
      lambda jobs: sum(Queue("default").counts().values()) != 2),
     ("post", "/jobs/default/{waiting}/cancel/", None, "change",
@@ -82,6 +83,7 @@ def jobs() -> dict[str, Job]:
     waiting = record.using(delay=3600).enqueue("waiting")
     cancelled = record.using(delay=3600).enqueue("cancelled")
     cancelled.cancel()
+    Queue("held").pause()  # for the resume endpoint to change
     return {"waiting": waiting, "cancelled": cancelled}
 
 

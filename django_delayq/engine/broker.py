@@ -41,6 +41,7 @@ from .limits import RateLimit
 from .pinned import PinnedConnections
 from .reservations import claim_reserved
 from .scripts import Batch, is_cluster_client
+from .status import Status
 from .urls import client_from_url as client_from_url  # re-exported
 
 ID_BYTES = 12
@@ -563,7 +564,7 @@ class Broker:
                     _, elsewhere = deps.split(self, keys)
                     if elsewhere:
                         new.append((keys, job.job_id, elsewhere))
-                elif not added and status == "waiting":
+                elif not added and status == Status.WAITING:
                     again.append((self.keys_for(queue, job.job_id), job.job_id))
         if new:
             flows.link(self, new)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from .fields import stored
 from .jobhash import parse_parents
 from .keys import QueueKeys, validate_job_id, validate_queue_name
 from .scripts import Batch
+from .status import Status
 
 
 class Broker(Protocol):
@@ -57,17 +57,6 @@ POLICIES = ("cancel", "run", "fail")
 PASS_RESULTS = ("", "one", "all")
 #: Outbox entries delivered per round trip.
 DELIVER_BATCH = 500
-#: Test hook: a worker whose environment names a step here exits at that step
-#: (``os._exit``), so the crash-point tests can kill it between two steps of a delivery.
-CRASH_ENV = "DELAYQ_TEST_CRASH_AT"
-
-
-def crash_point(step: str) -> None:
-    """Exit the process at once if :data:`CRASH_ENV` names ``step`` (tests only)."""
-    if os.environ.get(CRASH_ENV) == step:
-        os._exit(70)
-
-
 #: A parent to link: its index among the dependant's parents (1-based), queue and id.
 Link = tuple[int, str, str]
 #: A parent's end to apply to a dependant (``resolve.lua``): the dependant's id, the
@@ -278,7 +267,7 @@ def relink(broker: Broker, jobs: Sequence[tuple[QueueKeys, str]]) -> Relinked:
     for (keys, job_id), (status, raw), unresolved in zip(jobs, replies[0::2], replies[1::2],
                                                           strict=True):
         pending: list[Link] = []
-        if status != "waiting":
+        if status != Status.WAITING:
             found.gone.append(job_id)
             todo.append((keys, job_id, pending))
             continue
@@ -333,7 +322,6 @@ def deliver(broker: Broker, keys: QueueKeys, *, limit: int = DELIVER_BATCH) -> i
             entries = client.lrange(keys.flow_outbox, 0, limit - 1)
         if not entries:
             return delivered
-        crash_point("deliver:read")
         resolutions: dict[QueueKeys, list[Resolution]] = {}
         for raw in entries:
             try:
@@ -349,14 +337,12 @@ def deliver(broker: Broker, keys: QueueKeys, *, limit: int = DELIVER_BATCH) -> i
                 continue
             resolutions.setdefault(child_keys, []).append(resolution)
         _resolve(broker, resolutions)
-        crash_point("deliver:resolved")
         pipe = client.pipeline(transaction=False)
         for raw in entries:
             pipe.lrem(keys.flow_outbox, 1, raw)
         with broker.connection_errors():
             pipe.execute()
         delivered += len(entries)
-        crash_point("deliver:removed")
         if len(entries) < limit:
             return delivered
 

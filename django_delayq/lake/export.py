@@ -95,6 +95,12 @@ class Exporter:
     def request_stop(self) -> None:
         self._stop.set()
 
+    def drain(self, timeout: float) -> int:
+        """Once :meth:`run` has returned after a stop, export what is left (at most
+        ``timeout`` seconds); return the number of entries acknowledged."""
+        self._stop.clear()
+        return self.run(burst=True, timeout=timeout)
+
     def run(self, *, burst: bool = False, timeout: float | None = None) -> int:
         """Export until stopped (``burst``: until the streams are drained); return the
         number of entries acknowledged by this run."""
@@ -466,5 +472,4 @@ class ExportThread:
         self.exporter.request_stop()
         self._thread.join(timeout)
         if drain and not self._thread.is_alive():
-            self.exporter._stop.clear()
-            self.exporter.run(burst=True, timeout=timeout)
+            self.exporter.drain(timeout)

@@ -94,7 +94,7 @@ if os.environ.get("DELAYQ_TEST_PERIODIC"):
 
 # Tasks written against Django's Tasks API, found by workers through this module, and the
 # tasks of the fault and bad-input tests.
-from . import fault_tasks, outbox_hooks, port_tasks, standard_tasks  # noqa: E402, F401
+from . import fault_tasks, flow_hooks, outbox_hooks, port_tasks, standard_tasks  # noqa: E402, F401
 
 
 @task
