@@ -83,7 +83,8 @@ def jobs() -> dict[str, Job]:
     waiting = record.using(delay=3600).enqueue("waiting")
     cancelled = record.using(delay=3600).enqueue("cancelled")
     cancelled.cancel()
-    Queue("held").pause()  # for the resume endpoint to change
+    record.using(queue="held", delay=3600).enqueue("held")  # a queue the API knows,
+    Queue("held").pause()  # paused for the resume endpoint to change
     return {"waiting": waiting, "cancelled": cancelled}
 
 
