@@ -173,6 +173,26 @@ def test_with_no_postgresql_named_or_on_5432_the_suite_starts_its_own():
     assert "1 passed" in output, output
 
 
+@pytest.mark.postgres
+def test_a_postgresql_named_by_url_is_used_and_none_is_started():
+    """A given server (here, the one this run uses) is the one the suite's tests talk to,
+    and the header says it was given."""
+    host, port, user = services.pg_conninfo()
+    env = {name: value for name, value in worker_env().items()
+           if not name.startswith(("PG", "DELAYQ_TEST_PG"))
+           and name not in ("DATABASE_URL", "REDIS_URL", "DELAYQ_TEST_REDIS_URL")}
+    env["DELAYQ_TEST_PG_URL"] = f"postgresql://{user}@{host}:{port}/postgres"
+    test = "tests/test_services.py::test_the_suites_postgresql_answers_where_the_suite_says"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", test],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                         check=False)
+    output = run.stdout + run.stderr
+    assert f"PostgreSQL: given (DELAYQ_TEST_PG_URL), {host}:{port} as {user}" in output, output
+    assert "PostgreSQL: started" not in output, output
+    assert run.returncode == 0, output
+    assert "1 passed" in output, output
+
+
 # -- scripts/system-deps.sh --------------------------------------------------------------
 
 
