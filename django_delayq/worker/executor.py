@@ -172,8 +172,8 @@ class Executor:
         once the ledger shields the job, and one raised before is dropped or caught."""
         while True:
             try:
-                self.ledger.shield(job)
-                clear_pending(me)
+                if self.ledger.shield(job):  # raised in it: maybe still pending
+                    clear_pending(me)
                 return
             except JobTimeout:
                 continue  # delivered before the clear; none can follow it

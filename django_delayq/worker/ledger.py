@@ -138,12 +138,15 @@ class Ledger:
                 lease.renew_until = now + timeout + grace
             return lease
 
-    def shield(self, job: ClaimedJob) -> None:
-        """From now on no JobTimeout is raised in ``job``'s thread (its task is over)."""
+    def shield(self, job: ClaimedJob) -> bool:
+        """From now on no JobTimeout is raised in ``job``'s thread (its task is over).
+        Returns whether one was raised before (and so may still be pending there)."""
         with self.lock:
             lease = self._leases.get(key(job))
-            if lease is not None:
-                lease.shielded = True
+            if lease is None:
+                return True  # not known to be clear: the caller clears it anyway
+            lease.shielded = True
+            return lease.interrupted
 
     def interrupt(self, lease: Lease, raise_in: Callable[[threading.Thread], None]) -> bool:
         """Call ``raise_in(thread)`` for a running, unshielded lease of a thread of its
