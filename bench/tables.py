@@ -86,6 +86,12 @@ def configurations(data: dict[str, Any], tuned_1proc: float | None) -> Lines:
             lines.append(_row(label, n(s["median"]), n(s["min"]), n(s["max"]),
                               n(s["spread"], "{:.1%}")))
         lines += ["", f"With / without: {n(limits['ratio'], '{:.3f}')}.", ""]
+        measured = limits.get("measured")
+        if measured:  # a row measured again apart from the rest of its run
+            lines += [f"This row was measured at {measured['at']} (load average "
+                      f"{_load(measured.get('load_average_start'))} at start, "
+                      f"{_load(measured.get('load_average_end'))} at end): "
+                      f"{measured['why']}.", ""]
     defaults = data.get("defaults")
     if defaults:
         mirror = defaults["mirror"]
@@ -202,7 +208,9 @@ def outbox(data: dict[str, Any]) -> Lines:
 
 
 def lake(data: dict[str, Any]) -> Lines:
-    lines = [f"{n(data['jobs'])} jobs (`python -m bench.lake`).", ""]
+    # results written before bench.lake stored its size at the top name it per part
+    jobs = data.get("jobs") or (data.get("export") or data.get("cluster") or {}).get("jobs")
+    lines = [f"{n(jobs)} jobs (`python -m bench.lake`).", ""]
     export = data.get("export")
     if export:
         read = export.get("spark_read") or {}
