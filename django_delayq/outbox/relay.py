@@ -31,7 +31,7 @@ from ..conf import conf
 from ..connection import get_broker
 from ..engine import Broker
 from ..models import OutboxEntry
-from .send import Outcome, send_rows, settle, take
+from .send import Outcome, relax_commit, send_rows, settle, take
 
 logger = logging.getLogger(__name__)
 #: Rounds in a row that may fail before ``run(burst=True)`` gives up.
@@ -138,6 +138,7 @@ class Relay:
         if not waiting.exists():  # the usual case: no transaction, no lock, one query
             return done
         with transaction.atomic(using=self.using):
+            relax_commit(self.using)  # a round lost in a crash is sent again: one job each
             taken = take(self.using, waiting, self.chunk_size)
             if not taken:
                 return done

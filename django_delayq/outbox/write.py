@@ -29,7 +29,7 @@ from ..engine.fastpaths import positional_names
 from ..engine.jobhash import from_ms
 from ..engine.status import OUTBOX
 from ..models import OutboxEntry
-from .send import send_rows, settle, take
+from .send import relax_commit, send_rows, settle, take
 
 
 class Enqueueable(Protocol):
@@ -149,6 +149,7 @@ def flush(alias: str) -> None:
         broker = get_broker()
         for start in range(0, len(ids), size):
             with transaction.atomic(using=alias):
+                relax_commit(alias)  # lost in a crash, the rows are sent again: one job each
                 mine = OutboxEntry.objects.using(alias).filter(
                     pk__in=ids[start:start + size], parked_at__isnull=True)
                 rows = take(alias, mine, size)
