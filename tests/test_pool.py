@@ -24,6 +24,7 @@ from django_delayq.worker.children import (
     project_paths,
     restart_delay,
 )
+from django_delayq.worker.recycle import MEMORY_CHECK_INTERVAL
 from tests.conftest import (
     OutputReader,
     first_line,
@@ -260,7 +261,11 @@ def run_to_completion(spawned: Any, jobs: list[Any], *args: str) -> str:
 
 
 def test_a_leaking_child_is_recycled_with_nothing_lost(redis_client, spawned):
-    jobs = [tasks.leak.enqueue(f"l{i}", 16) for i in range(24)]
+    # Each job outlasts the monitor's interval between two reads of the memory, so a
+    # child's memory is read after each of its jobs: no child runs more jobs than its
+    # 160 MiB allow (16 MiB each), and the 24 jobs need fresh children.
+    jobs = [tasks.leak.enqueue(f"l{i}", 16, 1.5 * MEMORY_CHECK_INTERVAL)
+            for i in range(24)]
     run_to_completion(spawned, jobs, "--prefetch", "2", "--max-memory-per-child", "160")
     done = starts(redis_client, "leak")
     assert sorted(r["tag"] for r in done) == sorted(f"l{i}" for i in range(24))

@@ -246,10 +246,12 @@ _LEAKED: list[bytearray] = []
 
 
 @task
-def leak(tag: str, mib: int) -> None:
-    """Note the run, then keep ``mib`` MiB alive until the process ends (a leak)."""
+def leak(tag: str, mib: int, hold: float = 0.0) -> None:
+    """Note the run, then keep ``mib`` MiB alive until the process ends (a leak); take
+    ``hold`` seconds more."""
     _LEAKED.append(bytearray(b"x" * (mib * 1024 * 1024)))
     _note("leak", tag=tag)
+    time.sleep(hold)
 
 
 
