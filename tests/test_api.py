@@ -122,11 +122,11 @@ def test_permission_classes_come_from_settings(settings: Any, user: APIClient,
 
 def test_permission_setting_is_checked(settings: Any) -> None:
     settings.DELAYQ = {**settings.DELAYQ, "API_PERMISSION_CLASSES": ["no.such.Permission"]}
-    errors = [e for e in run_checks() if e.id == "django_delayq.E040"]
+    errors = [e for e in run_checks(databases=[]) if e.id == "django_delayq.E040"]
     assert len(errors) == 1
     assert "no.such.Permission" in errors[0].msg
     settings.DELAYQ = {**settings.DELAYQ, "API_PERMISSION_CLASSES": "rest_framework.x"}
-    assert [e.id for e in run_checks() if e.id == "django_delayq.E040"] == [
+    assert [e.id for e in run_checks(databases=[]) if e.id == "django_delayq.E040"] == [
         "django_delayq.E040"]
 
 

@@ -40,7 +40,7 @@ def test_redact_url_masks_every_password(url, shown):
 ])
 def test_check_messages_never_show_the_password(settings, key, value, check_id):
     settings.DELAYQ = {**settings.DELAYQ, key: value}
-    errors = [e for e in run_checks() if e.id == check_id]
+    errors = [e for e in run_checks(databases=[]) if e.id == check_id]
     assert len(errors) == 1
     assert PASSWORD not in errors[0].msg
     assert PASSWORD not in str(errors[0])
