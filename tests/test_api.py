@@ -9,13 +9,12 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
-from django.core.checks import run_checks
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_delayq import Job, Queue
 from django_delayq.models import Job as MirroredJob
-from tests.conftest import wait_until, worker_thread
+from tests.conftest import system_checks, wait_until, worker_thread
 from tests.testapp.tasks import always_fails, gated, record
 
 pytestmark = pytest.mark.django_db
@@ -122,11 +121,11 @@ def test_permission_classes_come_from_settings(settings: Any, user: APIClient,
 
 def test_permission_setting_is_checked(settings: Any) -> None:
     settings.DELAYQ = {**settings.DELAYQ, "API_PERMISSION_CLASSES": ["no.such.Permission"]}
-    errors = [e for e in run_checks(databases=[]) if e.id == "django_delayq.E040"]
+    errors = [e for e in system_checks() if e.id == "django_delayq.E040"]
     assert len(errors) == 1
     assert "no.such.Permission" in errors[0].msg
     settings.DELAYQ = {**settings.DELAYQ, "API_PERMISSION_CLASSES": "rest_framework.x"}
-    assert [e.id for e in run_checks(databases=[]) if e.id == "django_delayq.E040"] == [
+    assert [e.id for e in system_checks() if e.id == "django_delayq.E040"] == [
         "django_delayq.E040"]
 
 

@@ -17,7 +17,7 @@ import pytest
 from django_delayq import PayloadTooLarge, Queue
 from django_delayq.connection import get_broker
 from django_delayq.engine.fields import logical, stored
-from tests.conftest import wait_until, worker_thread
+from tests.conftest import system_checks, wait_until, worker_thread
 from tests.testapp.tasks import record
 
 NOW = dt.datetime.now(dt.UTC)
@@ -336,9 +336,8 @@ def test_every_check_id_of_checks_py_has_a_case():
 
 @pytest.mark.parametrize("check_id", sorted(CHECK_CASES))
 def test_each_bad_setting_fires_its_own_check(check_id):
-    from django.core.checks import run_checks
     from django.test import override_settings
 
     with override_settings(DELAYQ=CHECK_CASES[check_id]):
-        found = {m.id for m in run_checks(databases=[]) if m.id.startswith("django_delayq.")}
+        found = {m.id for m in system_checks() if m.id.startswith("django_delayq.")}
     assert found == {f"django_delayq.{check_id}"}

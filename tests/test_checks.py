@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from django.core.checks import run_checks
 from django.test import override_settings
+
+from tests.conftest import system_checks
 
 
 def ids(**delayq):
     with override_settings(DELAYQ=delayq):
-        return sorted({m.id for m in run_checks(databases=[]) if m.id.startswith("django_delayq.")})
+        return sorted({m.id for m in system_checks() if m.id.startswith("django_delayq.")})
 
 
 def test_valid_settings_pass():
@@ -49,7 +50,7 @@ def test_each_bad_setting_has_its_check(delayq, expected):
 
 def test_delayq_must_be_a_dict():
     with override_settings(DELAYQ=["REDIS_URL"]):
-        assert [m.id for m in run_checks(databases=[]) if m.id.startswith("django_delayq.")] == [
+        assert [m.id for m in system_checks() if m.id.startswith("django_delayq.")] == [
             "django_delayq.E001"]
 
 
@@ -66,7 +67,7 @@ def test_every_setting_has_a_check_id_of_its_own():
 def test_cluster_with_a_sentinel_url_is_refused_with_what_to_do_and_no_password():
     sentinel = "redis+sentinel://:hunter2@h1:26379,h2:26379/mymaster/0"
     with override_settings(DELAYQ={"REDIS_URL": sentinel, "CLUSTER": True}):
-        (message,) = [m for m in run_checks(databases=[]) if m.id.startswith("django_delayq.")]
+        (message,) = [m for m in system_checks() if m.id.startswith("django_delayq.")]
     assert message.id == "django_delayq.E024"
     assert "Sentinel serves one primary and its replicas, not a Cluster" in message.msg
     assert "redis+cluster://" in message.msg

@@ -9,13 +9,20 @@ import sys
 from typing import Any
 
 import pytest
-from django.core.checks import run_checks
 
 from django_delayq import Job, Queue
 from django_delayq.connection import get_broker
 from django_delayq.engine import Broker, EngineConfig, EnqueueRequest
 from django_delayq.engine.limits import RateLimit, interval_limit, parse_rate, queue_options
-from tests.conftest import ROOT, OutputReader, ran, wait_until, worker_env, worker_thread
+from tests.conftest import (
+    ROOT,
+    OutputReader,
+    ran,
+    system_checks,
+    wait_until,
+    worker_env,
+    worker_thread,
+)
 from tests.testapp import tasks
 
 
@@ -114,7 +121,7 @@ def test_system_checks_name_bad_flow_control_settings(settings):
     settings.DELAYQ = {**settings.DELAYQ, "QUEUES": {"emails": {"rate_limit": "lots"},
                                                      "bad name!": {}},
                        "CLUSTER": "yes", "CRON_MISSED": "sometimes", "CRON_LOOKAHEAD": 0}
-    ids = sorted(e.id for e in run_checks(databases=[]) if e.id.startswith("django_delayq"))
+    ids = sorted(e.id for e in system_checks() if e.id.startswith("django_delayq"))
     assert ids == ["django_delayq.E023", "django_delayq.E023", "django_delayq.E024",
                    "django_delayq.E025", "django_delayq.E026"]
 

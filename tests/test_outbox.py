@@ -21,7 +21,6 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
-from django.core.checks import run_checks
 from django.db import connection, transaction
 from django.test import Client, override_settings
 from django.urls import reverse
@@ -39,6 +38,7 @@ from tests.conftest import (
     OutputReader,
     kill_with_children,
     rerun_on_postgresql,
+    system_checks,
     wait_until,
     worker_env,
     worker_thread,
@@ -715,11 +715,11 @@ def test_bad_outbox_settings_fail_the_checks():
     bad = {"RELAY": "yes", "CHUNK_SIZE": 0, "POLL_INTERVAL": -1, "DATABASES": ["nope"],
            "TYPO": 1}
     with override_settings(DELAYQ={**settings.DELAYQ, "OUTBOX": bad}):
-        messages = [m.msg for m in run_checks(databases=[]) if m.id == "django_delayq.E090"]
+        messages = [m.msg for m in system_checks() if m.id == "django_delayq.E090"]
     assert len(messages) == 5, messages
     assert any("unknown keys: TYPO" in m for m in messages)
     with override_settings(DELAYQ={**settings.DELAYQ, "OUTBOX": {"CHUNK_SIZE": 10}}):
-        assert [m for m in run_checks(databases=[]) if m.id == "django_delayq.E090"] == []
+        assert [m for m in system_checks() if m.id == "django_delayq.E090"] == []
 
 
 # -- the same tests on PostgreSQL --------------------------------------------------------

@@ -8,13 +8,12 @@ import runpy
 from collections.abc import Iterator
 
 import pytest
-from django.core.checks import run_checks
 from django.views.debug import SafeExceptionReporterFilter
 
 from django_delayq.connection import get_broker
 from django_delayq.engine.urls import redact as redact_url
 from django_delayq.testing import RedisServer
-from tests.conftest import ROOT
+from tests.conftest import ROOT, system_checks
 from tests.testapp.tasks import record
 
 PASSWORD = "s3cret-check-pw"
@@ -40,7 +39,7 @@ def test_redact_url_masks_every_password(url, shown):
 ])
 def test_check_messages_never_show_the_password(settings, key, value, check_id):
     settings.DELAYQ = {**settings.DELAYQ, key: value}
-    errors = [e for e in run_checks(databases=[]) if e.id == check_id]
+    errors = [e for e in system_checks() if e.id == check_id]
     assert len(errors) == 1
     assert PASSWORD not in errors[0].msg
     assert PASSWORD not in str(errors[0])

@@ -18,7 +18,7 @@ from django_delayq import Job, JobSpec, NotReplicated
 from django_delayq.connection import get_broker
 from django_delayq.engine.urls import client_from_url, parse_multi_host, redact
 from django_delayq.testing import RedisSentinelGroup
-from tests.conftest import wait_until, worker_thread
+from tests.conftest import system_checks, wait_until, worker_thread
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.slow
@@ -242,18 +242,16 @@ def test_spark_executors_get_a_sentinel_url_for_a_django_redis_sentinel_cache(on
 
 
 def test_the_system_check_shows_what_is_wrong_and_never_the_password(settings):
-    from django.core.checks import run_checks
-
     settings.DELAYQ = {"REDIS_URL": "redis+sentinel://:hunter2@h1:26379,h2:26379"}
-    errors = [m for m in run_checks(databases=[]) if m.id == "django_delayq.E002"]
+    errors = [m for m in system_checks() if m.id == "django_delayq.E002"]
     assert len(errors) == 1
     assert "service name is missing" in errors[0].msg
     assert "hunter2" not in errors[0].msg
     assert "***" in errors[0].msg
     settings.DELAYQ = {"REDIS_URL": "redis+sentinel://:hunter2@h1,h2/mymaster/1"
                                     "?sentinel_password=hunter3"}
-    assert not [m for m in run_checks(databases=[]) if m.id.startswith("django_delayq.")]
+    assert not [m for m in system_checks() if m.id.startswith("django_delayq.")]
     settings.DELAYQ = {"REDIS_URL": "redis+cluster://h1:7000,h2:x/0"}
-    assert [m.id for m in run_checks(databases=[]) if m.id.startswith("django_delayq.")] == [
+    assert [m.id for m in system_checks() if m.id.startswith("django_delayq.")] == [
         "django_delayq.E002"]
     assert os.environ.get("DELAYQ_TEST_REDIS_URL")
