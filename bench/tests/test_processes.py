@@ -35,9 +35,16 @@ def _tree_of(root: int, size: int) -> dict[int, processes.ProcStat]:
 
 def test_a_pool_child_in_its_own_session_is_found_and_stopped() -> None:
     proc = processes.start_process([sys.executable, "-c", POOL], "test-pool")
-    tree = _tree_of(proc.pid, 2)
-    child = next(pid for pid in tree if pid != proc.pid)
-    assert tree[child].group != proc.pid  # not in the parent's group: found by ancestry
+    # The child is in the tree from its fork, and in a session of its own only once it
+    # has called setsid (before its exec): wait for that.
+    deadline = time.monotonic() + 30
+    while True:
+        tree = _tree_of(proc.pid, 2)
+        child = next(pid for pid in tree if pid != proc.pid)
+        if tree[child].group != proc.pid:
+            break  # not in the parent's group: found by ancestry
+        assert time.monotonic() < deadline, f"the child never left its parent's group: {tree}"
+        time.sleep(0.02)
     processes.stop_processes([proc], grace=0.5)
     assert proc.poll() is not None
     deadline = time.monotonic() + 10
