@@ -3,7 +3,9 @@
 One table, the body of :class:`DelayQSettings`, defines each setting once: its default,
 the converter of its typed accessor, its system check and check id, and what it means.
 The checks (:mod:`django_delayq.checks`) and the defaults are both read from that table.
-Reading on access (not at import) keeps ``override_settings`` working in tests.
+Reading on access (not at import) keeps ``override_settings`` working in tests; the
+``DELAYQ`` dict itself is kept between accesses until Django says it changed
+(``setting_changed``), as looking it up on ``settings`` is most of an access's cost.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar, overload
 
 from django.conf import settings
+from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
 from .engine.keys import QUEUE_NAME_RE
@@ -33,9 +36,24 @@ SPARK_MASTER_RE = re.compile(
 )
 
 
+_given: dict[str, Any] | None = None
+
+
 def given() -> dict[str, Any]:
     """``settings.DELAYQ`` as the user wrote it (empty when unset)."""
-    return getattr(settings, "DELAYQ", None) or {}
+    global _given
+    if _given is None:
+        _given = getattr(settings, "DELAYQ", None) or {}
+    return _given
+
+
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    global _given
+    if setting == "DELAYQ":
+        _given = None
+
+
+setting_changed.connect(_on_setting_changed, dispatch_uid="django_delayq.conf")
 
 
 class Setting(Generic[T]):

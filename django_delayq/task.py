@@ -201,7 +201,7 @@ class Task(Generic[P, T]):
         A job whose ``job_id`` already exists is not enqueued again: the returned job
         has ``created=False`` and the existing job's status.
         """
-        self.check_arguments(self._with_results(args), kwargs)
+        self.check_arguments(self._with_results(args) if self.pass_results else args, kwargs)
         if conf.EAGER:
             from .eager import run_eagerly
 
@@ -212,9 +212,10 @@ class Task(Generic[P, T]):
                 args = (head, *args)  # type: ignore[assignment]
             return run_eagerly(self, args, kwargs, positional_names(self.func))
         broker = get_broker()
+        queue, max_attempts = self.queue_name, self.attempts_allowed
         res = broker.enqueue(
-            self.queue_name, self.name, args, kwargs, run_at=self.run_at, delay=self.delay,
-            priority=self.priority, job_id=self.job_id, max_attempts=self.attempts_allowed,
+            queue, self.name, args, kwargs, run_at=self.run_at, delay=self.delay,
+            priority=self.priority, job_id=self.job_id, max_attempts=max_attempts,
             arg_names=positional_names(self.func)[1 if self.pass_results else 0:],
             timeout=self.timeout, depends_on=self.depends_on,
             on_parent_failure=self.on_parent_failure, pass_results=self.pass_results,
@@ -225,11 +226,12 @@ class Task(Generic[P, T]):
         run_at = enqueued_at if res.run_at_ms == res.enqueued_at_ms else reply_time(
             res.run_at_ms)
         return Job(
-            id=res.job_id, queue=self.queue_name, task_name=self.name, status=res.status,
+            id=res.job_id, queue=queue, task_name=self.name, status=res.status,
             args=list(args), kwargs=dict(kwargs), priority=self.priority, run_at=run_at,
-            max_attempts=self.attempts_allowed, enqueued_at=enqueued_at, created=res.added,
+            max_attempts=max_attempts, enqueued_at=enqueued_at, created=res.added,
             broker=broker,
-            parent_refs=[parent_ref(p, self.queue_name) for p in self.depends_on or ()],
+            parent_refs=[parent_ref(p, queue) for p in self.depends_on]
+            if self.depends_on else [],
         )
 
     def _with_results(self, args: Sequence[Any]) -> Sequence[Any]:

@@ -177,6 +177,9 @@ class Broker:
         # Single script calls skip redis-py's per-call pool checkout (see pinned.py).
         self._pinned = None if self.is_cluster else PinnedConnections.for_client(client)
         self.commands = Commands(client, self.config, self._pinned)
+        cfg = self.config  # frozen: what WAIT asks for is known once
+        self._replica_wait = None if cfg.min_replicas <= 0 else (
+            cfg.min_replicas, cfg.min_replicas_timeout_ms)
 
     # -- keys ---------------------------------------------------------------------
 
@@ -322,7 +325,9 @@ class Broker:
         request = EnqueueRequest(task=task, args=args, kwargs=kwargs or {}, run_at=run_at,
                                  delay=delay, priority=priority, job_id=job_id,
                                  max_attempts=max_attempts, timeout=timeout)
-        deps = flows.dependencies(depends_on, queue, on_parent_failure, pass_results)
+        deps = None if depends_on is None and on_parent_failure == "cancel" and \
+            not pass_results else flows.dependencies(depends_on, queue, on_parent_failure,
+                                                     pass_results)
         job = self.encode_request(request, arg_names)
         if deps is not None:
             validation.validate_queue_name(queue)
@@ -336,7 +341,7 @@ class Broker:
                         res.job_id), stored("status")) or res.status
             return res
         keys = self.keys_for(queue, job.job_id)
-        wait = self.replica_wait()
+        wait = self._replica_wait
         # The job id is chosen above, before the first try: a retry through a failover
         # finds the job if the first try landed, so it cannot add it twice.
         deadline = None
@@ -359,9 +364,7 @@ class Broker:
 
     def replica_wait(self) -> tuple[int, int] | None:
         """``(replicas, timeout_ms)`` for Redis WAIT after an enqueue, or None."""
-        if self.config.min_replicas <= 0:
-            return None
-        return self.config.min_replicas, self.config.min_replicas_timeout_ms
+        return self._replica_wait
 
     def _retry_or_raise(self, exc: Exception, deadline: float | None) -> float:
         """After a failed try: wait a little and return the retry deadline, or raise

@@ -64,6 +64,10 @@ def to_ms(value: dt.datetime | None) -> int | None:
 def reply_time(value: Any) -> dt.datetime | None:
     """A time a script answered after its write: never raises (the write is done; an
     unreadable time reads as None rather than an error a caller would retry)."""
+    # What a script answers: an int in range (every enqueue takes this branch).
+    if type(value) is int and validation.MIN_TIME_MS <= value <= validation.MAX_TIME_MS \
+            and value:
+        return _EPOCH + dt.timedelta(0, 0, 0, value)
     try:
         return from_ms(value)
     except ValueError:

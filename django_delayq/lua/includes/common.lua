@@ -1,4 +1,5 @@
--- Shared helpers, prepended to every script by django_delayq.engine.scripts.
+-- Shared helpers: django_delayq.engine.scripts puts before each script the definitions
+-- it uses. Only definitions (and the comments above them) belong here.
 --
 -- Job HASH fields ({dq:Q}:j:ID) are stored under short names (one listpack holds every
 -- name next to its value, and a waiting job is mostly its hash). The table, with the
@@ -9,8 +10,7 @@
 --   n attempts (absent: 0) q seq                  b started_at
 --   f finished_at          w worker               v result
 --   x error                tb traceback           g progress (0..1)
---   gm progress message
---   x error                tb traceback           o time limit, ms (absent: none)
+--   gm progress message    o time limit, ms (absent: none)
 --   h attempt log, JSON (absent: [])
 --   d dp dr dc: workflows (parents, policy, results passed, linked), see flows.lua
 -- A field shown with a default is not stored while it equals it: read it as

@@ -1,0 +1,63 @@
+"""How each Lua script is assembled: its own file after the include definitions it uses."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from django_delayq.engine import scripts
+
+NAMES = sorted(path.stem for path in scripts.resources.files("django_delayq").joinpath(
+    "lua").iterdir() if path.name.endswith(".lua"))
+#: Every name the includes define at their top level.
+DEFINED = [name for name, _ in scripts._definitions()]
+
+
+def identifiers(source: str) -> set[str]:
+    code = re.sub(r"--[^\n]*", "", source)  # comments name functions without calling them
+    code = re.sub(r"'[^'\n]*'", "''", code)  # so do strings: 'claimed', 'ready', ...
+    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", code))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_script_defines_every_include_it_uses_before_it_runs(name, redis_client):
+    """Each include name the script's code uses is defined in its source, before the
+    script's own file; the source loads (compiles) in Redis."""
+    script = scripts.load_script(name)
+    body = scripts._read(f"{name}.lua")
+    prelude = script.source[:-len(body)]
+    assert script.source.endswith(body)
+    defined_here = {n for n in DEFINED if re.search(rf"^local (function )?{n}\b", prelude,
+                                                    re.MULTILINE)}
+    assert identifiers(script.source) & set(DEFINED) <= defined_here
+    assert redis_client.script_load(script.source) == script.sha
+
+
+def test_a_script_leaves_out_the_includes_it_never_uses():
+    """A claim of a batch pays for no workflow or histogram code; the enqueue script, for
+    no attempt log. Whatever a script defines, its own code or another definition it
+    keeps uses (no closure made per call for nothing)."""
+    batch_claim = scripts.load_script("batch_claim").source
+    enqueue = scripts.load_script("enqueue").source
+    assert "local function resolve_dependant" not in batch_claim
+    assert "local function observe" not in batch_claim
+    assert "local function log_attempt" not in enqueue
+    assert "local function resolve_dependant" in enqueue  # it links waiting jobs
+    for name in NAMES:
+        source = scripts.load_script(name).source
+        kept = [n for n in DEFINED if re.search(rf"^local (function )?{n}\b", source,
+                                                re.MULTILINE)]
+        for n in kept:
+            rest = re.sub(rf"^local (function )?{n}\b", "", source, count=1, flags=re.MULTILINE)
+            assert n in identifiers(rest), f"{name}.lua keeps {n}, which nothing uses"
+
+
+def test_the_includes_hold_only_definitions_and_their_comments():
+    """A statement between two definitions would run only in the scripts that keep the
+    definition before it: the includes hold none (each definition runs to the next)."""
+    for path in scripts.INCLUDES:
+        for line in scripts._read(path).splitlines():
+            if not line or line.startswith(("--", " ", "end", "}")):
+                continue
+            assert re.match(r"local (function )?[A-Za-z_]", line), f"{path}: {line!r}"
