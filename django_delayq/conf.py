@@ -37,6 +37,8 @@ SPARK_MASTER_RE = re.compile(
 
 
 _given: dict[str, Any] | None = None
+#: Typed values already converted from ``_given``, by setting name.
+_typed: dict[str, Any] = {}
 
 
 def given() -> dict[str, Any]:
@@ -51,6 +53,7 @@ def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
     global _given
     if setting == "DELAYQ":
         _given = None
+        _typed.clear()
 
 
 setting_changed.connect(_on_setting_changed, dispatch_uid="django_delayq.conf")
@@ -86,7 +89,11 @@ class Setting(Generic[T]):
     def __get__(self, obj: object | None, owner: type) -> Setting[T] | T:
         if obj is None:
             return self
-        return self.convert(self.value())
+        try:
+            return _typed[self.name]  # type: ignore[no-any-return]
+        except KeyError:
+            value = _typed[self.name] = self.convert(self.value())
+            return value
 
 
 # -- converters ------------------------------------------------------------------------

@@ -267,7 +267,16 @@ class Broker:
         ``checked`` remembers options already validated (a bulk call's jobs mostly share
         them); ``ids`` supplies new job ids.
         """
-        task, priority, max_attempts = request.task, request.priority, request.max_attempts
+        return self._encode(request.task, request.args, request.kwargs, request.run_at,
+                            request.delay, request.priority, request.job_id,
+                            request.max_attempts, request.timeout, arg_names, checked, ids)
+
+    def _encode(self, task: str, args: Sequence[Any], kwargs: dict[str, Any], run_at: Any,
+                delay: Any, priority: int, job_id: str | None, max_attempts: int,
+                timeout: Any, arg_names: Sequence[str],
+                checked: set[tuple[str, int, int]] | None,
+                ids: Iterator[str] | None) -> EncodedJob:
+        """:meth:`encode_request` of the request's fields (a single enqueue builds none)."""
         key = _options_key(task, priority, max_attempts)
         if checked is None or key is None or key not in checked:
             validation.check_task_name(task)
@@ -275,24 +284,19 @@ class Broker:
             validation.check_max_attempts(max_attempts)
             if checked is not None and key is not None:
                 checked.add(key)
-        run_at, delay = request.run_at, request.delay
         if run_at is not None and delay is not None:
             raise ValueError("give run_at or delay, not both")
         run_at_ms = "" if run_at is None else validation.run_at_ms(run_at)
         delay_ms = "" if delay is None else validation.delay_ms(delay)
-        timeout_ms = "" if request.timeout is None else validation.timeout_ms(request.timeout)
-        if request.job_id is not None:
-            job_id = validation.validate_job_id(request.job_id)
+        timeout_ms = "" if timeout is None else validation.timeout_ms(timeout)
+        if job_id is not None:
+            job_id = validation.validate_job_id(job_id)
         else:
             job_id = new_job_id() if ids is None else next(ids)
-        args_json, kwargs_json = encode_arguments(
-            task,
-            request.args,
-            request.kwargs,
-            encoder=self.config.json_encoder,
-            names=arg_names,
-            limit=self.config.max_payload_bytes,
-        )
+        cfg = self.config
+        args_json, kwargs_json = encode_arguments(task, args, kwargs, encoder=cfg.json_encoder,
+                                                  names=arg_names,
+                                                  limit=cfg.max_payload_bytes)
         # tuple.__new__: a NamedTuple's own __new__ is Python code, 0.15 us more a job of
         # a bulk call (the fields are in order, as EncodedJob(...) would take them).
         return tuple.__new__(EncodedJob, (job_id, task, args_json, kwargs_json, priority,
@@ -322,13 +326,11 @@ class Broker:
         :mod:`~django_delayq.engine.flows`): they are checked to exist first, then the
         job is stored and linked to them (a few round trips).
         """
-        request = EnqueueRequest(task=task, args=args, kwargs=kwargs or {}, run_at=run_at,
-                                 delay=delay, priority=priority, job_id=job_id,
-                                 max_attempts=max_attempts, timeout=timeout)
         deps = None if depends_on is None and on_parent_failure == "cancel" and \
             not pass_results else flows.dependencies(depends_on, queue, on_parent_failure,
                                                      pass_results)
-        job = self.encode_request(request, arg_names)
+        job = self._encode(task, args, kwargs or {}, run_at, delay, priority, job_id,
+                           max_attempts, timeout, arg_names, None, None)
         if deps is not None:
             validation.validate_queue_name(queue)
             flows.check_parents_exist(self, deps.parents)
