@@ -90,7 +90,7 @@ class Setting(Generic[T]):
         if obj is None:
             return self
         try:
-            return _typed[self.name]  # type: ignore[no-any-return]
+            return _typed[self.name]
         except KeyError:
             value = _typed[self.name] = self.convert(self.value())
             return value
