@@ -47,8 +47,8 @@ def snapshot() -> dict[str, tuple[Any, ...]]:
 
 
 def hash_reads(client: Any) -> int:
-    """Scripts Redis has run: a mirror reads job hashes through one (``read_jobs``)."""
-    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+    """Job hashes Redis has read: HGETALLs, in a transaction or a script (``read_jobs``)."""
+    return int(client.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0))
 
 
 def stale_row(job_id: str) -> table.Row:

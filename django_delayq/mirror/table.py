@@ -1,8 +1,8 @@
 """The Job table as the mirror writes it: one conditional upsert per batch of rows.
 
 Every write carries the position in its queue shard's events stream that the state it
-holds is as of (``last_event_ms``, ``last_event_seq``; ``lua/read_jobs.lua`` reads a job
-hash and that position at one instant), and replaces a stored row only when the row's
+holds is as of (``last_event_ms``, ``last_event_seq``; ``Commands.read_jobs`` reads a
+job hash and that position at one instant), and replaces a stored row only when the row's
 position is older::
 
     INSERT INTO django_delayq_job (...) ...
