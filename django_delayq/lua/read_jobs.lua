@@ -1,9 +1,9 @@
 -- Read job hashes for the model mirror, with the position of their shard's events stream
 -- at the same instant (on a Cluster; elsewhere Commands.read_jobs sends MULTI/EXEC, which
--- costs Redis about a third of this script's time). Every change to a job adds its event in the script that makes it,
--- so the hashes hold the jobs' state once every entry up to that position was written,
--- and none after: a row written from them carries that position, and a write of an older
--- one never replaces it.
+-- costs Redis about a third of this script's time). Every change to a job adds its event
+-- in the script that makes it, so the hashes hold the jobs' state once every entry up to
+-- that position was written, and none after: a row written from them carries that
+-- position, and a write of an older one never replaces it.
 --
 -- KEYS[1] events stream of the shard
 -- KEYS[2..] job hashes (of that shard)

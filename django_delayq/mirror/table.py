@@ -2,8 +2,8 @@
 
 Every write carries the position in its queue shard's events stream that the state it
 holds is as of (``last_event_ms``, ``last_event_seq``; ``Commands.read_jobs`` reads a
-job hash and that position at one instant), and replaces a stored row only when the row's
-position is older::
+job hash and that position at one instant), and replaces a stored row only when the
+row's position is older::
 
     INSERT INTO django_delayq_job (...) ...
     ON CONFLICT (queue, job_id) DO UPDATE SET ... = excluded. ...
