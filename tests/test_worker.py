@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -380,8 +381,17 @@ def test_a_claim_over_several_shards_takes_no_more_than_the_room(redis_client):
     from django_delayq.worker import Worker
 
     broker = Broker(redis_client, EngineConfig(prefix="t", shards={"q": 3}))
-    broker.enqueue_many("q", [EnqueueRequest(task=tasks.record.name, args=[f"s{i}"])
-                              for i in range(30)])
+    # Ten jobs on each shard, by id: random ids can leave one shard too few to fill a turn.
+    per_shard: dict[str, list[str]] = {keys.tag: [] for keys in broker.shards("q")}
+    for i in itertools.count():
+        ids = per_shard[broker.keys_for("q", f"s{i}").tag]
+        if len(ids) < 10:
+            ids.append(f"s{i}")
+        if all(len(ids) == 10 for ids in per_shard.values()):
+            break
+    broker.enqueue_many("q", [EnqueueRequest(task=tasks.record.name, args=[job_id],
+                                             job_id=job_id)
+                              for ids in per_shard.values() for job_id in ids])
     worker = Worker(["q"], concurrency=1, prefetch=3, burst=True, broker=broker,
                     blocking_broker=broker)
     for turn in range(3):  # each turn starts at another shard
