@@ -389,7 +389,7 @@ class DelayQSettings:
     MIRROR_RETENTION = Setting(30 * 86_400, optional(float), "E030",
                                number(minimum=0, allow_none=True),
                                "Seconds finished rows stay in the database (None: forever).")
-    MIRROR_BATCH_SIZE = Setting(500, int, "E031", number(minimum=1, integer=True),
+    MIRROR_BATCH_SIZE = Setting(1_000, int, "E031", number(minimum=1, integer=True),
                                 "Events the mirror reads per batch.")
     MIRROR_CLAIM_IDLE = Setting(60.0, float, "E032", number(minimum=0),
                                 "Seconds another mirror's unacknowledged events may sit "
