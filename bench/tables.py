@@ -86,12 +86,7 @@ def configurations(data: dict[str, Any], tuned_1proc: float | None) -> Lines:
             lines.append(_row(label, n(s["median"]), n(s["min"]), n(s["max"]),
                               n(s["spread"], "{:.1%}")))
         lines += ["", f"With / without: {n(limits['ratio'], '{:.3f}')}.", ""]
-        measured = limits.get("measured")
-        if measured:  # a row measured again apart from the rest of its run
-            lines += [f"This row was measured at {measured['at']} (load average "
-                      f"{_load(measured.get('load_average_start'))} at start, "
-                      f"{_load(measured.get('load_average_end'))} at end): "
-                      f"{measured['why']}.", ""]
+        lines += _measured_apart(limits)
     defaults = data.get("defaults")
     if defaults:
         mirror = defaults["mirror"]
@@ -120,8 +115,20 @@ def configurations(data: dict[str, Any], tuned_1proc: float | None) -> Lines:
             f"{n(mirror.get('drained_to_database_per_s'))} jobs/s. Beside them, the tuned "
             f"worker of the table above (8 threads, `--no-mirror`, `-v 0`): "
             f"{n(tuned_1proc)} jobs/s.", "",
+            *_measured_apart(defaults),
         ]
     return lines
+
+
+def _measured_apart(block: dict[str, Any]) -> Lines:
+    """The note of a block measured again apart from the rest of its run (when, the load,
+    why), or nothing."""
+    measured = block.get("measured")
+    if not measured:
+        return []
+    return [f"This row was measured at {measured['at']} (load average "
+            f"{_load(measured.get('load_average_start'))} at start, "
+            f"{_load(measured.get('load_average_end'))} at end): {measured['why']}.", ""]
 
 
 def replication(figures: dict[str, Any]) -> Lines:
