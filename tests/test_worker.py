@@ -387,7 +387,7 @@ def test_a_claim_over_several_shards_takes_no_more_than_the_room(redis_client):
         ids = per_shard[broker.keys_for("q", f"s{i}").tag]
         if len(ids) < 10:
             ids.append(f"s{i}")
-        if all(len(ids) == 10 for ids in per_shard.values()):
+        if all(len(chosen) == 10 for chosen in per_shard.values()):
             break
     broker.enqueue_many("q", [EnqueueRequest(task=tasks.record.name, args=[job_id],
                                              job_id=job_id)
