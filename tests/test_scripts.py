@@ -14,6 +14,11 @@ NAMES = sorted(path.stem for path in scripts.resources.files("django_delayq").jo
 DEFINED = [name for name, _ in scripts._definitions()]
 
 
+def defined_in(source: str) -> set[str]:
+    """The include names ``source`` defines at its top level."""
+    return {n for n in DEFINED if re.search(rf"^local (function )?{n}\b", source, re.MULTILINE)}
+
+
 def identifiers(source: str) -> set[str]:
     code = re.sub(r"--[^\n]*", "", source)  # comments name functions without calling them
     code = re.sub(r"'[^'\n]*'", "''", code)  # so do strings: 'claimed', 'ready', ...
@@ -28,9 +33,7 @@ def test_a_script_defines_every_include_it_uses_before_it_runs(name, redis_clien
     body = scripts._read(f"{name}.lua")
     prelude = script.source[:-len(body)]
     assert script.source.endswith(body)
-    defined_here = {n for n in DEFINED if re.search(rf"^local (function )?{n}\b", prelude,
-                                                    re.MULTILINE)}
-    assert identifiers(script.source) & set(DEFINED) <= defined_here
+    assert identifiers(script.source) & set(DEFINED) <= defined_in(prelude)
     assert redis_client.script_load(script.source) == script.sha
 
 
@@ -46,9 +49,7 @@ def test_a_script_leaves_out_the_includes_it_never_uses():
     assert "local function resolve_dependant" in enqueue  # it links waiting jobs
     for name in NAMES:
         source = scripts.load_script(name).source
-        kept = [n for n in DEFINED if re.search(rf"^local (function )?{n}\b", source,
-                                                re.MULTILINE)]
-        for n in kept:
+        for n in defined_in(source):
             rest = re.sub(rf"^local (function )?{n}\b", "", source, count=1, flags=re.MULTILINE)
             assert n in identifiers(rest), f"{name}.lua keeps {n}, which nothing uses"
 

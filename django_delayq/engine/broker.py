@@ -326,9 +326,7 @@ class Broker:
         :mod:`~django_delayq.engine.flows`): they are checked to exist first, then the
         job is stored and linked to them (a few round trips).
         """
-        deps = None if depends_on is None and on_parent_failure == "cancel" and \
-            not pass_results else flows.dependencies(depends_on, queue, on_parent_failure,
-                                                     pass_results)
+        deps = flows.dependencies(depends_on, queue, on_parent_failure, pass_results)
         job = self._encode(task, args, kwargs or {}, run_at, delay, priority, job_id,
                            max_attempts, timeout, arg_names, None, None)
         if deps is not None:
