@@ -462,7 +462,7 @@ def test_a_dependant_is_linked_once_its_parent_s_shard_answered_a_failover_retry
         except BaseException as exc:
             errors.append(exc)
 
-    caplog.set_level("DEBUG", logger="django_delayq.engine.broker")
+    caplog.set_level("DEBUG", logger="django_delayq.engine.failover")
     with slot_moving(cluster, broker.client, broker.client.keyslot(moving.ready)):
         sender = threading.Thread(target=send)
         sender.start()

@@ -403,7 +403,7 @@ def test_mirror_killed_mid_batch_loses_and_doubles_nothing(broker, redis_client,
         def rows() -> list[tuple[str, str]]:
             return list(Job.objects.values_list("job_id", "status"))
 
-    from django_delayq.engine.broker import EnqueueRequest
+    from django_delayq.engine import EnqueueRequest
 
     total = 3000
     requests = [EnqueueRequest(task=tasks.record.name, args=[i], job_id=f"k{i}",

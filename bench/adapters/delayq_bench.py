@@ -63,7 +63,7 @@ def make() -> ops.Adapter:
     from delayq_benchapp.tasks import late, noop
 
     from django_delayq.connection import get_broker
-    from django_delayq.engine.broker import EnqueueRequest
+    from django_delayq.engine import EnqueueRequest
     from django_delayq.mirror import GROUP
 
     broker = get_broker()

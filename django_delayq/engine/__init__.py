@@ -4,7 +4,7 @@ It takes a redis-py client (``decode_responses=True``) and an :class:`EngineConf
 Spark executors, benchmarks and scripts can use it bare.
 """
 
-from .broker import Broker, BulkResult, EnqueueRequest, EnqueueResult
+from .broker import Broker
 from .claims import ClaimedJob, ClaimResult
 from .codec import JSONEncoder, encode_arguments, encode_result
 from .commands import EncodedJob
@@ -23,6 +23,7 @@ from .errors import (
 from .job import Job, set_default_broker
 from .keys import GlobalKeys, QueueKeys
 from .queue import Queue
+from .requests import BulkResult, EnqueueRequest, EnqueueResult
 from .status import STATUSES, Status
 
 __all__ = [

@@ -8,70 +8,31 @@ with the ``add_*`` methods so acks and the next claim share one round trip.
 
 from __future__ import annotations
 
-import logging
-import os
-import time
 import zlib
-from base64 import urlsafe_b64encode
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import (
-    ClusterError,
-    ReadOnlyError,
-    RedisClusterException,
-    RedisError,
-    TryAgainError,
-)
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisError
 
 from . import flows, validation
-from .bulk import ChunkSender
+from .bulk import BulkEnqueue, Outgoing
 from .claims import ClaimResult, parse_claim
 from .codec import encode_arguments
 from .commands import Commands, EncodedJob
 from .config import EngineConfig
-from .errors import DelayQConnectionError, NotReplicated, PartialClaimError
+from .errors import NotReplicated, PartialClaimError
+from .failover import FAILOVER, UNAVAILABLE, retry_or_raise, unreachable
 from .fields import stored
 from .keys import GlobalKeys, QueueKeys
 from .limits import RateLimit
 from .pinned import PinnedConnections
+from .requests import BulkResult, EnqueueRequest, EnqueueResult, new_job_id
 from .reservations import claim_reserved
 from .scripts import Batch, is_cluster_client
-from .status import Status
 from .urls import client_from_url as client_from_url  # re-exported
 
-ID_BYTES = 12
-ID_CHARS = 16
-#: redis-py errors that mean Redis did not serve a call, not that the call was wrong.
-#: (``RedisClusterException``, which is not a ``RedisError``, is what redis-py raises when
-#: no node of a cluster answers; the engine never sends what it raises for misuse, such
-#: as keys of several slots in one call.)
-UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainError,
-               RedisClusterException)
-#: Errors after which an enqueue may be retried with the same job id: Redis did not
-#: serve it, or a demoted primary refused it (``READONLY``).
-FAILOVER = (*UNAVAILABLE, ReadOnlyError)
-#: Seconds between the tries of an enqueue through a failover.
-FAILOVER_INTERVAL = 0.2
-
-logger = logging.getLogger(__name__)
-
-
-def new_job_id() -> str:
-    """A random job id: 96 bits in 16 URL-safe characters (short ids save Redis memory)."""
-    return urlsafe_b64encode(os.urandom(ID_BYTES)).decode()
-
-
-def new_job_ids(batch: int) -> Iterator[str]:
-    """Endless job ids like :func:`new_job_id`'s, ``batch`` from each ``os.urandom`` call."""
-    while True:
-        # 12 bytes are exactly 16 base64 characters, so one encoding slices into ids.
-        text = urlsafe_b64encode(os.urandom(ID_BYTES * batch)).decode()
-        yield from (text[i:i + ID_CHARS] for i in range(0, len(text), ID_CHARS))
+__all__ = ["Broker", "BulkResult", "EnqueueRequest", "EnqueueResult", "client_from_url"]
 
 
 def _options_key(task: Any, priority: Any, max_attempts: Any) -> tuple[str, int, int] | None:
@@ -80,88 +41,6 @@ def _options_key(task: Any, priority: Any, max_attempts: Any) -> tuple[str, int,
     if type(task) is str and type(priority) is int and type(max_attempts) is int:
         return task, priority, max_attempts
     return None
-
-
-@dataclass(slots=True, kw_only=True)
-class EnqueueRequest:
-    """One job to enqueue with :meth:`Broker.enqueue_many`."""
-
-    task: str
-    args: Sequence[Any] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    run_at: Any = None
-    delay: Any = None
-    priority: int = 0
-    job_id: str | None = None
-    max_attempts: int = 1
-    #: Time limit of each attempt (seconds or a timedelta); None: the worker's default.
-    timeout: Any = None
-    #: Parents to wait for (jobs, job ids of this queue, or (queue, id) pairs): see
-    #: :mod:`~django_delayq.engine.flows`.
-    depends_on: Sequence[Any] | None = None
-    on_parent_failure: str = "cancel"
-    #: '' (nothing), 'one' or 'all' of the parents' results, as the first argument.
-    pass_results: str = ""
-
-
-@dataclass(slots=True)
-class EnqueueResult:
-    """What Redis said about one enqueued job."""
-
-    job_id: str
-    added: bool
-    status: str
-    run_at_ms: int
-    enqueued_at_ms: int
-
-
-@dataclass(slots=True)
-class BulkResult:
-    """Totals of :meth:`Broker.enqueue_many`."""
-
-    enqueued: int = 0
-    duplicates: int = 0
-    #: The id of every job Redis took (added or a duplicate), in call order.
-    job_ids: list[str] = field(default_factory=list)
-    #: Ids that were not added because a job with that id exists (or came earlier).
-    duplicate_ids: list[str] = field(default_factory=list)
-    #: Round trips to Redis (one per chunk).
-    chunks: int = 0
-
-
-#: A job of a bulk call: encoded, with the parents it waits for (None: none).
-Outgoing = tuple[EncodedJob, flows.Dependencies | None]
-
-
-def _split_waits(broker: Broker, keys: QueueKeys,
-                 items: Sequence[Outgoing]) -> tuple[list[EncodedJob], list[list[Any]]]:
-    """The enqueue script's jobs and flow values of ``items``, jobs of the shard ``keys``
-    (the script links each to its parents of that shard)."""
-    jobs = [job for job, _ in items]
-    waits = [deps.waits(index, deps.split(broker, keys)[0])
-             for index, (_, deps) in enumerate(items, 1) if deps is not None]
-    return jobs, waits
-
-
-def _describe(client: Any) -> str:
-    """The Redis address of ``client`` for error messages, never with its password."""
-    try:
-        pool = client.connection_pool
-        kw = pool.connection_kwargs
-    except AttributeError:
-        return "the configured Redis"
-    service = getattr(pool, "service_name", None)
-    if service is not None:  # a Sentinel pool: the service, and the primary last known
-        address = getattr(getattr(pool, "proxy", None), "master_address", None)
-        where = f" (primary {address[0]}:{address[1]})" if address else ""
-        return f"the Sentinel service {service!r}{where}, db {kw.get('db', 0)},"
-    if "path" in kw:
-        return f"unix://{kw['path']}?db={kw.get('db', 0)}"
-    # A rediss:// URL shows in the connection class, not always in the kwargs.
-    tls = (kw.get("ssl") or any(k.startswith("ssl_") for k in kw)
-           or "SSL" in getattr(getattr(pool, "connection_class", None), "__name__", ""))
-    scheme = "rediss" if tls else "redis"
-    return f"{scheme}://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 
 class Broker:
@@ -230,19 +109,7 @@ class Broker:
         try:
             yield
         except UNAVAILABLE as exc:
-            raise self._unreachable(exc) from exc
-
-    def _unreachable(self, exc: Exception) -> DelayQConnectionError:
-        if isinstance(exc, ClusterError | TryAgainError | RedisClusterException):
-            return DelayQConnectionError(
-                f"the Redis Cluster at {_describe(self.client)} did not serve the call (a "
-                f"slot moving between nodes answers TRYAGAIN until the move ends; a failover "
-                f"takes seconds): {exc}")
-        if isinstance(exc, ReadOnlyError):
-            return DelayQConnectionError(
-                f"Redis at {_describe(self.client)} is a replica now (a failover demoted "
-                f"it) and refused the write: {exc}")
-        return DelayQConnectionError(f"Redis at {_describe(self.client)} is unreachable: {exc}")
+            raise unreachable(self.client, exc) from exc
 
     def close(self) -> None:
         """Close the client's connections (pinned ones included); later calls reconnect."""
@@ -349,14 +216,15 @@ class Broker:
             # try/except, not connection_errors(): the hot path of every producer (fastpaths.py)
             try:
                 if queue not in self._known_queues:
-                    self._remember_queue(queue)
+                    self.remember_queue(queue)
                 if wait is None:
                     reply = self.commands.enqueue(keys, (job,))
                 else:
                     reply, confirmed = self.commands.enqueue_and_wait(keys, (job,), wait)
                 break
             except FAILOVER as exc:
-                deadline = self._retry_or_raise(exc, deadline)
+                deadline = retry_or_raise(self.client, self.config.failover_retry_ms, exc,
+                                          deadline)
         added, status, run_at_ms, enqueued_at_ms = reply
         if wait is not None and confirmed < wait[0]:
             raise NotReplicated([job.job_id], confirmed, *wait)
@@ -366,21 +234,11 @@ class Broker:
         """``(replicas, timeout_ms)`` for Redis WAIT after an enqueue, or None."""
         return self._replica_wait
 
-    def _retry_or_raise(self, exc: Exception, deadline: float | None) -> float:
-        """After a failed try: wait a little and return the retry deadline, or raise
-        :class:`DelayQConnectionError` once ``failover_retry_ms`` has passed."""
-        now = time.monotonic()
-        if deadline is None:
-            deadline = now + self.config.failover_retry_ms / 1000
-        if now >= deadline:
-            raise self._unreachable(exc) from exc
-        logger.debug("Redis unavailable, retrying the enqueue error=%s", exc)
-        time.sleep(min(FAILOVER_INTERVAL, max(0.0, deadline - now)))
-        return deadline
-
-    def _remember_queue(self, queue: str) -> None:
-        self.client.sadd(self.global_keys.queues, queue)
-        self._known_queues.add(queue)
+    def remember_queue(self, queue: str) -> None:
+        """Add ``queue`` to the set of known queues (once per process and queue)."""
+        if queue not in self._known_queues:
+            self.client.sadd(self.global_keys.queues, queue)
+            self._known_queues.add(queue)
 
     def enqueue_many(
         self,
@@ -409,192 +267,8 @@ class Broker:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be at least 1, not {chunk_size}")
         total = BulkResult() if total is None else total
-        chunk: list[Outgoing] = []
-        checked: set[tuple[str, int, int]] = set()
-        ids = new_job_ids(min(chunk_size, 1_000))
-        known: set[tuple[str, str]] = set()  # the jobs of this call so far
-        with self.connection_errors():
-            # Chunk n is sent while chunk n + 1 is encoded (one round trip per chunk).
-            sender = ChunkSender(lambda c: self._send_chunk(queue, c, total, results))
-            try:
-                chunk += _encoded
-                for request in requests:
-                    job = self.encode_request(request, checked=checked, ids=ids)
-                    deps = None
-                    if request.depends_on is not None:
-                        deps = flows.dependencies(request.depends_on, queue,
-                                                  request.on_parent_failure,
-                                                  request.pass_results)
-                    if deps is not None:
-                        flows.check_parents_exist(
-                            self, [p for p in deps.parents if p not in known])
-                    known.add((queue, job.job_id))
-                    chunk.append((job, deps))
-                    if len(chunk) >= chunk_size:
-                        sender.send(chunk)
-                        chunk = []
-                if chunk:
-                    sender.send(chunk)
-            except (TypeError, ValueError) as exc:
-                sender.finish()
-                raise type(exc)(f"{exc} (enqueue_many stopped: {total.enqueued} jobs of "
-                                f"earlier chunks were enqueued, this chunk was not)") from exc
-            finally:
-                sender.finish()
+        BulkEnqueue(self, queue, total, results).run(requests, chunk_size, _encoded)
         return total
-
-    def _by_shard(self, queue: str, chunk: list[Outgoing]) -> dict[QueueKeys, list[Outgoing]]:
-        """The jobs of ``chunk`` grouped by the shard their id picks."""
-        if self.shard_count(queue) == 1:
-            return {self.keys_for(queue, ""): chunk}
-        by_shard: dict[QueueKeys, list[Outgoing]] = {}
-        for item in chunk:
-            by_shard.setdefault(self.keys_for(queue, item[0].job_id), []).append(item)
-        return by_shard
-
-    def _send_chunk(
-        self,
-        queue: str,
-        chunk: list[Outgoing],
-        total: BulkResult,
-        results: list[EnqueueResult] | None,
-    ) -> None:
-        by_shard = self._by_shard(queue, chunk)  # checks the queue name
-        single = len(by_shard) == 1
-        if queue not in self._known_queues:  # once a chunk is valid: a refusal leaves no trace
-            self._remember_queue(queue)
-        wait = self.replica_wait()
-        deadline = None
-        confirmed: int | None = None
-        answered: dict[QueueKeys, Any] = {}  # the reply of each shard that answered
-        counted = False
-        try:
-            while True:
-                try:
-                    sent, sent_confirmed = self._send_by_shard(by_shard, wait)
-                except FAILOVER as exc:  # the same ids again: a retry cannot add a job twice
-                    deadline = self._retry_or_raise(exc, deadline)
-                    continue
-                if not counted:
-                    total.chunks += 1
-                    counted = True
-                if sent_confirmed is not None:
-                    confirmed = sent_confirmed if confirmed is None else min(confirmed,
-                                                                             sent_confirmed)
-                failed = []
-                for keys, reply, items in sent:
-                    if isinstance(reply, Exception):
-                        failed.append((keys, reply, items))
-                    else:
-                        answered[keys] = reply
-                refusal = next((reply for _, reply, _ in failed
-                                if not isinstance(reply, FAILOVER)), None)
-                if refusal is not None:
-                    raise refusal
-                if not failed:
-                    break
-                # Shards whose reply is a failover error (their node died or was demoted,
-                # their slot is moving) are sent again, alone, with the same ids.
-                deadline = self._retry_or_raise(failed[0][1], deadline)
-                by_shard = {keys: items for keys, _, items in failed}
-        finally:
-            # What the shards that answered added counts, even when the call raises.
-            sent_in_order = ([(reply, chunk) for reply in answered.values()] if single
-                             else self._in_call_order(queue, chunk, answered))
-            self._count_sent(sent_in_order, total, results)
-        # Only now that every shard answered are the parents of this chunk stored: a
-        # dependant linked while its parent's shard was still being retried would find
-        # it missing. (On an error, its dependants stay in the linking set: a
-        # heartbeat's repair links them.)
-        self._link_elsewhere(queue, sent_in_order)
-        if wait is not None and confirmed is not None and confirmed < wait[0]:
-            raise NotReplicated([job.job_id for job, _ in chunk], confirmed, *wait)
-
-    def _in_call_order(self, queue: str, chunk: list[Outgoing],
-                       answered: dict[QueueKeys, Any]) -> list[tuple[Any, list[Outgoing]]]:
-        """The replies of the shards that ``answered`` and their jobs, in the order of
-        ``chunk`` (the shards are sent one call each, so their replies come shard by
-        shard): ``BulkResult.job_ids``, ``results`` and the workflows that zip their
-        steps with them see the jobs as the caller gave them."""
-        reply_rows: list[Any] = []
-        items: list[Outgoing] = []
-        cursor = dict.fromkeys(answered, 0)
-        for item in chunk:
-            keys = self.keys_for(queue, item[0].job_id)
-            reply = answered.get(keys)
-            if reply is None:
-                continue  # its shard did not answer
-            at = cursor[keys]
-            cursor[keys] = at + 4
-            reply_rows += reply[at:at + 4]
-            items.append(item)
-        return [(reply_rows, items)]
-
-    @staticmethod
-    def _count_sent(sent: list[tuple[Any, list[Outgoing]]], total: BulkResult,
-                    results: list[EnqueueResult] | None) -> None:
-        """Add the jobs of the replies ``sent`` (4 values a job) to ``total`` (and
-        ``results``)."""
-        for reply, items in sent:
-            ids = [job.job_id for job, _ in items]
-            added = reply[0::4]
-            total.job_ids += ids
-            new = sum(1 for flag in added if flag)
-            total.enqueued += new
-            if new < len(ids):
-                duplicates = [job_id for job_id, flag in zip(ids, added, strict=True) if not flag]
-                total.duplicates += len(duplicates)
-                total.duplicate_ids += duplicates
-            if results is not None:
-                results += [
-                    EnqueueResult(job_id, bool(flag), status, int(run_at_ms), int(enqueued_at_ms))
-                    for job_id, flag, status, run_at_ms, enqueued_at_ms in zip(
-                        ids, added, reply[1::4], reply[2::4], reply[3::4], strict=True)
-                ]
-
-    def _link_elsewhere(self, queue: str, sent: list[tuple[Any, list[Outgoing]]]) -> None:
-        """After every shard of a chunk answered: link the new waiting jobs to their
-        parents in other shards (the script linked those of their own), and link again
-        the jobs that were already there and still wait (their first producer may have
-        died before linking them)."""
-        new: list[tuple[QueueKeys, str, list[flows.Link]]] = []
-        again: list[tuple[QueueKeys, str]] = []
-        for reply, items in sent:
-            for (job, deps), added, status in zip(items, reply[0::4], reply[1::4],
-                                                  strict=True):
-                if added and deps is not None:
-                    keys = self.keys_for(queue, job.job_id)
-                    _, elsewhere = deps.split(self, keys)
-                    if elsewhere:
-                        new.append((keys, job.job_id, elsewhere))
-                elif not added and status == Status.WAITING:
-                    again.append((self.keys_for(queue, job.job_id), job.job_id))
-        if new:
-            flows.link(self, new)
-        if again:
-            flows.relink(self, again)
-
-    def _send_by_shard(
-        self, by_shard: dict[QueueKeys, list[Outgoing]], wait: tuple[int, int] | None,
-    ) -> tuple[list[tuple[QueueKeys, Any, list[Outgoing]]], int | None]:
-        """Send one enqueue call per shard (and WAIT, with ``wait``): per shard its keys,
-        its reply (an error in its place) and its jobs, and how many replicas confirmed
-        the calls that succeeded (None without ``wait``)."""
-        if len(by_shard) == 1 and self._pinned is not None:
-            # One shard: one script call on a pinned connection, without a pipeline.
-            ((keys, items),) = by_shard.items()
-            jobs, waits = _split_waits(self, keys, items)
-            if wait is None:
-                return [(keys, self.commands.enqueue(keys, jobs, waits), items)], None
-            reply, confirmed = self.commands.enqueue_and_wait(keys, jobs, wait, waits)
-            return [(keys, reply, items)], confirmed
-        batch = self.batch()
-        order = [(keys, self.commands.add_enqueue(batch, keys, *_split_waits(self, keys, items)),
-                  items) for keys, items in by_shard.items()]
-        # A shard that refuses its call (its cluster slot is moving) must not hide what
-        # the others added: they are counted in ``total`` before the error is raised.
-        replies = batch.run(raise_on_error=False, wait=wait)
-        return [(keys, replies[index], items) for keys, index, items in order], batch.confirmed
 
     # -- the worker protocol ------------------------------------------------------
 

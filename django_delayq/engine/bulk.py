@@ -1,4 +1,6 @@
-"""Sending the chunks of a bulk enqueue while the next chunk is being encoded.
+"""A bulk enqueue (:meth:`Broker.enqueue_many`): its jobs encoded a chunk at a time,
+each chunk sent by shard while the next is encoded, its replies counted in call order,
+and its waiting jobs linked to their parents in other shards.
 
 Encoding a chunk (validation, JSON, ids) is Python work; running it is Redis work.
 :class:`ChunkSender` sends chunk *n* on a thread while the caller encodes chunk *n + 1*,
@@ -9,11 +11,36 @@ from __future__ import annotations
 
 import queue as stdlib_queue
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol
+
+from . import flows
+from .commands import EncodedJob
+from .errors import NotReplicated
+from .failover import FAILOVER, retry_or_raise
+from .keys import QueueKeys
+from .requests import BulkResult, EnqueueRequest, EnqueueResult, new_job_ids
+from .status import Status
 
 #: One chunk of jobs, in the form the caller's ``send_chunk`` takes.
 Chunk = list[Any]
+#: A job of a bulk call: encoded, with the parents it waits for (None: none).
+Outgoing = tuple[EncodedJob, flows.Dependencies | None]
+
+
+class Producer(flows.Broker, Protocol):
+    """The parts of :class:`~django_delayq.engine.broker.Broker` a bulk call uses (a
+    protocol, so that ``broker.py`` imports this module and not the other way round)."""
+
+    def shard_count(self, queue: str) -> int: ...
+
+    def remember_queue(self, queue: str) -> None: ...
+
+    def replica_wait(self) -> tuple[int, int] | None: ...
+
+    def encode_request(self, request: EnqueueRequest, arg_names: Sequence[str] = (), *,
+                       checked: set[tuple[str, int, int]] | None = None,
+                       ids: Iterator[str] | None = None) -> EncodedJob: ...
 
 
 class ChunkSender:
@@ -75,3 +102,218 @@ class ChunkSender:
                     self._send_chunk(chunk)
                 except BaseException as exc:  # handed to the caller's thread
                     self._error = exc
+
+
+def split_waits(broker: Producer, keys: QueueKeys,
+                items: Sequence[Outgoing]) -> tuple[list[EncodedJob], list[list[Any]]]:
+    """The enqueue script's jobs and flow values of ``items``, jobs of the shard ``keys``
+    (the script links each to its parents of that shard)."""
+    jobs = [job for job, _ in items]
+    waits = [deps.waits(index, deps.split(broker, keys)[0])
+             for index, (_, deps) in enumerate(items, 1) if deps is not None]
+    return jobs, waits
+
+
+class BulkEnqueue:
+    """One call of :meth:`Broker.enqueue_many` on ``queue``: what it sent is added to
+    ``total`` (and ``results``) as the shards answer, so an error leaves them right."""
+
+    def __init__(self, broker: Producer, queue: str, total: BulkResult,
+                 results: list[EnqueueResult] | None) -> None:
+        self.broker = broker
+        self.queue = queue
+        self.total = total
+        self.results = results
+
+    def run(self, requests: Iterable[EnqueueRequest], chunk_size: int,
+            encoded: Sequence[Outgoing] = ()) -> None:
+        """Encode ``requests`` (after the ready ``encoded`` jobs) and send them, a chunk
+        of ``chunk_size`` per round trip."""
+        broker, queue, total = self.broker, self.queue, self.total
+        chunk: list[Outgoing] = []
+        checked: set[tuple[str, int, int]] = set()
+        ids = new_job_ids(min(chunk_size, 1_000))
+        known: set[tuple[str, str]] = set()  # the jobs of this call so far
+        with broker.connection_errors():
+            # Chunk n is sent while chunk n + 1 is encoded (one round trip per chunk).
+            sender = ChunkSender(self.send_chunk)
+            try:
+                chunk += encoded
+                for request in requests:
+                    job = broker.encode_request(request, checked=checked, ids=ids)
+                    deps = None
+                    if request.depends_on is not None:
+                        deps = flows.dependencies(request.depends_on, queue,
+                                                  request.on_parent_failure,
+                                                  request.pass_results)
+                    if deps is not None:
+                        flows.check_parents_exist(
+                            broker, [p for p in deps.parents if p not in known])
+                    known.add((queue, job.job_id))
+                    chunk.append((job, deps))
+                    if len(chunk) >= chunk_size:
+                        sender.send(chunk)
+                        chunk = []
+                if chunk:
+                    sender.send(chunk)
+            except (TypeError, ValueError) as exc:
+                sender.finish()
+                raise type(exc)(f"{exc} (enqueue_many stopped: {total.enqueued} jobs of "
+                                f"earlier chunks were enqueued, this chunk was not)") from exc
+            finally:
+                sender.finish()
+
+    def _by_shard(self, chunk: list[Outgoing]) -> dict[QueueKeys, list[Outgoing]]:
+        """The jobs of ``chunk`` grouped by the shard their id picks."""
+        broker, queue = self.broker, self.queue
+        if broker.shard_count(queue) == 1:
+            return {broker.keys_for(queue, ""): chunk}
+        by_shard: dict[QueueKeys, list[Outgoing]] = {}
+        for item in chunk:
+            by_shard.setdefault(broker.keys_for(queue, item[0].job_id), []).append(item)
+        return by_shard
+
+    def send_chunk(self, chunk: list[Outgoing]) -> None:
+        """Send one chunk (one call per shard), through a failover with the same ids."""
+        broker = self.broker
+        by_shard = self._by_shard(chunk)  # checks the queue name
+        single = len(by_shard) == 1
+        broker.remember_queue(self.queue)  # once a chunk is valid: a refusal leaves no trace
+        wait = broker.replica_wait()
+        deadline = None
+        confirmed: int | None = None
+        answered: dict[QueueKeys, Any] = {}  # the reply of each shard that answered
+        counted = False
+        try:
+            while True:
+                try:
+                    sent, sent_confirmed = self._send_by_shard(by_shard, wait)
+                except FAILOVER as exc:  # the same ids again: a retry cannot add a job twice
+                    deadline = self._retry_or_raise(exc, deadline)
+                    continue
+                if not counted:
+                    self.total.chunks += 1
+                    counted = True
+                if sent_confirmed is not None:
+                    confirmed = sent_confirmed if confirmed is None else min(confirmed,
+                                                                             sent_confirmed)
+                failed = []
+                for keys, reply, items in sent:
+                    if isinstance(reply, Exception):
+                        failed.append((keys, reply, items))
+                    else:
+                        answered[keys] = reply
+                refusal = next((reply for _, reply, _ in failed
+                                if not isinstance(reply, FAILOVER)), None)
+                if refusal is not None:
+                    raise refusal
+                if not failed:
+                    break
+                # Shards whose reply is a failover error (their node died or was demoted,
+                # their slot is moving) are sent again, alone, with the same ids.
+                deadline = self._retry_or_raise(failed[0][1], deadline)
+                by_shard = {keys: items for keys, _, items in failed}
+        finally:
+            # What the shards that answered added counts, even when the call raises.
+            sent_in_order = ([(reply, chunk) for reply in answered.values()] if single
+                             else self._in_call_order(chunk, answered))
+            self._count_sent(sent_in_order)
+        # Only now that every shard answered are the parents of this chunk stored: a
+        # dependant linked while its parent's shard was still being retried would find
+        # it missing. (On an error, its dependants stay in the linking set: a
+        # heartbeat's repair links them.)
+        self._link_elsewhere(sent_in_order)
+        if wait is not None and confirmed is not None and confirmed < wait[0]:
+            raise NotReplicated([job.job_id for job, _ in chunk], confirmed, *wait)
+
+    def _retry_or_raise(self, exc: Exception, deadline: float | None) -> float:
+        return retry_or_raise(self.broker.client, self.broker.config.failover_retry_ms,
+                              exc, deadline)
+
+    def _in_call_order(self, chunk: list[Outgoing],
+                       answered: dict[QueueKeys, Any]) -> list[tuple[Any, list[Outgoing]]]:
+        """The replies of the shards that ``answered`` and their jobs, in the order of
+        ``chunk`` (the shards are sent one call each, so their replies come shard by
+        shard): ``BulkResult.job_ids``, ``results`` and the workflows that zip their
+        steps with them see the jobs as the caller gave them."""
+        reply_rows: list[Any] = []
+        items: list[Outgoing] = []
+        cursor = dict.fromkeys(answered, 0)
+        for item in chunk:
+            keys = self.broker.keys_for(self.queue, item[0].job_id)
+            reply = answered.get(keys)
+            if reply is None:
+                continue  # its shard did not answer
+            at = cursor[keys]
+            cursor[keys] = at + 4
+            reply_rows += reply[at:at + 4]
+            items.append(item)
+        return [(reply_rows, items)]
+
+    def _count_sent(self, sent: list[tuple[Any, list[Outgoing]]]) -> None:
+        """Add the jobs of the replies ``sent`` (4 values a job) to the totals (and
+        ``results``)."""
+        total, results = self.total, self.results
+        for reply, items in sent:
+            ids = [job.job_id for job, _ in items]
+            added = reply[0::4]
+            total.job_ids += ids
+            new = sum(1 for flag in added if flag)
+            total.enqueued += new
+            if new < len(ids):
+                duplicates = [job_id for job_id, flag in zip(ids, added, strict=True) if not flag]
+                total.duplicates += len(duplicates)
+                total.duplicate_ids += duplicates
+            if results is not None:
+                results += [
+                    EnqueueResult(job_id, bool(flag), status, int(run_at_ms), int(enqueued_at_ms))
+                    for job_id, flag, status, run_at_ms, enqueued_at_ms in zip(
+                        ids, added, reply[1::4], reply[2::4], reply[3::4], strict=True)
+                ]
+
+    def _link_elsewhere(self, sent: list[tuple[Any, list[Outgoing]]]) -> None:
+        """After every shard of a chunk answered: link the new waiting jobs to their
+        parents in other shards (the script linked those of their own), and link again
+        the jobs that were already there and still wait (their first producer may have
+        died before linking them)."""
+        broker, queue = self.broker, self.queue
+        new: list[tuple[QueueKeys, str, list[flows.Link]]] = []
+        again: list[tuple[QueueKeys, str]] = []
+        for reply, items in sent:
+            for (job, deps), added, status in zip(items, reply[0::4], reply[1::4],
+                                                  strict=True):
+                if added and deps is not None:
+                    keys = broker.keys_for(queue, job.job_id)
+                    _, elsewhere = deps.split(broker, keys)
+                    if elsewhere:
+                        new.append((keys, job.job_id, elsewhere))
+                elif not added and status == Status.WAITING:
+                    again.append((broker.keys_for(queue, job.job_id), job.job_id))
+        if new:
+            flows.link(broker, new)
+        if again:
+            flows.relink(broker, again)
+
+    def _send_by_shard(
+        self, by_shard: dict[QueueKeys, list[Outgoing]], wait: tuple[int, int] | None,
+    ) -> tuple[list[tuple[QueueKeys, Any, list[Outgoing]]], int | None]:
+        """Send one enqueue call per shard (and WAIT, with ``wait``): per shard its keys,
+        its reply (an error in its place) and its jobs, and how many replicas confirmed
+        the calls that succeeded (None without ``wait``)."""
+        broker = self.broker
+        commands = broker.commands
+        if len(by_shard) == 1 and commands.pinned is not None:
+            # One shard: one script call on a pinned connection, without a pipeline.
+            ((keys, items),) = by_shard.items()
+            jobs, waits = split_waits(broker, keys, items)
+            if wait is None:
+                return [(keys, commands.enqueue(keys, jobs, waits), items)], None
+            reply, confirmed = commands.enqueue_and_wait(keys, jobs, wait, waits)
+            return [(keys, reply, items)], confirmed
+        batch = broker.batch()
+        order = [(keys, commands.add_enqueue(batch, keys, *split_waits(broker, keys, items)),
+                  items) for keys, items in by_shard.items()]
+        # A shard that refuses its call (its cluster slot is moving) must not hide what
+        # the others added: they are counted in ``total`` before the error is raised.
+        replies = batch.run(raise_on_error=False, wait=wait)
+        return [(keys, replies[index], items) for keys, index, items in order], batch.confirmed

@@ -28,7 +28,7 @@ from ..engine import (
     UnknownTask,
     validation,
 )
-from ..engine.broker import UNAVAILABLE
+from ..engine.failover import UNAVAILABLE
 from ..models import OutboxEntry
 
 logger = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ from typing import Any
 from ..conf import conf
 from ..connection import get_broker
 from ..engine import EnqueueRequest, EnqueueResult, Job, Status
-from ..engine.broker import new_job_id
 from ..engine.flows import POLICIES
 from ..engine.jobhash import reply_time
+from ..engine.requests import new_job_id
 from ..task import JobSpec, Task
 
 

@@ -1,0 +1,85 @@
+"""Redis not serving a call: which redis-py errors mean that, how the engine words them
+(the address, never a password), and how long an enqueue tries again.
+
+An enqueue keeps its job id across tries, so a retry after a call that landed finds the
+job and cannot add it twice: that is what makes retrying through a failover safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from redis.exceptions import (
+    ClusterError,
+    ReadOnlyError,
+    RedisClusterException,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .errors import DelayQConnectionError
+
+#: redis-py errors that mean Redis did not serve a call, not that the call was wrong.
+#: (``RedisClusterException``, which is not a ``RedisError``, is what redis-py raises when
+#: no node of a cluster answers; the engine never sends what it raises for misuse, such
+#: as keys of several slots in one call.)
+UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainError,
+               RedisClusterException)
+#: Errors after which an enqueue may be retried with the same job id: Redis did not
+#: serve it, or a demoted primary refused it (``READONLY``).
+FAILOVER = (*UNAVAILABLE, ReadOnlyError)
+#: Seconds between the tries of an enqueue through a failover.
+FAILOVER_INTERVAL = 0.2
+
+logger = logging.getLogger(__name__)
+
+
+def describe(client: Any) -> str:
+    """The Redis address of ``client`` for error messages, never with its password."""
+    try:
+        pool = client.connection_pool
+        kw = pool.connection_kwargs
+    except AttributeError:
+        return "the configured Redis"
+    service = getattr(pool, "service_name", None)
+    if service is not None:  # a Sentinel pool: the service, and the primary last known
+        address = getattr(getattr(pool, "proxy", None), "master_address", None)
+        where = f" (primary {address[0]}:{address[1]})" if address else ""
+        return f"the Sentinel service {service!r}{where}, db {kw.get('db', 0)},"
+    if "path" in kw:
+        return f"unix://{kw['path']}?db={kw.get('db', 0)}"
+    # A rediss:// URL shows in the connection class, not always in the kwargs.
+    tls = (kw.get("ssl") or any(k.startswith("ssl_") for k in kw)
+           or "SSL" in getattr(getattr(pool, "connection_class", None), "__name__", ""))
+    scheme = "rediss" if tls else "redis"
+    return f"{scheme}://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+
+
+def unreachable(client: Any, exc: Exception) -> DelayQConnectionError:
+    """The error a caller sees for ``exc`` of :data:`FAILOVER`, with ``client``'s address."""
+    if isinstance(exc, ClusterError | TryAgainError | RedisClusterException):
+        return DelayQConnectionError(
+            f"the Redis Cluster at {describe(client)} did not serve the call (a "
+            f"slot moving between nodes answers TRYAGAIN until the move ends; a failover "
+            f"takes seconds): {exc}")
+    if isinstance(exc, ReadOnlyError):
+        return DelayQConnectionError(
+            f"Redis at {describe(client)} is a replica now (a failover demoted "
+            f"it) and refused the write: {exc}")
+    return DelayQConnectionError(f"Redis at {describe(client)} is unreachable: {exc}")
+
+
+def retry_or_raise(client: Any, retry_ms: int, exc: Exception, deadline: float | None) -> float:
+    """After a failed try of an enqueue: wait a little and return the retry deadline
+    (``retry_ms`` after the first failure), or raise :func:`unreachable` once it passed."""
+    now = time.monotonic()
+    if deadline is None:
+        deadline = now + retry_ms / 1000
+    if now >= deadline:
+        raise unreachable(client, exc) from exc
+    logger.debug("Redis unavailable, retrying the enqueue error=%s", exc)
+    time.sleep(min(FAILOVER_INTERVAL, max(0.0, deadline - now)))
+    return deadline
