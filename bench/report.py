@@ -163,7 +163,7 @@ def _floor(ceiling: dict[str, Any]) -> list[str]:
         "",
         f"The cheapest one-round-trip enqueues cost Redis {floor['lpush']:.1f} µs per call "
         f"for an `LPUSH` and {floor['evalsha_return_1']:.1f} µs for an `EVALSHA` of "
-        "`return 1` with the 6 keys and 9 arguments of django-delayq's enqueue script (one "
+        "`return 1` with the 7 keys and 11 arguments of django-delayq's enqueue script (one "
         "call at a time, same Redis): a library's Redis µs per enqueue call beyond these "
         "is the work its enqueue does in Redis.",
     ]

@@ -286,16 +286,17 @@ def measure_ceiling(url: str, n: int) -> tuple[float, float]:
 def measure_call_floor(url: str, n: int) -> dict[str, float]:
     """Redis CPU (µs, ``INFO cpu``) per call of the cheapest one-round-trip enqueues, one
     call at a time: an ``LPUSH`` of a 100-byte message, and an ``EVALSHA`` of
-    ``return 1`` given the 6 keys and 9 arguments of django-delayq's enqueue script.
+    ``return 1`` given the 7 keys and 11 arguments of django-delayq's enqueue script
+    for one job (``lua/enqueue.lua``).
     What a library's enqueue costs Redis beyond these is the work it does there."""
     r = redis.Redis.from_url(url)
     sha = r.script_load("return 1")
     message = "x" * 100
     calls = {
         "lpush": ("LPUSH", "bench:floor", message),
-        "evalsha_return_1": ("EVALSHA", sha, 6, *(f"{{dq:bench}}:{k}" for k in "srmeqj"),
-                             "10000", "0123456789abcdef", "bench.noop", "[]", "{}", "0", "",
-                             "", "1"),
+        "evalsha_return_1": ("EVALSHA", sha, 7, *(f"{{dq:bench}}:{k}" for k in "srmeqjt"),
+                             "10000", "0", "0123456789abcdef", "bench.noop", "[]", "{}", "0",
+                             "", "", "1", ""),
     }
     out = {}
     for name, call in calls.items():

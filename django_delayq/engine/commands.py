@@ -42,6 +42,12 @@ class EncodedJob(NamedTuple):
     timeout_ms: int | str
 
 
+def _enqueue_script(waits: Sequence[Any]) -> str:
+    """``enqueue.lua`` with the workflow definitions when some job waits for parents, else
+    without them (``enqueue_plain``, see :data:`.scripts.VARIANTS`)."""
+    return "enqueue" if waits else "enqueue_plain"
+
+
 class Commands:
     """The scripts of one Redis client, with the settings of one :class:`EngineConfig`."""
 
@@ -61,7 +67,7 @@ class Commands:
         (space-separated)."""
         script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq]
         script_keys += [keys.job(job.job_id) for job in jobs]
-        script_keys += [keys.stats, keys.waiting]
+        script_keys.append(keys.stats)
         args: list[Any] = [self.config.events_maxlen, len(waits)]
         for job in jobs:
             args += job
@@ -76,7 +82,7 @@ class Commands:
     def enqueue(self, keys: QueueKeys, jobs: Sequence[EncodedJob],
                 waits: Sequence[Sequence[Any]] = ()) -> list[Any]:
         """Enqueue jobs now; per job 4 values: added (0/1), status, run_at ms, enqueued_at ms."""
-        reply: list[Any] = run_script(self.client, "enqueue",
+        reply: list[Any] = run_script(self.client, _enqueue_script(waits),
                                       *self._enqueue_call(keys, jobs, waits), self.pinned)
         return reply
 
@@ -86,14 +92,14 @@ class Commands:
         """:meth:`enqueue`, then Redis ``WAIT`` for ``wait = (replicas, timeout_ms)`` in
         the same round trip: the reply and how many replicas confirmed the jobs."""
         script_keys, args = self._enqueue_call(keys, jobs, waits)
-        reply, confirmed = call_and_wait(self.client, "enqueue", script_keys, args, wait,
-                                         self.pinned)
+        reply, confirmed = call_and_wait(self.client, _enqueue_script(waits), script_keys,
+                                         args, wait, self.pinned)
         return list(reply), confirmed
 
     def add_enqueue(self, batch: Batch, keys: QueueKeys, jobs: Sequence[EncodedJob],
                     waits: Sequence[Sequence[Any]] = ()) -> int:
         """:meth:`enqueue` as one call of ``batch``."""
-        return batch.add("enqueue", *self._enqueue_call(keys, jobs, waits))
+        return batch.add(_enqueue_script(waits), *self._enqueue_call(keys, jobs, waits))
 
     # -- workflows (lua/includes/flows.lua) -----------------------------------------
 

@@ -6,7 +6,9 @@ Each script is its own file preceded by the definitions it uses, taken from the 
 ``includes/common.lua`` and ``includes/flows.lua`` (workflows), in their order there.
 Redis runs a script's whole body on every call, so each ``local function`` of the
 includes costs a closure per call whether used or not: a script that sent all of them
-would pay about 2 us more per call (enqueue, claim, ack) for code it never runs.
+would pay about 2 us more per call (enqueue, claim, ack) for code it never runs. For the
+same reason the enqueue script is also loaded without the workflow definitions, as
+``enqueue_plain`` (:data:`VARIANTS`), for the calls whose jobs wait for no parent.
 Scripts are sent with EVALSHA; when Redis answers NOSCRIPT (a restart, SCRIPT FLUSH, a
 failover) the script is loaded again and the call repeated, for single calls and
 pipelines alike.
@@ -42,18 +44,31 @@ def _read(path: str) -> str:
 
 
 INCLUDES = ("includes/common.lua", "includes/flows.lua")
+#: Scripts loaded from another script's file with fewer includes: name -> (that file's
+#: name, the includes it takes definitions from). ``enqueue_plain`` is ``enqueue.lua``
+#: without the workflow definitions: the script reaches them only for jobs that wait for
+#: parents (``m > 0``), and the closures they make cost a plain enqueue about a tenth of
+#: its Redis time. Only :meth:`Commands.enqueue` chooses it, for calls with no such job.
+VARIANTS = {"enqueue_plain": ("enqueue", ("includes/common.lua",))}
 #: A top-level definition of an include: ``local function name(`` or ``local NAME =``.
 _DEFINITION = re.compile(r"^local (?:function )?([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: A Lua comment (the scripts hold no string with "--"): the names it mentions are not uses.
+_COMMENT = re.compile(r"--[^\n]*")
+
+
+def _words(code: str) -> set[str]:
+    """The names ``code`` uses, its comments left out."""
+    return set(_WORD.findall(_COMMENT.sub("", code)))
 
 
 @cache
-def _definitions() -> list[tuple[str, str]]:
-    """Every top-level definition of the includes as (name, its text with the comment
+def _definitions(includes: tuple[str, ...] = INCLUDES) -> list[tuple[str, str]]:
+    """Every top-level definition of ``includes`` as (name, its text with the comment
     lines just above it), in include order. A definition runs to the next one's comment
     lines, so nothing between two definitions (but comments) may run on its own."""
     out: list[tuple[str, str]] = []
-    for path in INCLUDES:
+    for path in includes:
         lines = _read(path).splitlines()
         starts = [i for i, line in enumerate(lines) if _DEFINITION.match(line)]
         if any(line.strip() and not line.startswith("--") for line in lines[:starts[0]]):
@@ -69,24 +84,26 @@ def _definitions() -> list[tuple[str, str]]:
     return out
 
 
-def used_definitions(body: str) -> list[tuple[str, str]]:
-    """The definitions of the includes that ``body`` uses, directly or through another
+def used_definitions(body: str,
+                     includes: tuple[str, ...] = INCLUDES) -> list[tuple[str, str]]:
+    """The definitions of ``includes`` that ``body`` uses, directly or through another
     definition, in include order (each is defined before whatever uses it)."""
-    definitions = _definitions()
-    wanted = set(_WORD.findall(body))
+    definitions = _definitions(includes)
+    wanted = _words(body)
     # Later definitions may use earlier ones only: one pass from the end finds them all.
     for name, text in reversed(definitions):
         if name in wanted:
-            wanted.update(_WORD.findall(text))
+            wanted |= _words(text)
     return [(name, text) for name, text in definitions if name in wanted]
 
 
 @cache
 def load_script(name: str) -> Script:
     """Return the script ``name``: ``lua/<name>.lua`` after the definitions of the
-    includes it uses."""
-    body = _read(f"{name}.lua")
-    source = "".join(text for _, text in used_definitions(body)) + body
+    includes it uses (for a name of :data:`VARIANTS`, its file and includes)."""
+    file, includes = VARIANTS.get(name, (name, INCLUDES))
+    body = _read(f"{file}.lua")
+    source = "".join(text for _, text in used_definitions(body, includes)) + body
     return Script(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 

@@ -7,10 +7,10 @@
 -- KEYS[5] seq        STRING FIFO counter
 -- KEYS[6..5+n]       HASH  one job key per job, in ARGV order
 -- KEYS[6+n] stats    HASH  the enqueued total (field 'e'), duplicates skipped ('du')
--- KEYS[7+n] waiting  ZSET  jobs waiting for parents, by enqueued time (ms)
 -- with m > 0 (jobs that wait, below):
--- KEYS[8+n..17+n], the shard's keys for resolving dependants (flow_ctx in flows.lua)
--- KEYS[18+n] linking ZSET  waiting jobs whose links to parents in other shards are not
+-- KEYS[7+n..16+n], the shard's keys for resolving dependants (flow_ctx in flows.lua; its
+--                  waiting ZSET gets the jobs that wait, by enqueued time, ms)
+-- KEYS[17+n] linking ZSET  waiting jobs whose links to parents in other shards are not
 --                          yet confirmed, by enqueued time (ms)
 --
 -- ARGV[1] events stream max length (0: no events)
@@ -33,6 +33,10 @@
 -- a job whose parents here had all finished is already ready, scheduled or ended by its
 -- policy), run_at ms, enqueued_at ms (of the existing job for a duplicate).
 --
+-- Loaded twice (engine/scripts.py VARIANTS): as `enqueue`, and as `enqueue_plain`
+-- without the definitions of flows.lua for calls with m = 0, so every use of those must
+-- stay behind m > 0 (tests/test_scripts.py checks the lines that name them).
+--
 -- Per job this costs one HSET; the dedupe check, the ZADDs and the event are made once
 -- per call for all its jobs, so a bulk call of 1,000 jobs is a few commands more than
 -- 1,000 (one EXISTS, one ZADD per set, one XADD per 1,000 ids).
@@ -47,6 +51,7 @@ for j = 1, m do
   local at = 3 + 9 * n + (j - 1) * 5
   waits[tonumber(ARGV[at])] = at
 end
+local flow = m > 0 and flow_ctx(7 + n, 3 + 9 * n + 5 * m) or nil
 local waiting_pairs = {}
 -- per new job that waits: {its reply index, id, ARGV index of its flow values, index}
 local new_waiting = {}
@@ -182,7 +187,9 @@ if earliest then
   end
   call_sliced('ZADD', scheduled, scheduled_pairs)
 end
-call_sliced('ZADD', KEYS[7 + n], waiting_pairs)
+if flow then
+  call_sliced('ZADD', flow.waiting, waiting_pairs)
+end
 add_ready(ready, ready_pairs, marker)  -- work is ready: wake one idle worker
 if wake_at then
   redis.call('ZADD', marker, wake_at, '1')
@@ -213,8 +220,7 @@ end
 -- Link the jobs that wait to their parents of this shard, in this call; in call order,
 -- so that a job may wait for one enqueued before it in the same call.
 if #new_waiting > 0 then
-  local flow = flow_ctx(8 + n, 3 + 9 * n + 5 * m)
-  local linking = KEYS[18 + n]
+  local linking = KEYS[17 + n]
   for _, w in ipairs(new_waiting) do
     local at, job_id = w[3], w[2]
     local parents = cjson.decode(ARGV[at + 1])
