@@ -10,7 +10,7 @@
    :func:`must_reconnect`, :func:`retries`, :func:`disconnect`), which adapt to the
    installed version; the connection methods they call are listed in
    :data:`REDIS_PY_CONNECTION_METHODS`.
-3. **Enqueue errors** (``Broker.enqueue``): a ``try``/``except UNAVAILABLE`` instead of
+3. **Enqueue errors** (``Broker.enqueue``): a ``try``/``except FAILOVER`` instead of
    the ``connection_errors()`` context manager, which costs a generator per call.
 
 One more redis-py internal is reached here, for correctness rather than speed:
