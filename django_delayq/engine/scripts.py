@@ -48,7 +48,8 @@ INCLUDES = ("includes/common.lua", "includes/flows.lua")
 #: name, the includes it takes definitions from). ``enqueue_plain`` is ``enqueue.lua``
 #: without the workflow definitions: the script reaches them only for jobs that wait for
 #: parents (``m > 0``), and the closures they make cost a plain enqueue about a tenth of
-#: its Redis time. Only :meth:`Commands.enqueue` chooses it, for calls with no such job.
+#: its Redis time. Only :mod:`.commands` chooses it (``_enqueue_script``), for the
+#: enqueue calls with no such job.
 VARIANTS = {"enqueue_plain": ("enqueue", ("includes/common.lua",))}
 #: A top-level definition of an include: ``local function name(`` or ``local NAME =``.
 _DEFINITION = re.compile(r"^local (?:function )?([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
