@@ -398,7 +398,10 @@ def test_repeat_ctrl_c_and_kill(stop: str, attempts: int, spawned: Spawn, redis_
     # A short lease, so that the test need not wait long for it to lapse; not shorter,
     # so that a heartbeat slowed down by a busy machine still renews it in time.
     first, out = spawned("default", "-c", "1", "--lease", "3", "--name", "first")
-    wait_until(lambda: running(result), message=f"the task to run:\n{out.text}")
+    # RUNNING comes with the worker's acks, which may land before the task's first line
+    # has run: wait for that line too, so that the first run is the one counted below.
+    wait_until(lambda: running(result) and redis_client.llen("test:dj") == 1,
+               message=f"the task to run:\n{out.text}")
     assert result.worker_ids == ["first"]
     if stop == "SIGKILL":
         first.kill()
