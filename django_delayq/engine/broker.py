@@ -215,7 +215,7 @@ class Broker:
         while True:
             # try/except, not connection_errors(): the hot path of every producer (fastpaths.py)
             try:
-                if queue not in self._known_queues:
+                if queue not in self._known_queues:  # remember_queue's check, inline: no call
                     self.remember_queue(queue)
                 if wait is None:
                     reply = self.commands.enqueue(keys, (job,))
@@ -223,8 +223,7 @@ class Broker:
                     reply, confirmed = self.commands.enqueue_and_wait(keys, (job,), wait)
                 break
             except FAILOVER as exc:
-                deadline = retry_or_raise(self.client, self.config.failover_retry_ms, exc,
-                                          deadline)
+                deadline = self.retry_or_raise(exc, deadline)
         added, status, run_at_ms, enqueued_at_ms = reply
         if wait is not None and confirmed < wait[0]:
             raise NotReplicated([job.job_id], confirmed, *wait)
@@ -233,6 +232,11 @@ class Broker:
     def replica_wait(self) -> tuple[int, int] | None:
         """``(replicas, timeout_ms)`` for Redis WAIT after an enqueue, or None."""
         return self._replica_wait
+
+    def retry_or_raise(self, exc: Exception, deadline: float | None) -> float:
+        """After a failed try of an enqueue: :func:`.failover.retry_or_raise` with this
+        broker's client and ``failover_retry_ms``."""
+        return retry_or_raise(self.client, self.config.failover_retry_ms, exc, deadline)
 
     def remember_queue(self, queue: str) -> None:
         """Add ``queue`` to the set of known queues (once per process and queue)."""

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from . import flows
 from .commands import EncodedJob
 from .errors import NotReplicated
-from .failover import FAILOVER, retry_or_raise
+from .failover import FAILOVER
 from .keys import QueueKeys
 from .requests import BulkResult, EnqueueRequest, EnqueueResult, new_job_ids
 from .status import Status
@@ -37,6 +37,8 @@ class Producer(flows.Broker, Protocol):
     def remember_queue(self, queue: str) -> None: ...
 
     def replica_wait(self) -> tuple[int, int] | None: ...
+
+    def retry_or_raise(self, exc: Exception, deadline: float | None) -> float: ...
 
     def encode_request(self, request: EnqueueRequest, arg_names: Sequence[str] = (), *,
                        checked: set[tuple[str, int, int]] | None = None,
@@ -189,7 +191,7 @@ class BulkEnqueue:
                 try:
                     sent, sent_confirmed = self._send_by_shard(by_shard, wait)
                 except FAILOVER as exc:  # the same ids again: a retry cannot add a job twice
-                    deadline = self._retry_or_raise(exc, deadline)
+                    deadline = self.broker.retry_or_raise(exc, deadline)
                     continue
                 if not counted:
                     self.total.chunks += 1
@@ -211,7 +213,7 @@ class BulkEnqueue:
                     break
                 # Shards whose reply is a failover error (their node died or was demoted,
                 # their slot is moving) are sent again, alone, with the same ids.
-                deadline = self._retry_or_raise(failed[0][1], deadline)
+                deadline = self.broker.retry_or_raise(failed[0][1], deadline)
                 by_shard = {keys: items for keys, _, items in failed}
         finally:
             # What the shards that answered added counts, even when the call raises.
@@ -225,10 +227,6 @@ class BulkEnqueue:
         self._link_elsewhere(sent_in_order)
         if wait is not None and confirmed is not None and confirmed < wait[0]:
             raise NotReplicated([job.job_id for job, _ in chunk], confirmed, *wait)
-
-    def _retry_or_raise(self, exc: Exception, deadline: float | None) -> float:
-        return retry_or_raise(self.broker.client, self.broker.config.failover_retry_ms,
-                              exc, deadline)
 
     def _in_call_order(self, chunk: list[Outgoing],
                        answered: dict[QueueKeys, Any]) -> list[tuple[Any, list[Outgoing]]]:
