@@ -6,6 +6,8 @@ on the same backlog and with the same window as the peers' table (``op_process``
   each run of the table (``bench.run.measure_library``);
 - **time limits**: the 1-process rate with ``--timeout 60`` against without, in
   alternating pairs (off-on, on-off, ...) so that drift weighs on both alike;
+- **async tasks**: the 1-process rate of the no-op job written as an ``async def`` task
+  (run on the worker's event loop) against the sync one on threads, in alternating pairs;
 - **defaults**: one ``runworker`` as a user starts it with nothing set (the library's
   threads, its model mirror as ``runworker`` runs it by default, a fresh SQLite database,
   its log line per job) against the same with ``--no-mirror``, alternating, five runs
@@ -23,6 +25,7 @@ from typing import Any
 from bench.record import load, scaled
 
 TIME_LIMIT_N = 100_000
+ASYNC_N = 50_000
 DEFAULTS_N = 100_000
 Call = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -65,17 +68,18 @@ def alternating(pairs: int) -> list[bool]:
     return order
 
 
-def time_limits(call: Call, n: int, pairs: int, log: Callable[[str], None]) -> dict[str, Any]:
-    """The 1-process rate with ``--timeout`` against without."""
+def paired(call: Call, n: int, pairs: int, variant: str, label: str,
+           log: Callable[[str], None]) -> dict[str, Any]:
+    """The 1-process rate of the workers of ``variant`` against the tuned worker's, in
+    alternating pairs (off-on, on-off, ...) so that drift weighs on both alike."""
     runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
-    for limited in alternating(pairs):
-        params = {"n": n, "procs": 1, "timeout": 300, **({"variant": "timeout"} if limited
-                                                          else {})}
-        runs[limited].append(out := call(params))
-        log(f"time limits {'on' if limited else 'off'}: {_brief(out)}")
-    on, off = _series(runs[True]), _series(runs[False])
-    return {"n": n, "pairs": pairs, "on": on, "off": off,
-            "ratio": _ratio(on["median"], off["median"])}
+    for on in alternating(pairs):
+        params = {"n": n, "procs": 1, "timeout": 300, **({"variant": variant} if on else {})}
+        runs[on].append(out := call(params))
+        log(f"{label} {'on' if on else 'off'}: {_brief(out)}")
+    with_it, without = _series(runs[True]), _series(runs[False])
+    return {"n": n, "pairs": pairs, "on": with_it, "off": without,
+            "ratio": _ratio(with_it["median"], without["median"])}
 
 
 def defaults(call: Call, n: int, runs: int, log: Callable[[str], None]) -> dict[str, Any]:
@@ -126,12 +130,15 @@ def _brief(out: dict[str, Any]) -> str:
 
 def measure(call: Call, scale: float, pairs: int, default_runs: int,
             log: Callable[[str], None]) -> dict[str, Any]:
-    """The time-limit and defaults rows (the pool's come from the peers' table); a row
-    asked for 0 runs is left out."""
+    """The time-limit, async and defaults rows (the pool's come from the peers' table); a
+    row asked for 0 runs is left out."""
     start, load_start = time.monotonic(), load()
     out: dict[str, Any] = {}
     if pairs:
-        out["time_limits"] = time_limits(call, scaled(TIME_LIMIT_N, scale, 2_000), pairs, log)
+        out["time_limits"] = paired(call, scaled(TIME_LIMIT_N, scale, 2_000), pairs,
+                                    "timeout", "time limits", log)
+        out["async_tasks"] = paired(call, scaled(ASYNC_N, scale, 2_000), pairs, "async",
+                                    "async tasks", log)
     if default_runs:
         out["defaults"] = defaults(call, scaled(DEFAULTS_N, scale, 2_000), default_runs, log)
     out.update(load_average_start=load_start, load_average_end=load(),

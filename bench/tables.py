@@ -87,6 +87,21 @@ def configurations(data: dict[str, Any], tuned_1proc: float | None) -> Lines:
                               n(s["spread"], "{:.1%}")))
         lines += ["", f"With / without: {n(limits['ratio'], '{:.3f}')}.", ""]
         lines += _measured_apart(limits)
+    async_tasks = data.get("async_tasks")
+    if async_tasks:
+        lines += [
+            f"**Async tasks** (1 process, {n(async_tasks['n'])} no-op jobs, "
+            f"{async_tasks['pairs']} pairs of runs in alternating order): the no-op task "
+            "as a sync function on 8 threads against the same as an `async def` task on the "
+            "worker's event loop (`DELAYQ[\"ASYNC_CONCURRENCY\"]` 10):", "",
+            *_header("task", "jobs/s (median)", "min", "max", "spread"),
+        ]
+        for label, key in (("`def noop()`, threads", "off"),
+                           ("`async def anoop()`, event loop", "on")):
+            s = async_tasks[key]
+            lines.append(_row(label, n(s["median"]), n(s["min"]), n(s["max"]),
+                              n(s["spread"], "{:.1%}")))
+        lines += ["", f"Async / sync: {n(async_tasks['ratio'], '{:.3f}')}.", ""]
     defaults = data.get("defaults")
     if defaults:
         mirror = defaults["mirror"]

@@ -442,6 +442,12 @@ class TaskRegistry:
         """The queues registered tasks send jobs to."""
         return sorted({t.queue_name for t in self._tasks.values()})
 
+    def only_async(self, queue: str) -> bool:
+        """Whether every task that sends jobs to ``queue`` is ``async def`` (and one does)."""
+        kinds = {inspect.iscoroutinefunction(t.func) for t in self._tasks.values()
+                 if t.queue_name == queue}
+        return kinds == {True}
+
     def periodic(self, queues: Iterable[str]) -> list[Task[Any, Any]]:
         """The periodic tasks (cron or every) that send jobs to one of ``queues``."""
         wanted = set(queues)

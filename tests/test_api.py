@@ -145,7 +145,8 @@ def test_queue_list_has_live_counts(staff: APIClient) -> None:
     Queue("default").pause()
     body = staff.get(f"{API}/queues/").json()
     by_name = {q["name"]: q for q in body}
-    assert set(by_name) == {"async", "default", "other"}  # registered tasks' queues
+    assert set(by_name) == {"async", "default", "other", "soak_async", "soak_async_sync",
+                            "soak_mixed", "soak_sync"}  # registered tasks' queues
     default = by_name["default"]
     assert default["counts"] == {"waiting": 0, "scheduled": 1, "ready": 1, "active": 0,
                                  "completed": 0, "failed": 0, "cancelled": 0}

@@ -107,6 +107,34 @@ def test_a_dead_event_loop_stops_the_worker_and_its_job_runs_again(redis_client,
     assert (job.status, job.attempts, job.result) == ("completed", 2, "k")
 
 
+def test_a_stalled_loop_is_reported_and_its_waiting_jobs_go_back(redis_client, broker,
+                                                                  monkeypatch):
+    """A coroutine that blocks the loop (with no time limit to end it): the worker's
+    health says so, the jobs waiting for a slot are handed back for other workers and
+    nothing more is claimed for the loop; once it runs again, every job completes."""
+    from django_delayq.worker import async_executor
+    from django_delayq.worker.health import check_workers
+
+    monkeypatch.setattr(async_executor, "LOOP_STALL", 0.5)
+    blocker = tasks.async_blocks_loop_until.enqueue("gate:loop", "b")
+    with worker_thread(queues=["async"], async_concurrency=2, lease=1.5) as worker:
+        wait_until(lambda: any(r["task"] == "async-blocks-until" for r in ran(redis_client)),
+                   message="the loop blocked")
+        waiting = [tasks.async_add.enqueue(i, i) for i in range(5)]
+        wait_until(lambda: any("event loop" in h.problem for h in check_workers(broker)),
+                   message="the stall in the worker's health")
+        wait_until(lambda: all(j.refresh().status == "ready" for j in waiting),
+                   message="the waiting jobs handed back")
+        assert Queue("async").counts()["ready"] == 5
+        assert worker.ledger.held_in("loop") == 1, "only the job that blocks the loop"
+        redis_client.set("gate:loop", 1)
+        wait_until(lambda: all(j.refresh().status == "completed" for j in [blocker, *waiting]),
+                   message="every job once the loop runs again")
+        wait_until(lambda: not any(h.problem for h in check_workers(broker)),
+                   message="healthy again")
+    assert [j.refresh().attempts for j in waiting] == [1] * 5
+
+
 @pytest.fixture
 def orm_on_the_sync_thread() -> Iterator[None]:
     """Forget, once the test is over, the database connections the ORM opened on

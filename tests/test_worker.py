@@ -96,7 +96,8 @@ def test_worker_serves_several_queues(redis_client):
 def test_default_queues_are_those_of_registered_tasks():
     from django_delayq.worker import Worker
 
-    assert Worker().queues == ["async", "default", "other"]
+    assert Worker().queues == ["async", "default", "other", "soak_async", "soak_async_sync",
+                               "soak_mixed", "soak_sync"]
 
 
 def test_many_jobs_all_run_exactly_once_with_batched_claims(redis_client):

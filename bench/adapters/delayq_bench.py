@@ -11,7 +11,8 @@ Other ways to start the workers of a processing run (``variants``): ``pool``, on
 processes; ``timeout``, each process with ``--timeout 60``; ``defaults``, one
 ``runworker`` as the library starts it with nothing set (its threads, its model
 mirror, a fresh SQLite database, its log line per job); ``defaults_no_mirror``, the same
-with ``--no-mirror``.
+with ``--no-mirror``; ``async``, the tuned worker on a backlog of the no-op job written as
+an ``async def`` task (run on the worker's event loop).
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ def worker_argv(variant: str | None, procs: int) -> tuple[list[str], int]:
         return runworker(), 1
     if variant == "defaults_no_mirror":
         return runworker("--no-mirror"), 1
+    if variant == "async":
+        return runworker("bench_async", *tuned[1:]), procs
     raise ValueError(f"no worker variant {variant!r}")
 
 
-VARIANTS = ("pool", "timeout", "defaults", "defaults_no_mirror")
+VARIANTS = ("pool", "timeout", "defaults", "defaults_no_mirror", "async")
 
 
 def make() -> ops.Adapter:
@@ -60,7 +63,7 @@ def make() -> ops.Adapter:
     import django
 
     django.setup()
-    from delayq_benchapp.tasks import late, noop
+    from delayq_benchapp.tasks import anoop, late, noop
 
     from django_delayq.connection import get_broker
     from django_delayq.engine import EnqueueRequest
@@ -109,6 +112,7 @@ def make() -> ops.Adapter:
         preload_late=preload_late,
         start_workers=lambda procs, scheduler: start(None, procs),
         variants={variant: functools.partial(start, variant) for variant in VARIANTS},
+        variant_preloads={"async": lambda n: anoop.enqueue_many([()] * n)},
         settled=settled,
         notes={
             "bulk_api": "Task.enqueue_many (one Lua call per chunk of 1,000)",

@@ -65,6 +65,8 @@ class Adapter:
     # Other ways to start the workers of a processing run (a process pool, a time limit,
     # the library's defaults), by name: each starts `procs` processes' worth of workers.
     variants: dict[str, Callable[[int], Workers]] = field(default_factory=dict)
+    # The preload of a variant whose jobs are other than `preload_noop`'s, by name.
+    variant_preloads: dict[str, Callable[[int], None]] = field(default_factory=dict)
     # Whether the work the library does after a job (a database mirror) has caught up.
     settled: Callable[[], bool] | None = None
 
@@ -203,8 +205,8 @@ def op_process(a: Adapter, r: Any, p: dict[str, Any]) -> dict[str, Any]:
     lo, hi = process_window(n)
     r.delete(WINDOW_LO_KEY, WINDOW_HI_KEY, FIRSTS_KEY)
     r.set(WINDOW_KEY, f"{lo} {hi} {n}")
-    a.preload_noop(n)
     variant = p.get("variant")
+    a.variant_preloads.get(variant or "", a.preload_noop)(n)
     procs = a.variants[variant](procs_n) if variant else a.start_workers(procs_n, False)
     cpu = CpuSampler(r, procs)
     settled_s = None

@@ -35,9 +35,9 @@ def _calls(rates: dict[str, list[float]]) -> Any:
     return call, seen
 
 
-def test_time_limits_compare_the_medians_of_alternating_runs() -> None:
+def test_a_variant_is_compared_by_the_medians_of_alternating_runs() -> None:
     call, seen = _calls({"timeout": [97.0, 98.0, 99.0], "plain": [100.0, 100.0, 101.0]})
-    out = configurations.time_limits(call, 2_000, 3, lambda msg: None)
+    out = configurations.paired(call, 2_000, 3, "timeout", "time limits", lambda msg: None)
     assert [p.get("variant") for p in seen] == ["timeout", None, None, "timeout", "timeout",
                                                 None]
     assert out["ratio"] == pytest.approx(98.0 / 100.0)
@@ -61,7 +61,7 @@ def test_a_failed_run_is_left_out_and_reported() -> None:
             return {"ok": False, "error": "RuntimeError: worker exited early with code 1"}
         return {"ok": True, "per_s": 100.0}
 
-    out = configurations.time_limits(call, 2_000, 1, lambda msg: None)
+    out = configurations.paired(call, 2_000, 1, "async", "async tasks", lambda msg: None)
     assert out["ratio"] is None
     assert out["on"]["errors"] == ["RuntimeError: worker exited early with code 1"]
 

@@ -88,6 +88,8 @@ class WorkerInfo:
     threads: int | None = None
     #: The worker's lease in seconds (its heartbeat comes every lease / 3, at most 10 s).
     lease: float | None = None
+    #: Seconds its event loop of async jobs has run nothing (0: it runs, or it has none).
+    loop_stalled: float = 0.0
     #: Fields of its record that could not be read: field -> what was found there.
     damaged: dict[str, str] = field(default_factory=dict)
 
@@ -139,6 +141,7 @@ def live_workers(broker: Broker, limit: int = MAX_LISTED, *,
             seconds_ago=max(0.0, (now_ms - beat) / 1000), damaged=damaged,
             role=info.get("role", "worker"), supervisor=info.get("supervisor") or None,
             threads=to_int(info.get("threads"), None), lease=to_float(info.get("lease")),
+            loop_stalled=to_float(info.get("loop_stalled")) or 0.0,
         ))
     return workers
 

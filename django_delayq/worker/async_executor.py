@@ -1,11 +1,19 @@
 """``async def`` tasks: run on one event loop thread per worker process.
 
-A worker thread that takes a job of an async task hands it to the
-:class:`AsyncExecutor` and goes back to its queue at once: async jobs do not hold
-threads. At most ``concurrency`` of them (``DELAYQ["ASYNC_CONCURRENCY"]``, ``runworker
---async-concurrency``) run at once; one waiting for a slot is still buffered (not
-started, its time limit not yet running). Outcomes go to the same acker as threaded
-jobs.
+Jobs of queues whose tasks are all ``async def`` are claimed by the worker's loop lane
+(:mod:`.fetcher`) only as the loop has free slots, and handed here directly; an async job
+of a queue that mixes both kinds reaches it through a worker thread, which goes back to
+its queue at once: async jobs do not hold threads. At most ``concurrency`` of them
+(``DELAYQ["ASYNC_CONCURRENCY"]``, ``runworker --async-concurrency``) run at once; one
+waiting for a slot is still buffered (not started, its time limit not yet running).
+Outcomes go to the same acker as threaded jobs.
+
+The loop starts with the worker (:meth:`AsyncExecutor.start`), never on demand: a job
+handed over while it was still starting must not be taken for one handed to a dead loop.
+A loop that runs none of its callbacks for :data:`LOOP_STALL` seconds (a coroutine
+blocking it) is *stalled*: the worker's heartbeat record and ``delayq_health`` say so,
+its fetcher claims nothing, and the jobs waiting for one of its slots are handed back
+(:meth:`AsyncExecutor.waiting`) so that other workers run them.
 
 Time limits follow the threaded rules (:mod:`.timelimits`), with the same limit (the
 job's, its task's, ``runworker --timeout``, ``DELAYQ["TIMEOUT"]``): at the limit the
@@ -20,9 +28,12 @@ exits to be restarted.
 
 Django's async-safety rules apply: the ORM is reached through ``sync_to_async`` (a
 direct call raises ``SynchronousOnlyOperation``). Django's connections of the
-thread-sensitive thread that ``sync_to_async`` uses are checked before and after each
-job (``close_old_connections``), as a worker thread does around its jobs, and the
-job's ``on_finished`` hooks (the Tasks backend's ``task_finished``) run there too.
+thread-sensitive thread that ``sync_to_async`` uses are checked after each job
+(``close_old_connections``), and before one after an idle second, as a worker thread
+does around its jobs, whenever that thread may hold one: a connection was opened in the
+process since the last check, or that check left one open. A job that touches no
+database costs no trip to that thread. The job's ``on_finished`` hooks (the Tasks
+backend's ``task_finished``) run there too.
 """
 
 from __future__ import annotations
@@ -39,7 +50,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
+from django.db.backends.signals import connection_created
 
 from ..conf import conf
 from ..current import running
@@ -47,6 +59,7 @@ from ..engine import ClaimedJob, UnknownTask, encode_result
 from ..engine.errors import JobTimeout
 from ..task import Task, TaskRegistry
 from .execution import (
+    IDLE_CONNECTION_CHECK,
     CorruptPayload,
     Outcome,
     after_job,
@@ -59,6 +72,17 @@ from .ledger import Lease, Ledger
 from .timelimits import HARD_LIMIT_GRACE, limit_of
 
 logger = logging.getLogger("django_delayq.worker")
+
+#: Seconds between two ticks of the loop's clock (a callback that notes the time).
+LOOP_TICK = 0.5
+#: A loop that ran no tick for this long (seconds) is stalled.
+LOOP_STALL = 10.0
+
+
+def _check_connections() -> bool:
+    """``close_old_connections()`` on this thread; whether a connection is still open."""
+    close_old_connections()
+    return any(c.connection is not None for c in connections.all(initialized_only=True))
 
 
 def is_async(task: Task[Any, Any]) -> bool:
@@ -95,6 +119,15 @@ class AsyncExecutor:
         self._slots: asyncio.Semaphore | None = None
         self._started = threading.Lock()
         self._stopping = False
+        #: When the loop last ran its tick (``time.monotonic()``).
+        self._ticked = 0.0
+        #: Whether sync_to_async's thread may hold a database connection: one was opened
+        #: in this process since its last check, or that check left one open.
+        self._connections_dirty = True
+        self._connections_checked = float("-inf")
+        #: Jobs handed over that have no slot yet, by id (the loop's view of its buffer).
+        self._waiting: dict[tuple[Any, str], ClaimedJob] = {}
+        self._waiting_lock = threading.Lock()
 
     def accepts(self, job: ClaimedJob) -> bool:
         """Whether ``job`` is a job of a registered async task."""
@@ -107,12 +140,48 @@ class AsyncExecutor:
         """Whether the loop can run jobs (not started yet counts: it starts on demand)."""
         return self._thread is None or self._thread.is_alive()
 
+    def start(self) -> None:
+        """Start the loop thread (the worker does before it claims)."""
+        connection_created.connect(self._connection_opened, dispatch_uid=id(self))
+        self._ensure_loop()
+
+    def _connection_opened(self, **kwargs: Any) -> None:
+        self._connections_dirty = True
+
+    async def _check_connections(self, *, idle_only: bool) -> None:
+        """Check Django's connections of sync_to_async's thread if it may hold one (with
+        ``idle_only``, only if it was last checked more than an idle second ago)."""
+        if not self._connections_dirty:
+            return
+        now = time.monotonic()
+        if idle_only and now - self._connections_checked <= IDLE_CONNECTION_CHECK:
+            return
+        self._connections_dirty = False  # an open during the check sets it again
+        self._connections_checked = now
+        if await sync_to_async(_check_connections)():
+            self._connections_dirty = True
+
+    def stalled_for(self) -> float:
+        """Seconds the loop has run no callback past its tick (0: it runs, or never
+        started)."""
+        if self._loop is None or self._stopping or not self.alive():
+            return 0.0
+        late = time.monotonic() - self._ticked - LOOP_TICK
+        return late if late >= LOOP_STALL else 0.0
+
+    def waiting(self) -> list[ClaimedJob]:
+        """The jobs handed over that have not got a slot yet."""
+        with self._waiting_lock:
+            return list(self._waiting.values())
+
     def submit(self, job: ClaimedJob) -> None:
         """Run ``job`` on the loop once a slot is free. On a dead loop it stays
         buffered, to be handed back (unattempted) as the worker stops."""
+        loop = self._ensure_loop()  # started and running once this returns
         if self._stopping or not self.alive():
             return
-        loop = self._ensure_loop()
+        with self._waiting_lock:
+            self._waiting[(job.keys, job.id)] = job
         future = asyncio.run_coroutine_threadsafe(self._run(job), loop)
         future.add_done_callback(functools.partial(self._ran, job))
 
@@ -120,6 +189,8 @@ class AsyncExecutor:
         """The run of ``job`` on the loop is over. Whatever the task raises is its
         outcome; what raised here is this code's, before the job started or after it
         ended: logged, and the job failed if it is still held without an outcome."""
+        with self._waiting_lock:
+            self._waiting.pop((job.keys, job.id), None)
         if future.cancelled():
             if self._stopping:
                 return  # the worker hands back what it holds as it stops
@@ -138,6 +209,7 @@ class AsyncExecutor:
         """Stop the loop thread (jobs still running on it are abandoned); ``wait=False``
         does not wait for a loop that a coroutine blocks."""
         self._stopping = True
+        connection_created.disconnect(dispatch_uid=id(self))
         if self._loop is not None and self._thread is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             if wait:
@@ -149,9 +221,14 @@ class AsyncExecutor:
                 loop = asyncio.new_event_loop()
                 ready = threading.Event()
 
+                def tick() -> None:
+                    self._ticked = time.monotonic()
+                    loop.call_later(LOOP_TICK, tick)
+
                 def run() -> None:
                     asyncio.set_event_loop(loop)
                     self._slots = asyncio.Semaphore(self.concurrency)
+                    loop.call_soon(tick)
                     loop.call_soon(ready.set)
                     try:
                         loop.run_forever()
@@ -175,6 +252,8 @@ class AsyncExecutor:
         me = self._thread
         limit = limit_of(job.timeout_ms, job.task, self.tasks, self.timeout)
         async with self._slots:
+            with self._waiting_lock:
+                self._waiting.pop((job.keys, job.id), None)
             # started once it has a slot: its time limit runs from here
             lease = self.ledger.start(job, me, timeout=limit, grace=self.timeout_grace,
                                       on_loop=True)
@@ -210,7 +289,7 @@ class AsyncExecutor:
             args, kwargs = decode_arguments(job)
         except CorruptPayload as exc:
             return failure(job, exc, retry=False)
-        await sync_to_async(close_old_connections)()
+        await self._check_connections(idle_only=True)
         outcome: Outcome | None = None
         try:
             with running(job, self.name, lease.on_finished):
@@ -227,7 +306,7 @@ class AsyncExecutor:
             outcome = failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
         except BaseException as exc:  # KeyboardInterrupt, CancelledError... fail the job
             outcome = failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
-        await sync_to_async(close_old_connections)()
+        await self._check_connections(idle_only=False)
         if outcome is not None:
             return outcome
         try:

@@ -30,6 +30,10 @@ logger = logging.getLogger("django_delayq.worker")
 MAX_ERROR = 2000
 MAX_TRACEBACK = 20000
 
+#: A thread idle longer than this checks Django's connections (close_old_connections)
+#: before its next job too, not only after each job (CONN_MAX_AGE may have passed).
+IDLE_CONNECTION_CHECK = 1.0
+
 
 class CorruptPayload(ValueError):
     """A job's stored data (task name or arguments) could not be decoded."""

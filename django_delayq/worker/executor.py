@@ -17,15 +17,20 @@ from collections.abc import Callable
 from ..engine import ClaimedJob, JobTimeout
 from ..task import TaskRegistry
 from .async_executor import AsyncExecutor
-from .execution import Outcome, after_job, execute, fail_held, failure, finished
+from .execution import (
+    IDLE_CONNECTION_CHECK,
+    Outcome,
+    after_job,
+    execute,
+    fail_held,
+    failure,
+    finished,
+)
 from .ledger import Ledger
 from .timelimits import HARD_LIMIT_GRACE, clear_pending, limit_of
 
 logger = logging.getLogger("django_delayq.worker")
 
-#: A thread idle longer than this checks Django's connections (close_old_connections)
-#: before its next job too, not only after each job (CONN_MAX_AGE may have passed).
-IDLE_CONNECTION_CHECK = 1.0
 
 
 class Executor:
@@ -69,8 +74,12 @@ class Executor:
         self.threads: list[threading.Thread] = []
 
     def deliver(self, job: ClaimedJob) -> None:
-        """Queue a claimed ``job`` for the next free thread."""
-        self._inbox.put(job)
+        """Queue a claimed ``job`` for the next free thread; a job of an ``async def``
+        task goes to the event loop instead."""
+        if self.async_executor is not None and self.async_executor.accepts(job):
+            self.async_executor.submit(job)
+        else:
+            self._inbox.put(job)
 
     def start(self) -> None:
         self.threads = [threading.Thread(target=self._loop, name=f"delayq-exec-{i}",
@@ -132,9 +141,6 @@ class Executor:
 
     def _run_one(self, job: ClaimedJob, me: threading.Thread, last_done: float | None) -> float:
         """Run ``job`` on this thread and report its outcome; returns when it ended."""
-        if self.async_executor is not None and self.async_executor.accepts(job):
-            self.async_executor.submit(job)  # this thread is free at once
-            return time.perf_counter()
         limit = limit_of(job.timeout_ms, job.task, self.tasks, self.timeout)
         lease = self.ledger.start(job, me, timeout=limit, grace=self.timeout_grace)
         if lease is None:

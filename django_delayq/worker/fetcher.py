@@ -5,9 +5,12 @@ every served queue shard or, while shards have a backlog, from one of them at a 
 (:meth:`Fetcher.claim`), and when nothing is due blocks on the queues' marker ZSETs
 (BZPOPMIN) until work arrives or the next scheduled job is due (Redis clock).
 
-The capacity is ``concurrency + async slots + prefetch`` leases, counting every lease
-the ledger holds until its ack lands: the jobs one worker holds unacked, and so what its
-death can make run twice, never exceed it.
+A worker has a fetcher per *lane* (:mod:`.ledger`): one claims for its threads
+(capacity ``concurrency + prefetch``), one, when it serves queues whose tasks are all
+``async def``, for its event loop (capacity: the loop's slots, no prefetch, so no job
+waits for a slot that is not there). Each counts every lease of its lane the ledger holds
+until its ack lands: the jobs one worker holds unacked, and so what its death can make
+run twice, never exceed the sum.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 from ..engine import Broker, ClaimedJob, ClaimResult, PartialClaimError, QueueKeys
 from .backoff import FIRST_BACKOFF, MAX_BACKOFF, REDIS_ERRORS, SHARD_BACKOFF, Backoff
-from .ledger import Ledger
+from .ledger import THREADS, Ledger
 from .markers import MarkerWatch
 
 logger = logging.getLogger("django_delayq.worker")
@@ -56,7 +59,10 @@ class Fetcher:
         deliver: Callable[[ClaimedJob], None],
         stop: threading.Event,
         on_burst_done: Callable[[], None],
-        async_slots: int = 0,
+        lane: str = THREADS,
+        min_batch: int = 1,
+        ack_room: int = 0,
+        held_back: Callable[[], bool] = lambda: False,
     ) -> None:
         self.broker = broker
         self.blocking_broker = blocking_broker
@@ -65,8 +71,16 @@ class Fetcher:
         self.lease_ms = lease_ms
         self.block_timeout = block_timeout
         self.concurrency = concurrency
-        #: async def jobs that may run at once beside the threads' (0: none served).
-        self.async_slots = async_slots
+        #: The ledger's lane whose leases this fetcher claims and counts.
+        self.lane = lane
+        #: Free slots below which it waits rather than claim (when prefetch is 0).
+        self.min_batch = min_batch
+        #: Leases held beyond the capacity while their acks are on the way: a job that
+        #: finished frees its slot for a claim at once, not when its ack lands (0: it
+        #: frees it then).
+        self.ack_room = ack_room
+        #: While true, nothing is claimed (an event loop that stalled).
+        self._held_back = held_back
         #: Jobs claimed beyond the free threads; None adapts it to how long jobs take.
         self.prefetch = prefetch
         self.burst = burst
@@ -85,6 +99,9 @@ class Fetcher:
         self._quiet_asked_at = float("-inf")
         #: Shards backing off after refusing a claim: until when (monotonic seconds).
         self._backoff_until: dict[QueueKeys, float] = {}
+        #: Shards asked for a job that gave none since a claim last got one: a burst is
+        #: over once every shard is among them (a round may ask some shards for none).
+        self._found_empty: set[QueueKeys] = set()
         self.watch: MarkerWatch | None = None
         if blocking_broker.is_cluster and len({k.tag for k in self.shards}) > 1:
             self.watch = MarkerWatch(blocking_broker.client, [k.marker for k in self.shards],
@@ -98,7 +115,9 @@ class Fetcher:
         # A finished job frees no capacity until its ack lands (the ledger's settle wakes
         # the fetcher then); a free thread matters to limited queues (starved), to a
         # burst waiting for the last job, and to a stop waiting for running jobs.
-        ledger.wake_fetcher = lambda: self._starved or not ledger.busy or stop.is_set()
+        ledger.wake_fetcher.append(
+            lambda: self._starved or not ledger.busy_in(lane) or stop.is_set() or (
+                self.ack_room > 0 and self._free_slots() >= self._low_water()))
 
     # -- capacity -----------------------------------------------------------------
 
@@ -107,23 +126,36 @@ class Fetcher:
 
         Adaptive by default: about PREFETCH_WINDOW seconds of work per thread, so fast
         jobs are claimed in large batches (few round trips) while slow jobs are not
-        hoarded by one worker when others are idle.
+        hoarded by one worker when others are idle: none before a job has run (its run
+        time unknown), none once jobs take longer than PREFETCH_WINDOW times the
+        threads. Workers of a pool started together so share a backlog of slow jobs.
         """
         if self.prefetch is not None:
             return self.prefetch
-        per_thread = PREFETCH_WINDOW / max(self.ledger.avg_run_time, 1e-5)
-        return max(self.concurrency, min(MAX_PREFETCH, int(self.concurrency * per_thread)))
+        average = self.ledger.avg_run_time[self.lane]
+        if average is None:
+            return 0
+        per_thread = PREFETCH_WINDOW / max(average, 1e-5)
+        return min(MAX_PREFETCH, int(self.concurrency * per_thread))
 
     def capacity(self) -> int:
-        """The most leases this worker holds at once (acks on their way included)."""
-        return self.concurrency + self.async_slots + self._prefetch()
+        """The most leases this lane holds at once (acks on their way included)."""
+        return self.concurrency + self._prefetch()
 
     def _free_slots(self) -> int:
-        return self.capacity() - self.ledger.held_count
+        if self._held_back():
+            return 0
+        capacity = self.capacity()
+        held = self.ledger.held_in(self.lane)
+        if not self.ack_room:
+            return capacity - held
+        return min(capacity + self.ack_room - held, capacity - self.ledger.busy_in(self.lane))
 
     def _low_water(self) -> int:
         """The fetcher claims again once this many slots are free: batches, not single jobs."""
         prefetch = self._prefetch()
+        if not prefetch:
+            return max(1, min(self.min_batch, self.concurrency))
         return max(1, min(prefetch, (self.concurrency + prefetch) // 2))
 
     # -- the loop -----------------------------------------------------------------
@@ -134,7 +166,9 @@ class Fetcher:
         while not self._stop.is_set():
             with ledger.changed:
                 while not self._stop.is_set() and self._free_slots() < self._low_water():
-                    ledger.changed.wait()
+                    # held back, it looks again each second: nothing in the ledger
+                    # changes when a stalled loop recovers
+                    ledger.changed.wait(timeout=1.0 if self._held_back() else None)
                 free = self._free_slots()
             if self._stop.is_set():
                 break
@@ -158,9 +192,13 @@ class Fetcher:
                 continue
             if self.burst:
                 with ledger.changed:
-                    if ledger.busy:
+                    # done once no lane holds a job, acks included: an ack can make a
+                    # dependant (or a retry without backoff) due, in any lane's queue
+                    if ledger.held_count:
                         ledger.changed.wait(timeout=0.5)
                         continue
+                if not self._found_empty.issuperset(self.shards):
+                    continue  # the next rounds ask the shards not asked yet
                 logger.info("burst done worker=%s", self.name)
                 self._on_burst_done()
                 break
@@ -231,7 +269,7 @@ class Fetcher:
         start = self.rotation % n
         order = [k for k in self.shards[start:] + self.shards[:start]
                  if self._backoff_until.get(k, 0.0) <= sent]
-        idle = max(0, self.concurrency - self.ledger.busy)
+        idle = max(0, self.concurrency - self.ledger.busy_in(self.lane))
         self._starved = idle == 0 and bool(self._limited)
         # ``free`` split over the shards (the first ones in this turn's order get the
         # remainder), never more in all; a count of 0 still promotes due jobs and
@@ -285,6 +323,8 @@ class Fetcher:
             wait = min(wait, min(backing_off.values()) - sent)
         total = 0
         for result in results:
+            if not result.jobs and asked[result.keys] >= 1:
+                self._found_empty.add(result.keys)
             if result.orphans:
                 logger.warning("dropped %d job ids with no job data queue=%s",
                                result.orphans, result.keys.queue)
@@ -295,7 +335,8 @@ class Fetcher:
             if not result.jobs:
                 continue
             total += len(result.jobs)
-            self.ledger.add(result.jobs)
+            self._found_empty.clear()
+            self.ledger.add(result.jobs, self.lane)
             for job in result.jobs:
                 self._deliver(job)
         return total, wait - (time.monotonic() - sent), filled
@@ -311,7 +352,8 @@ class Fetcher:
         if self._starved:
             # limited queues wait for a thread, not for a marker (which they keep set)
             with self.ledger.changed:
-                if self.ledger.busy >= self.concurrency and not self._stop.is_set():
+                if (self.ledger.busy_in(self.lane) >= self.concurrency
+                        and not self._stop.is_set()):
                     self.ledger.changed.wait(timeout=wait)
             return
         if wait <= PRECISE_WAIT:

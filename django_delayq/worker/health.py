@@ -1,7 +1,8 @@
 """Is a worker alive? What ``manage.py delayq_health`` checks, from the workers registry.
 
-A worker is healthy while its heartbeat is recent and it has at least one live thread
-to run jobs (a supervisor: at least one live worker process). Recent means three of its
+A worker is healthy while its heartbeat is recent, it has at least one live thread
+to run jobs (a supervisor: at least one live worker process) and its event loop of async
+jobs, if it has one, is not stalled. Recent means three of its
 heartbeat intervals and a second, never more than the workers alive allow
 (:data:`~django_delayq.engine.workers.ALIVE_MS`). A record that stopped being renewed
 stays in the registry until its TTL, so a dead worker is reported as stale for a while,
@@ -59,5 +60,8 @@ def _health(info: WorkerInfo, stale_after: float | None) -> WorkerHealth:
         problem = f"no heartbeat for {info.seconds_ago:.1f}s (limit {limit:.1f}s)"
     elif info.threads == 0:
         problem = "no live worker process" if info.role == "supervisor" else "no live thread"
+    elif info.loop_stalled:
+        problem = (f"its event loop of async jobs has run nothing for "
+                   f"{info.loop_stalled:.1f}s (a coroutine blocks it)")
     return WorkerHealth(name=info.name, role=info.role, pid=info.pid, age=info.seconds_ago,
                         threads=info.threads, problem=problem)

@@ -10,7 +10,9 @@ when room frees up.
 
 Every lease counts against the worker's capacity until it leaves the ledger, finished
 ones included: a worker never holds more than ``concurrency + prefetch`` (plus its async
-slots) unacked jobs, which bounds what one SIGKILL can make run twice.
+slots) unacked jobs, which bounds what one SIGKILL can make run twice. Each lease belongs
+to the *lane* that claimed it (:data:`THREADS`, or :data:`LOOP` for the queues whose
+tasks are all ``async def``), and each lane's fetcher counts only its own.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ BUFFERED = "buffered"
 RUNNING = "running"
 FINISHED = "finished"
 
-#: Starting guess of a job's run time (seconds), before any job has run.
-FIRST_RUN_TIME_GUESS = 0.05
-
 Key = tuple[QueueKeys, str]
+
+#: The lanes of a worker: jobs claimed for its threads, and for its event loop.
+THREADS = "threads"
+LOOP = "loop"
 
 
 @dataclass(slots=True)
@@ -39,6 +42,8 @@ class Lease:
 
     job: ClaimedJob
     state: str = BUFFERED
+    #: The lane that claimed it (:data:`THREADS` or :data:`LOOP`).
+    lane: str = THREADS
     #: The thread running it (while ``running``): an executor thread, or the event loop
     #: thread for an async job.
     thread: threading.Thread | None = None
@@ -90,19 +95,31 @@ class Ledger:
         self.changed = threading.Condition(self.lock)
         self._leases: dict[Key, Lease] = {}
         self._busy = 0  # buffered or running
+        #: Per lane: leases held, and those of them buffered or running.
+        self._held_in: dict[str, int] = {THREADS: 0, LOOP: 0}
+        self._busy_in: dict[str, int] = {THREADS: 0, LOOP: 0}
         self._reporting = 0  # finished by their thread, outcome not yet with the acker
-        #: Moving average of job run time, seconds (the fetcher sizes prefetch with it).
-        self.avg_run_time = FIRST_RUN_TIME_GUESS
+        #: Per lane, the moving average of job run time in seconds (the fetcher sizes
+        #: prefetch with it); None until a job has run.
+        self.avg_run_time: dict[str, float | None] = {THREADS: None, LOOP: None}
         #: Jobs whose run ended on a thread of this worker (the pool recycles on it).
         self.finished_count = 0
-        #: Called under the lock as a job finishes: whether to wake the fetcher (it
-        #: claims in batches, so it need not wake for every job).
-        self.wake_fetcher: Callable[[], bool] = lambda: True
+        #: Called under the lock as a job finishes: whether to wake the fetchers (they
+        #: claim in batches, so they need not wake for every job); one per fetcher.
+        self.wake_fetcher: list[Callable[[], bool]] = []
 
     @property
     def busy(self) -> int:
         """Leases claimed and not yet finished running (buffered or running)."""
         return self._busy
+
+    def busy_in(self, lane: str) -> int:
+        """Leases of ``lane`` claimed and not yet finished running."""
+        return self._busy_in[lane]
+
+    def held_in(self, lane: str) -> int:
+        """Leases of ``lane`` held (what its fetcher counts against its capacity)."""
+        return self._held_in[lane]
 
     @property
     def held_count(self) -> int:
@@ -113,13 +130,31 @@ class Ledger:
     def __contains__(self, item: Key) -> bool:
         return item in self._leases
 
-    def add(self, jobs: Iterable[ClaimedJob]) -> None:
-        """Hold newly claimed ``jobs`` (buffered)."""
+    def add(self, jobs: Iterable[ClaimedJob], lane: str = THREADS) -> None:
+        """Hold newly claimed ``jobs`` (buffered), claimed by ``lane``."""
         with self.lock:
             now = time.monotonic()
             for job in jobs:
-                self._leases[key(job)] = Lease(job, claimed=now)
+                self._leases[key(job)] = Lease(job, lane=lane, claimed=now)
                 self._busy += 1
+                self._busy_in[lane] += 1
+                self._held_in[lane] += 1
+
+    def _done_running(self, lease: Lease) -> None:
+        """``lease`` is no longer buffered or running (call under the lock)."""
+        self._busy -= 1
+        self._busy_in[lease.lane] -= 1
+
+    def _drop(self, k: Key) -> Lease:
+        """Forget the lease of ``k`` (call under the lock; its busy count apart)."""
+        lease = self._leases.pop(k)
+        self._held_in[lease.lane] -= 1
+        return lease
+
+    def _wake(self) -> None:
+        """Wake the fetchers if one of them wants it (call under the lock)."""
+        if any(wants() for wants in self.wake_fetcher):
+            self.changed.notify_all()
 
     def start(self, job: ClaimedJob, thread: threading.Thread, *,
               timeout: float | None, grace: float, on_loop: bool = False) -> Lease | None:
@@ -169,13 +204,15 @@ class Ledger:
             lease = self._leases.get(key(job))
             if lease is None or lease.state != RUNNING or lease.thread is not thread:
                 return False
-            self.avg_run_time += (now - lease.began - self.avg_run_time) * 0.05
+            ran = now - lease.began
+            average = self.avg_run_time[lease.lane]
+            self.avg_run_time[lease.lane] = (ran if average is None
+                                             else average + (ran - average) * 0.05)
             lease.state, lease.thread = FINISHED, None
-            self._busy -= 1
+            self._done_running(lease)
             self._reporting += 1
             self.finished_count += 1
-            if self.wake_fetcher():
-                self.changed.notify()
+            self._wake()
             return True
 
     def reported(self) -> None:
@@ -183,8 +220,7 @@ class Ledger:
         (or will never be: the thread failed to give it)."""
         with self.lock:
             self._reporting -= 1
-            if self.wake_fetcher():
-                self.changed.notify()
+            self._wake()
 
     def abandon(self, job: ClaimedJob, *, buffered: bool = False) -> Lease | None:
         """Take a running ``job`` from its (stuck) thread and mark it finished, so the
@@ -196,18 +232,21 @@ class Ledger:
                                                     else (RUNNING,)):
                 return None
             lease.state, lease.thread = FINISHED, None
-            self._busy -= 1
+            self._done_running(lease)
             self.finished_count += 1
-            self.changed.notify()
+            self.changed.notify_all()
             return lease
 
     def settle(self, jobs: Iterable[ClaimedJob]) -> None:
         """Forget ``jobs``: their acks landed, or they were handed back."""
         with self.lock:
             for job in jobs:
-                lease = self._leases.pop(key(job), None)
-                if lease is not None and lease.state != FINISHED:
-                    self._busy -= 1
+                k = key(job)
+                if k not in self._leases:
+                    continue
+                lease = self._drop(k)
+                if lease.state != FINISHED:
+                    self._done_running(lease)
             self.changed.notify_all()
 
     def lost(self, keys: QueueKeys, job_ids: Iterable[str]) -> list[str]:
@@ -225,18 +264,23 @@ class Ledger:
                 if lease.state == RUNNING:
                     lease.lost = True
                     continue
-                del self._leases[(keys, job_id)]
-                self._busy -= 1
+                self._done_running(self._drop((keys, job_id)))
             self.changed.notify_all()
         return gone
 
-    def withdraw_unstarted(self) -> list[ClaimedJob]:
-        """Forget every buffered lease and return its job, to hand back: no thread
-        starts it after this (:meth:`start` refuses it)."""
+    def withdraw_unstarted(self, jobs: Iterable[ClaimedJob] | None = None) -> list[ClaimedJob]:
+        """Forget every buffered lease (of ``jobs`` only, if given) and return its job,
+        to hand back: no thread starts it after this (:meth:`start` refuses it)."""
         with self.lock:
-            jobs = [k for k, lease in self._leases.items() if lease.state == BUFFERED]
-            withdrawn = [self._leases.pop(k).job for k in jobs]
-            self._busy -= len(withdrawn)
+            keys = ([k for k, lease in self._leases.items() if lease.state == BUFFERED]
+                    if jobs is None else
+                    [k for k in map(key, jobs)
+                     if k in self._leases and self._leases[k].state == BUFFERED])
+            withdrawn = []
+            for k in keys:
+                lease = self._drop(k)
+                self._done_running(lease)
+                withdrawn.append(lease.job)
             self.changed.notify_all()
         return withdrawn
 

@@ -43,7 +43,7 @@ from .executor import Executor
 from .exit_codes import EXIT_FORCED, EXIT_OK, EXIT_RESTART
 from .fetcher import Fetcher
 from .heartbeat import Heartbeat
-from .ledger import Ledger
+from .ledger import LOOP, THREADS, Ledger
 from .timelimits import HARD_LIMIT_GRACE, Watchdog
 
 logger = logging.getLogger("django_delayq.worker")
@@ -104,28 +104,46 @@ class Worker:
                                     on_loop_lost=self._loop_lost,
                                     concurrency=async_concurrency, timeout=timeout,
                                     timeout_grace=timeout_grace)
-        async_slots = self._async.concurrency if any(
-            is_async(t) and t.queue_name in self.queues for t in self.tasks.tasks()) else 0
+        serves_async = any(is_async(t) and t.queue_name in self.queues
+                           for t in self.tasks.tasks())
         self.executor = Executor(concurrency=self.concurrency, tasks=self.tasks,
                                  encoder=self.broker.config.json_encoder, name=self.name,
                                  ledger=self.ledger, report=self.acker.put,
                                  note_started=self.acker.note_started,
                                  on_thread_lost=self._thread_lost,
                                  timeout=timeout, timeout_grace=timeout_grace,
-                                 async_executor=self._async if async_slots else None)
+                                 async_executor=self._async if serves_async else None)
         self.watchdog = Watchdog(ledger=self.ledger, tasks=self.tasks, name=self.name,
                                  grace=timeout_grace, report=self.acker.put,
-                                 on_stuck=self._thread_stuck, done=self._done)
-        self.fetcher = Fetcher(
-            broker=self.broker, blocking_broker=blocking_broker, queues=self.queues,
-            name=self.name, lease_ms=self.lease_ms, block_timeout=block_timeout,
-            concurrency=self.concurrency, prefetch=prefetch, burst=burst, ledger=self.ledger,
-            deliver=self.executor.deliver, stop=self._stop, on_burst_done=self.request_stop,
-            async_slots=async_slots,
-        )
+                                 on_stuck=self._thread_stuck, done=self._done,
+                                 loop_stalled_for=self._async.stalled_for
+                                 if serves_async else None,
+                                 on_loop_stalled=self._loop_stalled)
+        # The queues whose tasks are all async def are claimed for the event loop's
+        # slots (its lane), the others for the threads: each lane claims only what it
+        # can run, whatever the mix of the two kinds.
+        loop_queues = [q for q in self.queues if self.tasks.only_async(q)]
+        slots = self._async.concurrency
+        lanes = [(THREADS, [q for q in self.queues if q not in loop_queues],
+                  self.concurrency, prefetch, 1, 0),
+                 (LOOP, loop_queues, slots, 0, max(1, slots // 2), slots)]
+        self._burst_lanes = 0
+        self.fetchers = [
+            Fetcher(broker=self.broker, blocking_broker=blocking_broker, queues=queues,
+                    name=self.name, lease_ms=self.lease_ms, block_timeout=block_timeout,
+                    concurrency=lane_concurrency, prefetch=lane_prefetch, burst=burst,
+                    ledger=self.ledger, deliver=self.executor.deliver, stop=self._stop,
+                    on_burst_done=self._burst_lane_done, lane=lane, min_batch=min_batch,
+                    ack_room=ack_room,
+                    held_back=(lambda: self._async.stalled_for() > 0) if lane == LOOP
+                    else (lambda: False))
+            for lane, queues, lane_concurrency, lane_prefetch, min_batch, ack_room in lanes
+            if queues]
+        #: The fetcher of the threads' lane (of the loop's if every queue is async).
+        self.fetcher = self.fetchers[0]
         self.heartbeat = Heartbeat(broker=self.broker, name=self.name, lease_ms=self.lease_ms,
-                                   shards=self.fetcher.shards, ledger=self.ledger,
-                                   done=self._done, info=self._info)
+                                   shards=[k for f in self.fetchers for k in f.shards],
+                                   ledger=self.ledger, done=self._done, info=self._info)
 
     # -- control (also the process pool's hooks) ----------------------------------
 
@@ -164,6 +182,24 @@ class Worker:
         restarted (their leases lapse, or are handed back as the worker stops)."""
         self._restart = True
         self.request_stop()
+
+    def _burst_lane_done(self) -> None:
+        """A lane's fetcher found nothing left to claim: a burst ends with the last."""
+        with self.ledger.lock:
+            self._burst_lanes += 1
+            last = self._burst_lanes == len(self.fetchers)
+        if last:
+            self.request_stop()
+
+    def _loop_stalled(self, stalled_for: float) -> None:
+        """The event loop ran nothing for ``stalled_for`` seconds: hand back the jobs
+        waiting for its slots, so that other workers run them (its fetcher claims
+        nothing until it runs again)."""
+        jobs = self.ledger.withdraw_unstarted(self._async.waiting())
+        logger.error("event loop stalled for %.1fs (a coroutine blocks it): handing back "
+                     "%d waiting async jobs worker=%s", stalled_for, len(jobs), self.name)
+        if jobs:
+            self._release(jobs, started=False, settle=False)
 
     def _thread_stuck(self, thread: threading.Thread) -> None:
         """A job overran its hard time limit: its thread cannot be stopped, so this
@@ -220,13 +256,16 @@ class Worker:
             # leases now, so their jobs run in this burst (and once more before exiting).
             self._reclaim()
         self.executor.start()
+        if self.executor.async_executor is not None:
+            self._async.start()
         acker = threading.Thread(target=self.acker.run, name="delayq-acker", daemon=True)
         heartbeat = threading.Thread(target=self.heartbeat.run, name="delayq-heartbeat",
                                      daemon=True)
-        fetcher = threading.Thread(target=self.fetcher.run, name="delayq-fetcher", daemon=True)
+        fetchers = [threading.Thread(target=f.run, name=f"delayq-fetcher-{f.lane}", daemon=True)
+                    for f in self.fetchers]
         watchdog = threading.Thread(target=self.watchdog.run, name="delayq-watchdog",
                                     daemon=True)
-        threads = [acker, heartbeat, fetcher, watchdog]
+        threads = [acker, heartbeat, *fetchers, watchdog]
         periodic = [] if self.burst else self.tasks.periodic(self.queues)
         if periodic:
             threads.append(threading.Thread(target=self._schedule_loop, args=(periodic,),
@@ -234,7 +273,8 @@ class Worker:
         for thread in threads:
             thread.start()
         self._stop.wait()
-        fetcher.join()
+        for fetcher in fetchers:
+            fetcher.join()
         code = self._shutdown()
         self._done.set()
         acker.join(timeout=10)
@@ -342,9 +382,11 @@ class Worker:
                 "processed": self.processed, "failed": self.failed,
                 "retried": self.acker.retried, "busy": self.ledger.busy,
                 # delayq_health: a worker with no live executor thread is not healthy
-                # (before run() starts them, the threads about to start)
+                # (before run() starts them, the threads about to start), nor one whose
+                # event loop stalled
                 "threads": self.executor.alive() if self.executor.threads
-                else self.concurrency, "lease": self.lease_ms / 1000}
+                else self.concurrency, "lease": self.lease_ms / 1000,
+                "loop_stalled": round(self._async.stalled_for(), 1)}
 
     def _release(self, jobs: list[ClaimedJob], *, started: bool, settle: bool = True) -> None:
         batch = self.broker.batch()

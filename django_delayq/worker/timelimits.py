@@ -72,7 +72,8 @@ class Watchdog:
     def __init__(self, *, ledger: Ledger, tasks: TaskRegistry, name: str,
                  grace: float, report: Callable[[Outcome], None],
                  on_stuck: Callable[[threading.Thread], None],
-                 done: threading.Event) -> None:
+                 done: threading.Event, loop_stalled_for: Callable[[], float] | None = None,
+                 on_loop_stalled: Callable[[float], None] | None = None) -> None:
         self.ledger = ledger
         self.tasks = tasks
         self.name = name
@@ -80,10 +81,26 @@ class Watchdog:
         self._report = report
         self._on_stuck = on_stuck
         self._done = done
+        #: How long the event loop of async jobs has stalled, watched (``on_loop_stalled``
+        #: is told once per stall, with its length so far).
+        self._loop_stalled_for = loop_stalled_for
+        self._on_loop_stalled = on_loop_stalled
+        self._loop_was_stalled = False
 
     def run(self) -> None:
         while not self._done.wait(self.check()):
-            pass
+            self.check_loop()
+
+    def check_loop(self) -> None:
+        """Tell ``on_loop_stalled`` once when the event loop stalls (again)."""
+        if self._loop_stalled_for is None or self._on_loop_stalled is None:
+            return
+        stalled = self._loop_stalled_for()
+        if stalled and not self._loop_was_stalled:
+            self._on_loop_stalled(stalled)
+        elif not stalled and self._loop_was_stalled:
+            logger.warning("event loop runs again worker=%s", self.name)
+        self._loop_was_stalled = bool(stalled)
 
     def check(self) -> float:
         """Enforce every limit due; returns seconds until the next check."""

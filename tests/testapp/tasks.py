@@ -94,7 +94,14 @@ if os.environ.get("DELAYQ_TEST_PERIODIC"):
 
 # Tasks written against Django's Tasks API, found by workers through this module, and the
 # tasks of the fault and bad-input tests.
-from . import fault_tasks, flow_hooks, outbox_hooks, port_tasks, standard_tasks  # noqa: E402, F401
+from . import (  # noqa: E402, F401
+    fault_tasks,
+    flow_hooks,
+    outbox_hooks,
+    port_tasks,
+    soak_tasks,
+    standard_tasks,
+)
 
 
 @task
@@ -281,6 +288,14 @@ async def async_blocks_loop(seconds: float) -> None:
     """Block the event loop (a sync sleep in a coroutine) far past the limit."""
     _note("async-blocks", seconds=seconds)
     time.sleep(seconds)
+
+
+@task(queue=ASYNC, max_attempts=1)
+async def async_blocks_loop_until(gate: str, tag: str) -> str:
+    """Block the event loop (no time limit) until ``gate`` exists."""
+    _note("async-blocks-until", tag=tag)
+    _wait_for(gate)
+    return tag
 
 
 @task(queue=ASYNC, timeout=0.5, max_attempts=1)

@@ -1,4 +1,5 @@
-"""The two benchmark jobs, as every other library runs them (see ``bench.harness.marks``)."""
+"""The benchmark jobs, as every other library runs them (see ``bench.harness.marks``), and
+the no-op job as a coroutine (django-delayq's async row)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,13 @@ from django_delayq import task
 
 @task(queue="bench", max_attempts=1)
 def noop() -> None:
+    marks.mark_done()
+
+
+@task(queue="bench_async", max_attempts=1)
+async def anoop() -> None:
+    """The no-op job as a coroutine, run on the worker's event loop (its own queue: the
+    loop's lane of the worker claims it)."""
     marks.mark_done()
 
 
