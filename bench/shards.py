@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import record
-from bench.harness.processes import proc_stat, start_process, stop_processes
+from bench.harness.processes import process_tree, start_process, stop_processes
 from django_delayq.engine import Broker, EngineConfig, EnqueueRequest
 from django_delayq.engine.urls import client_from_url
 from django_delayq.testing import RedisCluster, RedisServer
@@ -56,7 +56,8 @@ def redis_cpu(nodes: list[Any]) -> list[float]:
 
 
 def proc_cpu(pids: list[int]) -> float:
-    return sum(st.cpu_s for pid in pids if (st := proc_stat(pid)) is not None)
+    """CPU seconds of the processes ``pids`` and their worker processes."""
+    return sum(st.cpu_s for st in process_tree(pids).values())
 
 
 def script_calls(nodes: list[Any]) -> int:

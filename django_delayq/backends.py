@@ -79,7 +79,7 @@ except ImportError:
             "Django 5.2 pip install 'django-delayq[tasks]' (the django-tasks package)"
         ) from exc
 
-from .current import RunningJob, current_job
+from .runtime.current import RunningJob, current_job
 
 __all__ = ["DelayQBackend", "JobCancelled", "make_result_id", "parse_result_id"]
 

@@ -27,10 +27,10 @@ from asgiref.sync import async_to_sync
 
 from .conf import conf
 from .connection import get_broker
-from .current import running
 from .engine import Broker, ClaimedJob, EnqueueRequest, Job, Status
 from .engine.codec import encode_result
 from .engine.progress import ProgressReporter
+from .runtime.current import running
 
 
 class EagerProgress(ProgressReporter):
@@ -93,7 +93,7 @@ def run_eagerly(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             started_at_ms=int(started.timestamp() * 1000))
         job.attempts, job.started_at = attempt, started
         try:
-            with running(claimed, "eager") as current:
+            with running(claimed, "eager", None) as current:
                 progress = current._progress = EagerProgress(claimed)
                 value = run_to_end(task.func, json.loads(args_json), json.loads(kwargs_json))
             result_json = encode_result(value, broker.config.json_encoder)

@@ -1,7 +1,8 @@
-"""``@task``: declaring tasks, enqueuing them, and the registry the worker runs them from.
+"""``@task``: declaring tasks and enqueuing them.
 
-The worker only runs tasks found in :data:`registry` (filled by importing each installed
-app's ``tasks`` module); it never imports a path read from Redis.
+``@task`` registers each task in the runtime's :data:`registry`, which workers resolve
+task names in (it is filled by importing each installed app's ``tasks`` module); a
+worker never imports a path read from Redis.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from .engine import BulkResult, EnqueueRequest, EnqueueResult, Job, UnknownTask,
 from .engine.fastpaths import arg_shape, positional_names, signature
 from .engine.flows import dependencies, parent_ref
 from .engine.jobhash import reply_time
-from .periodic import Schedule
+from .runtime.registry import DuplicateTaskName
+from .runtime.registry import registry as registry  # where @task registers, public here
+from .runtime.schedule import Schedule
 
 if TYPE_CHECKING:
     from .outbox import OutboxJob
@@ -77,6 +80,8 @@ class Task(Generic[P, T]):
             schedule = Schedule.build(self.cron, self.every, self.tz)
         except ValueError as exc:
             raise ValueError(f"{self.name}: {exc}") from None
+        except ImportError as exc:  # an extra the schedule needs is not installed
+            raise ImproperlyConfigured(str(exc)) from exc
         object.__setattr__(self, "schedule", schedule)
         if self.queue is not None:
             validation.validate_queue_name(self.queue)
@@ -346,6 +351,15 @@ class Task(Generic[P, T]):
         return delay * random.uniform(0.5, 1.0)
 
 
+def registered(name: str) -> Task[Any, Any]:
+    """The task ``@task`` registered as ``name``; :class:`UnknownTask` if there is none."""
+    found = registry.find(name)
+    if not isinstance(found, Task):
+        registry.get(name)  # raises UnknownTask, worded for every caller alike
+        raise UnknownTask(f"{name!r} is not a task declared with @task")
+    return found
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class JobSpec:
     """One job to enqueue, not sent yet: arguments and per-job options. ``Task.bind()``
@@ -395,66 +409,6 @@ def _split_item(item: Any) -> tuple[Sequence[Any], dict[str, Any]]:
                     f"(args, kwargs) pairs, not {type(item).__name__}")
 
 
-class TaskRegistry:
-    """Registered tasks by name. The worker resolves task names here and nowhere else."""
-
-    def __init__(self) -> None:
-        self._tasks: dict[str, Task[Any, Any]] = {}
-
-    def register(self, task: Task[Any, Any]) -> None:
-        existing = self._tasks.get(task.name)
-        if existing is not None and existing.func is not task.func and (
-            existing.func.__module__, existing.func.__qualname__
-        ) != (task.func.__module__, task.func.__qualname__):
-            raise ImproperlyConfigured(
-                f"two tasks are named {task.name!r}: {existing.func.__module__}."
-                f"{existing.func.__qualname__} and {task.func.__module__}."
-                f"{task.func.__qualname__}; give one of them @task(name=...)"
-            )
-        self._tasks[task.name] = task
-
-    def get(self, name: str) -> Task[Any, Any]:
-        try:
-            return self._tasks[name]
-        except KeyError:
-            raise UnknownTask(
-                f"no task named {name!r} is registered in this worker: is it defined in an "
-                "installed app's tasks.py (or a module imported at start-up)?"
-            ) from None
-
-    def find(self, name: str) -> Task[Any, Any] | None:
-        """The task named ``name``, or None."""
-        return self._tasks.get(name)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._tasks
-
-    def __iter__(self) -> Any:
-        return iter(sorted(self._tasks))
-
-    def __len__(self) -> int:
-        return len(self._tasks)
-
-    def tasks(self) -> list[Task[Any, Any]]:
-        return [self._tasks[name] for name in sorted(self._tasks)]
-
-    def queues(self) -> list[str]:
-        """The queues registered tasks send jobs to."""
-        return sorted({t.queue_name for t in self._tasks.values()})
-
-    def only_async(self, queue: str) -> bool:
-        """Whether every task that sends jobs to ``queue`` is ``async def`` (and one does)."""
-        kinds = {inspect.iscoroutinefunction(t.func) for t in self._tasks.values()
-                 if t.queue_name == queue}
-        return kinds == {True}
-
-    def periodic(self, queues: Iterable[str]) -> list[Task[Any, Any]]:
-        """The periodic tasks (cron or every) that send jobs to one of ``queues``."""
-        wanted = set(queues)
-        return [t for t in self.tasks() if t.schedule is not None and t.queue_name in wanted]
-
-
-registry = TaskRegistry()
 
 
 @overload
@@ -520,7 +474,10 @@ def task(
             retry_backoff_max=retry_backoff_max, timeout=timeout, cron=cron, tz=tz,
             every=every,
         )
-        registry.register(t)
+        try:
+            registry.register(t)
+        except DuplicateTaskName as exc:
+            raise ImproperlyConfigured(str(exc)) from None
         return t
 
     if function is not None:

@@ -240,6 +240,19 @@ def spawn_worker(*args: str, redis_url: str | None = None, env: dict[str, str] |
     )
 
 
+def worker_pids(out: OutputReader, count: int = 1, timeout: float = 60.0) -> list[int]:
+    """The pids of the worker processes a ``runworker`` (``out``: its output) started, the
+    first ``count`` of them (waited for)."""
+    wait_until(lambda: out.text.count("pid=") and len(_started(out)) >= count, timeout,
+               message=f"{count} worker process(es) to start:\n{out.text}")
+    return _started(out)[:count]
+
+
+def _started(out: OutputReader) -> list[int]:
+    return [int(line.split(" pid=")[1].split()[0]) for line in list(out.lines)
+            if "started worker-" in line]
+
+
 class OutputReader:
     """Collects a process's output on a thread, so tests can wait for a line."""
 

@@ -13,7 +13,6 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from django_delayq import Queue
-from django_delayq.worker import EXIT_RESTART
 from tests.conftest import ran, wait_until, worker_thread
 from tests.test_worker import (
     assert_failed_outside_its_task,
@@ -78,11 +77,11 @@ def test_an_async_job_past_its_time_limit_is_cancelled_and_fails(redis_client, s
 def test_an_async_job_that_will_not_stop_is_failed_at_the_hard_limit(redis_client, spawned,
                                                                     task, arg, note):
     """A coroutine calling time.sleep cannot be cancelled, one swallowing CancelledError
-    goes on: the hard limit fails the job and the process exits to be replaced."""
+    goes on: the hard limit fails the job and its host replaces the worker process."""
     job = task.enqueue(arg)
     other = tasks.add.enqueue(2, 2)
     proc, out = spawned("async", "default", "-c", "1")
-    assert proc.wait(timeout=90) == EXIT_RESTART, out.text
+    out.wait_for("worker-0 exited to be replaced", timeout=90)
     job.refresh()
     assert (job.status, job.attempts) == ("failed", 1)
     assert job.error.startswith("django_delayq.engine.errors.JobTimeout: the job ran past its "
@@ -92,19 +91,24 @@ def test_an_async_job_that_will_not_stop_is_failed_at_the_hard_limit(redis_clien
     assert other.refresh().status == "completed", "threads ran jobs meanwhile"
     assert "stopping this worker to be restarted" in out.text
     assert Queue("async").counts()["active"] == 0, "nothing is left leased"
+    later = tasks.add.enqueue(3, 3)
+    wait_until(lambda: later.refresh().status == "completed", timeout=60,
+               message=f"a job run by the fresh process:\n{out.text}")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
 
 
-def test_a_dead_event_loop_stops_the_worker_and_its_job_runs_again(redis_client, spawned):
+def test_a_dead_event_loop_replaces_the_process_and_its_job_runs_again(redis_client, spawned):
     job = tasks.async_kills_loop.enqueue("k")
     proc, out = spawned("async", "-c", "1")
-    assert proc.wait(timeout=60) == EXIT_RESTART, out.text
+    wait_until(lambda: job.refresh().status == "completed", timeout=60,
+               message=f"the job run again by a fresh process:\n{out.text}")
     assert "event loop thread ended unexpectedly" in out.text
-    assert "handing back 1 running jobs" in out.text
-    assert job.refresh().status == "ready", "handed back at once, not left to its lease"
-    again, out = spawned("async", "--burst")
-    assert again.wait(timeout=60) == 0, out.text
-    job.refresh()
+    assert "handing back 1 running jobs" in out.text  # at once, not left to its lease
+    assert "worker-0 exited to be replaced" in out.text
     assert (job.status, job.attempts, job.result) == ("completed", 2, "k")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
 
 
 def test_a_stalled_loop_is_reported_and_its_waiting_jobs_go_back(redis_client, broker,
@@ -112,8 +116,8 @@ def test_a_stalled_loop_is_reported_and_its_waiting_jobs_go_back(redis_client, b
     """A coroutine that blocks the loop (with no time limit to end it): the worker's
     health says so, the jobs waiting for a slot are handed back for other workers and
     nothing more is claimed for the loop; once it runs again, every job completes."""
-    from django_delayq.worker import async_executor
-    from django_delayq.worker.health import check_workers
+    from django_delayq.runtime.health import check_workers
+    from django_delayq.runtime.worker import async_executor
 
     monkeypatch.setattr(async_executor, "LOOP_STALL", 0.5)
     blocker = tasks.async_blocks_loop_until.enqueue("gate:loop", "b")
@@ -121,7 +125,8 @@ def test_a_stalled_loop_is_reported_and_its_waiting_jobs_go_back(redis_client, b
         wait_until(lambda: any(r["task"] == "async-blocks-until" for r in ran(redis_client)),
                    message="the loop blocked")
         waiting = [tasks.async_add.enqueue(i, i) for i in range(5)]
-        wait_until(lambda: any("event loop" in h.problem for h in check_workers(broker)),
+        wait_until(lambda: any("event loop" in h.problem
+                               for h in check_workers(broker, default_lease=30)),
                    message="the stall in the worker's health")
         wait_until(lambda: all(j.refresh().status == "ready" for j in waiting),
                    message="the waiting jobs handed back")
@@ -130,7 +135,7 @@ def test_a_stalled_loop_is_reported_and_its_waiting_jobs_go_back(redis_client, b
         redis_client.set("gate:loop", 1)
         wait_until(lambda: all(j.refresh().status == "completed" for j in [blocker, *waiting]),
                    message="every job once the loop runs again")
-        wait_until(lambda: not any(h.problem for h in check_workers(broker)),
+        wait_until(lambda: not any(h.problem for h in check_workers(broker, default_lease=30)),
                    message="healthy again")
     assert [j.refresh().attempts for j in waiting] == [1] * 5
 
@@ -210,15 +215,16 @@ def test_an_after_job_hook_that_raises_loses_no_async_outcome(redis_client):
 def test_an_async_job_whose_run_fails_outside_its_task_is_failed_not_held(broker):
     """What raises on the event loop around a job (not in its task) reaches the future
     of its run: logged, and the job failed instead of held for ever."""
+    from django_delayq.runtime.worker.async_executor import AsyncExecutor
     from django_delayq.task import registry
-    from django_delayq.worker.async_executor import AsyncExecutor
 
     job = tasks.async_add.enqueue(1, 2)
     ledger, claimed = claimed_in_a_ledger(broker, "async")
     outcomes = []
     executor = AsyncExecutor(tasks=registry, encoder=json.JSONEncoder, name="w",
-                             ledger=ledger, report=outcomes.append,
-                             note_started=raising_start_note, on_loop_lost=lambda: None)
+                             broker=broker, middleware=[], ledger=ledger,
+                             report=outcomes.append, note_started=raising_start_note,
+                             on_loop_lost=lambda: None, concurrency=10)
     try:
         executor.submit(claimed)
         wait_until(lambda: outcomes, message="an outcome")

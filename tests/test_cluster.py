@@ -259,8 +259,8 @@ def test_a_claim_keeps_what_the_other_shards_leased_while_one_slot_moves(on_clus
 
 def test_a_focused_claim_on_a_moving_slot_claims_from_the_other_shards_at_once(
         on_cluster, cluster, monkeypatch):
+    from django_delayq.runtime.worker import fetcher as fetcher_module
     from django_delayq.worker import Worker
-    from django_delayq.worker import fetcher as fetcher_module
 
     monkeypatch.setattr(fetcher_module, "QUIET_SHARD_INTERVAL", 3600.0)
     broker = on_cluster
@@ -318,8 +318,8 @@ def test_a_worker_runs_the_other_shards_while_one_slot_moves_and_loses_nothing(
 
 
 def test_acks_to_the_other_shards_land_while_one_slot_moves(on_cluster, cluster):
-    from django_delayq.worker.acks import send_outcomes
-    from django_delayq.worker.execution import Outcome
+    from django_delayq.runtime.worker.acks import send_outcomes
+    from django_delayq.worker import Outcome
 
     broker = on_cluster
     tasks.record.using(queue="sharded").enqueue_many(
@@ -341,8 +341,7 @@ def test_acks_to_the_other_shards_land_while_one_slot_moves(on_cluster, cluster)
 
 
 def test_a_worker_keeps_acking_the_other_shards_while_one_slot_moves(on_cluster, cluster):
-    from django_delayq.worker import Worker
-    from django_delayq.worker.execution import Outcome
+    from django_delayq.worker import Outcome, Worker
 
     broker = on_cluster
     tasks.record.using(queue="sharded").enqueue_many(
@@ -527,7 +526,7 @@ def test_a_marker_watcher_outlives_the_whole_cluster_going_away(caplog):
     cluster answers: the watcher logs it and keeps watching, so idle workers still wake
     up on a mark once the cluster is back."""
     from django_delayq.engine.urls import client_from_url
-    from django_delayq.worker.markers import MarkerWatch
+    from django_delayq.runtime.worker.markers import MarkerWatch
 
     marker = "{t:watched}:marker"
     with RedisCluster() as own:

@@ -37,8 +37,8 @@ from django_delayq.backends import parse_result_id
 from django_delayq.engine import QueueKeys
 from django_delayq.engine.errors import LeaseExpired
 from django_delayq.engine.fields import stored
-from django_delayq.worker import EXIT_FORCED, EXIT_RESTART
-from tests.conftest import wait_until
+from django_delayq.worker import EXIT_FORCED
+from tests.conftest import kill_with_children, wait_until
 from tests.testapp import port_tasks as test_tasks
 from tests.testapp import standard_tasks as st
 
@@ -346,13 +346,13 @@ def test_run_subprocess(spawned: Spawn) -> None:
     assert result.status == TaskResultStatus.SUCCESSFUL
     job_id = parse_result_id(result.id)[1]
     lines = out.text.splitlines()
-    expected = ["worker started worker=port-worker queues=default",
+    expected = ["worker started worker=port-worker-0 queues=default",
                 f"job completed job={job_id} task={test_tasks.noop_task.module_path}",
-                "worker stopped worker=port-worker jobs=1 completed=1"]
+                "worker stopped worker=port-worker-0 jobs=1 completed=1"]
     found = [next((i for i, line in enumerate(lines) if text in line), -1) for text in expected]
     assert -1 not in found, out.text
     assert found == sorted(found), out.text
-    assert "burst done worker=port-worker" in out.text
+    assert "burst done worker=port-worker-0" in out.text
 
 
 def test_interrupt_no_tasks(spawned: Spawn) -> None:
@@ -402,10 +402,10 @@ def test_repeat_ctrl_c_and_kill(stop: str, attempts: int, spawned: Spawn, redis_
     # has run: wait for that line too, so that the first run is the one counted below.
     wait_until(lambda: running(result) and redis_client.llen("test:dj") == 1,
                message=f"the task to run:\n{out.text}")
-    assert result.worker_ids == ["first"]
+    assert result.worker_ids == ["first-0"]
     if stop == "SIGKILL":
-        first.kill()
-        assert first.wait(timeout=30) == -signal.SIGKILL
+        kill_with_children(first)  # the machine dies: runworker and its worker process
+        assert first.returncode == -signal.SIGKILL
     else:
         first.send_signal(signal.SIGINT)
         out.wait_for("worker stopping")
@@ -421,11 +421,11 @@ def test_repeat_ctrl_c_and_kill(stop: str, attempts: int, spawned: Spawn, redis_
     if attempts == 1:
         assert result.status == TaskResultStatus.FAILED
         assert result.errors[0].exception_class is LeaseExpired
-        assert "worker first stopped renewing the lease" in result.errors[0].traceback
+        assert "worker first-0 stopped renewing the lease" in result.errors[0].traceback
         assert len(redis_client.lrange("test:dj", 0, -1)) == 1, "it ran once"
     else:
         assert result.status == TaskResultStatus.SUCCESSFUL
-        assert result.worker_ids == ["first", "second"]
+        assert result.worker_ids == ["first-0", "second-0"]
         assert result.attempts == 2
 
 
@@ -466,14 +466,16 @@ def test_multiple_workers(spawned: Spawn, redis_client: Any) -> None:
 def test_max_tasks(spawned: Spawn) -> None:
     """``db_worker --max-tasks 2`` becomes ``runworker --max-jobs-per-child 2``.
 
-    delayq differs in the exit code: 75 ("restart me", for the pool's supervisor or a
-    process manager), where ``db_worker`` exits 0."""
+    delayq differs: its worker process exits after 2 jobs to be replaced ("restart me",
+    75), and runworker starts a fresh one and goes on, where ``db_worker`` exits 0 and
+    leaves the rest to a process manager."""
     results = [test_tasks.noop_task.enqueue() for _ in range(5)]
     process, out = spawned("default", "-c", "1", "--prefetch", "0",
                            "--max-jobs-per-child", "2")
-    assert process.wait(timeout=60) == EXIT_RESTART, out.text
     for result in results:
-        result.refresh()
-    statuses = [result.status for result in results]
-    assert statuses.count(TaskResultStatus.SUCCESSFUL) == 2
-    assert statuses.count(TaskResultStatus.READY) == 3
+        wait_until(lambda result=result: (result.refresh(), result.is_finished)[1],
+                   timeout=60, message=f"every task:\n{out.text}")
+        assert result.status == TaskResultStatus.SUCCESSFUL
+    assert out.text.count("worker-0 exited to be replaced") == 2, out.text
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0, out.text

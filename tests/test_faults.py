@@ -7,6 +7,7 @@ of the run (see ``fault_report`` in conftest.py).
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import time
@@ -19,7 +20,7 @@ from django_delayq.connection import get_broker
 from django_delayq.engine import Broker, EngineConfig, EnqueueRequest, QueueKeys
 from django_delayq.engine.fields import stored
 from django_delayq.testing import RedisServer
-from tests.conftest import wait_until
+from tests.conftest import child_pids, kill_with_children, wait_until, worker_pids
 from tests.testapp.fault_tasks import RUNS, count_run
 
 CHAOS_JOBS = 20_000
@@ -85,7 +86,7 @@ def test_chaos_soak_sigkill_a_worker_every_second_loses_nothing(redis_client, sp
         name = f"chaos-{next(serial)}"
         proc, _ = spawned("chaos", "-c", str(CONCURRENCY), "--prefetch", str(PREFETCH),
                           "--lease", LEASE, "--name", name, "-v", "0")
-        return proc, name
+        return proc, f"{name}-0"  # its one worker process's name
 
     slots = [start() for _ in range(CHAOS_WORKERS)]
     rng = random.Random(5)
@@ -106,11 +107,13 @@ def test_chaos_soak_sigkill_a_worker_every_second_loses_nothing(redis_client, sp
         time.sleep(1.0)
         slot = rng.randrange(CHAOS_WORKERS)
         proc, name = slots[slot]
-        # Frozen, it changes nothing: what it holds now is what it can run twice.
-        proc.send_signal(signal.SIGSTOP)
+        # Frozen, it changes nothing: what it holds now is what it can run twice. The
+        # machine dies: runworker and its worker process at once.
+        (worker,) = wait_until(lambda proc=proc: child_pids(proc.pid),
+                               message="its worker process")
+        os.kill(worker, signal.SIGSTOP)
         in_flight.append(set(held_by(redis_client, keys, name)))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        kill_with_children(proc)
         slots[slot] = start()
 
     for proc, name in slots:
@@ -297,41 +300,45 @@ def test_frozen_worker_late_ack_and_failure_do_not_overwrite_the_newer_run(
 
     keys = get_broker().shards("default")[0]
     jobs = [fenced.enqueue("j1"), fenced.enqueue("j2")]
-    frozen, frozen_out = spawned("default", "-c", "2", "--lease", "1", "--name", "frozen")
+    frozen_host, frozen_out = spawned("default", "-c", "2", "--lease", "1", "--name",
+                                      "frozen")
+    (frozen,) = worker_pids(frozen_out)
     for tag in ("j1", "j2"):
         wait_until(lambda tag=tag: redis_client.lrange(f"started:{tag}", 0, -1)
-                   == [str(frozen.pid)], message=f"{tag} to start in the first worker")
-    frozen.send_signal(signal.SIGSTOP)
+                   == [str(frozen)], message=f"{tag} to start in the first worker")
+    os.kill(frozen, signal.SIGSTOP)
     try:
-        fresh, fresh_out = spawned("default", "-c", "2", "--lease", "1", "--name", "fresh")
+        fresh_host, fresh_out = spawned("default", "-c", "2", "--lease", "1", "--name", "fresh")
+        (fresh,) = worker_pids(fresh_out)
         for tag in ("j1", "j2"):
             wait_until(lambda tag=tag: redis_client.lrange(f"started:{tag}", 0, -1)
-                       == [str(frozen.pid), str(fresh.pid)], timeout=30,
+                       == [str(frozen), str(fresh)], timeout=30,
                        message=f"{tag} to run again elsewhere:\n{fresh_out.text}")
         # The frozen worker wakes up: j1 finishes, j2 fails, both with the old attempt.
-        redis_client.set(f"fail:j2:{frozen.pid}", 1)
+        redis_client.set(f"fail:j2:{frozen}", 1)
         for tag in ("j1", "j2"):
-            redis_client.set(f"release:{tag}:{frozen.pid}", 1)
+            redis_client.set(f"release:{tag}:{frozen}", 1)
     finally:
-        frozen.send_signal(signal.SIGCONT)
+        os.kill(frozen, signal.SIGCONT)
     wait_until(lambda: stale_acks(frozen_out.lines) == 2, timeout=30,
                message=f"two stale acks:\n{frozen_out.text}")
     for job in jobs:
         job.refresh()
-        assert (job.status, job.attempts, job.worker, job.error) == ("active", 2, "fresh", None)
+        assert (job.status, job.attempts, job.worker, job.error) == ("active", 2, "fresh-0",
+                                                                    None)
         assert events_of(redis_client, keys, job.id).count("claimed") == 2
         assert not {"completed", "failed", "retried"} & set(events_of(redis_client, keys,
                                                                        job.id))
     for tag in ("j1", "j2"):
-        redis_client.set(f"release:{tag}:{fresh.pid}", 1)
+        redis_client.set(f"release:{tag}:{fresh}", 1)
     for job in jobs:
         wait_until(lambda job=job: job.refresh().status == "completed", message="newer run")
-        assert (job.result, job.attempts, job.error) == (fresh.pid, 2, None)
+        assert (job.result, job.attempts, job.error) == (fresh, 2, None)
         history = events_of(redis_client, keys, job.id)
         assert history.count("completed") == 1
         assert not {"failed", "retried"} & set(history)
     fault_report("worker SIGSTOPped past its lease, then SIGCONT", 2, 0, 2)
-    for proc in (frozen, fresh):
+    for proc in (frozen_host, fresh_host):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
 

@@ -11,8 +11,8 @@ import pytest
 from django_delayq import JobSpec, Queue
 from django_delayq.connection import get_broker
 from django_delayq.engine import Broker, ClaimedJob, QueueKeys
+from django_delayq.runtime.worker import fetcher as fetcher_module
 from django_delayq.worker import Worker
-from django_delayq.worker import fetcher as fetcher_module
 from tests.conftest import ran, wait_until, worker_thread
 from tests.test_flow_control import claim_times
 from tests.testapp import tasks

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 from django.core.management import call_command
 
 from django_delayq.engine.workers import ALIVE_MS, count_alive, live_workers, record_alive
-from tests.conftest import ROOT, wait_until, worker_env, worker_thread
+from tests.conftest import ROOT, wait_until, worker_env, worker_pids, worker_thread
 
 
 def health(*args: str) -> tuple[int, str]:
@@ -86,16 +87,17 @@ def test_every_reader_takes_a_worker_silent_past_alive_ms_for_dead(broker, redis
 
 def test_a_frozen_worker_is_exit_1(spawned):
     proc, out = spawned("default", "-c", "1", "--lease", "1", "--name", "frozen")
-    wait_until(lambda: health("--worker", "frozen")[0] == 0, timeout=60,
-               message="the worker to register")
-    proc.send_signal(signal.SIGSTOP)  # alive, but its heartbeat stops
+    wait_until(lambda: (r := health("--worker", "frozen"))[0] == 0 and "frozen-0" in r[1],
+               timeout=60, message="the worker process to register")
+    (worker,) = worker_pids(out)
+    os.kill(worker, signal.SIGSTOP)  # alive, but its heartbeat stops
     try:
         _, text = wait_until(lambda: (r := health("--worker", "frozen"))[0] == 1 and r,
                              timeout=30, message="the heartbeat to go stale")
         assert "no heartbeat for" in text
         assert health("--worker", "frozen", "--stale-after", "3600")[0] == 0
     finally:
-        proc.send_signal(signal.SIGCONT)
+        os.kill(worker, signal.SIGCONT)
     wait_until(lambda: health("--worker", "frozen")[0] == 0, timeout=30,
                message="the resumed worker to heartbeat again")
     proc.send_signal(signal.SIGTERM)
@@ -105,7 +107,7 @@ def test_a_frozen_worker_is_exit_1(spawned):
 def test_a_pool_is_checked_through_its_supervisor(redis_client, spawned):
     proc, out = spawned("default", "--processes", "2", "-c", "1", "--name", "pool-h")
     wait_until(lambda: (r := health("--worker", "pool-h"))[0] == 0 and r[1].count(" ok") == 3,
-               timeout=60, message="the supervisor and its two children")
+               timeout=60, message="the host and its two worker processes")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, out.text
     assert health("--worker", "pool-h")[0] == 3, "a clean stop removes the records"

@@ -47,8 +47,8 @@ def test_the_commands_of_every_install_import_without_the_spark_extra():
             "for name in ('pyarrow', 'pyspark', 'matplotlib'): sys.modules[name] = None\n"
             "import django; django.setup()\n"
             "from django_delayq.management.commands import delayq_mirror, runworker\n"
-            "from django_delayq.lake.runner import start_export_thread\n"
-            "assert start_export_thread() is None\n")
+            "from django_delayq.services import host_services\n"
+            "assert host_services('h', mirror=False) == []\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True,
                           text=True, timeout=120, env={**os.environ,
                                                        "DJANGO_SETTINGS_MODULE": "tests.settings"})

@@ -16,7 +16,7 @@ import redis
 from django_delayq.connection import get_broker
 from django_delayq.engine import EnqueueRequest
 from django_delayq.mirror import GROUP
-from django_delayq.worker.fetcher import MAX_PREFETCH
+from django_delayq.runtime.worker.fetcher import MAX_PREFETCH
 from tests import services
 from tests.conftest import ROOT, OutputReader, kill_with_children, wait_until, worker_env
 from tests.test_faults import held_by

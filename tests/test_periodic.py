@@ -9,7 +9,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from django_delayq import Job, Queue, task
-from django_delayq.periodic import Schedule, occurrence_id, plan, schedule_due
+from django_delayq.runtime.periodic import schedule_due
+from django_delayq.runtime.schedule import Schedule, occurrence_id, plan
 from tests.conftest import ran, wait_until
 from tests.test_flow_control import start_workers, stop_workers
 

@@ -1,4 +1,5 @@
-"""``runworker --processes N``: the supervisor, its children, restarts, signals, recycling."""
+"""``runworker --processes N``: the host, its worker processes, restarts, signals,
+recycling."""
 
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ from django.urls import reverse
 from django_delayq import Queue
 from django_delayq.connection import get_broker
 from django_delayq.engine import EnqueueRequest, QueueKeys
-from django_delayq.worker.children import (
+from django_delayq.runtime.children import (
     FIRST_RESTART_DELAY,
     MAX_RESTART_DELAY,
     QUICK_DEATH,
     project_paths,
     restart_delay,
 )
-from django_delayq.worker.recycle import MEMORY_CHECK_INTERVAL
+from django_delayq.runtime.worker.recycle import MEMORY_CHECK_INTERVAL
 from tests.conftest import (
     OutputReader,
     first_line,
@@ -88,7 +89,7 @@ def test_cpu_bound_jobs_run_in_two_processes_at_once(redis_client, spawned):
                    message="CPU-bound job to complete")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, out.text
-    assert "supervisor stopped" in out.text
+    assert "host stopped" in out.text
     assert registry(redis_client) == [], "every record is removed at a clean stop"
 
 
@@ -100,7 +101,8 @@ def test_pool_is_listed_by_the_api(redis_client, spawned, admin_client):
     by_role = {w["role"]: w for w in listed if w["role"] == "supervisor"}
     assert by_role["supervisor"]["name"] == "pool-a"
     assert by_role["supervisor"]["pid"] == proc.pid
-    assert sorted(w["supervisor"] for w in listed if w["role"] == "worker") == ["pool-a"] * 2
+    workers = sorted((w["name"], w["supervisor"]) for w in listed if w["role"] == "worker")
+    assert workers == [("pool-a-0", "pool-a"), ("pool-a-1", "pool-a")]
     page = admin_client.get(reverse("admin:django_delayq_queues")).content.decode()
     assert page.count("child of pool-a") == 2
     proc.send_signal(signal.SIGTERM)
@@ -119,7 +121,7 @@ def test_sigterm_to_the_supervisor_finishes_running_jobs_and_hands_back_the_rest
     running = [j for j in jobs if j.refresh().args[0] in tags]
     waiting = [j for j in jobs if j.args[0] not in tags]
     proc.send_signal(signal.SIGTERM)
-    out.wait_for("supervisor stopping")
+    out.wait_for("host stopping")
     wait_until(lambda: out.text.count("worker stopping") == 2, message="both children stopping")
     assert proc.poll() is None, "the pool exited while its jobs were still running"
     redis_client.set("gate:t", 1)
@@ -140,7 +142,7 @@ def test_second_signal_to_the_supervisor_stops_at_once_with_code_1(redis_client,
                message=f"a job running in each child:\n{out.text}")
     children = [int(r["pid"]) for r in children_of(redis_client, proc.pid)]
     proc.send_signal(signal.SIGINT)
-    out.wait_for("supervisor stopping")
+    out.wait_for("host stopping")
     wait_until(lambda: out.text.count("worker stopping") == 2, message="both children stopping")
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 1, out.text
@@ -156,7 +158,7 @@ def test_burst_pool_runs_what_is_due_and_exits_zero(redis_client, spawned):
     assert proc.wait(timeout=120) == 0, out.text
     assert sorted(r["tag"] for r in starts(redis_client, "record")) == sorted(
         f"b{i}" for i in range(30))
-    assert "burst done supervisor=" in out.text
+    assert "burst done host=" in out.text
     assert "restarting" not in out.text, "a child done with its burst is not restarted"
 
 
@@ -256,7 +258,7 @@ def run_to_completion(spawned: Any, jobs: list[Any], *args: str) -> str:
     assert all(job.attempts == 1 for job in jobs), "a recycle runs no job twice"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, out.text
-    assert "recycled" in out.text
+    assert "exited to be replaced" in out.text
     return out.text
 
 
@@ -291,21 +293,27 @@ def test_a_recycle_lets_a_job_longer_than_the_grace_period_finish_and_runs_it_on
     wait_until(lambda: starts(redis_client, "sleeps") and starts(redis_client, "gated-start"),
                timeout=60, message=f"both jobs to start:\n{out.text}")
     redis_client.set("gate:q", 1)  # its end reaches the limit while the long job runs on
-    assert proc.wait(timeout=60) == 75, out.text
+    out.wait_for("worker-0 exited to be replaced", timeout=60)
     assert "recycling worker process" in out.text
     assert "handing back" not in out.text
     for job in (long, quick):
         job.refresh()
         assert (job.status, job.attempts) == ("completed", 1)
     assert len(starts(redis_client, "sleeps")) == 1
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
 
 
-def test_max_jobs_without_a_pool_exits_with_the_recycle_code(redis_client, spawned):
+def test_max_jobs_without_a_pool_replaces_the_one_worker_process(redis_client, spawned):
     for i in range(5):
         tasks.record.enqueue(f"x{i}")
     proc, out = spawned("default", "-c", "1", "--prefetch", "0", "--max-jobs-per-child", "2")
-    assert proc.wait(timeout=60) == 75, out.text
-    assert len(starts(redis_client, "record")) == 2, "one thread, no prefetch: exactly 2"
+    wait_until(lambda: len(starts(redis_client, "record")) == 5, timeout=60,
+               message=f"every job, by fresh processes:\n{out.text}")
+    per_pid = Counter(r["pid"] for r in starts(redis_client, "record"))
+    assert sorted(per_pid.values()) == [1, 2, 2], "one thread, no prefetch: 2 at most"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
     assert Queue("default").counts()["active"] == 0, "nothing is left leased"
 
 
@@ -321,11 +329,11 @@ def test_the_pools_mirror_process_mirrors_the_workers_last_events(redis_client, 
     wait_until(lambda: sqlite_rows(db).get(last.id) == "active", timeout=60,
                message=f"rows of the running pool:\n{out.text}")
     assert all(sqlite_rows(db)[j.id] == "completed" for j in jobs)
-    lines = stop_during_a_job(proc, out, redis_client, stopping="supervisor stopping",
+    lines = stop_during_a_job(proc, out, redis_client, stopping="host stopping",
                               gate="gate:last")
     assert sqlite_rows(db)[last.id] == "completed"
-    stopped = [first_line(lines, f"{label} stopped pid=")
-               for label in ("worker-0", "worker-1", "mirror-0")]
+    stopped = [first_line(lines, text) for text in
+               ("worker-0 stopped pid=", "worker-1 stopped pid=", "mirror stopped consumer=")]
     assert stopped[2] > max(stopped[:2]), out.text
 
 
@@ -370,30 +378,30 @@ def project_beside_the_prefix() -> Any:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def test_a_mirror_child_finds_a_project_started_from_another_directory(
+def test_a_worker_process_finds_a_project_started_from_another_directory(
         redis_client, project_beside_the_prefix, tmp_path):
-    """``python /path/manage.py runworker`` run from elsewhere: the mirror child gets the
-    project's directory on its path, so it imports the settings and mirrors."""
+    """``python /path/manage.py runworker`` run from elsewhere, with a manage.py that has
+    no ``__main__`` guard: the worker process gets the project's directory on its path,
+    imports the settings and runs the job (and the script does not run again in it)."""
     project = project_beside_the_prefix
     with open(os.path.join(project, "beside_settings.py"), "w") as fh:
         fh.write("from tests.settings import *  # noqa: F403\n")
     with open(os.path.join(project, "manage.py"), "w") as fh:
         fh.write("import sys\n\nfrom django.core.management import execute_from_command_line"
                  "\n\nexecute_from_command_line(sys.argv)\n")
-    db = migrated_sqlite(tmp_path)
     job = tasks.record.enqueue("beside")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     proc = subprocess.Popen(
         [sys.executable, os.path.join(project, "manage.py"), "runworker", "default"],
-        cwd=elsewhere, env=worker_env(DELAYQ_TEST_SQLITE=db,
-                                      DJANGO_SETTINGS_MODULE="beside_settings"),
+        cwd=elsewhere, env=worker_env(DJANGO_SETTINGS_MODULE="beside_settings"),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = OutputReader(proc)
     try:
-        wait_until(lambda: sqlite_rows(db).get(job.id) == "completed" or "mirror-0 died"
-                   in out.text, timeout=60, message=f"the mirror's row:\n{out.text}")
-        assert "mirror-0 died" not in out.text, out.text
+        wait_until(lambda: job.refresh().status == "completed" or "worker-0 died"
+                   in out.text, timeout=60, message=f"the job:\n{out.text}")
+        assert "worker-0 died" not in out.text, out.text
+        assert out.text.count("host started") == 1, out.text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, out.text
     finally:

@@ -11,7 +11,14 @@ import pytest
 from django_delayq import Job, Queue
 from django_delayq.engine.fields import stored
 from django_delayq.testing import RedisServer
-from tests.conftest import ROOT, ran, wait_until, worker_env
+from tests.conftest import (
+    ROOT,
+    kill_with_children,
+    ran,
+    wait_until,
+    worker_env,
+    worker_pids,
+)
 from tests.testapp import tasks
 
 
@@ -34,20 +41,22 @@ def test_burst_runs_what_is_due_and_exits_zero(redis_client):
 
 
 def test_sigkill_mid_job_is_finished_by_another_worker_after_the_lease(redis_client, spawned):
+    """The machine dies: runworker and its worker process are killed mid-job."""
     job = tasks.gated.enqueue("k", gate="gate:k")
-    victim, _ = spawned("default", "--lease", "1", "-c", "1")
+    victim, victim_out = spawned("default", "--lease", "1", "-c", "1")
+    (victim_pid,) = worker_pids(victim_out)
     wait_until(lambda: started(redis_client, "k"), message="job start in first worker")
-    victim.kill()
-    victim.wait()
+    kill_with_children(victim)
     # leased: active, or claimed if the note of its start had not landed yet
     assert job.refresh().status in ("claimed", "active")
     redis_client.set("gate:k", 1)
-    survivor, out = spawned("default", "--lease", "1", "-c", "1")
+    _, out = spawned("default", "--lease", "1", "-c", "1")
+    (survivor_pid,) = worker_pids(out)
     wait_until(lambda: job.refresh().status == "completed", timeout=30,
                message=f"reclaimed job to complete:\n{out.text}")
     assert job.attempts == 2
     pids = [r["pid"] for r in ran(redis_client) if r["task"] == "gated-start"]
-    assert pids == [victim.pid, survivor.pid]
+    assert pids == [victim_pid, survivor_pid]
     assert "reclaimed expired leases" in out.wait_for("reclaimed expired leases")
 
 
@@ -161,28 +170,27 @@ def test_base_exceptions_in_a_real_process_fail_their_jobs_only(redis_client):
         assert job.refresh().status == "failed", job.error
 
 
-def test_os_exit_in_a_task_kills_the_process_and_the_job_runs_again_after_the_lease(
+def test_os_exit_in_a_task_kills_its_process_which_is_replaced_and_runs_the_job_again(
         redis_client, spawned):
     job = tasks.exits_process.enqueue("x")
-    victim, _ = spawned("default", "--lease", "1", "-c", "1")
-    assert victim.wait(timeout=60) == 7
-    assert job.refresh().status in ("claimed", "active"), "leased until the lease lapses"
-    survivor, out = spawned("default", "--lease", "1", "-c", "1")
+    proc, out = spawned("default", "--lease", "1", "-c", "1")
+    out.wait_for("worker-0 died pid=")
     wait_until(lambda: job.refresh().status == "completed", timeout=30,
                message=f"the job to run again:\n{out.text}")
     assert job.attempts == 2
     pids = [r["pid"] for r in ran(redis_client) if r["task"] == "exits_process"]
-    assert pids == [victim.pid, survivor.pid]
+    assert pids == worker_pids(out, 2)
+    assert "code=7" in out.text
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
 
 
-def test_a_job_swallowing_its_timeout_is_failed_and_the_process_asks_for_a_restart(
-        redis_client, spawned):
-    from django_delayq.worker import EXIT_RESTART
-
+def test_a_job_swallowing_its_timeout_is_failed_and_its_process_replaced(redis_client,
+                                                                         spawned):
     job = tasks.swallows_timeout.enqueue("hard")
     others = [tasks.record.enqueue(f"o{i}") for i in range(3)]
     proc, out = spawned("default", "-c", "2")
-    assert proc.wait(timeout=60) == EXIT_RESTART, out.text
+    out.wait_for("worker-0 exited to be replaced", timeout=60)
     job.refresh()
     assert (job.status, job.attempts) == ("failed", 1)
     assert job.error.startswith("django_delayq.engine.errors.JobTimeout: the job ran past "
@@ -193,16 +201,19 @@ def test_a_job_swallowing_its_timeout_is_failed_and_the_process_asks_for_a_resta
     for other in others:
         assert other.refresh().status == "completed", "the other thread went on meanwhile"
     assert "stopping this worker to be restarted" in out.text
+    after = tasks.record.enqueue("after")
+    wait_until(lambda: after.refresh().status == "completed", timeout=60,
+               message=f"the next job, in the fresh process:\n{out.text}")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
 
 
 def test_a_job_blocked_in_c_code_is_failed_at_the_hard_limit(redis_client, spawned):
     """``time.sleep(3600)`` is one C call: the soft JobTimeout waits for it to return, so
-    only the hard limit ends the job (and the process, to be replaced)."""
-    from django_delayq.worker import EXIT_RESTART
-
+    only the hard limit ends the job (and the process, replaced by its host)."""
     job = tasks.blocks_in_c.enqueue("c")
     proc, out = spawned("default", "-c", "1")
-    assert proc.wait(timeout=60) == EXIT_RESTART, out.text
+    out.wait_for("worker-0 exited to be replaced", timeout=60)
     job.refresh()
     assert (job.status, job.attempts) == ("failed", 1)
     assert job.error.startswith("django_delayq.engine.errors.JobTimeout: the job ran past "
@@ -212,6 +223,8 @@ def test_a_job_blocked_in_c_code_is_failed_at_the_hard_limit(redis_client, spawn
     assert notes == ["blocks_in_c"], "the sleep never returned in the task"
     assert "JobTimeout raised in it" in out.text, "the soft limit came first, in vain"
     assert Queue("default").counts()["active"] == 0
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
 
 
 def test_runworker_timeout_limits_jobs_whose_task_sets_none(redis_client):

@@ -136,9 +136,8 @@ def test_worker_clock_running_ahead_does_not_start_jobs_early(redis_client, monk
 
 
 def test_heartbeat_reports_lost_leases_but_not_jobs_whose_ack_just_landed(redis_client, caplog):
-    from django_delayq.worker import Worker
-    from django_delayq.worker.acks import send_outcomes
-    from django_delayq.worker.execution import Outcome
+    from django_delayq.runtime.worker.acks import send_outcomes
+    from django_delayq.worker import Outcome, Worker
 
     keys = QueueKeys("dq", "default")
     acked = tasks.record.enqueue("acked")
@@ -173,9 +172,11 @@ def test_heartbeat_reports_lost_leases_but_not_jobs_whose_ack_just_landed(redis_
 def test_django_connections_are_checked_before_a_job_unless_its_thread_just_did() -> None:
     from django.db import connection
 
+    from django_delayq.connection import get_broker
     from django_delayq.engine import ClaimedJob
+    from django_delayq.runtime.worker.execution import execute
     from django_delayq.task import registry
-    from django_delayq.worker.execution import execute
+    from django_delayq.worker.connections import DatabaseConnections
 
     connection.ensure_connection()
     job = ClaimedJob(keys=QueueKeys("dq", "default"), id="j", attempt=1, max_attempts=1,
@@ -185,7 +186,8 @@ def test_django_connections_are_checked_before_a_job_unless_its_thread_just_did(
     # close_old_connections() marks an open connection as due for a health check.
     for check_first, seen_in_job in ((True, False), (False, True)):
         connection.health_check_done = True
-        outcome = execute(job, registry, json.JSONEncoder, "w", check_connections=check_first)
+        outcome = execute(job, registry, json.JSONEncoder, "w", get_broker(),
+                          [DatabaseConnections()], idle=check_first)
         assert json.loads(outcome.result_json) is seen_in_job
         assert connection.health_check_done is False  # checked after the job either way
 
@@ -214,8 +216,8 @@ def test_every_base_exception_fails_its_job_and_the_thread_goes_on(redis_client)
 
 def test_a_worker_with_no_thread_left_hands_back_its_jobs_and_asks_for_a_restart(
         redis_client, monkeypatch):
+    from django_delayq.runtime.worker.executor import Executor
     from django_delayq.worker import EXIT_RESTART
-    from django_delayq.worker.executor import Executor
 
     jobs = [tasks.record.enqueue(f"n{i}") for i in range(6)]
 
@@ -359,8 +361,7 @@ def test_a_lease_is_renewed_only_while_a_live_thread_runs_it_within_limit_plus_g
 def test_finished_jobs_take_room_until_their_acks_land(redis_client):
     """The jobs a worker holds unacked never exceed concurrency + prefetch: what one
     SIGKILL of it can make run twice."""
-    from django_delayq.worker import Worker
-    from django_delayq.worker.execution import Outcome
+    from django_delayq.worker import Outcome, Worker
 
     for i in range(5):
         tasks.record.enqueue(f"f{i}")
@@ -421,7 +422,7 @@ def raising_start_note(job, start_ms) -> None:
 
 def claimed_in_a_ledger(broker, queue: str):
     """A ledger holding the one job claimed from ``queue``, and that job."""
-    from django_delayq.worker.ledger import Ledger
+    from django_delayq.runtime.worker.ledger import Ledger
 
     [claim] = broker.claim(queue, 1, "w")
     ledger = Ledger()
@@ -432,7 +433,7 @@ def claimed_in_a_ledger(broker, queue: str):
 def assert_failed_outside_its_task(broker, job, ledger, outcomes) -> None:
     """One failed outcome naming the error, no lease left running, the job failed once
     the outcome is acked."""
-    from django_delayq.worker.acks import send_outcomes
+    from django_delayq.runtime.worker.acks import send_outcomes
 
     [outcome] = outcomes
     assert not outcome.ok
@@ -447,14 +448,14 @@ def test_a_job_whose_run_fails_outside_its_task_is_failed_not_held(broker):
     """What raises in an executor thread around a job (not in its task) fails the job
     (retried while attempts remain): held without an outcome, its lease would be renewed
     for ever and its slot lost."""
+    from django_delayq.runtime.worker.executor import Executor
     from django_delayq.task import registry
-    from django_delayq.worker.executor import Executor
 
     job = tasks.record.using(max_attempts=1).enqueue("outside")
     ledger, claimed = claimed_in_a_ledger(broker, "default")
     outcomes = []
     executor = Executor(concurrency=1, tasks=registry, encoder=json.JSONEncoder, name="w",
-                        ledger=ledger, report=outcomes.append,
+                        broker=broker, middleware=[], ledger=ledger, report=outcomes.append,
                         note_started=raising_start_note, on_thread_lost=lambda: None)
     executor.start()
     try:

@@ -17,7 +17,7 @@ from ..engine.status import JOB_STATUSES
 from ..engine.validation import MAX_ATTEMPTS, MAX_PRIORITY, MIN_PRIORITY
 from ..models import Job as MirroredJob
 from ..models import JobStatus
-from ..task import Task, registry
+from ..task import Task, registered, registry
 
 # -- answers -------------------------------------------------------------------------
 
@@ -325,7 +325,7 @@ class EnqueueSerializer(serializers.Serializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         _check_when(attrs, required=False)
-        task: Task[Any, Any] = registry.get(attrs["task"])
+        task: Task[Any, Any] = registered(attrs["task"])
         try:
             task.check_arguments(attrs["args"], attrs["kwargs"])
         except TypeError as exc:

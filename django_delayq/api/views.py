@@ -25,7 +25,7 @@ from ..engine import Job, JobNotFound, Queue
 from ..engine.status import PENDING
 from ..engine.workers import live_workers
 from ..models import Job as MirroredJob
-from ..task import registry
+from ..task import registered, registry
 from ..workflows.view import workflow
 from . import serializers as s
 from .base import Conflict, DelayQAPIView, document
@@ -163,7 +163,7 @@ class JobListView(DelayQAPIView, GenericAPIView):
     def post(self, request: Request) -> Response:
         """Enqueue a job of a registered task; arguments are checked against its signature."""
         data = self.parsed(s.EnqueueSerializer, request.data)
-        task = registry.get(data["task"])
+        task = registered(data["task"])
         options = {k: data[k] for k in ("queue", "priority", "job_id", "max_attempts",
                                          "run_at", "delay") if data.get(k) is not None}
         try:

@@ -52,6 +52,12 @@ def record_alive(broker: Broker, name: str, ttl: int, info: dict[str, Any]) -> N
     pipe.execute()
 
 
+def register_queues(broker: Broker, queues: list[str]) -> None:
+    """Add ``queues`` to the set of known queues (the dashboard, the API and the metrics
+    list them)."""
+    broker.client.sadd(broker.global_keys.queues, *queues)
+
+
 def forget(broker: Broker, name: str) -> None:
     """Remove ``name`` from the workers alive (best effort: it expires anyway)."""
     keys = broker.global_keys

@@ -13,10 +13,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .export import GROUP, Exporter, ExportThread
+    from .export import GROUP, Exporter
     from .schema import ARROW_SCHEMA
 
-__all__ = ["ARROW_SCHEMA", "GROUP", "ExportThread", "Exporter"]
+__all__ = ["ARROW_SCHEMA", "GROUP", "Exporter"]
 
 #: Where each name lives. They load on first use: they need PyArrow (the ``spark``
 #: extra), and ``runworker`` imports :mod:`.runner` from this package without it.

@@ -31,6 +31,7 @@ import pyarrow as pa
 from redis.exceptions import RedisError, ResponseError
 
 from ..engine import Broker, streams
+from ..engine.backoff import Backoff
 from ..engine.errors import DelayQConnectionError
 from ..engine.fields import stored
 from ..engine.jobhash import JobHash, read_job_hash, to_ms
@@ -104,8 +105,6 @@ class Exporter:
     def run(self, *, burst: bool = False, timeout: float | None = None) -> int:
         """Export until stopped (``burst``: until the streams are drained); return the
         number of entries acknowledged by this run."""
-        from ..worker.backoff import Backoff
-
         logger.info("lake export started lake=%s consumer=%s burst=%s", redact(self.where),
                     self.name, burst)
         before = self.entries
@@ -452,24 +451,3 @@ def _by_day(table: pa.Table) -> list[tuple[str, pa.Table]]:
     days = [day_of(v) for v in ms.to_pylist()]
     return [(day, table.filter(pa.array([d == day for d in days])))
             for day in sorted(set(days))]
-
-
-class ExportThread:
-    """An :class:`Exporter` on a daemon thread (what ``runworker`` starts when
-    ``DELAYQ["LAKE_PATH"]`` is set)."""
-
-    def __init__(self, where: str, **kwargs: Any) -> None:
-        self.exporter = Exporter(where, **kwargs)
-        self._thread = threading.Thread(target=self.exporter.run, name="delayq-lake",
-                                        daemon=True)
-
-    def start(self) -> ExportThread:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 10.0, *, drain: bool = False) -> None:
-        """Stop the thread; with ``drain``, then export what is left (at most ``timeout``)."""
-        self.exporter.request_stop()
-        self._thread.join(timeout)
-        if drain and not self._thread.is_alive():
-            self.exporter.drain(timeout)

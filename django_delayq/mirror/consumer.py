@@ -41,11 +41,11 @@ from redis.exceptions import RedisError
 from ..conf import conf
 from ..connection import get_broker
 from ..engine import Broker, streams
+from ..engine.backoff import Backoff
 from ..engine.errors import DelayQConnectionError
 from ..engine.keys import QueueKeys
 from ..engine.status import FINISHED_IN_HISTORY
 from ..models import Job
-from ..worker.backoff import Backoff
 from . import table
 from .events import Event, apply_event, parse_entry, row_from_hash, stream_id
 from .table import NO_POSITION

@@ -4,14 +4,12 @@ it commits (see docs/outbox.md).
 - :mod:`.write`: :func:`write` (behind ``Task.enqueue_in_transaction``), the
   :class:`OutboxJob` it returns, and the commit hook that sends a transaction's rows;
 - :mod:`.send`: sending rows in bulk and settling them (delete, park, count a failure);
-- :mod:`.relay`: :class:`Relay`, which sends the rows the commit hook could not, and
-  :class:`RelayThread` (the relay on a thread of ``delayq_mirror``, which is
-  ``runworker``'s mirror process, or of ``runworker`` without one).
+- :mod:`.relay`: :class:`Relay`, which sends the rows the commit hook could not (a
+  service of every ``runworker``'s host, and ``manage.py delayq_relay``).
 """
 
 from ..engine.status import OUTBOX
-from .relay import Relay, RelayThread, start_relay_threads, stop_relay_threads
+from .relay import Relay
 from .write import OutboxJob, flush, write
 
-__all__ = ["OUTBOX", "OutboxJob", "Relay", "RelayThread", "flush", "start_relay_threads",
-           "stop_relay_threads", "write"]
+__all__ = ["OUTBOX", "OutboxJob", "Relay", "flush", "write"]

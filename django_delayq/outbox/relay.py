@@ -16,9 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
 from collections.abc import Collection
-from typing import Any
 
 from django.db import (
     DEFAULT_DB_ALIAS,
@@ -30,6 +28,7 @@ from django.db import (
 from ..conf import conf
 from ..connection import get_broker
 from ..engine import Broker
+from ..engine.backoff import Backoff
 from ..models import OutboxEntry
 from .send import Outcome, relax_commit, send_rows, settle, take
 
@@ -92,9 +91,6 @@ class Relay:
 
         Returns the number of rows sent.
         """
-        # Not imported with the module: the admin loads this module before the tasks.
-        from ..worker.backoff import Backoff
-
         logger.info("outbox relay started database=%s burst=%s", self.using, burst)
         backoff = Backoff(self._stop, first=0.1, cap=5.0)
         failures = 0
@@ -157,49 +153,8 @@ class Relay:
         return done
 
 
-class RelayThread:
-    """A :class:`Relay` on a daemon thread (what ``delayq_mirror`` starts, and so the
-    mirror process of ``runworker``; ``runworker`` itself without one)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        self.relay = Relay(**kwargs)
-        self._thread = threading.Thread(target=self._run, name="delayq-relay", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            if not _table_exists(self.relay.using):
-                logger.warning("the outbox relay is off: table %s is missing (run manage.py "
-                               "migrate)", OutboxEntry._meta.db_table)
-                return
-            self.relay.run()
-        finally:
-            connections.close_all()  # this thread's own connections
-
-    def start(self) -> RelayThread:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.relay.request_stop()
-        self._thread.join(timeout)
-
-
-def start_relay_threads(**kwargs: Any) -> list[RelayThread]:
-    """Start a relay thread per alias of ``DELAYQ["OUTBOX"]["DATABASES"]``, unless
-    ``DELAYQ["OUTBOX"]["RELAY"]`` is False (then none)."""
-    options = conf.OUTBOX
-    if not options["RELAY"]:
-        return []
-    return [RelayThread(using=alias, **kwargs).start() for alias in options["DATABASES"]]
-
-
-def stop_relay_threads(threads: list[RelayThread], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    for thread in threads:
-        thread.stop(max(0.0, deadline - time.monotonic()))
-
-
-def _table_exists(using: str) -> bool:
+def relay_table_exists(using: str) -> bool:
+    """Whether the outbox table exists in database ``using`` (unknown: taken for yes)."""
     try:
         return OutboxEntry._meta.db_table in connections[using].introspection.table_names()
     except DatabaseError:

@@ -1,26 +1,63 @@
-"""The worker that ``manage.py runworker`` runs.
+"""The worker as a Django project runs it: the runtime's worker
+(:mod:`django_delayq.runtime.worker`) with the project's settings, its registered tasks
+and Django's database connections checked around each job.
 
-- :mod:`.runner`: :class:`Worker`, which puts the parts below together, and its stop
-  sequence;
-- :mod:`.ledger`: the leases the worker holds, the one state its threads share;
-- :mod:`.fetcher`: claiming jobs for free threads and the buffer;
-- :mod:`.executor`: the threads running jobs;
-- :mod:`.execution`: running one job and turning what happened into an :class:`Outcome`;
-- :mod:`.acks`: the acker, sending outcomes in batches;
-- :mod:`.heartbeat`: lease renewal, reclaim and liveness;
-- :mod:`.timelimits`: the watchdog raising and enforcing jobs' time limits;
-- :mod:`.exit_codes`: what the exit codes mean;
-- :mod:`.children`: child processes kept running (the pool's, and the mirror's);
-- :mod:`.supervisor`: the process pool of ``runworker --processes N``;
-- :mod:`.mirror_process`: a single ``runworker``'s mirror, in a child process;
-- :mod:`.recycle`: a worker process's job and memory limits;
-- :mod:`.async_executor`: ``async def`` tasks on the process's event loop thread;
-- :mod:`.health`: is a worker alive (``delayq_health``);
-- the workers-alive registry in Redis is :mod:`django_delayq.engine.workers`.
+:class:`Worker` takes the options of ``runworker`` (each defaults to its
+``DELAYQ`` setting); :func:`worker_options` builds the runtime's :class:`WorkerOptions`
+the same way for the processes a host starts.
 """
 
-from .execution import CorruptPayload, Outcome
-from .exit_codes import EXIT_FORCED, EXIT_OK, EXIT_RESTART
-from .runner import Worker
+from __future__ import annotations
 
-__all__ = ["EXIT_FORCED", "EXIT_OK", "EXIT_RESTART", "CorruptPayload", "Outcome", "Worker"]
+from collections.abc import Sequence
+from typing import Any
+
+from ..conf import conf
+from ..connection import get_broker
+from ..engine import Broker
+from ..runtime.registry import TaskRegistry, registry
+from ..runtime.worker import runner
+from ..runtime.worker.exit_codes import EXIT_FORCED, EXIT_OK, EXIT_RESTART
+from ..runtime.worker.outcome import CorruptPayload, Outcome
+from ..runtime.worker.runner import WorkerOptions
+from ..runtime.worker.timelimits import HARD_LIMIT_GRACE
+from .connections import DatabaseConnections
+
+__all__ = ["EXIT_FORCED", "EXIT_OK", "EXIT_RESTART", "CorruptPayload", "Outcome", "Worker",
+           "WorkerOptions", "worker_options"]
+
+
+def worker_options(*, concurrency: int | None = None, burst: bool = False,
+                   lease: float | None = None, grace_period: float | None = None,
+                   block_timeout: float | None = None, prefetch: int | None = None,
+                   timeout: float | None = None, timeout_grace: float = HARD_LIMIT_GRACE,
+                   async_concurrency: int | None = None) -> WorkerOptions:
+    """The options given, each one left out (None) read from its ``DELAYQ`` setting."""
+    return WorkerOptions(
+        concurrency=concurrency or conf.CONCURRENCY,
+        async_concurrency=async_concurrency or conf.ASYNC_CONCURRENCY,
+        lease=lease or conf.LEASE,
+        grace_period=conf.GRACE_PERIOD if grace_period is None else grace_period,
+        block_timeout=block_timeout or conf.BLOCK_TIMEOUT,
+        prefetch=prefetch, timeout=conf.TIMEOUT if timeout is None else timeout,
+        timeout_grace=timeout_grace, burst=burst)
+
+
+class Worker(runner.Worker):
+    """Runs jobs of ``queues`` (default: every queue with registered tasks) with the
+    project's settings; the keyword options are ``runworker``'s."""
+
+    def __init__(self, queues: Sequence[str] | None = None, *,
+                 broker: Broker | None = None, blocking_broker: Broker | None = None,
+                 tasks: TaskRegistry | None = None, name: str | None = None,
+                 **options: Any) -> None:
+        tasks = tasks or registry
+        settings = worker_options(**options)
+        if broker is None:
+            broker = get_broker()
+            blocking_broker = blocking_broker or get_broker(
+                socket_timeout=settings.block_timeout + conf.SOCKET_TIMEOUT)
+        super().__init__(list(queues or tasks.queues() or [conf.DEFAULT_QUEUE]),
+                         options=settings, broker=broker,
+                         blocking_broker=blocking_broker or broker, tasks=tasks, name=name,
+                         middleware=[DatabaseConnections()])

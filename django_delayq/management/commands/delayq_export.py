@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_delayq.conf import conf
 from django_delayq.connection import get_broker
 from django_delayq.engine.keys import validate_queue_name
-from django_delayq.management.commands.runworker import configure_logging
+from django_delayq.worker.process import configure_logging
 
 
 class Command(BaseCommand):
@@ -43,7 +43,7 @@ class Command(BaseCommand):
                             "(default HOST:lake: a restart re-reads its own pending entries)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        configure_logging(self, options["verbosity"])
+        configure_logging(self.stderr._out, options["verbosity"])
         where = options["lake"] or conf.LAKE_PATH
         if not where:
             raise CommandError("give the lake's path or URL, or set DELAYQ['LAKE_PATH']")
@@ -63,7 +63,8 @@ class Command(BaseCommand):
         except ImportError as exc:
             raise CommandError(f"{exc} (pip install 'django-delayq[spark]')") from None
         try:
-            exporter = Exporter(where, broker=get_broker(socket_timeout=1.0 + conf.SOCKET_TIMEOUT),
+            exporter = Exporter(where,
+                                broker=get_broker(socket_timeout=1.0 + conf.SOCKET_TIMEOUT),
                                 name=options["name"], batch_size=options["batch_size"],
                                 claim_idle=options["claim_idle"],
                                 queues=options["queues"] or None)

@@ -13,10 +13,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
+from django_delayq.conf import conf
 from django_delayq.connection import get_broker
 from django_delayq.engine.errors import DelayQConnectionError
 from django_delayq.engine.keys import validate_queue_name
-from django_delayq.worker.health import check_workers
+from django_delayq.runtime.health import check_workers
 
 EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1
@@ -50,8 +51,9 @@ class Command(BaseCommand):
             raise CommandError("--stale-after must be a number of seconds above 0",
                                returncode=EXIT_USAGE)
         try:
-            found = check_workers(get_broker(), worker=options["worker"],
-                                  queue=options["queue"], stale_after=stale_after)
+            found = check_workers(get_broker(), default_lease=conf.LEASE,
+                                  worker=options["worker"], queue=options["queue"],
+                                  stale_after=stale_after)
         except (RedisError, DelayQConnectionError) as exc:
             self.stderr.write(f"Redis is unreachable: {exc}")
             sys.exit(EXIT_REDIS)

@@ -18,9 +18,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from django_delayq.management.commands.runworker import configure_logging
 from django_delayq.outbox import Relay
 from django_delayq.task import registry
+from django_delayq.worker.process import configure_logging
 
 
 class Command(BaseCommand):
@@ -35,7 +35,7 @@ class Command(BaseCommand):
                             help="rows per round trip (default DELAYQ['OUTBOX']['CHUNK_SIZE'])")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        configure_logging(self, options["verbosity"])
+        configure_logging(self.stderr._out, options["verbosity"])
         if options["database"] not in connections:
             raise CommandError(f"unknown database alias {options['database']!r}")
         if options["chunk_size"] is not None and options["chunk_size"] < 1:

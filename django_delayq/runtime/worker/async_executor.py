@@ -26,14 +26,11 @@ never renewed past that point. The loop thread is the thread of its jobs' leases
 dies, their leases lapse, and the worker stops claiming, hands back what it holds and
 exits to be restarted.
 
-Django's async-safety rules apply: the ORM is reached through ``sync_to_async`` (a
-direct call raises ``SynchronousOnlyOperation``). Django's connections of the
-thread-sensitive thread that ``sync_to_async`` uses are checked after each job
-(``close_old_connections``), and before one after an idle second, as a worker thread
-does around its jobs, whenever that thread may hold one: a connection was opened in the
-process since the last check, or that check left one open. A job that touches no
-database costs no trip to that thread. The job's ``on_finished`` hooks (the Tasks
-backend's ``task_finished``) run there too.
+Code around each job runs through the worker's middleware
+(:mod:`.middleware`), on the loop: the Django layer checks its database connections of
+the thread ``sync_to_async`` uses there, whenever that thread may hold one. The job's
+``on_finished`` hooks (the Tasks backend's ``task_finished``) run through
+``sync_to_async``, off the loop.
 """
 
 from __future__ import annotations
@@ -41,34 +38,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import inspect
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections, connections
-from django.db.backends.signals import connection_created
 
-from ..conf import conf
+from ...engine import Broker, ClaimedJob, UnknownTask, encode_result
+from ...engine.errors import JobTimeout
 from ..current import running
-from ..engine import ClaimedJob, UnknownTask, encode_result
-from ..engine.errors import JobTimeout
-from ..task import Task, TaskRegistry
-from .execution import (
-    IDLE_CONNECTION_CHECK,
-    CorruptPayload,
-    Outcome,
-    after_job,
-    decode_arguments,
-    fail_held,
-    failure,
-    finished,
-)
+from ..registry import TaskRegistry, is_async
+from .execution import after_job, fail_held, finished
 from .ledger import Lease, Ledger
+from .middleware import IDLE, Middleware
+from .outcome import CorruptPayload, Outcome, decode_arguments, failure
 from .timelimits import HARD_LIMIT_GRACE, limit_of
 
 logger = logging.getLogger("django_delayq.worker")
@@ -79,34 +65,26 @@ LOOP_TICK = 0.5
 LOOP_STALL = 10.0
 
 
-def _check_connections() -> bool:
-    """``close_old_connections()`` on this thread; whether a connection is still open."""
-    close_old_connections()
-    return any(c.connection is not None for c in connections.all(initialized_only=True))
-
-
-def is_async(task: Task[Any, Any]) -> bool:
-    """Whether ``task`` is an ``async def`` function (run on the event loop)."""
-    return inspect.iscoroutinefunction(task.func)
-
-
 class AsyncExecutor:
     """The event loop thread of a worker process and the async jobs it runs."""
 
     def __init__(self, *, tasks: TaskRegistry, encoder: type[json.JSONEncoder], name: str,
-                 ledger: Ledger, report: Callable[[Outcome], None],
+                 broker: Broker, middleware: Sequence[Middleware], ledger: Ledger,
+                 report: Callable[[Outcome], None],
                  note_started: Callable[[ClaimedJob, int], None],
-                 on_loop_lost: Callable[[], None], concurrency: int | None = None,
+                 on_loop_lost: Callable[[], None], concurrency: int,
                  timeout: float | None = None,
                  timeout_grace: float = HARD_LIMIT_GRACE) -> None:
         self.tasks = tasks
         self.encoder = encoder
         self.name = name
+        self.broker = broker
+        self.middleware = list(middleware)
         self.ledger = ledger
         self._report = report
         self._note_started = note_started
         self._on_loop_lost = on_loop_lost
-        self.concurrency = concurrency or conf.ASYNC_CONCURRENCY
+        self.concurrency = concurrency
         if self.concurrency < 1:
             raise ValueError("async concurrency must be at least 1")
         #: Time limit of jobs that set none (their task neither), seconds.
@@ -121,10 +99,9 @@ class AsyncExecutor:
         self._stopping = False
         #: When the loop last ran its tick (``time.monotonic()``).
         self._ticked = 0.0
-        #: Whether sync_to_async's thread may hold a database connection: one was opened
-        #: in this process since its last check, or that check left one open.
-        self._connections_dirty = True
-        self._connections_checked = float("-inf")
+        #: When the last async job ended (monotonic seconds): a middleware is told
+        #: whether the loop idled before the next one.
+        self._last_done = float("-inf")
         #: Jobs handed over that have no slot yet, by id (the loop's view of its buffer).
         self._waiting: dict[tuple[Any, str], ClaimedJob] = {}
         self._waiting_lock = threading.Lock()
@@ -142,24 +119,7 @@ class AsyncExecutor:
 
     def start(self) -> None:
         """Start the loop thread (the worker does before it claims)."""
-        connection_created.connect(self._connection_opened, dispatch_uid=id(self))
         self._ensure_loop()
-
-    def _connection_opened(self, **kwargs: Any) -> None:
-        self._connections_dirty = True
-
-    async def _check_connections(self, *, idle_only: bool) -> None:
-        """Check Django's connections of sync_to_async's thread if it may hold one (with
-        ``idle_only``, only if it was last checked more than an idle second ago)."""
-        if not self._connections_dirty:
-            return
-        now = time.monotonic()
-        if idle_only and now - self._connections_checked <= IDLE_CONNECTION_CHECK:
-            return
-        self._connections_dirty = False  # an open during the check sets it again
-        self._connections_checked = now
-        if await sync_to_async(_check_connections)():
-            self._connections_dirty = True
 
     def stalled_for(self) -> float:
         """Seconds the loop has run no callback past its tick (0: it runs, or never
@@ -209,7 +169,6 @@ class AsyncExecutor:
         """Stop the loop thread (jobs still running on it are abandoned); ``wait=False``
         does not wait for a loop that a coroutine blocks."""
         self._stopping = True
-        connection_created.disconnect(dispatch_uid=id(self))
         if self._loop is not None and self._thread is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             if wait:
@@ -289,10 +248,15 @@ class AsyncExecutor:
             args, kwargs = decode_arguments(job)
         except CorruptPayload as exc:
             return failure(job, exc, retry=False)
-        await self._check_connections(idle_only=True)
+        idle = time.monotonic() - self._last_done > IDLE
+        try:
+            for each in self.middleware:
+                await each.before_async_job(job, idle=idle)
+        except BaseException as exc:  # the job did not run: retried
+            return failure(job, exc, retry=True)
         outcome: Outcome | None = None
         try:
-            with running(job, self.name, lease.on_finished):
+            with running(job, self.name, self.broker, lease.on_finished):
                 async with asyncio.timeout(limit) as scope:
                     coroutine: Coroutine[Any, Any, Any] = task.func(*args, **kwargs)
                     value = await coroutine
@@ -306,11 +270,15 @@ class AsyncExecutor:
             outcome = failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
         except BaseException as exc:  # KeyboardInterrupt, CancelledError... fail the job
             outcome = failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
-        await self._check_connections(idle_only=False)
-        if outcome is not None:
-            return outcome
-        try:
-            result_json = encode_result(value, self.encoder)
-        except BaseException as exc:  # a value whose encoding raises anything
-            return failure(job, exc, retry=False)
-        return Outcome(job, True, result_json=result_json)
+        if outcome is None:
+            try:
+                outcome = Outcome(job, True, result_json=encode_result(value, self.encoder))
+            except BaseException as exc:  # a value whose encoding raises anything
+                outcome = failure(job, exc, retry=False)
+        self._last_done = time.monotonic()
+        for each in reversed(self.middleware):
+            try:
+                await each.after_async_job(job, outcome)
+            except BaseException:
+                logger.exception("middleware failed after the job job=%s", job.id)
+        return outcome

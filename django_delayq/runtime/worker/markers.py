@@ -13,7 +13,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from .backoff import REDIS_ERRORS
+from ..backoff import REDIS_ERRORS
 
 logger = logging.getLogger("django_delayq.worker")
 

@@ -21,8 +21,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from ..engine import Broker, ClaimedJob, ClaimResult, PartialClaimError, QueueKeys
-from .backoff import FIRST_BACKOFF, MAX_BACKOFF, REDIS_ERRORS, SHARD_BACKOFF, Backoff
+from ...engine import Broker, ClaimedJob, ClaimResult, PartialClaimError, QueueKeys
+from ..backoff import FIRST_BACKOFF, MAX_BACKOFF, REDIS_ERRORS, SHARD_BACKOFF, Backoff
 from .ledger import THREADS, Ledger
 from .markers import MarkerWatch
 
@@ -199,7 +199,6 @@ class Fetcher:
                         continue
                 if not self._found_empty.issuperset(self.shards):
                     continue  # the next rounds ask the shards not asked yet
-                logger.info("burst done worker=%s", self.name)
                 self._on_burst_done()
                 break
             try:

@@ -1,56 +1,25 @@
-"""Periodic tasks: ``@task(cron=...)`` and ``@task(every=...)``, with no beat process.
-
-Every worker runs :func:`schedule_due` now and then for the periodic tasks of the
-queues it serves. It enqueues each occurrence due within ``CRON_LOOKAHEAD`` seconds as
-an ordinary scheduled job whose id is derived from the task and the occurrence time
-(``cron:<task>:<epoch ms>``), so many workers computing the same occurrence enqueue it
-once: enqueue skips an id that exists. A mark per task (``GlobalKeys.schedules``)
-records the latest occurrence enqueued; occurrences between that mark and now were
-missed (no worker ran) and are handled by the ``CRON_MISSED`` policy.
-"""
+"""When periodic tasks run: ``@task(cron=...)`` and ``@task(every=...)`` as a
+:class:`Schedule`, and which occurrences to enqueue now (:func:`plan`)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import logging
 import math
 import zoneinfo
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
-
-from .engine import Broker, EnqueueRequest
-from .engine.keys import JOB_ID_RE
-
-logger = logging.getLogger("django_delayq.periodic")
+from ..engine.keys import JOB_ID_RE
 
 MISSED_POLICIES = ("latest", "all", "skip")
-
-
-class PeriodicTask(Protocol):
-    """What the scheduler reads of a periodic task (a :class:`~django_delayq.task.Task`;
-    a protocol, so this module does not import the one that imports it)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def schedule(self) -> Schedule | None: ...
-    @property
-    def queue_name(self) -> str: ...
-    @property
-    def priority(self) -> int: ...
-    @property
-    def attempts_allowed(self) -> int: ...
 
 
 def _croniter() -> Any:
     try:
         from croniter import croniter
     except ImportError as exc:
-        raise ImproperlyConfigured(
+        raise ImportError(
             "@task(cron=...) needs croniter: pip install 'django-delayq[cron]'"
         ) from exc
     return croniter
@@ -152,35 +121,3 @@ def plan(schedule: Schedule, last_ms: int | None, now_ms: int, lookahead_ms: int
         upcoming.append(at)
         at = schedule.next_after(at)
     return late + upcoming
-
-
-def schedule_due(broker: Broker, tasks: Sequence[PeriodicTask], *, lookahead_ms: int,
-                 missed: str = "latest", catch_up_max: int = 100) -> int:
-    """Enqueue the upcoming (and missed) occurrences of ``tasks``; returns how many
-    new jobs this call added (0 when another worker was first)."""
-    added = 0
-    marks_key = broker.global_keys.schedules
-    now_ms = broker.server_time_ms()
-    names = [t.name for t in tasks]
-    marks = broker.client.hmget(marks_key, names) if names else []
-    for task, mark in zip(tasks, marks, strict=True):
-        schedule = task.schedule
-        assert schedule is not None
-        last = int(mark) if mark is not None else None
-        times = plan(schedule, last, now_ms, lookahead_ms, missed=missed,
-                     catch_up_max=catch_up_max)
-        if last is not None and times and times[0] <= now_ms:
-            logger.info("running missed occurrence(s) task=%s count=%d policy=%s",
-                        task.name, sum(1 for t in times if t <= now_ms), missed)
-        if times:
-            requests = [
-                EnqueueRequest(task=task.name, run_at=dt.datetime.fromtimestamp(t / 1000,
-                                                                                 tz=dt.UTC),
-                               priority=task.priority, job_id=occurrence_id(task.name, t),
-                               max_attempts=task.attempts_allowed)
-                for t in times
-            ]
-            added += broker.enqueue_many(task.queue_name, requests).enqueued
-        newest = max(times, default=schedule.latest_at_or_before(now_ms))
-        broker.commands.advance_schedule(marks_key, task.name, newest)
-    return added

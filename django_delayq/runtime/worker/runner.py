@@ -7,9 +7,11 @@ owning its own state and running on its own thread:
 - the *executors* (:mod:`.executor`, ``concurrency`` threads) run them;
 - the *acker* (:mod:`.acks`) sends outcomes in batches;
 - the *heartbeat* (:mod:`.heartbeat`) renews leases, reclaims, records liveness;
-- the *watchdog* (:mod:`.timelimits`) enforces jobs' time limits;
-- the *scheduler* (only with periodic tasks on the served queues, not in burst mode)
-  enqueues their upcoming occurrences ahead of time (see :mod:`django_delayq.periodic`).
+- the *watchdog* (:mod:`.timelimits`) enforces jobs' time limits.
+
+Code around each job (the Django layer's database connections, signals, traces) is the
+worker's :mod:`.middleware`. Everything it needs is given: its :class:`WorkerOptions`,
+brokers and task registry; it reads no settings.
 
 ``run()`` blocks until :meth:`Worker.request_stop` (or, with ``burst``, until nothing is
 due), then stops claiming, hands back claimed jobs that have not started, lets running
@@ -28,63 +30,83 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from ..conf import conf
-from ..connection import get_broker
-from ..engine import Broker, ClaimedJob, DelayQError
-from ..engine.workers import forget as forget_worker
-from ..periodic import schedule_due
-from ..task import TaskRegistry, registry
+from ...engine import Broker, ClaimedJob, DelayQError
+from ...engine.workers import forget as forget_worker
+from ...engine.workers import register_queues
+from ..backoff import REDIS_ERRORS
+from ..registry import TaskRegistry, is_async
 from .acks import Acker, by_shard
-from .async_executor import AsyncExecutor, is_async
-from .backoff import REDIS_ERRORS
+from .async_executor import AsyncExecutor
 from .executor import Executor
 from .exit_codes import EXIT_FORCED, EXIT_OK, EXIT_RESTART
 from .fetcher import Fetcher
 from .heartbeat import Heartbeat
 from .ledger import LOOP, THREADS, Ledger
+from .middleware import Middleware
 from .timelimits import HARD_LIMIT_GRACE, Watchdog
 
 logger = logging.getLogger("django_delayq.worker")
 
 
+@dataclass(frozen=True, kw_only=True)
+class WorkerOptions:
+    """How a worker runs: the Django layer fills it from its settings and the command's
+    options (``django_delayq.worker.worker_options``); seconds unless said otherwise."""
+
+    #: Threads running jobs.
+    concurrency: int
+    #: async def jobs run at once on the event loop.
+    async_concurrency: int
+    #: How long a claimed job stays leased; the heartbeat renews running ones.
+    lease: float
+    #: How long a stop waits for running jobs.
+    grace_period: float
+    #: The longest an idle worker blocks on its markers.
+    block_timeout: float
+    #: Jobs claimed beyond the free threads (None: adapts to the jobs' run time).
+    prefetch: int | None = None
+    #: The time limit of jobs whose task sets none (None: no limit).
+    timeout: float | None = None
+    #: How long a job may run past its time limit before the process is replaced.
+    timeout_grace: float = HARD_LIMIT_GRACE
+    #: Run what is due, then stop.
+    burst: bool = False
+
+
 class Worker:
-    """Runs jobs of the given queues (default: every queue with registered tasks)."""
+    """Runs jobs of ``queues``, as ``options`` say, with the tasks of ``tasks``."""
 
     def __init__(
         self,
-        queues: Sequence[str] | None = None,
+        queues: Sequence[str],
         *,
-        concurrency: int | None = None,
-        burst: bool = False,
-        lease: float | None = None,
-        grace_period: float | None = None,
-        block_timeout: float | None = None,
-        prefetch: int | None = None,
-        broker: Broker | None = None,
-        blocking_broker: Broker | None = None,
-        tasks: TaskRegistry | None = None,
+        options: WorkerOptions,
+        broker: Broker,
+        blocking_broker: Broker,
+        tasks: TaskRegistry,
         name: str | None = None,
-        timeout: float | None = None,
-        timeout_grace: float = HARD_LIMIT_GRACE,
-        async_concurrency: int | None = None,
+        middleware: Sequence[Middleware] = (),
     ) -> None:
-        self.tasks = tasks or registry
-        self.queues = list(queues or self.tasks.queues() or [conf.DEFAULT_QUEUE])
-        self.concurrency = concurrency or conf.CONCURRENCY
-        if self.concurrency < 1:
+        if not queues:
+            raise ValueError("a worker serves at least one queue")
+        if options.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        self.burst = burst
-        self.lease_ms = int((lease or conf.LEASE) * 1000)
-        self.grace_period = conf.GRACE_PERIOD if grace_period is None else grace_period
-        block_timeout = block_timeout or conf.BLOCK_TIMEOUT
-        self.broker = broker or get_broker()
-        blocking_broker = blocking_broker or (
-            get_broker(socket_timeout=block_timeout + conf.SOCKET_TIMEOUT)
-            if broker is None else broker
-        )
+        if options.async_concurrency < 1:
+            raise ValueError("async concurrency must be at least 1")
+        self.tasks = tasks
+        self.queues = list(queues)
+        self.options = options
+        self.concurrency = options.concurrency
+        self.burst = options.burst
+        self.lease_ms = int(options.lease * 1000)
+        self.grace_period = options.grace_period
+        self.broker = broker
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        timeout, timeout_grace = options.timeout, options.timeout_grace
+        encoder = broker.config.json_encoder
 
         self._stop = threading.Event()
         #: When a stop with a grace period was first asked (None: not yet, or only a
@@ -96,19 +118,20 @@ class Worker:
         self.ledger = Ledger()
         self.acker = Acker(broker=self.broker, name=self.name, ledger=self.ledger,
                            done=self._done)
-        timeout = conf.TIMEOUT if timeout is None else timeout
         #: async def tasks run on an event loop thread, beside the executor threads
-        self._async = AsyncExecutor(tasks=self.tasks, encoder=self.broker.config.json_encoder,
-                                    name=self.name, ledger=self.ledger, report=self.acker.put,
+        self._async = AsyncExecutor(tasks=self.tasks, encoder=encoder, name=self.name,
+                                    broker=broker, middleware=middleware, ledger=self.ledger,
+                                    report=self.acker.put,
                                     note_started=self.acker.note_started,
                                     on_loop_lost=self._loop_lost,
-                                    concurrency=async_concurrency, timeout=timeout,
+                                    concurrency=options.async_concurrency, timeout=timeout,
                                     timeout_grace=timeout_grace)
         serves_async = any(is_async(t) and t.queue_name in self.queues
                            for t in self.tasks.tasks())
         self.executor = Executor(concurrency=self.concurrency, tasks=self.tasks,
-                                 encoder=self.broker.config.json_encoder, name=self.name,
-                                 ledger=self.ledger, report=self.acker.put,
+                                 encoder=encoder, name=self.name, broker=broker,
+                                 middleware=middleware, ledger=self.ledger,
+                                 report=self.acker.put,
                                  note_started=self.acker.note_started,
                                  on_thread_lost=self._thread_lost,
                                  timeout=timeout, timeout_grace=timeout_grace,
@@ -125,20 +148,21 @@ class Worker:
         loop_queues = [q for q in self.queues if self.tasks.only_async(q)]
         slots = self._async.concurrency
         lanes = [(THREADS, [q for q in self.queues if q not in loop_queues],
-                  self.concurrency, prefetch, 1, 0),
+                  self.concurrency, options.prefetch, 1, 0),
                  (LOOP, loop_queues, slots, 0, max(1, slots // 2), slots)]
         self._burst_lanes = 0
         self.fetchers = [
-            Fetcher(broker=self.broker, blocking_broker=blocking_broker, queues=queues,
-                    name=self.name, lease_ms=self.lease_ms, block_timeout=block_timeout,
-                    concurrency=lane_concurrency, prefetch=lane_prefetch, burst=burst,
+            Fetcher(broker=self.broker, blocking_broker=blocking_broker, queues=lane_queues,
+                    name=self.name, lease_ms=self.lease_ms,
+                    block_timeout=options.block_timeout, concurrency=lane_concurrency,
+                    prefetch=lane_prefetch, burst=self.burst,
                     ledger=self.ledger, deliver=self.executor.deliver, stop=self._stop,
                     on_burst_done=self._burst_lane_done, lane=lane, min_batch=min_batch,
                     ack_room=ack_room,
                     held_back=(lambda: self._async.stalled_for() > 0) if lane == LOOP
                     else (lambda: False))
-            for lane, queues, lane_concurrency, lane_prefetch, min_batch, ack_room in lanes
-            if queues]
+            for lane, lane_queues, lane_concurrency, lane_prefetch, min_batch, ack_room in lanes
+            if lane_queues]
         #: The fetcher of the threads' lane (of the loop's if every queue is async).
         self.fetcher = self.fetchers[0]
         self.heartbeat = Heartbeat(broker=self.broker, name=self.name, lease_ms=self.lease_ms,
@@ -189,6 +213,7 @@ class Worker:
             self._burst_lanes += 1
             last = self._burst_lanes == len(self.fetchers)
         if last:
+            logger.info("burst done worker=%s", self.name)
             self.request_stop()
 
     def _loop_stalled(self, stalled_for: float) -> None:
@@ -266,10 +291,6 @@ class Worker:
         watchdog = threading.Thread(target=self.watchdog.run, name="delayq-watchdog",
                                     daemon=True)
         threads = [acker, heartbeat, *fetchers, watchdog]
-        periodic = [] if self.burst else self.tasks.periodic(self.queues)
-        if periodic:
-            threads.append(threading.Thread(target=self._schedule_loop, args=(periodic,),
-                                            name="delayq-scheduler", daemon=True))
         for thread in threads:
             thread.start()
         self._stop.wait()
@@ -338,30 +359,13 @@ class Worker:
             if wait <= 0:
                 return False
 
-    def _schedule_loop(self, periodic: list[Any]) -> None:
-        """Enqueue upcoming occurrences of periodic tasks, a few times per lookahead."""
-        lookahead = conf.CRON_LOOKAHEAD
-        interval = max(0.2, min(10.0, lookahead / 3))
-        logger.info("scheduling periodic tasks worker=%s tasks=%s", self.name,
-                    ",".join(f"{t.name}({t.schedule.describe()})" for t in periodic))
-        while not self._stop.is_set():
-            try:
-                added = schedule_due(self.broker, periodic, lookahead_ms=int(lookahead * 1000),
-                                     missed=conf.CRON_MISSED,
-                                     catch_up_max=conf.CRON_CATCH_UP_MAX)
-                if added:
-                    logger.debug("enqueued %d periodic jobs worker=%s", added, self.name)
-            except REDIS_ERRORS as exc:
-                logger.warning("periodic scheduling failed worker=%s error=%s", self.name, exc)
-            self._stop.wait(interval)
-
     def forget(self) -> None:
         """Leave the workers alive (:meth:`run` does as it returns, unless told not to)."""
         forget_worker(self.broker, self.name)
 
     def _register_queues(self) -> None:
         try:
-            self.broker.client.sadd(self.broker.global_keys.queues, *self.queues)
+            register_queues(self.broker, self.queues)
             self.heartbeat.record_alive()
         except REDIS_ERRORS as exc:
             logger.warning("could not register worker worker=%s error=%s", self.name, exc)

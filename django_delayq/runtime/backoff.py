@@ -1,10 +1,11 @@
-"""The wait between retries of a loop whose Redis or database keeps failing."""
+"""What a loop whose Redis keeps failing catches, and how long it waits
+(:class:`~django_delayq.engine.backoff.Backoff`, the one backoff policy)."""
 
 from __future__ import annotations
 
-import threading
-
 from redis.exceptions import RedisClusterException, RedisError
+
+from ..engine.backoff import Backoff
 
 #: What a worker's loops catch as "Redis failed: try again later": any RedisError, and
 #: RedisClusterException, which redis-py raises (it is not a RedisError) when no node of
@@ -19,20 +20,4 @@ MAX_BACKOFF = 5.0
 SHARD_BACKOFF = 1.0
 
 
-class Backoff:
-    """Waits ``first`` seconds, doubling after each wait up to ``cap``; :meth:`reset`
-    starts over. A wait is cut short when ``stop`` is set."""
-
-    def __init__(self, stop: threading.Event, *, first: float, cap: float) -> None:
-        self._stop = stop
-        self._first = first
-        self._cap = cap
-        self.delay = first
-
-    def reset(self) -> None:
-        self.delay = self._first
-
-    def wait(self) -> None:
-        """Sleep the current delay (cut short by ``stop``), then double it."""
-        self._stop.wait(self.delay)
-        self.delay = min(self._cap, self.delay * 2)
+__all__ = ["FIRST_BACKOFF", "MAX_BACKOFF", "REDIS_ERRORS", "SHARD_BACKOFF", "Backoff"]

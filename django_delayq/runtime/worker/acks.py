@@ -8,10 +8,10 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..engine import Broker, ClaimedJob, DelayQError, QueueKeys, flows
-from .backoff import FIRST_BACKOFF, MAX_BACKOFF, REDIS_ERRORS, SHARD_BACKOFF, Backoff
-from .execution import Outcome
+from ...engine import Broker, ClaimedJob, DelayQError, QueueKeys, flows
+from ..backoff import FIRST_BACKOFF, MAX_BACKOFF, REDIS_ERRORS, SHARD_BACKOFF, Backoff
 from .ledger import Ledger
+from .outcome import Outcome
 
 logger = logging.getLogger("django_delayq.worker")
 

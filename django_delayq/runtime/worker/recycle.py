@@ -20,10 +20,9 @@ import resource
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Protocol
 
 from .exit_codes import EXIT_RESTART
+from .runner import Worker
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -32,12 +31,6 @@ EXIT_RECYCLE = EXIT_RESTART  # "restart me" (worker/exit_codes.py)
 #: Seconds between two reads of the resident memory (one read per job at most).
 MEMORY_CHECK_INTERVAL = 0.1
 MIB = 1024 * 1024
-
-
-class Recyclable(Protocol):
-    after_job: Callable[[], None] | None
-
-    def request_recycle(self) -> None: ...
 
 
 def rss_bytes() -> int:
@@ -62,7 +55,7 @@ class RecycleMonitor:
     ``concurrency - 1`` jobs more.
     """
 
-    def __init__(self, worker: Recyclable, *, max_jobs: int | None = None,
+    def __init__(self, worker: Worker, *, max_jobs: int | None = None,
                  max_memory_mib: float | None = None) -> None:
         self.worker = worker
         self.max_jobs = max_jobs

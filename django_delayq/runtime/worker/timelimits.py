@@ -27,10 +27,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..engine import JobTimeout
-from ..task import TaskRegistry
-from .execution import Outcome, failure, finished
+from ...engine import JobTimeout
+from ..registry import TaskRegistry, timeout_seconds
+from .execution import finished
 from .ledger import Lease, Ledger
+from .outcome import Outcome, failure
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -60,10 +61,8 @@ def limit_of(timeout_ms: int, task_name: str, tasks: TaskRegistry,
     if timeout_ms > 0:
         return timeout_ms / 1000
     task = tasks.find(task_name)
-    if task is not None and task.timeout is not None:
-        limit = task.timeout
-        return limit.total_seconds() if hasattr(limit, "total_seconds") else float(limit)
-    return default
+    limit = None if task is None else timeout_seconds(task)
+    return default if limit is None else limit
 
 
 class Watchdog:

@@ -13,10 +13,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..engine import Broker, DelayQError, QueueKeys, flows
-from ..engine.workers import record_alive
+from ...engine import Broker, DelayQError, QueueKeys, flows
+from ...engine.workers import record_alive
+from ..backoff import REDIS_ERRORS
 from .acks import by_shard
-from .backoff import REDIS_ERRORS
 from .ledger import Ledger
 
 logger = logging.getLogger("django_delayq.worker")

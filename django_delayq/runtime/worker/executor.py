@@ -12,21 +12,15 @@ import logging
 import queue as stdlib_queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from ..engine import ClaimedJob, JobTimeout
-from ..task import TaskRegistry
+from ...engine import Broker, ClaimedJob, JobTimeout
+from ..registry import TaskRegistry
 from .async_executor import AsyncExecutor
-from .execution import (
-    IDLE_CONNECTION_CHECK,
-    Outcome,
-    after_job,
-    execute,
-    fail_held,
-    failure,
-    finished,
-)
+from .execution import after_job, execute, fail_held, finished
 from .ledger import Ledger
+from .middleware import IDLE, Middleware
+from .outcome import Outcome, failure
 from .timelimits import HARD_LIMIT_GRACE, clear_pending, limit_of
 
 logger = logging.getLogger("django_delayq.worker")
@@ -43,6 +37,8 @@ class Executor:
         tasks: TaskRegistry,
         encoder: type[json.JSONEncoder],
         name: str,
+        broker: Broker,
+        middleware: Sequence[Middleware],
         ledger: Ledger,
         report: Callable[[Outcome], None],
         note_started: Callable[[ClaimedJob, int], None],
@@ -55,6 +51,8 @@ class Executor:
         self.tasks = tasks
         self.encoder = encoder
         self.name = name
+        self.broker = broker
+        self.middleware = list(middleware)
         self.ledger = ledger
         self._report = report
         self._note_started = note_started
@@ -148,11 +146,9 @@ class Executor:
         self._note_started(job, lease.started_ms)
         began = time.perf_counter()
         try:
-            # Django's connections were checked as the previous job ended; check again
-            # first only if they may have aged or broken while this thread idled.
-            idled = last_done is None or began - last_done > IDLE_CONNECTION_CHECK
-            outcome = execute(job, self.tasks, self.encoder, self.name,
-                              check_connections=idled, on_finished=lease.on_finished)
+            idle = last_done is None or began - last_done > IDLE
+            outcome = execute(job, self.tasks, self.encoder, self.name, self.broker,
+                              self.middleware, idle=idle, on_finished=lease.on_finished)
         except BaseException as exc:  # raised outside the task (a late JobTimeout)
             outcome = failure(job, exc, retry=True)
         if limit is not None:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import ClaimedJob, QueueKeys
+from ...engine import ClaimedJob, QueueKeys
 
 BUFFERED = "buffered"
 RUNNING = "running"

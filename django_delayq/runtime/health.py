@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..conf import conf
 from ..engine import Broker
 from ..engine.workers import ALIVE_MS, WorkerInfo, live_workers
-from .supervisor import HEARTBEAT as SUPERVISOR_HEARTBEAT
+from .host import HEARTBEAT as HOST_HEARTBEAT
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,28 +32,31 @@ class WorkerHealth:
         return not self.problem
 
 
-def heartbeat_interval(worker: WorkerInfo) -> float:
-    """Seconds between two heartbeats of ``worker`` (the runner's and supervisor's rules)."""
+def heartbeat_interval(worker: WorkerInfo, default_lease: float) -> float:
+    """Seconds between two heartbeats of ``worker`` (the worker's and the host's rules;
+    ``default_lease`` for a record that does not say its lease)."""
     if worker.role == "supervisor":
-        return SUPERVISOR_HEARTBEAT
-    lease = worker.lease or conf.LEASE
+        return HOST_HEARTBEAT
+    lease = worker.lease or default_lease
     return max(0.2, min(lease / 3, 10.0))
 
 
-def check_workers(broker: Broker, *, worker: str | None = None, queue: str | None = None,
+def check_workers(broker: Broker, *, default_lease: float, worker: str | None = None,
+                  queue: str | None = None,
                   stale_after: float | None = None) -> list[WorkerHealth]:
-    """The health of each worker matching ``worker`` (its name, or its supervisor's) and
+    """The health of each worker matching ``worker`` (its name, or its host's) and
     ``queue`` (workers serving it); every worker when both are None."""
     return [
-        _health(info, stale_after) for info in live_workers(broker, include_dead=True)
+        _health(info, stale_after, default_lease)
+        for info in live_workers(broker, include_dead=True)
         if (worker is None or worker in (info.name, info.supervisor))
         and (queue is None or queue in info.queues)
     ]
 
 
-def _health(info: WorkerInfo, stale_after: float | None) -> WorkerHealth:
+def _health(info: WorkerInfo, stale_after: float | None, default_lease: float) -> WorkerHealth:
     limit = stale_after if stale_after is not None else min(
-        3 * heartbeat_interval(info) + 1, ALIVE_MS / 1000)
+        3 * heartbeat_interval(info, default_lease) + 1, ALIVE_MS / 1000)
     problem = ""
     if info.seconds_ago > limit:
         problem = f"no heartbeat for {info.seconds_ago:.1f}s (limit {limit:.1f}s)"

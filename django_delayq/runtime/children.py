@@ -1,0 +1,324 @@
+"""Worker processes kept running: started, restarted with backoff, stopped in order.
+
+:class:`Children` starts each child as a fresh interpreter running one documented entry
+point (``python -m django_delayq.worker.process SPEC``: its :class:`Child` says the
+command line and environment), never a fork (a fork of a Django process copies its open
+database connections, Redis sockets and the locks other threads hold at that instant),
+and never by re-importing this process's main script (as multiprocessing's spawn does:
+a ``manage.py`` without a ``__main__`` guard would run again). It restarts a child that
+exits without being asked, whatever its code: at once after it asked to be replaced,
+else after a backoff when it died young (:data:`QUICK_DEATH`). In burst mode a child
+that exits 0 is done.
+
+Stops: the first :meth:`Children.request_stop` sends SIGTERM to each child (a warm stop:
+it finishes its running jobs within the grace period and hands back the rest); the
+second sends SIGTERM again (a child exits at once on its second), and what is left after
+:data:`KILL_AFTER` seconds is killed. Children run in a session of their own (a Ctrl-C
+in a terminal reaches the host alone, which passes it on once); a child watches its host
+(:func:`watch_parent`) and stops warmly if it is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import signal
+import site
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..engine.backoff import backoff_delay
+from .worker.exit_codes import EXIT_RESTART
+
+logger = logging.getLogger("django_delayq.worker")
+
+#: A child that dies sooner than this after its start died "quickly": its restart waits,
+#: FIRST_RESTART_DELAY doubling with each quick death in a row up to MAX_RESTART_DELAY.
+QUICK_DEATH = 10.0
+FIRST_RESTART_DELAY = 1.0
+MAX_RESTART_DELAY = 30.0
+#: After a second stop request, children still running this many seconds are killed.
+KILL_AFTER = 5.0
+#: The main loop's longest sleep.
+POLL = 0.5
+#: Seconds between two checks of a child that its parent is still its parent.
+PARENT_CHECK = 0.5
+#: Exit codes that lose nothing: a clean stop, a recycle, a SIGTERM before it was ready.
+CLEAN = (0, EXIT_RESTART, -signal.SIGTERM)
+
+
+def restart_delay(uptime: float, quick_deaths: int) -> float:
+    """Seconds before restarting a child that died after ``uptime`` seconds, the
+    ``quick_deaths``-th quick death in a row (0 when it lived long enough)."""
+    if uptime >= QUICK_DEATH or quick_deaths <= 0:
+        return 0.0
+    return backoff_delay(quick_deaths, first=FIRST_RESTART_DELAY, cap=MAX_RESTART_DELAY)
+
+
+def interpreter_paths() -> list[str]:
+    """The directories a new interpreter puts on its import path by itself: its
+    standard library and site-packages (a virtualenv's and its base's), resolved."""
+    found = []
+    for scheme in (sysconfig.get_paths(),
+                   sysconfig.get_paths(vars={"base": sys.base_prefix,
+                                             "platbase": sys.base_exec_prefix})):
+        found += [scheme[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")
+                  if key in scheme]
+    found += site.getsitepackages()
+    if site.ENABLE_USER_SITE:
+        found.append(site.getusersitepackages())
+    return list(dict.fromkeys(os.path.realpath(p) for p in found))
+
+
+def project_paths(paths: list[str]) -> list[str]:
+    """The entries of ``paths`` (``sys.path``) a child needs on its PYTHONPATH: all but
+    the interpreter's own (:func:`interpreter_paths`, compared as whole path components,
+    so a project in ``/usr/src/app`` is kept under a ``/usr`` prefix) and its zipped
+    standard library; '' stands for the working directory."""
+    own = interpreter_paths()
+    stdlib_zip = f"python{sys.version_info[0]}{sys.version_info[1]}.zip"
+
+    def is_own(path: str) -> bool:
+        if os.path.basename(path) == stdlib_zip:
+            return True
+        real = os.path.realpath(path)
+        return any(real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+                   for root in own)
+
+    return list(dict.fromkeys(p or os.getcwd() for p in paths if not p or not is_own(p)))
+
+
+def python_command(module: str, *args: str, env: dict[str, str] | None = None
+                   ) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that run ``python -m module ARGS`` in a new interpreter
+    with this process's import path: the directories that found the project (a
+    ``manage.py``'s, the working directory of ``python -m django``, ``--pythonpath``) go
+    on its PYTHONPATH; the interpreter's own it finds by itself."""
+    child_env = {**os.environ, **(env or {})}
+    child_env["PYTHONPATH"] = os.pathsep.join(project_paths(sys.path))
+    return [sys.executable, "-m", module, *args], child_env
+
+
+@dataclass
+class Child:
+    """One slot: the command of the process running in it, and its restart state."""
+
+    slot: int
+    argv: list[str]
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    quick_deaths: int = 0
+    start_at: float | None = 0.0  # monotonic time of the next start; None: never again
+    clean: bool = True  # its last exit lost nothing
+    #: Called with its pid and exit code when its process is gone (however it ended).
+    on_exit: list[Callable[[int, int], None]] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"worker-{self.slot}"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def signal(self, signum: int) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signum)
+
+
+class Children:
+    """Starts, watches and stops child processes; :meth:`run` drives them on one thread.
+    :meth:`request_stop` and :meth:`wake` are safe from a signal handler and from any
+    thread (no lock: one write to a pipe)."""
+
+    def __init__(self, children: list[Child], *, name: str, burst: bool = False) -> None:
+        self.children = children
+        self.name = name  # the owner, in log lines
+        self.burst = burst
+        self.restarts = 0
+        self._requests = 0  # stop requests so far
+        self._handled = 0  # stop requests acted on
+        self._kill_at: float | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        #: A descriptor per running child that becomes readable when it exits (Linux's
+        #: pidfd; elsewhere none, and exits are seen within POLL).
+        self._exits: dict[int, int] = {}
+
+    def request_stop(self) -> None:
+        """First call: warm stop; second: cold stop."""
+        self._requests += 1
+        self.wake()
+
+    def wake(self) -> None:
+        """Make the loop look at the children now."""
+        with contextlib.suppress(OSError):  # a full pipe: the loop is waking anyway
+            os.write(self._wake_w, b"x")
+
+    @property
+    def stopping(self) -> bool:
+        return self._handled > 0
+
+    @property
+    def forced(self) -> bool:
+        """Whether the stop was cold, or a child running at the stop lost jobs as it
+        exited."""
+        return self._handled > 1 or not all(c.clean for c in self.children)
+
+    def running(self) -> list[Child]:
+        return [c for c in self.children if c.proc is not None]
+
+    def pending(self) -> list[Child]:
+        """Children running or due to (re)start."""
+        return [c for c in self.children if c.proc is not None or c.start_at is not None]
+
+    def run(self, tick: Callable[[float], float] | None = None) -> None:
+        """Keep the children running until they have stopped after a stop request.
+        ``tick(now)`` is called on each turn and returns the most seconds to sleep
+        before the next (it may call :meth:`request_stop`)."""
+        try:
+            while True:
+                now = time.monotonic()
+                self._reap(now)
+                while self._requests > self._handled:
+                    self._on_stop_request()
+                if self.stopping:
+                    self._advance_stop(now)
+                    if not self.running():
+                        break
+                else:
+                    self._start_due(now)
+                sleep = POLL if tick is None else min(POLL, tick(now))
+                self._sleep(min(sleep, self._next_start() - time.monotonic()))
+        finally:
+            for child in self.running():  # an exception above must not orphan children
+                child.signal(signal.SIGKILL)
+                if child.proc is not None:
+                    child.proc.wait()
+                    self._gone(child)
+            wake_r, wake_w = self._wake_r, self._wake_w
+            self._wake_r = self._wake_w = -1
+            os.close(wake_r)
+            os.close(wake_w)
+
+    def _sleep(self, timeout: float) -> None:
+        ready, _, _ = select.select([self._wake_r, *self._exits.values()], [], [],
+                                    max(0.0, timeout))
+        if self._wake_r in ready:
+            os.read(self._wake_r, 4096)
+
+    def _next_start(self) -> float:
+        times = [c.start_at for c in self.children if c.proc is None and c.start_at is not None]
+        return min(times, default=time.monotonic() + POLL)
+
+    def _start_due(self, now: float) -> None:
+        for child in self.children:
+            if child.proc is None and child.start_at is not None and child.start_at <= now:
+                self._start(child)
+
+    def _start(self, child: Child) -> None:
+        try:
+            proc = subprocess.Popen(child.argv, env=child.env, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        except OSError as exc:
+            child.quick_deaths += 1
+            delay = restart_delay(0.0, child.quick_deaths)
+            child.start_at = time.monotonic() + delay
+            logger.error("could not start %s, retrying in %.1fs owner=%s error=%s",
+                         child.label, delay, self.name, exc)
+            return
+        child.proc = proc
+        child.started = time.monotonic()
+        child.start_at = None
+        with contextlib.suppress(AttributeError, OSError):  # no pidfd: polled
+            self._exits[proc.pid] = os.pidfd_open(proc.pid)
+        logger.info("started %s pid=%d owner=%s", child.label, proc.pid, self.name)
+
+    def _gone(self, child: Child) -> tuple[int, int]:
+        """Forget ``child``'s ended process; its pid and exit code."""
+        assert child.proc is not None
+        pid, code = child.proc.pid, child.proc.returncode
+        child.proc = None
+        exit_fd = self._exits.pop(pid, None)
+        if exit_fd is not None:
+            os.close(exit_fd)
+        code = -signal.SIGKILL if code is None else code
+        for hook in child.on_exit:
+            hook(pid, code)
+        return pid, code
+
+    def _reap(self, now: float) -> None:
+        for child in self.running():
+            assert child.proc is not None
+            if child.proc.poll() is None:
+                continue
+            uptime = now - child.started
+            pid, code = self._gone(child)
+            child.clean = code in CLEAN
+            if self.stopping:
+                level = logging.INFO if child.clean else logging.WARNING
+                logger.log(level, "%s stopped pid=%d code=%d owner=%s", child.label,
+                           pid, code, self.name)
+            elif code == 0 and self.burst:
+                logger.info("%s finished pid=%d owner=%s", child.label, pid, self.name)
+            elif code == EXIT_RESTART:
+                child.quick_deaths = 0
+                child.start_at = now
+                self.restarts += 1
+                logger.info("%s exited to be replaced pid=%d, starting a fresh one owner=%s",
+                            child.label, pid, self.name)
+            else:
+                # unasked, whatever its code (0 included: a task's os._exit(0), a kill)
+                child.quick_deaths = child.quick_deaths + 1 if uptime < QUICK_DEATH else 0
+                delay = restart_delay(uptime, child.quick_deaths)
+                child.start_at = now + delay
+                self.restarts += 1
+                logger.warning("%s died pid=%d code=%d after %.1fs, restarting in %.1fs "
+                               "owner=%s", child.label, pid, code, uptime, delay, self.name)
+
+    def _on_stop_request(self) -> None:
+        self._handled += 1
+        for child in self.children:
+            child.start_at = None
+            if child.proc is None:
+                child.clean = True  # a death before the stop is not the stop's doing
+        if self._handled == 1:
+            for child in self.running():
+                child.signal(signal.SIGTERM)
+            return
+        if self._handled == 2:
+            logger.warning("second stop request: stopping every child now owner=%s",
+                           self.name)
+            for child in self.running():
+                child.signal(signal.SIGTERM)
+            self._kill_at = time.monotonic() + KILL_AFTER
+
+    def _advance_stop(self, now: float) -> None:
+        if self._kill_at is not None and now >= self._kill_at:
+            for child in self.running():
+                child.signal(signal.SIGKILL)
+            self._kill_at = None
+
+
+def watch_parent(parent_pid: int, on_gone: Callable[[], None]) -> threading.Thread:
+    """Call ``on_gone`` once if this process's parent is no longer ``parent_pid`` (its
+    host died and the child was re-parented)."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_CHECK)
+        logger.warning("parent pid=%d is gone: stopping", parent_pid)
+        on_gone()
+
+    thread = threading.Thread(target=watch, name="delayq-parent-watch", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,182 @@
+"""The host: the process ``runworker`` (and ``delayq_mirror``) runs as, which runs no job.
+
+It keeps its worker processes running (:mod:`.children`: none for ``delayq_mirror``,
+one for a plain ``runworker``, N for ``--processes N``) and runs the background loops
+(:class:`Service`: the model mirror, the outbox relay, the lake export, the periodic
+scheduler) on threads of its own, from one list. A host's process holds no job, so no
+job can freeze it: it is what restarts a worker process that died or exited to be
+replaced, whatever the job did.
+
+It records itself in the workers registry (``role=supervisor``; each worker process
+names it in ``supervisor``) every :data:`HEARTBEAT` seconds.
+
+Stops (:meth:`Host.request_stop`, which the command's signal handlers call): the first
+stops the worker processes warmly, then, once they are gone, the services, each finishing
+what it has in hand (the mirror writes the workers' last events, at most 5 s); ``run()``
+returns :data:`EXIT_OK` if every worker process stopped cleanly. A second request stops
+the worker processes at once (:mod:`.children`) and the services without draining, and
+``run()`` returns :data:`EXIT_FORCED`. A service whose loop ends by itself while the
+host runs is started again after a backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..engine import Broker
+from ..engine.backoff import backoff_delay
+from ..engine.workers import forget, record_alive
+from .backoff import REDIS_ERRORS
+from .children import Child, Children
+from .worker.exit_codes import EXIT_FORCED, EXIT_OK
+
+logger = logging.getLogger("django_delayq.worker")
+
+#: Seconds between two records of the host in the workers registry.
+HEARTBEAT = 5.0
+#: Seconds each service may take to stop (a drain included) before the host goes on.
+SERVICE_STOP = 15.0
+
+
+class Service(Protocol):
+    """A background loop a host runs on a thread of its own."""
+
+    #: Its name, in log lines and the host's record.
+    name: str
+
+    def run(self) -> None:
+        """Loop until :meth:`stop`; what it raises is logged and it starts again."""
+
+    def stop(self, *, drain: bool) -> None:
+        """Make :meth:`run` return soon; with ``drain``, after finishing what is left
+        (bounded). Called from another thread, once."""
+
+
+@dataclass
+class _Running:
+    service: Service
+    thread: threading.Thread | None = None
+    failures: int = 0
+    start_at: float = 0.0
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+
+class Host:
+    """Runs worker processes and services until stopped. Signals are the command's
+    business: it calls :meth:`request_stop`."""
+
+    def __init__(self, *, broker: Broker, children: Sequence[Child] = (),
+                 services: Sequence[Service] = (), name: str | None = None,
+                 burst: bool = False, info: dict[str, Any] | None = None) -> None:
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.broker = broker
+        self.burst = burst
+        self.children = Children(list(children), name=self.name, burst=burst)
+        self._services = [_Running(s) for s in services]
+        self._info = info or {}
+        self._next_beat = 0.0
+        self._said_stopping = False
+        self._stop_requests = 0
+
+    def request_stop(self) -> None:
+        """First call: warm stop; second: cold stop (safe from a signal handler)."""
+        self._stop_requests += 1
+        self.children.request_stop()
+
+    @property
+    def restarts(self) -> int:
+        return self.children.restarts
+
+    def run(self) -> int:
+        logger.info("host started host=%s processes=%d services=%s pid=%d", self.name,
+                    len(self.children.children),
+                    ",".join(r.service.name for r in self._services) or "-", os.getpid())
+        try:
+            self.children.run(self._tick)
+            self._stop_services(drain=not self.children.forced)
+        finally:
+            forget(self.broker, self.name)
+        logger.info("host stopped host=%s restarts=%d", self.name, self.restarts)
+        return EXIT_FORCED if self.children.children and self.children.forced else EXIT_OK
+
+    def _tick(self, now: float) -> float:
+        """Each turn: services kept running, the burst's end, the heartbeat; returns the
+        most seconds to sleep."""
+        if self.children.stopping and not self._said_stopping:
+            self._said_stopping = True
+            logger.info("host stopping host=%s", self.name)
+        if not self.children.stopping:
+            self._keep_services(now)
+            if self.burst and self.children.children and not self.children.pending():
+                logger.info("burst done host=%s", self.name)
+                self.request_stop()
+                return 0.0
+        if now >= self._next_beat:
+            self._record_alive()
+            self._next_beat = now + HEARTBEAT
+        return max(0.0, self._next_beat - time.monotonic())
+
+    def _keep_services(self, now: float) -> None:
+        for running in self._services:
+            thread = running.thread
+            if thread is not None and thread.is_alive():
+                continue
+            if thread is not None:  # its loop ended while the host runs: again, later
+                running.thread = None
+                running.failures += 1
+                running.start_at = now + backoff_delay(running.failures, first=1.0, cap=30.0)
+                logger.warning("service %s ended, restarting in %.1fs host=%s",
+                               running.service.name, running.start_at - now, self.name)
+            if now >= running.start_at:
+                running.thread = threading.Thread(
+                    target=self._run_service, args=(running,),
+                    name=f"delayq-{running.service.name}", daemon=True)
+                running.thread.start()
+
+    @staticmethod
+    def _run_service(running: _Running) -> None:
+        try:
+            running.service.run()
+        except Exception:
+            logger.exception("service %s failed", running.service.name)
+
+    def _stop_services(self, *, drain: bool) -> None:
+        """Stop every service, each within :data:`SERVICE_STOP` seconds; a stop request
+        that comes meanwhile cuts the drains short."""
+        for running in self._services:
+            thread = running.thread
+            if thread is None or not thread.is_alive():
+                continue
+            running.service.stop(drain=drain)
+            deadline = time.monotonic() + SERVICE_STOP
+            while thread.is_alive() and time.monotonic() < deadline:
+                if drain and self._stop_requests > 1:
+                    drain = False
+                    for each in self._services:
+                        each.service.stop(drain=False)
+                thread.join(0.1)
+            if thread.is_alive():
+                logger.warning("service %s did not stop within %.0fs host=%s",
+                               running.service.name, SERVICE_STOP, self.name)
+
+    def _record_alive(self) -> None:
+        live = self.children.running()
+        try:
+            record_alive(self.broker, self.name, 60, {
+                "role": "supervisor", **self._info,
+                "processes": len(self.children.children),
+                "threads": len(live),  # live worker processes, for delayq_health
+                "children": ",".join(str(c.pid) for c in live),
+                "services": ",".join(r.service.name for r in self._services),
+                "restarts": self.restarts,
+            })
+        except REDIS_ERRORS as exc:
+            logger.warning("host heartbeat failed host=%s error=%s", self.name, exc)

@@ -1,0 +1,88 @@
+"""Periodic tasks with no beat process: the occurrences a host enqueues ahead of time.
+
+The host of every ``runworker`` runs :func:`schedule_due` now and then
+(:class:`Scheduler`) for the periodic tasks of the queues it serves. It enqueues each
+occurrence due within ``CRON_LOOKAHEAD`` seconds as an ordinary scheduled job whose id
+is derived from the task and the occurrence time (:func:`~.schedule.occurrence_id`), so
+many hosts computing the same occurrence enqueue it once: enqueue skips an id that
+exists. A mark per task records the latest occurrence enqueued; occurrences between that
+mark and now were missed (nothing ran) and are handled by the ``CRON_MISSED`` policy.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Sequence
+
+from ..engine import Broker, DelayQError, EnqueueRequest
+from ..engine.schedules import advance_schedule, schedule_marks
+from .backoff import REDIS_ERRORS
+from .registry import Runnable
+from .schedule import occurrence_id, plan
+
+logger = logging.getLogger("django_delayq.periodic")
+
+
+def schedule_due(broker: Broker, tasks: Sequence[Runnable], *, lookahead_ms: int,
+                 missed: str = "latest", catch_up_max: int = 100) -> int:
+    """Enqueue the upcoming (and missed) occurrences of ``tasks``; returns how many
+    new jobs this call added (0 when another worker was first)."""
+    added = 0
+    now_ms = broker.server_time_ms()
+    marks = schedule_marks(broker, [t.name for t in tasks])
+    for task, mark in zip(tasks, marks, strict=True):
+        schedule = task.schedule
+        assert schedule is not None
+        last = mark
+        times = plan(schedule, last, now_ms, lookahead_ms, missed=missed,
+                     catch_up_max=catch_up_max)
+        if last is not None and times and times[0] <= now_ms:
+            logger.info("running missed occurrence(s) task=%s count=%d policy=%s",
+                        task.name, sum(1 for t in times if t <= now_ms), missed)
+        if times:
+            requests = [
+                EnqueueRequest(task=task.name, run_at=dt.datetime.fromtimestamp(t / 1000,
+                                                                                 tz=dt.UTC),
+                               priority=task.priority, job_id=occurrence_id(task.name, t),
+                               max_attempts=task.attempts_allowed)
+                for t in times
+            ]
+            added += broker.enqueue_many(task.queue_name, requests).enqueued
+        newest = max(times, default=schedule.latest_at_or_before(now_ms))
+        advance_schedule(broker, task.name, newest)
+    return added
+
+
+class Scheduler:
+    """A host's service: :func:`schedule_due` for ``tasks`` a few times per lookahead."""
+
+    name = "scheduler"
+
+    def __init__(self, broker: Broker, tasks: Sequence[Runnable], *, lookahead: float,
+                 missed: str, catch_up_max: int) -> None:
+        self.broker = broker
+        self.tasks = list(tasks)
+        self.lookahead = lookahead
+        self.missed = missed
+        self.catch_up_max = catch_up_max
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        interval = max(0.2, min(10.0, self.lookahead / 3))
+        logger.info("scheduling periodic tasks tasks=%s", ",".join(
+            f"{t.name}({t.schedule.describe()})" for t in self.tasks if t.schedule))
+        while not self._stop.is_set():
+            try:
+                added = schedule_due(self.broker, self.tasks,
+                                     lookahead_ms=int(self.lookahead * 1000),
+                                     missed=self.missed, catch_up_max=self.catch_up_max)
+                if added:
+                    logger.debug("enqueued %d periodic jobs", added)
+            except (*REDIS_ERRORS, DelayQError) as exc:
+                logger.warning("periodic scheduling failed error=%s", exc)
+            self._stop.wait(interval)
+
+    def stop(self, *, drain: bool) -> None:
+        self._stop.set()

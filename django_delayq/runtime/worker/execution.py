@@ -1,0 +1,121 @@
+"""Running one job: resolve its task in the registry, decode, call, encode the result.
+
+Everything that can go wrong with a job ends in an :class:`~.outcome.Outcome`, never in
+an exception that would stop the thread running it: whatever the task raises
+(``BaseException`` included: ``SystemExit``, ``KeyboardInterrupt``, a library's own
+subclass, an exception whose ``__str__`` raises) fails the job with its class, a
+message and the traceback, retried or dead-lettered by the usual rules.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from ...engine import Broker, ClaimedJob, UnknownTask, encode_result
+from ..current import running
+from ..registry import TaskRegistry
+from .ledger import Ledger
+from .middleware import Middleware
+from .outcome import CorruptPayload, Outcome, decode_arguments, describe, failure
+
+logger = logging.getLogger("django_delayq.worker")
+
+
+def execute(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder],
+            worker: str, broker: Broker, middleware: Sequence[Middleware], *, idle: bool,
+            on_finished: list[Callable[[Outcome], None]] | None = None) -> Outcome:
+    """Run ``job`` between its ``middleware``'s hooks. What the task adds to its
+    ``on_finished`` hooks goes to ``on_finished``: the caller calls them
+    (:func:`finished`) once the outcome is final.
+
+    An unknown task and an exception of the task are retried (while attempts remain);
+    undecodable data and a return value that is not JSON are not; a hook that raises
+    before the job fails it (retried).
+    """
+    hooks = [] if on_finished is None else on_finished
+    try:
+        for each in middleware:
+            each.before_job(job, idle=idle)
+    except BaseException as exc:  # the job did not run: retried
+        outcome = failure(job, exc, retry=True)
+    else:
+        outcome = _run(job, tasks, encoder, worker, broker, hooks)
+    for each in reversed(middleware):
+        try:
+            each.after_job(job, outcome)
+        except BaseException:
+            logger.exception("middleware failed after the job job=%s", job.id)
+    return outcome
+
+
+def _run(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder],
+         worker: str, broker: Broker, on_finished: list[Callable[[Outcome], None]]) -> Outcome:
+    if not job.task:
+        return failure(job, CorruptPayload("the job has no task name"), retry=False)
+    try:
+        task = tasks.get(job.task)
+    except UnknownTask as exc:
+        return failure(job, exc, retry=True)
+    try:
+        args, kwargs = decode_arguments(job)
+    except CorruptPayload as exc:
+        return failure(job, exc, retry=False)
+    with running(job, worker, broker, on_finished):
+        try:
+            value = task.func(*args, **kwargs)
+        except BaseException as exc:  # every failure of a task is the job's
+            return failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
+    try:
+        result_json = encode_result(value, encoder)
+    except BaseException as exc:  # a value whose encoding raises anything
+        return failure(job, exc, retry=False)
+    return Outcome(job, True, result_json=result_json)
+
+
+def finished(hooks: list[Callable[[Outcome], None]], outcome: Outcome) -> None:
+    """Call (and forget) a job's ``on_finished`` hooks with its final ``outcome``, once.
+
+    A hook that raises, ``BaseException`` included (a ``task_finished`` receiver calling
+    ``sys.exit()``), is logged and the next one called: the outcome is the job's, and the
+    worker goes on.
+    """
+    while hooks:
+        hook = hooks.pop(0)
+        try:
+            hook(outcome)
+        except BaseException:
+            logger.exception("on_finished hook failed job=%s", outcome.job.id)
+
+
+def after_job(hook: Callable[[], None] | None, job: ClaimedJob) -> None:
+    """Call a worker's after-job hook (recycling counts jobs with it); what it raises is
+    logged, so the job's outcome is reported all the same."""
+    if hook is None:
+        return
+    try:
+        hook()
+    except BaseException:
+        logger.exception("after-job hook failed job=%s", job.id)
+
+
+def fail_held(ledger: Ledger, report: Callable[[Outcome], None], job: ClaimedJob,
+              exc: BaseException) -> bool:
+    """Fail ``job`` (retried while attempts remain) when what runs it raised outside the
+    task (a fault of the worker, not of the job) while its lease was still buffered or
+    running: held with no outcome, it would be renewed for ever and its slot lost.
+    Returns whether the job was still held so."""
+    lease = ledger.abandon(job, buffered=True)
+    if lease is None:
+        return False
+    logger.error("job run failed outside its task, failing it job=%s queue=%s task=%s "
+                 "error=%s", job.id, job.queue, job.task, describe(exc))
+    outcome = failure(job, exc, retry=True)
+    if lease.began:
+        outcome.started_ms = lease.started_ms
+        outcome.finished_ms = lease.started_ms + int((time.monotonic() - lease.began) * 1000)
+    report(outcome)
+    finished(lease.on_finished, outcome)  # hooks its task added, if it got that far
+    return True

@@ -1,0 +1,121 @@
+"""A worker process: what a host starts, one per ``--processes`` (one by default).
+
+The entry point is ``python -m django_delayq.worker.process SPEC``, SPEC being the JSON
+of a :class:`ProcessSpec` (:func:`command` builds the line, with the host's settings
+module and import path in the environment). It sets Django up, runs a :class:`Worker`
+with the host's options until a stop, and exits with the worker's code
+(:mod:`~django_delayq.runtime.worker.exit_codes`), which the host answers. It is an
+internal entry point: the host's command line is the one to use.
+
+Signals: Ctrl-C in a terminal reaches the whole process group; the process ignores it,
+and its host passes the stop on. SIGTERM is a warm stop, a second SIGTERM exits at once.
+If the host disappears (SIGKILL, the OOM killer), the process stops warmly by itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import IO, Any
+
+import django
+from django.conf import settings
+
+from ..engine import workers as liveness
+from ..runtime.children import python_command, watch_parent
+from ..runtime.worker.exit_codes import EXIT_FORCED, EXIT_RESTART
+from ..runtime.worker.recycle import RecycleMonitor
+from . import Worker
+
+VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """What a worker process needs of its host (JSON: it crosses on the command line)."""
+
+    #: Queues to serve (empty: every queue of the registered tasks).
+    queues: list[str]
+    #: The host's name and pid (the process names it in its record, and watches it).
+    host: str
+    host_pid: int
+    verbosity: int = 1
+    #: :class:`~django_delayq.worker.Worker`'s keyword options (runworker's).
+    options: dict[str, Any] = field(default_factory=dict)
+    max_jobs: int | None = None
+    max_memory: float | None = None
+
+
+def command(spec: ProcessSpec) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of a worker process running ``spec``."""
+    return python_command(__name__, json.dumps(dataclasses.asdict(spec)),
+                          env={"DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE})
+
+
+def configure_logging(stream: IO[str], verbosity: int) -> None:
+    """Send django_delayq logs to ``stream`` unless logging is configured."""
+    logger = logging.getLogger("django_delayq")
+    logger.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.INFO))
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s %(message)s"))
+        logger.addHandler(handler)
+
+
+def run_worker_process(spec: ProcessSpec) -> None:
+    """The target of a worker process; exits with the worker's code."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the host passes Ctrl-C on
+    django.setup()  # imports every app's tasks module: the registry fills
+    configure_logging(sys.stderr, spec.verbosity)
+    liveness.PROCESS_INFO["supervisor"] = spec.host
+    worker = Worker(spec.queues or None, **spec.options)
+    received = install_stop_signals(worker.request_stop)
+    watch_parent(spec.host_pid, worker.request_stop)
+    recycle = None
+    if spec.max_jobs is not None or spec.max_memory is not None:
+        recycle = RecycleMonitor(worker, max_jobs=spec.max_jobs, max_memory_mib=spec.max_memory)
+    code = worker.run()
+    if code == 0 and recycle is not None and recycle.reason and not received:
+        code = EXIT_RESTART  # stopped by a limit, not by a signal: replace me
+    exit_now(code)
+
+
+def install_stop_signals(request_stop: Any) -> list[int]:
+    """First SIGTERM (or SIGINT, where not ignored): ``request_stop()``; second: exit at
+    once with :data:`EXIT_FORCED`. Returns the list each signal is appended to."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        return received
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        if len(received) > 1:
+            logging.getLogger("django_delayq").warning(
+                "second signal %s: exiting now", signal.Signals(signum).name)
+            exit_now(EXIT_FORCED)
+        request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, on_signal)
+    return received
+
+
+def exit_now(code: int) -> None:
+    """Exit with ``code`` without waiting for threads (one may be stuck in a job)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    run_worker_process(ProcessSpec(**json.loads(sys.argv[1])))
