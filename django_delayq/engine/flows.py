@@ -331,9 +331,51 @@ def deliver(broker: BrokerCore, keys: QueueKeys, *, limit: int = DELIVER_BATCH) 
 def children_of(broker: BrokerCore, queue: str, job_id: str) -> list[tuple[str, str]]:
     """The ``(queue, id)`` dependants linked to a job (kept while its hash lives)."""
     keys = broker.keys_for(queue, job_id)
-    with broker.connection_errors():
+    with broker.read_errors():
         members = broker.client.smembers(keys.dependants(job_id))
     return parse_dependants(queue, members)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkedJob:
+    """A job of a workflow as Redis holds it now."""
+
+    #: Its status and task ('' for both once Redis no longer holds it).
+    status: str
+    task: str
+    #: The ``(queue, id)`` of its parents, or of its dependants (see :func:`read_linked`).
+    links: list[tuple[str, str]]
+
+
+def read_linked(broker: BrokerCore, jobs: Sequence[tuple[str, str]], *,
+                dependants: bool) -> list[LinkedJob | None]:
+    """Each of the jobs ``(queue, id)`` with its parents (with ``dependants``: its
+    dependants), in one round trip; None for a reference no key can name (damaged)."""
+    fields = [stored("status"), stored("task"), stored("parents")]
+    pipe = broker.client.pipeline(transaction=False)
+    named: list[bool] = []
+    for queue, job_id in jobs:
+        try:
+            keys = broker.keys_for(queue, job_id)
+            job_key, links_key = keys.job(job_id), keys.dependants(job_id)
+        except ValueError:
+            named.append(False)
+            continue
+        pipe.hmget(job_key, fields)
+        if dependants:
+            pipe.smembers(links_key)
+        named.append(True)
+    with broker.read_errors():
+        replies = iter(pipe.execute() if any(named) else [])
+    found: list[LinkedJob | None] = []
+    for (queue, _), ok in zip(jobs, named, strict=True):
+        if not ok:
+            found.append(None)
+            continue
+        status, task, parents = next(replies)
+        links = parse_dependants(queue, next(replies)) if dependants else parse_parents(parents)
+        found.append(LinkedJob(status or "", task or "", links))
+    return found
 
 
 def parse_dependants(queue: str, members: Iterable[str]) -> list[tuple[str, str]]:
