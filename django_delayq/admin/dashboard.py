@@ -108,29 +108,15 @@ class MirrorState:
         return f"{'at least ' if self.capped else ''}{self.lag} event(s)"
 
 
-@dataclass
-class Health:
-    """What the warnings are made of: whether a worker is alive, and the mirror's state."""
-
-    workers_alive: bool
-    mirror: MirrorState
-
-
 def mirror_state(broker: Broker, names: list[str]) -> MirrorState:
     """What the mirror still has to apply of the queues ``names`` (its consumer group's
-    backlog), and whether one of its consumers read within :data:`MIRROR_IDLE_MS`."""
+    backlog), and whether one of its consumers read within :data:`MIRROR_IDLE_MS`.
+    Raises the engine's errors, a refusal (an ACL without ``XINFO``) included."""
     total = Backlog()
     for backlog in backlogs(broker, names, GROUP, idle=True).values():
         total.add(backlog)
     alive = total.idle_ms is not None and total.idle_ms < MIRROR_IDLE_MS
     return MirrorState(total.events, alive, total.capped)
-
-
-def read_health(broker: Broker, names: list[str]) -> Health:
-    """The :class:`Health` of the queues ``names``: a few round trips whatever their
-    number and their shards'. Raises the engine's errors, a refusal (an ACL without
-    ``XINFO``) included."""
-    return Health(any_alive(broker), mirror_state(broker, names))
 
 
 def periodic_schedules(broker: Broker) -> list[dict[str, Any]]:
@@ -175,8 +161,8 @@ def health_warnings() -> list[str]:
     mirror is behind), whatever the number of queues and workers (raises the engine's
     errors: see :func:`unavailable`)."""
     broker = get_broker()
-    health = read_health(broker, [q.name for q in Queue.all(broker=broker)])
-    return warnings_for(health.workers_alive, health.mirror)
+    return warnings_for(any_alive(broker),
+                        mirror_state(broker, [q.name for q in Queue.all(broker=broker)]))
 
 
 def unavailable(exc: Exception) -> str:
