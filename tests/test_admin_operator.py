@@ -249,7 +249,7 @@ def reads_processed(client) -> int:
     return int(client.info("stats")["total_reads_processed"])
 
 
-def test_job_list_warnings_take_two_round_trips_whatever_the_queues_and_workers(
+def test_job_list_warnings_take_three_round_trips_whatever_the_queues_and_workers(
         settings, redis_client):
     from django_delayq.admin import dashboard
     from django_delayq.engine.workers import record_alive
@@ -268,7 +268,8 @@ def test_job_list_warnings_take_two_round_trips_whatever_the_queues_and_workers(
         "inside runworker (or manage.py delayq_mirror)."]
     before = reads_processed(redis_client)
     dashboard.health_warnings()
-    assert reads_processed(redis_client) - before <= 3  # two, and this INFO
+    # the queues, a worker alive, the mirror's backlog; and this INFO
+    assert reads_processed(redis_client) - before <= 4
 
 
 @pytest.fixture

@@ -120,17 +120,27 @@ def test_every_queue_operation_works_on_a_sharded_queue(on_cluster):
 
 @pytest.mark.django_db
 def test_the_mirror_writes_every_shard_and_refresh_rows_reads_each(on_cluster):
-    from django_delayq.mirror import Mirror
+    from django_delayq.admin.dashboard import mirror_state
+    from django_delayq.engine.backlog import backlogs
+    from django_delayq.engine.workers import any_alive
+    from django_delayq.mirror import GROUP, Mirror
     from django_delayq.mirror.consumer import refresh_rows
     from django_delayq.models import Job as Row
 
+    broker = on_cluster
     ids = [f"m{i}" for i in range(20)]
     tasks.record.using(queue="sharded").enqueue_many([JobSpec([i], job_id=i) for i in ids])
+    entries = sum(broker.client.xlen(keys.events) for keys in broker.shards("sharded"))
+    assert backlogs(broker, ["sharded"], GROUP)["sharded"].events == entries > 0
     Mirror(block=0.1, queues=["sharded"]).run(burst=True, timeout=60)
     assert dict(Row.objects.values_list("job_id", "status")) == dict.fromkeys(ids, "ready")
+    assert mirror_state(broker, ["sharded"]).lag == 0
+    assert not any_alive(broker)  # TIME, then the heartbeats: a cluster pipeline refuses TIME
     cancelled = ids[::5]
     for job_id in cancelled:
         Job.fetch(job_id, "sharded").cancel()
+    # One event each, after the group's position: counted on each shard's node.
+    assert backlogs(broker, ["sharded"], GROUP)["sharded"].events == len(cancelled)
     assert refresh_rows("sharded", ids) == len(ids)  # one script call per shard
     assert dict(Row.objects.values_list("job_id", "status")) == (
         dict.fromkeys(ids, "ready") | dict.fromkeys(cancelled, "cancelled"))

@@ -40,6 +40,27 @@ def test_engine_imports_without_django_loaded():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE.parent)
 
 
+#: Modules that read Redis only through the engine's functions (more join as they move).
+ASK_THE_ENGINE = ("admin/dashboard.py", "api/views.py", "workflows/view.py", "metrics/",
+                  "management/commands/delayq_health.py")
+
+
+def test_these_modules_send_no_redis_command_of_their_own():
+    """No redis-py import, no ``.client`` (the broker's client) reached: they ask the
+    engine, which sends the commands and raises only its own errors."""
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if not path.relative_to(PACKAGE).as_posix().startswith(ASK_THE_ENGINE):
+            continue
+        tree = ast.parse(path.read_text())
+        if any(m == "redis" or m.startswith("redis.") for m in imported_modules(path)):
+            offenders.append(f"{path.relative_to(PACKAGE)}: imports redis")
+        offenders += [f"{path.relative_to(PACKAGE)}:{node.lineno}: .client"
+                      for node in ast.walk(tree)
+                      if isinstance(node, ast.Attribute) and node.attr == "client"]
+    assert offenders == []
+
+
 def test_the_commands_of_every_install_import_without_the_spark_extra():
     """``runworker`` and ``delayq_mirror`` run without PyArrow, PySpark and matplotlib:
     the lake they may start loads only when ``LAKE_PATH`` is set."""

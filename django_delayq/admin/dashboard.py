@@ -19,16 +19,16 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.safestring import SafeString
 from django.views import View
-from redis.exceptions import RedisClusterException, RedisError
 
 from ..connection import get_broker
 from ..engine import Broker, DelayQConnectionError, DelayQError, Queue
+from ..engine.backlog import Backlog, backlogs
+from ..engine.errors import CommandRefused
 from ..engine.jobhash import from_ms
 from ..engine.keys import validate_queue_name
 from ..engine.stats import QueueStats, queue_stats
 from ..engine.status import PURGEABLE, STATUSES
-from ..engine.workers import is_alive, live_workers
-from ..mirror.lag import absent, shard_lag
+from ..engine.workers import any_alive, live_workers
 from ..mirror.takeover import GROUP
 from ..models import Job
 from ..task import registry
@@ -38,9 +38,9 @@ from .display import when
 logger = logging.getLogger(__name__)
 
 REDIS_DOWN = "Redis is unreachable, so live queue state cannot be shown. Try again shortly."
-#: What reading the live state may raise: Redis unreachable or refusing, a Cluster
-#: client's own errors, a name Redis holds that no queue can have.
-READ_ERRORS = (RedisError, RedisClusterException, DelayQError, ValueError)
+#: What reading the live state may raise: Redis unreachable or refusing
+#: (:class:`CommandRefused`), a name Redis holds that no queue can have.
+READ_ERRORS = (DelayQError, ValueError)
 OPERATIONS = ("pause", "resume", "purge")
 #: A mirror whose consumer has not read for longer than this (ms) counts as stopped.
 MIRROR_IDLE_MS = 60_000
@@ -99,54 +99,24 @@ class MirrorState:
 
     lag: int = 0
     alive: bool = False
+    #: Whether ``lag`` is a lower bound (a shard's backlog went past the count's cap).
+    capped: bool = False
+
+    @property
+    def described(self) -> str:
+        """The lag in words: ``"12 event(s)"``, ``"at least 1000 event(s)"``."""
+        return f"{'at least ' if self.capped else ''}{self.lag} event(s)"
 
 
-@dataclass
-class Health:
-    """What the warnings are made of: whether a worker is alive, and the mirror's state."""
-
-    workers_alive: bool
-    mirror: MirrorState
-
-
-def read_health(broker: Broker, names: list[str]) -> Health:
-    """The :class:`Health` of the queues ``names``, in one round trip whatever their
-    number and their shards' (two on a Redis Cluster, whose pipelines refuse ``TIME``).
-    Raises what Redis raises, a refusal (an ACL without ``XINFO``) included."""
-    shards = [keys for name in names for keys in broker.shards(name)]
-    timed = not broker.is_cluster  # TIME in the pipeline
-    with broker.connection_errors():
-        pipe = broker.client.pipeline(transaction=False)
-        pipe.zrevrangebyscore(broker.global_keys.workers, "+inf", "-inf", start=0, num=1,
-                              withscores=True)
-        if timed:
-            pipe.time()
-        for keys in shards:
-            pipe.xinfo_groups(keys.events)
-            pipe.xlen(keys.events)
-            pipe.xinfo_consumers(keys.events, GROUP)
-        replies = pipe.execute(raise_on_error=False)
-        head, streams = replies[:1 + timed], replies[1 + timed:]
-        for reply in head:
-            if isinstance(reply, Exception):
-                raise reply
-        if timed:
-            seconds, micros = head[1]
-            now_ms = int(seconds) * 1000 + int(micros) // 1000
-        else:
-            now_ms = broker.server_time_ms()
-        state = MirrorState()
-        for groups, length, consumers in zip(streams[0::3], streams[1::3], streams[2::3],
-                                             strict=True):
-            state.lag += shard_lag(groups, length)
-            if absent(consumers):
-                continue  # no stream or no group yet
-            if isinstance(consumers, Exception):
-                raise consumers
-            if any(int(c.get("idle", MIRROR_IDLE_MS)) < MIRROR_IDLE_MS for c in consumers):
-                state.alive = True
-    newest = head[0]
-    return Health(bool(newest) and is_alive(newest[0][1], now_ms), state)
+def mirror_state(broker: Broker, names: list[str]) -> MirrorState:
+    """What the mirror still has to apply of the queues ``names`` (its consumer group's
+    backlog), and whether one of its consumers read within :data:`MIRROR_IDLE_MS`.
+    Raises the engine's errors, a refusal (an ACL without ``XINFO``) included."""
+    total = Backlog()
+    for backlog in backlogs(broker, names, GROUP, idle=True).values():
+        total.add(backlog)
+    alive = total.idle_ms is not None and total.idle_ms < MIRROR_IDLE_MS
+    return MirrorState(total.events, alive, total.capped)
 
 
 def periodic_schedules(broker: Broker) -> list[dict[str, Any]]:
@@ -154,7 +124,8 @@ def periodic_schedules(broker: Broker) -> list[dict[str, Any]]:
     tasks = [t for t in registry.tasks() if t.schedule is not None]
     if not tasks:
         return []
-    now_ms = broker.server_time_ms()
+    with broker.read_errors():
+        now_ms = broker.server_time_ms()
     rows = []
     for task in tasks:
         assert task.schedule is not None
@@ -179,18 +150,19 @@ def warnings_for(workers_alive: bool, mirror: MirrorState) -> list[str]:
         warnings.append("No worker is running: jobs wait until one starts "
                         "(manage.py runworker).")
     if mirror.lag and not mirror.alive:
-        warnings.append(f"No mirror is running: {mirror.lag} event(s) are not in the job "
+        warnings.append(f"No mirror is running: {mirror.described} are not in the job "
                         "list yet. The mirror runs inside runworker (or manage.py "
                         "delayq_mirror).")
     return warnings
 
 
 def health_warnings() -> list[str]:
-    """The dashboard's warnings, for the job list: two round trips, whatever the number
-    of queues and workers (raises what Redis raises: see :func:`unavailable`)."""
+    """The dashboard's warnings, for the job list: three round trips (four while the
+    mirror is behind), whatever the number of queues and workers (raises the engine's
+    errors: see :func:`unavailable`)."""
     broker = get_broker()
-    health = read_health(broker, [q.name for q in Queue.all(broker=broker)])
-    return warnings_for(health.workers_alive, health.mirror)
+    return warnings_for(any_alive(broker),
+                        mirror_state(broker, [q.name for q in Queue.all(broker=broker)]))
 
 
 def unavailable(exc: Exception) -> str:
@@ -203,20 +175,21 @@ def unavailable(exc: Exception) -> str:
                    type(exc).__name__, exc)
     if isinstance(exc, ValueError):  # a name in Redis that no queue can have
         return f"Live queue state is unavailable: {str(exc)[:200]}"
-    return (f"Live queue state is unavailable: Redis refused a read "
-            f"({type(exc).__name__}: {str(exc)[:200]}).")
+    # CommandRefused names redis-py's error first
+    refusal = str(exc) if isinstance(exc, CommandRefused) else f"{type(exc).__name__}: {exc}"
+    return f"Live queue state is unavailable: Redis refused a read ({refusal[:200]})."
 
 
 def snapshot() -> dict[str, Any]:
-    """Everything the dashboard shows, read live (raises DelayQConnectionError)."""
+    """Everything the dashboard shows, read live (raises the engine's errors)."""
     broker = get_broker()
     queues = Queue.all(broker=broker)
     names = [q.name for q in queues]
     stats = queue_stats(broker, names)
     workers = live_workers(broker)
-    health = read_health(broker, names)
+    mirror = mirror_state(broker, names)
     return {"queues": [queue_state(q, stats[q.name]) for q in queues], "workers": workers,
-            "mirror": health.mirror, "warnings": warnings_for(bool(workers), health.mirror),
+            "mirror": mirror, "warnings": warnings_for(bool(workers), mirror),
             "periodic": periodic_schedules(broker)}
 
 
@@ -271,7 +244,8 @@ class QueuesDataView(_AdminView):
                     "ago": round(w.seconds_ago, 1)} for w in data["workers"]]
         return JsonResponse({"queues": [q.as_json() for q in data["queues"]],
                              "workers": workers, "warnings": data["warnings"],
-                             "mirror_lag": data["mirror"].lag})
+                             "mirror_lag": data["mirror"].lag,
+                             "mirror_lag_capped": data["mirror"].capped})
 
 
 class QueueControlView(_AdminView):

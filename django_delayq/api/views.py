@@ -51,11 +51,8 @@ CONFLICT = {409: OpenApiResponse(s.ErrorSerializer,
 def known_queue(name: str) -> Queue:
     """The queue ``name`` if Redis has seen it or a registered task uses it, else 404."""
     broker = get_broker()
-    if name not in registry.queues():
-        with broker.connection_errors():
-            seen = broker.client.sismember(broker.global_keys.queues, name)
-        if not seen:
-            raise NotFound(f"No queue named {name!r}.")
+    if name not in registry.queues() and not Queue.seen(name, broker=broker):
+        raise NotFound(f"No queue named {name!r}.")
     return Queue(name, broker=broker)
 
 

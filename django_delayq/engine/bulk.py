@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import queue as stdlib_queue
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from . import flows
 from .commands import EncodedJob
+from .core import BrokerCore
 from .errors import NotReplicated
 from .failover import FAILOVER
 from .keys import QueueKeys
@@ -26,23 +27,6 @@ from .status import Status
 Chunk = list[Any]
 #: A job of a bulk call: encoded, with the parents it waits for (None: none).
 Outgoing = tuple[EncodedJob, flows.Dependencies | None]
-
-
-class Producer(flows.Broker, Protocol):
-    """The parts of :class:`~django_delayq.engine.broker.Broker` a bulk call uses (a
-    protocol, so that ``broker.py`` imports this module and not the other way round)."""
-
-    def shard_count(self, queue: str) -> int: ...
-
-    def remember_queue(self, queue: str) -> None: ...
-
-    def replica_wait(self) -> tuple[int, int] | None: ...
-
-    def retry_or_raise(self, exc: Exception, deadline: float | None) -> float: ...
-
-    def encode_request(self, request: EnqueueRequest, arg_names: Sequence[str] = (), *,
-                       checked: set[tuple[str, int, int]] | None = None,
-                       ids: Iterator[str] | None = None) -> EncodedJob: ...
 
 
 class ChunkSender:
@@ -106,7 +90,7 @@ class ChunkSender:
                     self._error = exc
 
 
-def split_waits(broker: Producer, keys: QueueKeys,
+def split_waits(broker: BrokerCore, keys: QueueKeys,
                 items: Sequence[Outgoing]) -> tuple[list[EncodedJob], list[list[Any]]]:
     """The enqueue script's jobs and flow values of ``items``, jobs of the shard ``keys``
     (the script links each to its parents of that shard)."""
@@ -120,7 +104,7 @@ class BulkEnqueue:
     """One call of :meth:`Broker.enqueue_many` on ``queue``: what it sent is added to
     ``total`` (and ``results``) as the shards answer, so an error leaves them right."""
 
-    def __init__(self, broker: Producer, queue: str, total: BulkResult,
+    def __init__(self, broker: BrokerCore, queue: str, total: BulkResult,
                  results: list[EnqueueResult] | None) -> None:
         self.broker = broker
         self.queue = queue

@@ -19,6 +19,18 @@ class DelayQConnectionError(DelayQError, ConnectionError):
     """Redis could not be reached (or answered too slowly) for a queue operation."""
 
 
+class CommandRefused(DelayQError, RedisError):
+    """Redis answered a read with an error instead of serving it: an ACL without the
+    command, a key of another type (written by hand). Trying again changes nothing.
+
+    Also a ``RedisError``, which redis-py raised in its place before, so that code
+    catching those still catches it. The message starts with redis-py's error class.
+    """
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+
+
 class NotReplicated(DelayQError):
     """Fewer replicas than ``MIN_REPLICAS`` confirmed a write within the timeout.
 

@@ -20,33 +20,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from .commands import Commands
-from .config import EngineConfig
+from .core import BrokerCore
 from .fields import stored
 from .jobhash import parse_parents
 from .keys import QueueKeys, validate_job_id, validate_queue_name
-from .scripts import Batch
 from .status import Status
-
-
-class Broker(Protocol):
-    """The parts of :class:`~django_delayq.engine.broker.Broker` this module uses (a
-    protocol, so that ``broker.py`` imports this module and not the other way round)."""
-
-    client: Any
-    config: EngineConfig
-    commands: Commands
-
-    def keys_for(self, queue: str, job_id: str) -> QueueKeys: ...
-
-    def batch(self) -> Batch: ...
-
-    def connection_errors(self) -> AbstractContextManager[None]: ...
-
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +63,7 @@ class Dependencies:
         return [index, json.dumps([list(p) for p in self.parents], separators=(",", ":")),
                 policy, self.pass_results, " ".join(map(str, here))]
 
-    def split(self, broker: Broker, keys: QueueKeys) -> tuple[list[int], list[Link]]:
+    def split(self, broker: BrokerCore, keys: QueueKeys) -> tuple[list[int], list[Link]]:
         """The indexes of the parents in the shard ``keys`` (the dependant's), and the
         ``(index, queue, id)`` of the others."""
         here: list[int] = []
@@ -132,7 +113,7 @@ def dependencies(depends_on: Iterable[Any] | None, queue: str, on_parent_failure
     return Dependencies(parents, on_parent_failure, pass_results)
 
 
-def check_parents_exist(broker: Broker, parents: Iterable[tuple[str, str]]) -> None:
+def check_parents_exist(broker: BrokerCore, parents: Iterable[tuple[str, str]]) -> None:
     """Raise ``ValueError`` naming the first parent that does not exist (one round trip).
 
     Parents must exist before their dependants, so a cycle cannot be built.
@@ -159,7 +140,7 @@ def member(child: QueueKeys, parent: QueueKeys, index: int, child_id: str) -> st
     return f"R {index} {child.queue} {shard} {child_id}"
 
 
-def link(broker: Broker, waiting: Sequence[tuple[QueueKeys, str, Sequence[Link]]], *,
+def link(broker: BrokerCore, waiting: Sequence[tuple[QueueKeys, str, Sequence[Link]]], *,
          resolved: dict[QueueKeys, list[Resolution]] | None = None) -> None:
     """Link stored waiting jobs ``(shard, id, parents)`` to those parents, resolve at once
     the dependants of parents that already finished (and the ``resolved`` ones, per
@@ -197,7 +178,7 @@ def link(broker: Broker, waiting: Sequence[tuple[QueueKeys, str, Sequence[Link]]
     _resolve(broker, resolutions, linked)
 
 
-def _resolve(broker: Broker, resolutions: dict[QueueKeys, list[Resolution]],
+def _resolve(broker: BrokerCore, resolutions: dict[QueueKeys, list[Resolution]],
              linked: dict[QueueKeys, list[str]] | None = None) -> None:
     """Apply resolutions per dependant shard, and confirm the ``linked`` dependants, in
     one round trip; then deliver what the resolutions pushed elsewhere."""
@@ -242,7 +223,7 @@ def _stored_parent(index: str, parents: Sequence[tuple[str, str]]) -> tuple[str,
     return queue, parent_id, ""
 
 
-def relink(broker: Broker, jobs: Sequence[tuple[QueueKeys, str]]) -> Relinked:
+def relink(broker: BrokerCore, jobs: Sequence[tuple[QueueKeys, str]]) -> Relinked:
     """Link again the waiting jobs ``(shard, id)`` to each parent they still wait for,
     as :func:`link` does (jobs no longer waiting are only confirmed), and say what it
     found.
@@ -286,7 +267,7 @@ def relink(broker: Broker, jobs: Sequence[tuple[QueueKeys, str]]) -> Relinked:
     return found
 
 
-def repair(broker: Broker, keys: QueueKeys, job_ids: Sequence[str]) -> Relinked:
+def repair(broker: BrokerCore, keys: QueueKeys, job_ids: Sequence[str]) -> Relinked:
     """Link again the waiting jobs ``job_ids`` of the shard ``keys`` that the reclaim
     call found unconfirmed past the grace period (the heartbeat's part), and log what
     was found: the reclaim call hands each job to one heartbeat per grace period, so
@@ -308,7 +289,7 @@ def repair(broker: Broker, keys: QueueKeys, job_ids: Sequence[str]) -> Relinked:
     return found
 
 
-def deliver(broker: Broker, keys: QueueKeys, *, limit: int = DELIVER_BATCH) -> int:
+def deliver(broker: BrokerCore, keys: QueueKeys, *, limit: int = DELIVER_BATCH) -> int:
     """Deliver the outbox of the shard ``keys``: resolve each entry in its dependant's
     shard, then remove it. Returns how many entries were delivered.
 
@@ -347,12 +328,54 @@ def deliver(broker: Broker, keys: QueueKeys, *, limit: int = DELIVER_BATCH) -> i
             return delivered
 
 
-def children_of(broker: Broker, queue: str, job_id: str) -> list[tuple[str, str]]:
+def children_of(broker: BrokerCore, queue: str, job_id: str) -> list[tuple[str, str]]:
     """The ``(queue, id)`` dependants linked to a job (kept while its hash lives)."""
     keys = broker.keys_for(queue, job_id)
-    with broker.connection_errors():
+    with broker.read_errors():
         members = broker.client.smembers(keys.dependants(job_id))
     return parse_dependants(queue, members)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkedJob:
+    """A job of a workflow as Redis holds it now."""
+
+    #: Its status and task ('' for both once Redis no longer holds it).
+    status: str
+    task: str
+    #: The ``(queue, id)`` of its parents, or of its dependants (see :func:`read_linked`).
+    links: list[tuple[str, str]]
+
+
+def read_linked(broker: BrokerCore, jobs: Sequence[tuple[str, str]], *,
+                dependants: bool) -> list[LinkedJob | None]:
+    """Each of the jobs ``(queue, id)`` with its parents (with ``dependants``: its
+    dependants), in one round trip; None for a reference no key can name (damaged)."""
+    fields = [stored("status"), stored("task"), stored("parents")]
+    pipe = broker.client.pipeline(transaction=False)
+    named: list[bool] = []
+    for queue, job_id in jobs:
+        try:
+            keys = broker.keys_for(queue, job_id)
+            job_key, links_key = keys.job(job_id), keys.dependants(job_id)
+        except ValueError:
+            named.append(False)
+            continue
+        pipe.hmget(job_key, fields)
+        if dependants:
+            pipe.smembers(links_key)
+        named.append(True)
+    with broker.read_errors():
+        replies = iter(pipe.execute() if any(named) else [])
+    found: list[LinkedJob | None] = []
+    for (queue, _), ok in zip(jobs, named, strict=True):
+        if not ok:
+            found.append(None)
+            continue
+        status, task, parents = next(replies)
+        links = parse_dependants(queue, next(replies)) if dependants else parse_parents(parents)
+        found.append(LinkedJob(status or "", task or "", links))
+    return found
 
 
 def parse_dependants(queue: str, members: Iterable[str]) -> list[tuple[str, str]]:

@@ -74,7 +74,7 @@ class Queue:
         skipped with a warning, so one bad entry hides no queue from its readers.
         """
         b = broker or default_broker()
-        with b.connection_errors():
+        with b.read_errors():
             names = b.client.smembers(b.global_keys.queues)
         queues = []
         for name in sorted(names):
@@ -85,11 +85,18 @@ class Queue:
                                b.global_keys.queues, exc)
         return queues
 
+    @classmethod
+    def seen(cls, name: str, *, broker: Broker | None = None) -> bool:
+        """Whether an enqueuer or a worker has seen the queue ``name`` (one command)."""
+        b = broker or default_broker()
+        with b.read_errors():
+            return bool(b.client.sismember(b.global_keys.queues, name))
+
     def counts(self) -> dict[str, int]:
         """Jobs per status (completed/failed/cancelled: those still kept)."""
         broker = self.broker
         shards = broker.shards(self.name)
-        with broker.connection_errors():
+        with broker.read_errors():
             pipe = broker.client.pipeline(transaction=False)
             for keys in shards:
                 for status in STATUSES:
@@ -130,13 +137,13 @@ class Queue:
     @property
     def is_paused(self) -> bool:
         broker = self.broker
-        with broker.connection_errors():
+        with broker.read_errors():
             return bool(broker.client.exists(broker.shards(self.name)[0].paused))
 
     def next_due(self) -> dt.datetime | None:
         """The run_at of the earliest scheduled job, or None."""
         broker = self.broker
-        with broker.connection_errors():
+        with broker.read_errors():
             pipe = broker.client.pipeline(transaction=False)
             for keys in broker.shards(self.name):
                 pipe.zrange(keys.scheduled, 0, 0, withscores=True)
@@ -165,7 +172,7 @@ class Queue:
         broker = self.broker
         newest_first = status in FINISHED
         found: list[tuple[float, str, dict[str, str]]] = []
-        with broker.connection_errors():
+        with broker.read_errors():
             for keys in broker.shards(self.name):
                 set_key = keys.status_set(status)
                 if newest_first:
@@ -187,7 +194,7 @@ class Queue:
         the newest reasons (each with its time, who skipped it and the stream id, newest
         first), over every shard."""
         broker = self.broker
-        with broker.connection_errors():
+        with broker.read_errors():
             pipe = broker.client.pipeline(transaction=False)
             for keys in broker.shards(self.name):
                 pipe.get(keys.skipped)
@@ -201,7 +208,7 @@ class Queue:
     def throughput(self, minutes: int = 60) -> list[tuple[dt.datetime, int, int]]:
         """(minute, completed, failed) for each of the last ``minutes`` minutes."""
         broker = self.broker
-        with broker.connection_errors():
+        with broker.read_errors():
             now_minute = broker.server_time_ms() // 60_000
             pipe = broker.client.pipeline(transaction=False)
             for keys in broker.shards(self.name):

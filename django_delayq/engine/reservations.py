@@ -13,36 +13,16 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.exceptions import RedisError
 
+from .claims import ClaimResult
+from .core import BrokerCore
 from .errors import PartialClaimError
-
-if TYPE_CHECKING:
-    from .claims import ClaimResult
-    from .commands import Commands
-    from .keys import QueueKeys
-    from .limits import RateLimit
-    from .scripts import Batch
+from .keys import QueueKeys
 
 
-class Broker(Protocol):
-    """What a reservation uses of :class:`~django_delayq.engine.Broker` (a protocol:
-    the broker imports this module)."""
-
-    client: Any
-    commands: Commands
-
-    def rate_limit(self, queue: str) -> RateLimit | None: ...
-    def limit_key(self, queue: str) -> str: ...
-    def batch(self) -> Batch: ...
-    def add_claim(self, batch: Batch, keys: QueueKeys, count: int, worker: str,
-                  lease_ms: int | None = None, *, reserved: bool = False) -> int: ...
-    def run_claims(self, batch: Batch, shards: Sequence[QueueKeys]) -> list[ClaimResult]: ...
-
-
-def reserve(broker: Broker, queue: str, want: int, token: str) -> tuple[int, int | None]:
+def reserve(broker: BrokerCore, queue: str, want: int, token: str) -> tuple[int, int | None]:
     """Take up to ``want`` starts from the window of ``queue`` (one round trip).
 
     Returns (granted, ms until the next start is allowed or None). The caller then
@@ -56,7 +36,7 @@ def reserve(broker: Broker, queue: str, want: int, token: str) -> tuple[int, int
     return granted, None if wait < 0 else wait
 
 
-def settle(broker: Broker, queue: str, token: str, granted: int,
+def settle(broker: BrokerCore, queue: str, token: str, granted: int,
            started: Sequence[int]) -> None:
     """Settle a reservation (one round trip): the i-th start used happened at
     ``started[i]`` (ms, later than the reservation), the rest are given back.
@@ -77,7 +57,7 @@ def settle(broker: Broker, queue: str, token: str, granted: int,
 
 
 def claim_reserved(
-    broker: Broker, queue: str, shards: Sequence[QueueKeys], count: int, worker: str,
+    broker: BrokerCore, queue: str, shards: Sequence[QueueKeys], count: int, worker: str,
     lease_ms: int | None = None,
 ) -> list[ClaimResult]:
     """Reserve up to ``count`` starts of ``queue``, then claim them from ``shards`` in

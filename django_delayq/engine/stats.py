@@ -80,7 +80,7 @@ class QueueStats:
 
 def queue_stats(broker: Broker, queues: list[str]) -> dict[str, QueueStats]:
     """The stats of each queue in ``queues``: one pipelined HGETALL per shard."""
-    with broker.connection_errors():
+    with broker.read_errors():
         pipe = broker.client.pipeline(transaction=False)
         order = []
         for queue in queues:

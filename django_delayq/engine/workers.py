@@ -3,12 +3,13 @@
 Workers write them (:func:`record_alive`, :func:`forget`). A worker is alive while its
 last heartbeat is no older than :data:`ALIVE_MS`, the one definition every reader uses:
 the admin dashboard and the API list the workers alive (:func:`live_workers`), the
-metrics count them (:func:`count_alive`), ``delayq_health`` reads every record still
-kept to report the dead ones, and the mirror takes over the events of a worker that is
-not alive (:func:`consumers_gone`). A worker whose heartbeat stops drops out of the
-ZSET after its TTL, and its HASH expires. A record's ``role`` is ``worker`` or
-``supervisor`` (the parent of a ``runworker --processes N`` pool); a pool's workers
-name their supervisor in ``supervisor``.
+metrics count them (:func:`count_alive`), the admin's warnings ask whether any is
+(:func:`any_alive`), ``delayq_health`` reads every record still kept to report the dead
+ones, and the mirror takes over the events of a worker that is not alive
+(:func:`consumers_gone`). A worker whose heartbeat stops drops out of the ZSET after its
+TTL, and its HASH expires. A record's ``role`` is ``worker`` or ``supervisor`` (the
+parent of a ``runworker --processes N`` pool); a pool's workers name their supervisor
+in ``supervisor``.
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ import datetime as dt
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis.exceptions import RedisError
 
+from .core import BrokerCore
 from .jobhash import read_times, to_float, to_int
-
-if TYPE_CHECKING:
-    from .broker import Broker
 
 #: Most workers :func:`live_workers` lists (newest heartbeats first).
 MAX_LISTED = 1_000
@@ -35,7 +34,7 @@ ALIVE_MS = 30_000
 PROCESS_INFO: dict[str, Any] = {}
 
 
-def record_alive(broker: Broker, name: str, ttl: int, info: dict[str, Any]) -> None:
+def record_alive(broker: BrokerCore, name: str, ttl: int, info: dict[str, Any]) -> None:
     """Record ``name`` as alive now (Redis clock) with ``info``; forget long-dead workers."""
     keys = broker.global_keys
     now_ms = broker.server_time_ms()
@@ -52,13 +51,13 @@ def record_alive(broker: Broker, name: str, ttl: int, info: dict[str, Any]) -> N
     pipe.execute()
 
 
-def register_queues(broker: Broker, queues: list[str]) -> None:
+def register_queues(broker: BrokerCore, queues: list[str]) -> None:
     """Add ``queues`` to the set of known queues (the dashboard, the API and the metrics
     list them)."""
     broker.client.sadd(broker.global_keys.queues, *queues)
 
 
-def forget(broker: Broker, name: str) -> None:
+def forget(broker: BrokerCore, name: str) -> None:
     """Remove ``name`` from the workers alive (best effort: it expires anyway)."""
     keys = broker.global_keys
     try:
@@ -106,14 +105,33 @@ def is_alive(heartbeat_ms: float, now_ms: int) -> bool:
     return now_ms - heartbeat_ms <= ALIVE_MS
 
 
-def count_alive(broker: Broker) -> int:
+def count_alive(broker: BrokerCore) -> int:
     """How many workers are alive (one command, whatever their number)."""
-    with broker.connection_errors():
+    with broker.read_errors():
         now_ms = broker.server_time_ms()
         return int(broker.client.zcount(broker.global_keys.workers, now_ms - ALIVE_MS, "+inf"))
 
 
-def live_workers(broker: Broker, limit: int = MAX_LISTED, *,
+def any_alive(broker: BrokerCore) -> bool:
+    """Whether a worker is alive: one round trip (two on a Redis Cluster, whose
+    pipelines refuse ``TIME``), whatever their number."""
+    keys = broker.global_keys
+    with broker.read_errors():
+        if broker.is_cluster:
+            now_ms = broker.server_time_ms()
+            newest = broker.client.zrevrangebyscore(keys.workers, "+inf", "-inf", start=0,
+                                                    num=1, withscores=True)
+        else:
+            pipe = broker.client.pipeline(transaction=False)
+            pipe.time()
+            pipe.zrevrangebyscore(keys.workers, "+inf", "-inf", start=0, num=1,
+                                  withscores=True)
+            (seconds, micros), newest = pipe.execute()
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+    return bool(newest) and is_alive(newest[0][1], now_ms)
+
+
+def live_workers(broker: BrokerCore, limit: int = MAX_LISTED, *,
                  include_dead: bool = False) -> list[WorkerInfo]:
     """The workers alive, newest heartbeat first (at most ``limit``).
 
@@ -121,7 +139,7 @@ def live_workers(broker: Broker, limit: int = MAX_LISTED, *,
     still kept (for its TTL, a minute or more): ``delayq_health`` reports those.
     """
     keys = broker.global_keys
-    with broker.connection_errors():
+    with broker.read_errors():
         now_ms = broker.server_time_ms()
         oldest = "-inf" if include_dead else now_ms - ALIVE_MS
         entries = broker.client.zrevrangebyscore(keys.workers, "+inf", oldest, start=0,
@@ -176,7 +194,7 @@ def _pid_running(pid: int) -> bool:
         return True
 
 
-def consumers_gone(broker: Broker, consumers: list[str]) -> set[str]:
+def consumers_gone(broker: BrokerCore, consumers: list[str]) -> set[str]:
     """The mirror consumers of ``consumers`` that are certainly no longer alive.
 
     A worker's mirror (``<worker>/mirror``) is gone when the worker's heartbeat says so:

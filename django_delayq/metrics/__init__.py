@@ -32,9 +32,10 @@ from django.http import HttpRequest, HttpResponse
 
 from ..connection import get_broker
 from ..engine import Broker, DelayQConnectionError, Queue
+from ..engine.backlog import backlogs
 from ..engine.stats import Histogram, queue_stats
 from ..engine.workers import count_alive
-from ..mirror.lag import mirror_lag
+from ..mirror.takeover import GROUP
 from ..task import registry
 
 
@@ -65,16 +66,23 @@ class DelayQCollector(Collector):
         paused = GaugeMetricFamily("delayq_queue_paused", "1 while the queue is paused.",
                                    labels=["queue"])
         lag = GaugeMetricFamily("delayq_mirror_lag_events", "Events of the queue the model "
-                                "mirror has not applied yet.", labels=["queue"])
+                                "mirror has not applied yet (pending, and after the last "
+                                "one delivered to it).", labels=["queue"])
+        capped = GaugeMetricFamily("delayq_mirror_lag_capped", "1 when the lag of the queue "
+                                   "is a lower bound (counted up to a cap per shard).",
+                                   labels=["queue"])
         for name in names:
             queue = Queue(name, broker=broker)
             for status, n in queue.counts().items():
                 jobs.add_metric([name, status], n)
             paused.add_metric([name], int(queue.is_paused))
-            lag.add_metric([name], mirror_lag(broker, name))
+        for name, backlog in backlogs(broker, names, GROUP).items():
+            lag.add_metric([name], backlog.events)
+            capped.add_metric([name], int(backlog.capped))
         yield jobs
         yield paused
         yield lag
+        yield capped
         totals = [("enqueued", "Jobs enqueued."), ("started", "Attempts started."),
                   ("completed", "Jobs completed."),
                   ("failed", "Jobs failed for good (dead-lettered)."),

@@ -13,9 +13,7 @@ from typing import Any
 from ..connection import get_broker
 from ..engine import Broker
 from ..engine import Job as EngineJob
-from ..engine.fields import stored
-from ..engine.flows import children_of, parse_dependants
-from ..engine.jobhash import parse_parents
+from ..engine.flows import children_of, read_linked
 
 #: Levels of parents (and of dependants) shown: parents, grandparents, great-grandparents.
 MAX_DEPTH = 3
@@ -78,28 +76,14 @@ def _node(ref: Ref, direction: str) -> dict[str, Any]:
 def _read_level(broker: Broker, level: list[dict[str, Any]], direction: str) -> list[list[Ref]]:
     """Fill in the status and task of each job of ``level`` (one round trip); the
     references of each one's ``direction``."""
-    pipe = broker.client.pipeline(transaction=False)
-    sent = []
-    fields = [stored("status"), stored("task"), stored("parents")]
-    for node in level:
-        try:
-            keys = broker.keys_for(node["queue"], node["job_id"])
-            job_key, links_key = keys.job(node["job_id"]), keys.dependants(node["job_id"])
-        except ValueError:  # a damaged reference: no key can hold that name
+    found = read_linked(broker, [(node["queue"], node["job_id"]) for node in level],
+                        dependants=direction == "children")
+    links: list[list[Ref]] = []
+    for node, job in zip(level, found, strict=True):
+        if job is None:  # a damaged reference: no key can hold that name
             node["status"] = INVALID
+            links.append([])
             continue
-        pipe.hmget(job_key, fields)
-        if direction == "children":
-            pipe.smembers(links_key)
-        sent.append(node)
-    with broker.connection_errors():
-        replies = iter(pipe.execute() if sent else [])
-    links: dict[int, list[Ref]] = {}
-    for node in sent:
-        status, task, parents = next(replies)
-        node["status"], node["task"] = status or EXPIRED, task or ""
-        if direction == "children":
-            links[id(node)] = parse_dependants(node["queue"], next(replies))
-        else:
-            links[id(node)] = parse_parents(parents)
-    return [links.get(id(node), []) for node in level]
+        node["status"], node["task"] = job.status or EXPIRED, job.task
+        links.append(job.links)
+    return links

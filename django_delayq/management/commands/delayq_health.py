@@ -1,7 +1,8 @@
 """``manage.py delayq_health``: exit non-zero when workers are not alive (liveness probes).
 
 Exit codes: 0 every worker checked is alive; 1 one has stopped heartbeating or has no
-live thread; 2 bad arguments; 3 no worker matches; 4 Redis is unreachable.
+live thread; 2 bad arguments; 3 no worker matches; 4 Redis is unreachable (or refused
+the read).
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from redis.exceptions import RedisError
 
 from django_delayq.conf import conf
 from django_delayq.connection import get_broker
-from django_delayq.engine.errors import DelayQConnectionError
+from django_delayq.engine.errors import CommandRefused, DelayQConnectionError
 from django_delayq.engine.keys import validate_queue_name
 from django_delayq.runtime.health import check_workers
 
@@ -54,8 +54,11 @@ class Command(BaseCommand):
             found = check_workers(get_broker(), default_lease=conf.LEASE,
                                   worker=options["worker"], queue=options["queue"],
                                   stale_after=stale_after)
-        except (RedisError, DelayQConnectionError) as exc:
+        except DelayQConnectionError as exc:
             self.stderr.write(f"Redis is unreachable: {exc}")
+            sys.exit(EXIT_REDIS)
+        except CommandRefused as exc:  # an ACL without a command it reads with
+            self.stderr.write(f"Redis refused the read: {exc}")
             sys.exit(EXIT_REDIS)
         verbose = options["verbosity"] > 0
         if not found:
