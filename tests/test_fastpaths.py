@@ -94,11 +94,11 @@ def test_the_redis_py_internals_the_pinned_connections_use_work():
 
 def test_only_the_fastpaths_module_reaches_redis_py_internals():
     """The redis-py internals the pinned connections need (connection methods, pool
-    checkout, retry count) are called in engine/fastpaths.py alone, so a redis-py
-    upgrade that moves one is met in one place."""
+    checkout, retry count) and a cluster's node table are reached in
+    engine/fastpaths.py alone, so a redis-py upgrade that moves one is met in one place."""
     package = Path(__file__).resolve().parent.parent / "django_delayq"
     internals = {"send_packed_command", "read_response", "should_reconnect",
-                 "get_connection", "get_retries", "_retries"}
+                 "get_connection", "get_retries", "_retries", "nodes_manager"}
     offenders = []
     for path in package.rglob("*.py"):
         if path.relative_to(package).as_posix() == "engine/fastpaths.py":

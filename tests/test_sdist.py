@@ -70,7 +70,7 @@ def test_sdist_installs_and_its_tests_pass_against_the_installed_package(
          "--no-cache-dir", "--target", str(site), str(sdist)],
         capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-3000:]
-    assert (site / "django_delayq" / "lua" / "includes" / "common.lua").is_file()
+    assert (site / "django_delayq" / "lua" / "includes" / "now_ms.lua").is_file()
     assert list(site.glob("django_delayq-*.dist-info/entry_points.txt"))
 
     probe = tmp_path / "probe"

@@ -79,10 +79,8 @@ class Broker(BrokerCore):
         # finds the job if the first try landed, so it cannot add it twice.
         deadline = None
         while True:
-            # try/except, not connection_errors(): the hot path of every producer (fastpaths.py)
             try:
-                if queue not in self._known_queues:  # remember_queue's check, inline: no call
-                    self.remember_queue(queue)
+                self.remember_queue(queue)
                 if wait is None:
                     reply = self.commands.enqueue(keys, (job,))
                 else:

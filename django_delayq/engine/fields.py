@@ -3,9 +3,9 @@
 A waiting job is mostly its hash, and Redis stores a small hash as one listpack holding
 every field name next to its value, so the names are kept to one or two characters and
 a field equal to its default is not stored at all. The Lua scripts use the stored names
-(the legend at the top of ``lua/includes/common.lua`` repeats this table); Python reads
-a hash through :func:`logical`, so ``Job`` attributes, the API, the admin and the mirror
-keep the logical names.
+(``lua/enqueue.lua`` writes a new job's hash); Python reads a hash through
+:func:`logical`, so ``Job`` attributes, the API, the admin and the mirror keep the
+logical names.
 
 =============  ======  ===========================================  =======
 logical name   stored  meaning                                      default

@@ -23,7 +23,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-# redis-py's packer wraps this one in a per-argument Python loop (a dependency: redis[hiredis])
+# redis-py 8's packer copies every argument in a Python loop before calling this one
+# (fastpaths.py: packed sends; a dependency: redis[hiredis])
 from hiredis import pack_command
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError

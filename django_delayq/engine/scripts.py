@@ -2,16 +2,15 @@
 
 Only :mod:`~django_delayq.engine.commands` calls these, with each script's KEYS and ARGV.
 
-Each script is its own file preceded by the definitions it uses, taken from the shared
-``includes/common.lua`` and ``includes/flows.lua`` (workflows), in their order there.
-Redis runs a script's whole body on every call, so each ``local function`` of the
-includes costs a closure per call whether used or not: a script that sent all of them
-would pay about 2 us more per call (enqueue, claim, ack) for code it never runs. For the
-same reason the enqueue script is also loaded without the workflow definitions, as
-``enqueue_plain`` (:data:`VARIANTS`), for the calls whose jobs wait for no parent.
-Scripts are sent with EVALSHA; when Redis answers NOSCRIPT (a restart, SCRIPT FLUSH, a
-failover) the script is loaded again and the call repeated, for single calls and
-pipelines alike.
+A script names what it includes, one line each: ``-- include: name`` stands for
+``lua/includes/name.lua``, a file of definitions on one concept, which may name its own
+includes. A script's source is its includes, each once and after those it names, then
+its own file. Redis runs a script's whole body on every call, so each ``local function``
+sent costs a closure per call whether used or not (about 2 us per call for all of them):
+the includes are small so that a script takes only what it uses, and
+``tests/test_scripts.py`` checks that it uses all it takes. Scripts are sent with
+EVALSHA; when Redis answers NOSCRIPT (a restart, SCRIPT FLUSH, a failover) the script is
+loaded again and the call repeated, for single calls and pipelines alike.
 """
 
 from __future__ import annotations
@@ -39,72 +38,48 @@ class Script:
     sha: str
 
 
-def _read(path: str) -> str:
-    return resources.files("django_delayq").joinpath("lua", path).read_text(encoding="utf-8")
-
-
-INCLUDES = ("includes/common.lua", "includes/flows.lua")
-#: Scripts loaded from another script's file with fewer includes: name -> (that file's
-#: name, the includes it takes definitions from). ``enqueue_plain`` is ``enqueue.lua``
+#: A line naming an include: ``-- include: name`` (``lua/includes/name.lua``).
+INCLUDE = re.compile(r"^-- include: ([a-z_]+)$", re.MULTILINE)
+#: Scripts loaded from another script's file, leaving some of its includes out: name ->
+#: (that file's name, the includes left out). ``enqueue_plain`` is ``enqueue.lua``
 #: without the workflow definitions: the script reaches them only for jobs that wait for
-#: parents (``m > 0``), and the closures they make cost a plain enqueue about a tenth of
-#: its Redis time. Only :mod:`.commands` chooses it (``_enqueue_script``), for the
-#: enqueue calls with no such job.
-VARIANTS = {"enqueue_plain": ("enqueue", ("includes/common.lua",))}
-#: A top-level definition of an include: ``local function name(`` or ``local NAME =``.
-_DEFINITION = re.compile(r"^local (?:function )?([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-#: A Lua comment (the scripts hold no string with "--"): the names it mentions are not uses.
-_COMMENT = re.compile(r"--[^\n]*")
-
-
-def _words(code: str) -> set[str]:
-    """The names ``code`` uses, its comments left out."""
-    return set(_WORD.findall(_COMMENT.sub("", code)))
+#: parents (``m > 0``), and the closures they make are 5.5 % of the Redis instructions
+#: of a one-job enqueue (callgrind). Only :mod:`.commands` chooses it
+#: (``_enqueue_script``), for the enqueue calls with no such job.
+VARIANTS = {"enqueue_plain": ("enqueue", frozenset({"flows", "link_parent"}))}
 
 
 @cache
-def _definitions(includes: tuple[str, ...] = INCLUDES) -> list[tuple[str, str]]:
-    """Every top-level definition of ``includes`` as (name, its text with the comment
-    lines just above it), in include order. A definition runs to the next one's comment
-    lines, so nothing between two definitions (but comments) may run on its own."""
-    out: list[tuple[str, str]] = []
-    for path in includes:
-        lines = _read(path).splitlines()
-        starts = [i for i, line in enumerate(lines) if _DEFINITION.match(line)]
-        if any(line.strip() and not line.startswith("--") for line in lines[:starts[0]]):
-            raise ValueError(f"{path}: code before its first definition would be dropped")
-        bounds = []
-        for i in starts:
-            while i > 0 and lines[i - 1].startswith("--"):
-                i -= 1
-            bounds.append(i)
-        for start, end, head in zip(bounds, [*bounds[1:], len(lines)], starts, strict=True):
-            name = _DEFINITION.match(lines[head]).group(1)  # type: ignore[union-attr]
-            out.append((name, "\n".join(lines[start:end]).rstrip() + "\n"))
-    return out
+def read_lua(path: str) -> str:
+    """The text of ``lua/<path>``."""
+    return resources.files("django_delayq").joinpath("lua", path).read_text(encoding="utf-8")
 
 
-def used_definitions(body: str,
-                     includes: tuple[str, ...] = INCLUDES) -> list[tuple[str, str]]:
-    """The definitions of ``includes`` that ``body`` uses, directly or through another
-    definition, in include order (each is defined before whatever uses it)."""
-    definitions = _definitions(includes)
-    wanted = _words(body)
-    # Later definitions may use earlier ones only: one pass from the end finds them all.
-    for name, text in reversed(definitions):
-        if name in wanted:
-            wanted |= _words(text)
-    return [(name, text) for name, text in definitions if name in wanted]
+def includes_of(name: str, leave_out: frozenset[str] = frozenset()) -> list[str]:
+    """The includes ``<name>.lua`` names, with theirs, each once and after the ones it
+    names (the order its source takes them in), but those of ``leave_out``."""
+    order: list[str] = []
+
+    def visit(text: str, path: tuple[str, ...]) -> None:
+        for include in INCLUDE.findall(text):
+            if include in path:
+                raise ValueError(f"Lua includes name each other: {' -> '.join(path)}"
+                                 f" -> {include}")
+            if include not in order and include not in leave_out:
+                visit(read_lua(f"includes/{include}.lua"), (*path, include))
+                order.append(include)
+
+    visit(read_lua(f"{name}.lua"), (name,))
+    return order
 
 
 @cache
 def load_script(name: str) -> Script:
-    """Return the script ``name``: ``lua/<name>.lua`` after the definitions of the
-    includes it uses (for a name of :data:`VARIANTS`, its file and includes)."""
-    file, includes = VARIANTS.get(name, (name, INCLUDES))
-    body = _read(f"{file}.lua")
-    source = "".join(text for _, text in used_definitions(body, includes)) + body
+    """Return the script ``name``: ``lua/<name>.lua`` after its includes (for a name of
+    :data:`VARIANTS`, its file without the includes it leaves out)."""
+    file, leave_out = VARIANTS.get(name, (name, frozenset()))
+    parts = [read_lua(f"includes/{include}.lua") for include in includes_of(file, leave_out)]
+    source = "\n".join([*parts, read_lua(f"{file}.lua")])
     return Script(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .broker import Broker
 
-#: Upper bounds (ms) of the histogram buckets; ``lua/includes/common.lua`` repeats them.
+#: Upper bounds (ms) of the histogram buckets; ``lua/includes/histogram.lua`` repeats them.
 HISTOGRAM_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000)
 
 TOTALS = {"e": "enqueued", "c": "completed", "f": "failed", "r": "retried"}

@@ -1,3 +1,5 @@
+-- include: slice
+
 -- Acknowledge a finished batch (engine/streams.py): its entries, and its record if it is
 -- still this consumer's (another consumer may have taken the batch over meanwhile; it
 -- then finishes it again, into the same files, and acknowledges it itself).

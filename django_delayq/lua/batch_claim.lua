@@ -1,3 +1,5 @@
+-- include: slice
+
 -- Take over the batch in progress of a consumer of a stream's group (engine/streams.py):
 -- the entries of its recorded batch still pending to it, all at once, or none.
 --

@@ -1,3 +1,9 @@
+-- include: now_ms
+-- include: emit
+-- include: trim_finished
+-- include: flows
+-- include: notify_dependants
+
 -- Cancel a job that has not started: remove it from the scheduled, ready or waiting
 -- set, and resolve its dependants (flows.lua). A running or finished job is left as it is.
 --

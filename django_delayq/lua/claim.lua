@@ -1,3 +1,13 @@
+-- include: now_ms
+-- include: ready_score
+-- include: emit
+-- include: call_sliced
+-- include: emit_jobs
+-- include: mark_ready
+-- include: add_ready
+-- include: rate_limit
+-- include: histogram
+
 -- Claim a batch: promote due scheduled jobs, pop ready jobs by priority then FIFO, and
 -- lease them to a worker: 'claimed', until the worker says a thread started it (start.lua).
 -- Nothing is claimed while the queue is paused, and no more

@@ -1,3 +1,15 @@
+-- include: now_ms
+-- include: call_sliced
+-- include: emit_jobs
+-- include: count_minute
+-- include: trim_finished
+-- include: expire_finished
+-- include: histogram
+-- include: is_leased
+-- include: attempt_log
+-- include: flows
+-- include: notify_dependants
+
 -- Acknowledge finished jobs. A job is completed only by the attempt that holds its
 -- lease: a late ack from a worker whose lease lapsed (and whose job was reclaimed or
 -- re-run) changes nothing. A job is in the active set exactly while its hash says

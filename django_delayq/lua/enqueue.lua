@@ -1,4 +1,15 @@
+-- include: now_ms
+-- include: ready_score
+-- include: slice
+-- include: call_sliced
+-- include: emit_jobs
+-- include: add_ready
+-- include: wanted_run_at
+-- include: flows
+-- include: link_parent
+
 -- Enqueue jobs, skipping every job whose id already exists (dedupe while the job exists).
+-- A job hash's fields have short names: django_delayq/engine/fields.py is their table.
 --
 -- KEYS[1] scheduled  ZSET  job ids by run_at (ms)
 -- KEYS[2] ready      ZSET  job ids by ready score
@@ -34,8 +45,9 @@
 -- policy), run_at ms, enqueued_at ms (of the existing job for a duplicate).
 --
 -- Loaded twice (engine/scripts.py VARIANTS): as `enqueue`, and as `enqueue_plain`
--- without the definitions of flows.lua for calls with m = 0, so every use of those must
--- stay behind m > 0 (tests/test_scripts.py checks the lines that name them).
+-- without the includes flows and link_parent for calls with m = 0, so every use of their
+-- definitions must stay behind m > 0 (tests/test_scripts.py checks the lines that name
+-- them).
 --
 -- Per job this costs one HSET; the dedupe check, the ZADDs and the event are made once
 -- per call for all its jobs, so a bulk call of 1,000 jobs is a few commands more than

@@ -1,3 +1,6 @@
+-- include: now_ms
+-- include: is_leased
+
 -- Extend the leases of running jobs (the worker's heartbeat).
 --
 -- KEYS[1] active     ZSET  leased job ids by lease deadline (ms)

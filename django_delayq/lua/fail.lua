@@ -1,3 +1,13 @@
+-- include: now_ms
+-- include: emit
+-- include: count_minute
+-- include: trim_finished
+-- include: schedule_job
+-- include: is_leased
+-- include: attempt_log
+-- include: flows
+-- include: notify_dependants
+
 -- Record a failed attempt: retry later through the scheduled set while attempts remain,
 -- else dead-letter the job into the failed set, keeping its error and traceback. Only
 -- the attempt that holds the lease may fail the job.

@@ -1,3 +1,5 @@
+-- include: link_parent
+
 -- Link waiting jobs to their parents in this shard (flows.lua): the parents in another
 -- shard than their dependant's (enqueue.lua links those of the dependant's own shard),
 -- or any parent again when a dependant is repaired. A parent that has not finished for

@@ -1,3 +1,5 @@
+-- include: slice
+
 -- Note that waiting jobs of this shard are linked to every parent in another shard
 -- (flows.lua): they leave the linking set, which a heartbeat would otherwise repair.
 --

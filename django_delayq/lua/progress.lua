@@ -1,3 +1,7 @@
+-- include: now_ms
+-- include: emit
+-- include: is_leased
+
 -- Record the progress a running job reports (current_job().set_progress()).
 --
 -- KEYS[1] job hash

@@ -1,3 +1,8 @@
+-- include: now_ms
+-- include: emit
+-- include: flows
+-- include: notify_dependants
+
 -- Delete up to N jobs of one status set, with their job hashes. Called in a loop until
 -- it returns 0, so a large queue is purged without blocking Redis for long.
 --

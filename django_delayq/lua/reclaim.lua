@@ -1,3 +1,14 @@
+-- include: now_ms
+-- include: ready_score
+-- include: emit
+-- include: count_minute
+-- include: trim_finished
+-- include: mark_ready
+-- include: add_ready
+-- include: attempt_log
+-- include: flows
+-- include: notify_dependants
+
 -- Return jobs whose lease expired (their worker died or froze) to the ready set at
 -- their old place; a job that has used all its attempts is dead-lettered instead, so a
 -- job that kills its worker every time cannot loop forever.

@@ -1,3 +1,10 @@
+-- include: now_ms
+-- include: ready_score
+-- include: emit
+-- include: mark_ready
+-- include: add_ready
+-- include: is_leased
+
 -- Hand leased jobs back to the ready set at their old place, without waiting for the
 -- lease to lapse: a stopping worker returns what it claimed but did not finish.
 --

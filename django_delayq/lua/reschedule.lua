@@ -1,3 +1,8 @@
+-- include: now_ms
+-- include: emit
+-- include: place_job
+-- include: wanted_run_at
+
 -- Move a job that has not started to a new run_at (and optionally a new priority).
 --
 -- KEYS[1] job        HASH  the job

@@ -1,3 +1,6 @@
+-- include: now_ms
+-- include: rate_limit
+
 -- Reserve starts in a queue's start-rate window before claiming from its shards, when
 -- the shards live in other Redis Cluster slots than the window (a script cannot touch
 -- two slots). The caller claims at most the granted count, then gives back (ZREM) the

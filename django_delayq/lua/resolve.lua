@@ -1,3 +1,7 @@
+-- include: now_ms
+-- include: flows
+-- include: notify_dependants
+
 -- Resolve parents of waiting jobs of this shard (flows.lua): what a parent's outbox
 -- entry (or a link that found the parent finished) says. Idempotent: a resolution
 -- already applied, or a job no longer waiting, changes nothing.

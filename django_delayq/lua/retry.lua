@@ -1,3 +1,8 @@
+-- include: now_ms
+-- include: emit
+-- include: place_job
+-- include: wanted_run_at
+
 -- Run a failed or cancelled job again: its attempts start over and its error is cleared.
 --
 -- KEYS[1] job        HASH  the job

@@ -1,3 +1,6 @@
+-- include: now_ms
+-- include: emit_jobs
+
 -- Note that a worker's threads started claimed jobs: each becomes 'active' with its
 -- start time. Sent in the worker's ack round trips (before the acks), so it costs no
 -- round trip of its own. A job whose lease this attempt no longer holds is skipped.

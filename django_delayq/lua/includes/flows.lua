@@ -1,3 +1,8 @@
+-- include: emit
+-- include: slice
+-- include: trim_finished
+-- include: place_job
+
 -- Workflows: jobs that wait for other jobs (django_delayq/engine/flows.py, docs/workflows.md).
 --
 -- A waiting job (status 'waiting', in its queue's waiting ZSET by enqueued_at) holds:
@@ -19,15 +24,17 @@
 -- with parents elsewhere stays in its shard's linking ZSET (by enqueue time) until its
 -- producer confirms those links (linked.lua); one still there after a grace period is
 -- handed to one worker's heartbeat (reclaim.lua), which links it again (its producer
--- died or lost Redis between the two steps). Linking twice is harmless: the parent's dependants are a SET.
+-- died or lost Redis between the two steps). Linking (link_parent.lua) twice is harmless:
+-- the parent's dependants are a SET.
 --
 -- Resolving (parent index i of a waiting job) is an SREM of i from the job's :w set:
 -- applying it twice changes nothing, so every path below may be retried. When the set
 -- empties the job is placed by its own run_at (ready when due). A dependant in another
 -- shard (another Cluster slot) cannot be touched here: its resolution is pushed, in the
--- same script as the parent's finish, to this shard's outbox LIST, which workers apply
--- with resolve.lua in the dependant's shard and only then remove (at-least-once delivery
--- of an idempotent step: nothing lost, nothing applied twice).
+-- same script as the parent's finish (notify_dependants.lua), to this shard's outbox
+-- LIST, which workers apply with resolve.lua in the dependant's shard and only then
+-- remove (at-least-once delivery of an idempotent step: nothing lost, nothing applied
+-- twice).
 
 -- The keys and settings of one shard that resolving needs: KEYS[kf..kf+9], ARGV[af..af+2]
 -- (engine/commands.py `_flow_call` builds them).
@@ -37,24 +44,6 @@ local function flow_ctx(kf, af)
           outbox = KEYS[kf + 6], waiting = KEYS[kf + 7], events = KEYS[kf + 8],
           prefix = KEYS[kf + 9], ttl = tonumber(ARGV[af]), keep = tonumber(ARGV[af + 1]),
           maxlen = tonumber(ARGV[af + 2])}
-end
-
--- Link the dependant `member` (see <job key>:c above) to the parent `parent_id` of this
--- shard. Returns nil once linked, or the parent's final outcome ('completed', 'failed',
--- 'cancelled'; 'missing' when it is gone) and its result JSON, for the caller to resolve.
-local function link_parent(prefix, parent_id, member)
-  local job_key = prefix .. parent_id
-  local f = redis.call('HMGET', job_key, 's', 'v')
-  local status = f[1]
-  if not status then
-    return 'missing', 'null'
-  end
-  if status == 'completed' or status == 'failed' or status == 'cancelled' then
-    return status, f[2] or 'null'
-  end
-  redis.call('SADD', job_key .. ':c', member)
-  redis.call('HSET', job_key, 'dc', '1')
-  return nil
 end
 
 -- Finish a waiting job for good ('cancelled' or 'failed'): its policy after a parent's
@@ -135,40 +124,4 @@ local function resolve_dependant(k, job_id, index, outcome, result, parent_id, n
     release_waiting(k, job_id, now)
   end
   return nil
-end
-
--- Tell the dependants of `job_id`, which finished for good with `outcome`, in this
--- shard at once and elsewhere through the outbox; a dependant its policy finishes tells
--- its own in turn (a worklist, not recursion). Returns how many entries were pushed to
--- the outbox.
-local function notify_dependants(k, job_id, outcome, result, now)
-  local work, pushed, i = {{job_id, outcome, result}}, 0, 1
-  while i <= #work do
-    local parent_id, out, res = work[i][1], work[i][2], work[i][3]
-    i = i + 1
-    local set_key = k.prefix .. parent_id .. ':c'
-    local members = redis.call('SMEMBERS', set_key)
-    if #members > 0 then
-      -- kept for Job.children while the parent's hash lives (resolving again is harmless)
-      local pttl = redis.call('PTTL', k.prefix .. parent_id)
-      if pttl > 0 then
-        redis.call('PEXPIRE', set_key, pttl)
-      elseif pttl == -2 then
-        redis.call('DEL', set_key)
-      end
-    end
-    for _, m in ipairs(members) do
-      if string.sub(m, 1, 1) == 'L' then
-        local _, _, index, child = string.find(m, '^L (%d+) (.+)$')
-        local ended = resolve_dependant(k, child, index, out, res, parent_id, now)
-        if ended then
-          work[#work + 1] = {child, ended, 'null'}
-        end
-      else
-        redis.call('RPUSH', k.outbox, cjson.encode({m = m, o = out, p = parent_id, v = res}))
-        pushed = pushed + 1
-      end
-    end
-  end
-  return pushed
 end

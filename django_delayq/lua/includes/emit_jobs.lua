@@ -1,0 +1,31 @@
+-- include: emit
+-- include: slice
+
+-- One event for the jobs `ids`: `job` names a single one, `jobs` several (space-separated;
+-- ids hold no spaces), at most SLICE per entry. `attempts` (or nil) holds each job's
+-- attempt, written as `attempt` for one job and as `attempts` (in the order of `jobs`)
+-- for several; `...` are more fields, the same for every job.
+local function emit_jobs(events_key, maxlen, event, ids, now, attempts, ...)
+  if maxlen <= 0 or #ids == 0 then
+    return
+  end
+  if #ids == 1 then
+    if attempts then
+      emit(events_key, maxlen, event, ids[1], now, 'attempt', attempts[1], ...)
+    else
+      emit(events_key, maxlen, event, ids[1], now, ...)
+    end
+    return
+  end
+  for first = 1, #ids, SLICE do
+    local last = math.min(first + SLICE - 1, #ids)
+    local jobs = table.concat(ids, ' ', first, last)
+    if attempts then
+      redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'event', event, 'jobs', jobs,
+        'attempts', table.concat(attempts, ' ', first, last), 'ts', now, ...)
+    else
+      redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'event', event, 'jobs', jobs,
+        'ts', now, ...)
+    end
+  end
+end
