@@ -1,4 +1,9 @@
-"""The Redis connection and the engine :class:`Broker` built from ``settings.DELAYQ``."""
+"""The Redis connection and the engine :class:`Broker` built from ``settings.DELAYQ``.
+
+Importing this module registers Django's lazy strings with the engine's JSON codec
+(:func:`django_delayq.engine.codec.register`): every broker of the Django layer is built
+here, so a lazy translation is encoded as its text wherever a job is enqueued.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +13,15 @@ from typing import Any
 
 import redis
 from django.core.exceptions import ImproperlyConfigured
-from django.core.serializers.json import DjangoJSONEncoder
 from django.core.signals import setting_changed
+from django.utils.functional import Promise
 
 from .conf import conf
-from .engine import Broker, EngineConfig
+from .engine import Broker, EngineConfig, codec
 from .engine.limits import queue_options
 from .engine.urls import client_from_url, sentinel_pool_copy
+
+codec.register(Promise, str)
 
 _lock = threading.Lock()
 _brokers: dict[float | None, Broker] = {}
@@ -42,7 +49,6 @@ def engine_config() -> EngineConfig:
         keep_completed=conf.KEEP_COMPLETED,
         keep_failed=conf.KEEP_FAILED,
         max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
-        json_encoder=DjangoJSONEncoder,
         shards=shards,
         limits=limits,
         min_replicas=conf.MIN_REPLICAS,

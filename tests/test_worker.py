@@ -185,7 +185,7 @@ def test_django_connections_are_checked_before_a_job_unless_its_thread_just_did(
     # close_old_connections() marks an open connection as due for a health check.
     for check_first, seen_in_job in ((True, False), (False, True)):
         connection.health_check_done = True
-        outcome = execute(job, registry, json.JSONEncoder, "w", check_connections=check_first)
+        outcome = execute(job, registry, "w", check_connections=check_first)
         assert json.loads(outcome.result_json) is seen_in_job
         assert connection.health_check_done is False  # checked after the job either way
 
@@ -453,7 +453,7 @@ def test_a_job_whose_run_fails_outside_its_task_is_failed_not_held(broker):
     job = tasks.record.using(max_attempts=1).enqueue("outside")
     ledger, claimed = claimed_in_a_ledger(broker, "default")
     outcomes = []
-    executor = Executor(concurrency=1, tasks=registry, encoder=json.JSONEncoder, name="w",
+    executor = Executor(concurrency=1, tasks=registry, name="w",
                         ledger=ledger, report=outcomes.append,
                         note_started=raising_start_note, on_thread_lost=lambda: None)
     executor.start()

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .codec import JSONEncoder
 from .limits import RateLimit
 
 DAY_MS = 86_400_000
@@ -34,8 +32,6 @@ class EngineConfig:
     max_payload_bytes: int = 1_048_576
     #: Most due scheduled jobs promoted per claim call.
     promote_batch: int = 1_000
-    #: Encoder for arguments and results (Django passes DjangoJSONEncoder).
-    json_encoder: type[json.JSONEncoder] = JSONEncoder
     #: Number of shards per queue name; queues not listed have one.
     shards: Mapping[str, int] = field(default_factory=dict)
     #: Start limits per queue name (rate limits and intervals); queues not listed have none.

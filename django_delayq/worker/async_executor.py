@@ -42,7 +42,6 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
-import json
 import logging
 import threading
 import time
@@ -93,14 +92,13 @@ def is_async(task: Task[Any, Any]) -> bool:
 class AsyncExecutor:
     """The event loop thread of a worker process and the async jobs it runs."""
 
-    def __init__(self, *, tasks: TaskRegistry, encoder: type[json.JSONEncoder], name: str,
+    def __init__(self, *, tasks: TaskRegistry, name: str,
                  ledger: Ledger, report: Callable[[Outcome], None],
                  note_started: Callable[[ClaimedJob, int], None],
                  on_loop_lost: Callable[[], None], concurrency: int | None = None,
                  timeout: float | None = None,
                  timeout_grace: float = HARD_LIMIT_GRACE) -> None:
         self.tasks = tasks
-        self.encoder = encoder
         self.name = name
         self.ledger = ledger
         self._report = report
@@ -310,7 +308,7 @@ class AsyncExecutor:
         if outcome is not None:
             return outcome
         try:
-            result_json = encode_result(value, self.encoder)
+            result_json = encode_result(value)
         except BaseException as exc:  # a value whose encoding raises anything
             return failure(job, exc, retry=False)
         return Outcome(job, True, result_json=result_json)

@@ -59,8 +59,7 @@ class Outcome:
         return self.ok or self.retry_delay_ms < 0 or self.job.attempt >= self.job.max_attempts
 
 
-def execute(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder],
-            worker: str, *, check_connections: bool = True,
+def execute(job: ClaimedJob, tasks: TaskRegistry, worker: str, *, check_connections: bool = True,
             on_finished: list[Callable[[Outcome], None]] | None = None) -> Outcome:
     """Run ``job`` with Django's ``close_old_connections()`` around it, as Django does
     around a request. What the task adds to its ``on_finished`` hooks goes to
@@ -74,13 +73,13 @@ def execute(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder
     try:
         if check_connections:
             close_old_connections()
-        return _run(job, tasks, encoder, worker, [] if on_finished is None else on_finished)
+        return _run(job, tasks, worker, [] if on_finished is None else on_finished)
     finally:
         close_old_connections()
 
 
-def _run(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder],
-         worker: str, on_finished: list[Callable[[Outcome], None]]) -> Outcome:
+def _run(job: ClaimedJob, tasks: TaskRegistry, worker: str,
+         on_finished: list[Callable[[Outcome], None]]) -> Outcome:
     if not job.task:
         return failure(job, CorruptPayload("the job has no task name"), retry=False)
     try:
@@ -97,7 +96,7 @@ def _run(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder],
         except BaseException as exc:  # every failure of a task is the job's
             return failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
     try:
-        result_json = encode_result(value, encoder)
+        result_json = encode_result(value)
     except BaseException as exc:  # a value whose encoding raises anything
         return failure(job, exc, retry=False)
     return Outcome(job, True, result_json=result_json)

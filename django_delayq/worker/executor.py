@@ -7,7 +7,6 @@ the acker. ``None`` in the inbox stops one thread.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue as stdlib_queue
 import threading
@@ -41,7 +40,6 @@ class Executor:
         *,
         concurrency: int,
         tasks: TaskRegistry,
-        encoder: type[json.JSONEncoder],
         name: str,
         ledger: Ledger,
         report: Callable[[Outcome], None],
@@ -53,7 +51,6 @@ class Executor:
     ) -> None:
         self.concurrency = concurrency
         self.tasks = tasks
-        self.encoder = encoder
         self.name = name
         self.ledger = ledger
         self._report = report
@@ -151,7 +148,7 @@ class Executor:
             # Django's connections were checked as the previous job ended; check again
             # first only if they may have aged or broken while this thread idled.
             idled = last_done is None or began - last_done > IDLE_CONNECTION_CHECK
-            outcome = execute(job, self.tasks, self.encoder, self.name,
+            outcome = execute(job, self.tasks, self.name,
                               check_connections=idled, on_finished=lease.on_finished)
         except BaseException as exc:  # raised outside the task (a late JobTimeout)
             outcome = failure(job, exc, retry=True)

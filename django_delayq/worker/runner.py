@@ -98,16 +98,15 @@ class Worker:
                            done=self._done)
         timeout = conf.TIMEOUT if timeout is None else timeout
         #: async def tasks run on an event loop thread, beside the executor threads
-        self._async = AsyncExecutor(tasks=self.tasks, encoder=self.broker.config.json_encoder,
-                                    name=self.name, ledger=self.ledger, report=self.acker.put,
+        self._async = AsyncExecutor(tasks=self.tasks, name=self.name,
+                                    ledger=self.ledger, report=self.acker.put,
                                     note_started=self.acker.note_started,
                                     on_loop_lost=self._loop_lost,
                                     concurrency=async_concurrency, timeout=timeout,
                                     timeout_grace=timeout_grace)
         serves_async = any(is_async(t) and t.queue_name in self.queues
                            for t in self.tasks.tasks())
-        self.executor = Executor(concurrency=self.concurrency, tasks=self.tasks,
-                                 encoder=self.broker.config.json_encoder, name=self.name,
+        self.executor = Executor(concurrency=self.concurrency, tasks=self.tasks, name=self.name,
                                  ledger=self.ledger, report=self.acker.put,
                                  note_started=self.acker.note_started,
                                  on_thread_lost=self._thread_lost,
