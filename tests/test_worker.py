@@ -381,7 +381,7 @@ def test_a_claim_over_several_shards_takes_no_more_than_the_room(redis_client):
     from django_delayq.engine import Broker, EngineConfig, EnqueueRequest
     from django_delayq.worker import Worker
 
-    broker = Broker(redis_client, EngineConfig(prefix="t", shards={"q": 3}))
+    broker = Broker(redis_client, EngineConfig(prefix="t", queues={"q": {"shards": 3}}))
     # Ten jobs on each shard, by id: random ids can leave one shard too few to fill a turn.
     per_shard: dict[str, list[str]] = {keys.tag: [] for keys in broker.shards("q")}
     for i in itertools.count():

@@ -29,9 +29,8 @@ from .errors import PayloadTooLarge
 
 #: Types added by :func:`register`, with how each is written.
 _REGISTERED: dict[type, Callable[[Any], Any]] = {}
-#: What a value the encoder refuses raises inside ``json`` (OverflowError: the
-#: negation of ``timedelta.min`` has no timedelta).
-_REFUSED = (TypeError, ValueError, RecursionError, OverflowError)
+#: What a value the encoder refuses raises inside ``json``.
+_REFUSED = (TypeError, ValueError, RecursionError)
 
 
 def register(kind: type, convert: Callable[[Any], Any]) -> None:
@@ -48,7 +47,7 @@ def iso_duration(delta: dt.timedelta) -> str:
     """``delta`` as an ISO 8601 duration: days, hours, minutes, seconds, and microseconds
     (six digits) when there are any: ``P1DT02H03M04.000005S``, ``-P0DT00H00M01.500000S``."""
     sign = "-" if delta < dt.timedelta(0) else ""
-    delta = abs(delta)  # OverflowError for timedelta.min, whose negation does not exist
+    delta = abs(delta)  # days >= 0 from here: -1 day + 3 s is -P0DT23H59M57S
     hours, rest = divmod(delta.seconds, 3600)
     minutes, seconds = divmod(rest, 60)
     fraction = f".{delta.microseconds:06d}" if delta.microseconds else ""
