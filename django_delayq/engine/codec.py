@@ -29,6 +29,8 @@ from .errors import PayloadTooLarge
 
 #: Types added by :func:`register`, with how each is written.
 _REGISTERED: dict[type, Callable[[Any], Any]] = {}
+#: Types written as their text (a tuple: ``A | B`` would build a union at every call).
+_AS_TEXT = (decimal.Decimal, uuid.UUID)
 #: What a value the encoder refuses raises inside ``json``.
 _REFUSED = (TypeError, ValueError, RecursionError)
 
@@ -72,7 +74,7 @@ class JSONEncoder(json.JSONEncoder):
             return o.isoformat()[:12] if o.microsecond else o.isoformat()
         if isinstance(o, dt.timedelta):
             return iso_duration(o)
-        if isinstance(o, decimal.Decimal | uuid.UUID):
+        if isinstance(o, _AS_TEXT):
             return str(o)
         for kind, convert in _REGISTERED.items():
             if isinstance(o, kind):
