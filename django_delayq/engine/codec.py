@@ -38,9 +38,9 @@ _REFUSED = (TypeError, ValueError, RecursionError)
 def register(kind: type, convert: Callable[[Any], Any]) -> None:
     """Encode instances of ``kind`` as ``convert(value)`` (a JSON-able value) from now on.
 
-    For types the engine cannot import: the Django layer registers ``Promise`` (lazy
-    translations) once, when it first builds a broker. Registering is not thread-safe:
-    do it at import time.
+    For types the engine cannot import: ``django_delayq.connection``, which builds every
+    broker of the Django layer, registers ``Promise`` (lazy translations) as it is
+    imported. Registering is not thread-safe: do it at import time.
     """
     _REGISTERED[kind] = convert
 

@@ -172,7 +172,7 @@ class EngineConfig:
             if row.name in given:
                 try:
                     values[name] = row.to_engine(given[row.name])
-                except (TypeError, ValueError) as exc:
+                except (TypeError, ValueError, OverflowError) as exc:
                     raise ValueError(f"{row.name}: {exc}") from None
         return cls(**values)
 
