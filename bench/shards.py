@@ -72,7 +72,7 @@ def spread_queue(client: Any) -> str:
     for n in range(1000):
         name = f"bench{n}"
         nodes = [client.get_node_from_key(k.ready).port for k in
-                 Broker(client, EngineConfig(shards={name: 3})).shards(name)]
+                 Broker(client, EngineConfig(queues={name: {"shards": 3}})).shards(name)]
         if len(set(nodes)) == 3:
             return name
     raise RuntimeError("no queue name spreads its shards over the 3 primaries")
@@ -94,13 +94,13 @@ def run(cluster: RedisCluster | RedisServer, shards: int, jobs: int, workers: in
     nodes = [redis.Redis(port=port) for port in ports]
     for node in nodes:
         node.flushall()
-    broker = Broker(client, EngineConfig(shards={queue: shards}))
+    broker = Broker(client, EngineConfig(queues={queue: {"shards": shards}}))
     broker.enqueue_many(queue, (EnqueueRequest(task=TASK, args=[i, 1]) for i in range(jobs)))
     client.sadd(broker.global_keys.queues, queue)
     placement = ([client.get_node_from_key(k.ready).port for k in broker.shards(queue)]
                  if isinstance(cluster, RedisCluster) else ports * shards)
     env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "DELAYQ_TEST_REDIS_URL": cluster.url,
-           "DELAYQ_TEST_SETTINGS": json.dumps({"SHARDS": {queue: shards}})}
+           "DELAYQ_TEST_SETTINGS": json.dumps({"QUEUES": {queue: {"shards": shards}}})}
     if source is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(source), str(ROOT)])
     command = [sys.executable, "-m", "django", "runworker", queue, "--concurrency", "8",

@@ -1,7 +1,8 @@
 """System checks for ``settings.DELAYQ``: each problem has a stable id.
 
 Each setting's check and id are in the settings table (:mod:`django_delayq.conf`); this
-module runs them on the settings the user gave (every default passes its own check).
+module runs them on the settings the user gave (every default passes its own check), and
+names each replaced setting with what to write instead.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, register
 
-from .conf import SETTINGS
+from .conf import SETTINGS, replaced
 
 
 @register(Tags.compatibility)
@@ -23,8 +24,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     if not isinstance(user, dict):
         return [Error(f"settings.DELAYQ must be a dict, not {type(user).__name__}.",
                       id="django_delayq.E001")]
-    errors: list[CheckMessage] = []
-    unknown = sorted(set(user) - set(SETTINGS))
+    moved = replaced(user)
+    errors: list[CheckMessage] = [Error(problem, id=check_id) for _, check_id, problem in moved]
+    unknown = sorted(set(user) - set(SETTINGS) - {name for name, _, _ in moved})
     if unknown:
         errors.append(Error(f"Unknown DELAYQ settings: {', '.join(unknown)}.",
                             hint=f"Known settings: {', '.join(sorted(SETTINGS))}.",

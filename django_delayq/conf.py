@@ -1,11 +1,19 @@
 """Settings of django-delayq, read from ``settings.DELAYQ`` on every access.
 
-One table, the body of :class:`DelayQSettings`, defines each setting once: its default,
-the converter of its typed accessor, its system check and check id, and what it means.
-The checks (:mod:`django_delayq.checks`) and the defaults are both read from that table.
+One table, the body of :class:`DelayQSettings`, defines each setting once: its default
+and unit, the converter of its typed accessor, its system check and check id, and its
+row of the docs' settings table (the README's table is this one, tested). The settings
+the engine reads are defined with the engine's fields (:mod:`django_delayq.engine.config`,
+which has no Django): their rows here are :class:`EngineSetting`, which add the check id
+only, and :func:`django_delayq.connection.engine_config` builds the engine's config from
+them. The checks (:mod:`django_delayq.checks`) and the defaults are read from the table.
+
 Reading on access (not at import) keeps ``override_settings`` working in tests; the
 ``DELAYQ`` dict itself is kept between accesses until Django says it changed
 (``setting_changed``), as looking it up on ``settings`` is most of an access's cost.
+
+Each thing has one way to be said: :data:`REPLACED` lists the settings that were a second
+way (``SHARDS``, ``CLUSTER``), each with the message that says what to write instead.
 """
 
 from __future__ import annotations
@@ -18,14 +26,11 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
+from .engine.config import OPTIONS, Check, boolean, number
 from .engine.keys import QUEUE_NAME_RE
-from .engine.limits import queue_options
-from .engine.urls import SENTINEL_SCHEMES, check_url, redact
+from .engine.urls import check_url, redact
 
 T = TypeVar("T")
-
-#: A check of one setting's given value: the problems found, each a sentence.
-Check = Callable[[Any], list[str]]
 
 URL_HINT = ("One server: redis://[:password@]host:6379/0 (rediss:// for TLS, unix:///path). "
             "A Cluster: redis+cluster://h1:p1,h2:p2,h3:p3/0. Sentinel: "
@@ -65,12 +70,13 @@ class Setting(Generic[T]):
     name: str
 
     def __init__(self, default: Any, convert: Callable[[Any], T], check_id: str,
-                 check: Check, doc: str, *, hint: str | None = None) -> None:
+                 check: Check, doc: str, *, unit: str = "", hint: str | None = None) -> None:
         self.default = default
         self.convert = convert
         self.check_id = f"django_delayq.{check_id}"
         self.check = check
         self.doc = doc
+        self.unit = unit
         self.hint = hint
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -96,6 +102,20 @@ class Setting(Generic[T]):
             return value
 
 
+class EngineSetting(Setting[T]):
+    """A row the engine defines (default, unit, check, doc: see
+    :mod:`django_delayq.engine.config`); this table gives it a check id."""
+
+    def __init__(self, check_id: str, *, hint: str | None = None) -> None:
+        self.check_id = f"django_delayq.{check_id}"
+        self.hint = hint
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        row = OPTIONS[name][0]
+        self.name, self.default, self.check, self.doc = name, row.default, row.check, row.doc
+        self.convert, self.unit = row.convert, row.unit
+
+
 # -- converters ------------------------------------------------------------------------
 
 def optional(convert: Callable[[Any], T]) -> Callable[[Any], T | None]:
@@ -108,21 +128,6 @@ def str_list(value: Any) -> list[str]:
 
 # -- checks ----------------------------------------------------------------------------
 
-def number(*, minimum: float, integer: bool = False, allow_none: bool = False) -> Check:
-    """A number (an int when ``integer``) of at least ``minimum``; never a bool."""
-    kind = int if integer else (int, float)
-    what = "an int" if integer else "a number"
-
-    def check(value: Any) -> list[str]:
-        if value is None and allow_none:
-            return []
-        if isinstance(value, bool) or not isinstance(value, kind) or value < minimum:
-            return [f"must be {what} >= {minimum}, not {value!r}."]
-        return []
-
-    return check
-
-
 def _redis_url(value: Any) -> list[str]:
     problem = check_url(value)
     if problem is not None:
@@ -131,25 +136,9 @@ def _redis_url(value: Any) -> list[str]:
     return []
 
 
-def _cluster(value: Any) -> list[str]:
-    problems = _boolean(value)
-    url = given().get("REDIS_URL")
-    if value is True and isinstance(url, str) and url.partition("://")[0] in SENTINEL_SCHEMES:
-        problems.append("is True while REDIS_URL is a Sentinel URL: Sentinel serves one "
-                        "primary and its replicas, not a Cluster. Set CLUSTER to False for "
-                        "Sentinel, or name the Cluster's nodes in a redis+cluster:// URL.")
-    return problems
-
-
 def _cache_alias(value: Any) -> list[str]:
     if value is not None and value not in getattr(settings, "CACHES", {}):
         return [f"{value!r} is not in settings.CACHES."]
-    return []
-
-
-def _prefix(value: Any) -> list[str]:
-    if not isinstance(value, str) or not QUEUE_NAME_RE.match(value):
-        return [f"must be 1-64 characters from A-Z a-z 0-9 _ . -, not {value!r}."]
     return []
 
 
@@ -157,35 +146,6 @@ def _queue_name(value: Any) -> list[str]:
     if not isinstance(value, str) or not QUEUE_NAME_RE.match(value):
         return [f"is not a valid queue name: {value!r}."]
     return []
-
-
-def _shards(value: Any) -> list[str]:
-    if not isinstance(value, dict) or any(
-        not isinstance(k, str) or not QUEUE_NAME_RE.match(k) or isinstance(v, bool)
-        or not isinstance(v, int) or not 1 <= v <= 1024
-        for k, v in value.items()
-    ):
-        return [f"must map queue names to shard counts (1-1024), not {value!r}."]
-    return []
-
-
-def _queues(value: Any) -> list[str]:
-    if not isinstance(value, dict):
-        return [f"must be a dict of queue name -> options, not {value!r}."]
-    problems = []
-    for name, spec in value.items():
-        if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
-            problems.append(f"has an invalid queue name {name!r}.")
-            continue
-        try:
-            queue_options(spec)
-        except ValueError as exc:
-            problems.append(f"[{name!r}]: {exc}.")
-    return problems
-
-
-def _boolean(value: Any) -> list[str]:
-    return [] if isinstance(value, bool) else [f"must be True or False, not {value!r}."]
 
 
 def _cron_missed(value: Any) -> list[str]:
@@ -241,7 +201,7 @@ def _outbox(value: Any) -> list[str]:
                         f"{', '.join(sorted(OUTBOX_DEFAULTS))}).")
     options = _outbox_options(value)
     for key in ("RELAY", "FAST_PATH"):
-        problems += [f"[{key!r}] {p}" for p in _boolean(options[key])]
+        problems += [f"[{key!r}] {p}" for p in boolean(options[key])]
     problems += [f"['CHUNK_SIZE'] {p}"
                  for p in number(minimum=1, integer=True)(options["CHUNK_SIZE"])]
     poll = options["POLL_INTERVAL"]
@@ -266,7 +226,7 @@ def _lake_path(value: Any) -> list[str]:
         open_lake(value)
     except (ValueError, ImportError) as exc:
         return [str(exc)]
-    if given().get("EVENTS_MAXLEN", 100_000) == 0:
+    if DelayQSettings.EVENTS_MAXLEN.value() == 0:
         return ["is set while EVENTS_MAXLEN is 0: no events are recorded to export."]
     return []
 
@@ -278,150 +238,158 @@ def _spark_master(value: Any) -> list[str]:
     return []
 
 
+
+
+# -- settings that were a second way to say something ---------------------------------
+
+def _shards_moved(user: dict[str, Any]) -> str:
+    value, given_queues = user["SHARDS"], user.get("QUEUES")
+    queues = {name: dict(spec) for name, spec in (
+        given_queues.items() if isinstance(given_queues, dict) else ()) if isinstance(spec, dict)}
+    for name, count in (value.items() if isinstance(value, dict) else ()):
+        queues.setdefault(name, {}).setdefault("shards", count)  # QUEUES' own shards won
+    if not queues:
+        return "is no longer read: shards are set per queue in QUEUES. Delete SHARDS."
+    return (f"is no longer read: shards are set per queue in QUEUES, with the queue's other "
+            f"options. Write \"QUEUES\": {queues!r} and delete SHARDS.")
+
+
+def _cluster_moved(user: dict[str, Any]) -> str:
+    url = user.get("REDIS_URL", DelayQSettings.REDIS_URL.default)
+    scheme = url.partition("://")[0] if isinstance(url, str) else ""
+    if user["CLUSTER"] is True and scheme in ("redis", "rediss"):
+        shown = redact(url).replace("://", "+cluster://", 1)
+        note = " (your password where *** stands)" if "***" in shown else ""
+        return (f"is no longer read: a Cluster is named by its URL. Write \"REDIS_URL\": "
+                f"{shown!r}{note} and delete CLUSTER.")
+    return ("is no longer read: a Cluster is named by a redis+cluster://h1:p1,h2:p2/0 "
+            "REDIS_URL. Delete CLUSTER.")
+
+
+#: Settings that said again what another says; each with its check id and the message
+#: (from every setting given) that says exactly what to write instead: a check error,
+#: and refused when the engine's config is built.
+REPLACED: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "SHARDS": ("django_delayq.E021", _shards_moved),
+    "CLUSTER": ("django_delayq.E024", _cluster_moved),
+}
+
+
+def replaced(user: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The replaced settings in ``user``: (name, check id, the problem with its fix)."""
+    return [(name, check_id, f"DELAYQ[{name!r}] {message(user)}")
+            for name, (check_id, message) in REPLACED.items() if name in user]
+
+
 class DelayQSettings:
     """``settings.DELAYQ`` with defaults: the table of every setting, one row each."""
 
-    # Connection: a Redis URL (redis://, rediss:// for TLS, unix://), or a django-redis
-    # cache alias whose connection settings are reused.
     REDIS_URL = Setting("redis://127.0.0.1:6379/0", str, "E002", _redis_url,
-                        "Redis URL: redis://, rediss:// (TLS), unix://, redis+sentinel:// "
-                        "or redis+cluster:// (docs/high-availability.md).", hint=URL_HINT)
+                        "`redis://`, `rediss://` (TLS), `unix://`, "
+                        "`redis+sentinel://h1:26379,h2:26379/service/0`, or "
+                        "`redis+cluster://h1:7000,h2:7000/0` "
+                        "([high availability](docs/high-availability.md))", hint=URL_HINT)
     CACHE_ALIAS = Setting(None, optional(str), "E003", _cache_alias,
-                          "A django-redis cache alias whose connection is reused.")
+                          "reuse a django-redis cache's connection settings instead")
     SOCKET_TIMEOUT = Setting(5.0, float, "E004", number(minimum=0.1),
-                             "Seconds a Redis command may take before enqueue raises "
-                             "DelayQConnectionError.")
+                             "how long a Redis command may take before "
+                             "`DelayQConnectionError`", unit="seconds")
     SOCKET_CONNECT_TIMEOUT = Setting(2.0, float, "E005", number(minimum=0.1),
-                                     "Seconds a connection to Redis may take.")
-    PREFIX = Setting("dq", str, "E006", _prefix,
-                     "Prefix of every Redis key (inside the hash tag: {prefix:queue}).")
+                                     "how long a connection to Redis may take",
+                                     unit="seconds")
+    PREFIX: EngineSetting[str] = EngineSetting("E006")
     DEFAULT_QUEUE = Setting("default", str, "E007", _queue_name,
-                            "Queue of tasks that name none.")
-    # By default Django's model permissions of django_delayq.Job: view_job reads,
-    # add_job enqueues, change_job does every other write.
+                            "queue of tasks that name none")
     API_PERMISSION_CLASSES = Setting(["django_delayq.api.permissions.JobModelPermissions"],
                                      str_list, "E040", _permission_classes,
-                                     "Permission classes (dotted paths) of the REST API.")
-    # Attempts per job (the first run included) and the retry backoff, in seconds:
-    # min(RETRY_BACKOFF_MAX, RETRY_BACKOFF * 2 ** (attempt - 1)), jittered down to half.
+                                     "permission classes of the REST API (dotted paths); the "
+                                     "default needs `view_job` to read, `add_job` to enqueue, "
+                                     "`change_job` for other writes")
     MAX_ATTEMPTS = Setting(3, int, "E008", number(minimum=1, integer=True),
-                           "Attempts per job, the first run included.")
+                           "attempts per job, the first run included", unit="runs")
+    # A retry waits min(RETRY_BACKOFF_MAX, RETRY_BACKOFF * 2 ** (attempt - 1)), jittered
+    # down to half.
     RETRY_BACKOFF = Setting(2.0, float, "E009", number(minimum=0),
-                            "Seconds of the first retry's backoff, doubled per attempt.")
+                            "the first retry's backoff, doubled per attempt", unit="seconds")
     RETRY_BACKOFF_MAX = Setting(600.0, float, "E010", number(minimum=0),
-                                "Most seconds of one retry's backoff.")
-    LEASE = Setting(30.0, float, "E011", number(minimum=0.1),
-                    "Seconds a claimed job stays leased; the heartbeat renews running jobs.")
+                                "the longest backoff of one retry", unit="seconds")
+    LEASE: EngineSetting[float] = EngineSetting("E011")
     CONCURRENCY = Setting(4, int, "E012", number(minimum=1, integer=True),
-                          "Jobs a worker runs at once.")
+                          "jobs a worker process runs at once", unit="threads")
     GRACE_PERIOD = Setting(30.0, float, "E013", number(minimum=0),
-                           "Seconds a stopping worker waits for its running jobs.")
+                           "how long running jobs get to finish after a stop signal",
+                           unit="seconds")
     BLOCK_TIMEOUT = Setting(2.0, float, "E014", number(minimum=0.1),
-                            "Seconds an idle worker blocks waiting for a job.")
-    # The process pool (runworker --processes, docs/pool.md): worker processes (1: no
-    # pool), and the limits after which a worker process is replaced by a fresh one.
+                            "longest idle block on Redis", unit="seconds")
     PROCESSES = Setting(1, int, "E080", number(minimum=1, integer=True),
-                        "Worker processes of runworker (above 1: a supervised pool).")
+                        "worker processes of `runworker` (more than 1: under a supervisor, "
+                        "[the pool](docs/pool.md))", unit="processes")
     MAX_JOBS_PER_CHILD = Setting(None, optional(int), "E081",
                                  number(minimum=1, integer=True, allow_none=True),
-                                 "Jobs after which a worker process is replaced (None: "
-                                 "no limit).")
+                                 "replace a worker process after about this many jobs "
+                                 "(`None`: never)", unit="jobs")
     MAX_MEMORY_PER_CHILD = Setting(None, optional(float), "E082",
                                    number(minimum=1, allow_none=True),
-                                   "MiB of resident memory at which a worker process is "
-                                   "replaced (None: no limit).")
-    # async def tasks (docs/async.md): how many run at once per worker process, on its
-    # event loop thread.
+                                   "replace a worker process once its resident memory "
+                                   "reaches this (`None`: never)", unit="MiB")
     ASYNC_CONCURRENCY = Setting(10, int, "E083", number(minimum=1, integer=True),
-                                "async def jobs run at once per worker process.")
-    # Time limit of each attempt of a job whose task sets none, in seconds (None: no
-    # limit, as for a plain function call; see docs/guarantees.md, "Time limits").
+                                "`async def` jobs run at once per worker process, on its "
+                                "event loop ([async tasks](docs/async.md))", unit="jobs")
     TIMEOUT = Setting(None, optional(float), "E084", number(minimum=0.001, allow_none=True),
-                      "Seconds each attempt of a job may run (None: no limit).")
-    # Retention in Redis, in seconds and counts.
-    RESULT_TTL = Setting(86_400, float, "E015", number(minimum=0),
-                         "Seconds a completed job's data stays in Redis.")
-    FAILED_TTL = Setting(7 * 86_400, float, "E016", number(minimum=0),
-                         "Seconds a failed job's data stays in Redis.")
-    KEEP_COMPLETED = Setting(10_000, int, "E017", number(minimum=0, integer=True),
-                             "Completed job ids kept per queue.")
-    KEEP_FAILED = Setting(100_000, int, "E018", number(minimum=0, integer=True),
-                          "Failed job ids kept per queue.")
-    EVENTS_MAXLEN = Setting(100_000, int, "E019", number(minimum=0, integer=True),
-                            "Approximate length of each queue's event stream.")
-    MAX_PAYLOAD_BYTES = Setting(1_048_576, int, "E020", number(minimum=0, integer=True),
-                                "Largest encoded arguments accepted at enqueue, in bytes "
-                                "(0: no limit).")
-    SHARDS = Setting({}, dict, "E021", _shards,
-                     "Shards per queue name, e.g. {'emails': 4}.")
-    # Flow control per queue name: {"emails": {"rate_limit": "100/m"},
-    # "api": {"interval": 0.5, "shards": 4}} (see docs/flow-control.md). "shards" here
-    # takes precedence over SHARDS.
-    QUEUES = Setting({}, dict, "E023", _queues,
-                     "Flow control per queue name (rate_limit, interval, shards).",
-                     hint="e.g. {'rate_limit': '100/m'} or {'interval': 0.5, 'shards': 4}")
-    CLUSTER = Setting(False, bool, "E024", _cluster,
-                      "True when REDIS_URL names one node of a Redis Cluster.")
-    # High availability (docs/high-availability.md, docs/guarantees.md "Failover").
-    MIN_REPLICAS = Setting(0, int, "E070", number(minimum=0, integer=True),
-                           "Replicas that must confirm each enqueue (Redis WAIT, in the "
-                           "same round trip) before it returns.")
-    MIN_REPLICAS_TIMEOUT = Setting(1.0, float, "E071", number(minimum=0.001),
-                                   "Seconds an enqueue waits for MIN_REPLICAS replicas; "
-                                   "then NotReplicated is raised.")
-    MIN_REPLICAS_ACKS = Setting(False, bool, "E072", _boolean,
-                                "Whether worker acks wait for MIN_REPLICAS replicas too.")
-    FAILOVER_RETRY = Setting(0.0, float, "E073", number(minimum=0),
-                             "Seconds an enqueue keeps retrying through a failover, with "
-                             "the same job id (a retry cannot add it twice).")
-    # Seconds ahead a worker enqueues the next occurrences of periodic tasks, and what
-    # happens to occurrences missed while no worker ran: "latest" (run the most recent
-    # one once), "all" (run each, at most CRON_CATCH_UP_MAX) or "skip".
+                      "time limit of each attempt of a job whose task sets none (`None`: "
+                      "no limit; [time limits](docs/guarantees.md#time-limits))",
+                      unit="seconds")
+    RESULT_TTL: EngineSetting[float] = EngineSetting("E015")
+    FAILED_TTL: EngineSetting[float] = EngineSetting("E016")
+    KEEP_COMPLETED: EngineSetting[int] = EngineSetting("E017")
+    KEEP_FAILED: EngineSetting[int] = EngineSetting("E018")
+    EVENTS_MAXLEN: EngineSetting[int] = EngineSetting("E019")
+    MAX_PAYLOAD_BYTES: EngineSetting[int] = EngineSetting("E020")
+    QUEUES: EngineSetting[dict[str, Any]] = EngineSetting(
+        "E023", hint="e.g. {'rate_limit': '100/m'} or {'interval': 0.5, 'shards': 4}")
+    MIN_REPLICAS: EngineSetting[int] = EngineSetting("E070")
+    MIN_REPLICAS_TIMEOUT: EngineSetting[float] = EngineSetting("E071")
+    MIN_REPLICAS_ACKS: EngineSetting[bool] = EngineSetting("E072")
+    FAILOVER_RETRY: EngineSetting[float] = EngineSetting("E073")
     CRON_LOOKAHEAD = Setting(30.0, float, "E025", number(minimum=1),
-                             "Seconds ahead a worker enqueues periodic tasks.")
+                             "how far ahead workers enqueue periodic tasks' occurrences",
+                             unit="seconds")
     CRON_MISSED = Setting("latest", str, "E026", _cron_missed,
-                          "Missed periodic occurrences: 'latest', 'all' or 'skip'.")
+                          "what runs of the occurrences missed while no worker ran: "
+                          "`\"latest\"` (the most recent, once), `\"all\"` or `\"skip\"`")
     CRON_CATCH_UP_MAX = Setting(100, int, "E027", number(minimum=1, integer=True),
-                                "Most missed occurrences run when CRON_MISSED is 'all'.")
-    # The model mirror: seconds finished rows are kept in the database (None: forever),
-    # events read per batch, and seconds another mirror's unacknowledged events may sit
-    # before this one takes them over.
+                                "most missed occurrences run when `CRON_MISSED` is `\"all\"`",
+                                unit="runs")
     MIRROR_RETENTION = Setting(30 * 86_400, optional(float), "E030",
                                number(minimum=0, allow_none=True),
-                               "Seconds finished rows stay in the database (None: forever).")
+                               "how long finished job rows are kept in the database (`None`: "
+                               "forever)", unit="seconds")
     MIRROR_BATCH_SIZE = Setting(1_000, int, "E031", number(minimum=1, integer=True),
-                                "Events the mirror reads per batch.")
+                                "events the mirror reads per batch", unit="events")
     MIRROR_CLAIM_IDLE = Setting(60.0, float, "E032", number(minimum=0),
-                                "Seconds another mirror's unacknowledged events may sit "
-                                "before this one takes them over.")
-    # The job-history lake: a local path or filesystem URL (s3://, gs://, hdfs://...)
-    # that an export thread appends every queue's events to: one per runworker (or
-    # pool), in its mirror process or, without one, in runworker itself; delayq_mirror
-    # runs one too (None: off; the delayq_export command takes the path itself).
-    LAKE_PATH = Setting(None, optional(str), "E033", _lake_path,
-                        "Where the export thread of runworker (its mirror process, or "
-                        "runworker itself under --no-mirror) and delayq_mirror writes "
-                        "the job-history lake (None: no thread).")
-    # The transactional outbox (Task.enqueue_in_transaction): keys left out keep their
-    # defaults (OUTBOX_DEFAULTS).
+                                "how long another mirror's unacknowledged events may sit "
+                                "before this one takes them over", unit="seconds")
     OUTBOX = Setting(OUTBOX_DEFAULTS, _outbox_options, "E090", _outbox,
-                     "Options of the transactional outbox: RELAY, FAST_PATH, CHUNK_SIZE, "
-                     "POLL_INTERVAL, DATABASES.")
-    # Spark master URL of the Spark pipeline's commands; --master overrides it.
+                     "the transactional outbox: relay thread on/off, commit hook on/off, "
+                     "chunk size, poll interval, databases; keys left out keep their "
+                     "defaults ([outbox](docs/outbox.md#settings))")
+    LAKE_PATH = Setting(None, optional(str), "E033", _lake_path,
+                        "a path or filesystem URL: `runworker` then exports every queue's "
+                        "events to the job-history lake on a thread (of its mirror process; "
+                        "of `runworker` itself under `--no-mirror`), as `delayq_mirror` "
+                        "does (`None`: no thread; [lake](docs/lake.md))")
     SPARK_MASTER = Setting("local[*]", str, "E060", _spark_master,
-                           "Spark master URL (local[*], spark://host:7077, yarn, k8s://...).")
-    # Tests: run each job in the enqueuing process at enqueue time, with the same checks
-    # and JSON round trip as a worker, and nothing sent to Redis. True records a failure
-    # on the returned job; "propagate" also raises it (see docs/testing.md).
+                           "Spark master URL of `delayq_spark_enqueue` and `delayq_report` "
+                           "(`--master` overrides it)")
     EAGER = Setting(False, _eager, "E028", _eager_check,
-                    "Run jobs at enqueue in the same process (tests): True or 'propagate'.")
+                    "tests: run jobs at enqueue in the same process, with the same checks "
+                    "and JSON round trip as a worker, nothing sent to Redis (`\"propagate\"` "
+                    "also raises a task's error; [testing](docs/testing.md))")
 
 
 #: Every setting by name, in the table's order.
 SETTINGS: dict[str, Setting[Any]] = {
     name: row for name, row in vars(DelayQSettings).items() if isinstance(row, Setting)
 }
-#: The default of every setting.
-DEFAULTS: dict[str, Any] = {name: row.default for name, row in SETTINGS.items()}
 
 conf = DelayQSettings()

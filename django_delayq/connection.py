@@ -1,4 +1,9 @@
-"""The Redis connection and the engine :class:`Broker` built from ``settings.DELAYQ``."""
+"""The Redis connection and the engine :class:`Broker` built from ``settings.DELAYQ``.
+
+Importing this module registers Django's lazy strings with the engine's JSON codec
+(:func:`django_delayq.engine.codec.register`): every broker of the Django layer is built
+here, so a lazy translation is encoded as its text wherever a job is enqueued.
+"""
 
 from __future__ import annotations
 
@@ -8,48 +13,30 @@ from typing import Any
 
 import redis
 from django.core.exceptions import ImproperlyConfigured
-from django.core.serializers.json import DjangoJSONEncoder
 from django.core.signals import setting_changed
+from django.utils.functional import Promise
 
-from .conf import conf
-from .engine import Broker, EngineConfig
-from .engine.limits import queue_options
+from .conf import conf, given, replaced
+from .engine import Broker, EngineConfig, codec
 from .engine.urls import client_from_url, sentinel_pool_copy
+
+codec.register(Promise, str)
 
 _lock = threading.Lock()
 _brokers: dict[float | None, Broker] = {}
 
 
 def engine_config() -> EngineConfig:
-    """The :class:`EngineConfig` for the current settings."""
-    shards = dict(conf.SHARDS)
-    limits = {}
-    for name, spec in conf.QUEUES.items():
-        try:
-            options = queue_options(spec)
-        except ValueError as exc:
-            raise ImproperlyConfigured(f"DELAYQ['QUEUES'][{name!r}]: {exc}") from exc
-        if "shards" in spec:
-            shards[name] = options.shards
-        if options.limit is not None:
-            limits[name] = options.limit
-    return EngineConfig(
-        prefix=conf.PREFIX,
-        lease_ms=int(conf.LEASE * 1000),
-        events_maxlen=conf.EVENTS_MAXLEN,
-        result_ttl_ms=int(conf.RESULT_TTL * 1000),
-        failed_ttl_ms=int(conf.FAILED_TTL * 1000),
-        keep_completed=conf.KEEP_COMPLETED,
-        keep_failed=conf.KEEP_FAILED,
-        max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
-        json_encoder=DjangoJSONEncoder,
-        shards=shards,
-        limits=limits,
-        min_replicas=conf.MIN_REPLICAS,
-        min_replicas_timeout_ms=max(1, int(conf.MIN_REPLICAS_TIMEOUT * 1000)),
-        min_replicas_acks=conf.MIN_REPLICAS_ACKS,
-        failover_retry_ms=int(conf.FAILOVER_RETRY * 1000),
-    )
+    """The :class:`EngineConfig` for the current settings: the one place the Django layer
+    builds it (workers, producers, Spark's driver, which ships it to the executors)."""
+    user = given()
+    problems = [problem for _name, _check_id, problem in replaced(user)]
+    if problems:  # refused here too: a process that skips the checks must not guess
+        raise ImproperlyConfigured(" ".join(problems))
+    try:
+        return EngineConfig.from_settings(user)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"settings.DELAYQ: {exc}") from exc
 
 
 def _client_kwargs(socket_timeout: float) -> dict[str, Any]:
@@ -85,7 +72,7 @@ def make_client(socket_timeout: float | None = None) -> Any:
         return redis.Redis(
             connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
         )
-    return client_from_url(conf.REDIS_URL, cluster=conf.CLUSTER, **_client_kwargs(timeout))
+    return client_from_url(conf.REDIS_URL, **_client_kwargs(timeout))
 
 
 def get_broker(*, socket_timeout: float | None = None) -> Broker:

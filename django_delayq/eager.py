@@ -72,7 +72,7 @@ def run_eagerly(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                 arg_names: Sequence[str]) -> Job:
     """Check, encode, decode and run one job of ``task`` (a :class:`~django_delayq.Task`,
     not imported here: it imports this module) now; the finished Job."""
-    broker = get_broker()  # its checks and encoder only: no command is sent
+    broker = get_broker()  # its checks only: no command is sent
     request = EnqueueRequest(task=task.name, args=args, kwargs=kwargs, run_at=task.run_at,
                              delay=task.delay, priority=task.priority, job_id=task.job_id,
                              max_attempts=task.attempts_allowed)
@@ -96,7 +96,7 @@ def run_eagerly(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             with running(claimed, "eager", None) as current:
                 progress = current._progress = EagerProgress(claimed)
                 value = run_to_end(task.func, json.loads(args_json), json.loads(kwargs_json))
-            result_json = encode_result(value, broker.config.json_encoder)
+            result_json = encode_result(value)
         except Exception as exc:
             job.finished_at = dt.datetime.now(dt.UTC)
             job.error = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"

@@ -221,7 +221,7 @@ def test_an_async_job_whose_run_fails_outside_its_task_is_failed_not_held(broker
     job = tasks.async_add.enqueue(1, 2)
     ledger, claimed = claimed_in_a_ledger(broker, "async")
     outcomes = []
-    executor = AsyncExecutor(tasks=registry, encoder=json.JSONEncoder, name="w",
+    executor = AsyncExecutor(tasks=registry, name="w",
                              broker=broker, middleware=[], ledger=ledger,
                              report=outcomes.append, note_started=raising_start_note,
                              on_loop_lost=lambda: None, concurrency=10)

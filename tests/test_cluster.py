@@ -219,11 +219,10 @@ def test_sharded_interval_queue_never_starts_two_jobs_closer(on_cluster, cluster
     assert min(b - a for a, b in itertools.pairwise(starts)) >= 200
 
 
-def test_cluster_flag_with_a_plain_url_and_one_worker_on_two_queues(settings, cluster):
+def test_one_seed_cluster_url_and_one_worker_on_two_queues(settings, cluster):
     from django_delayq.connection import get_broker
 
-    plain_url = cluster.url.replace("redis+cluster://", "redis://")
-    settings.DELAYQ = {**settings.DELAYQ, "REDIS_URL": plain_url, "CLUSTER": True}
+    settings.DELAYQ = {**settings.DELAYQ, "REDIS_URL": cluster.url}
     broker = get_broker()
     assert broker.is_cluster
     broker.client.flushall()
@@ -414,7 +413,7 @@ def test_failover_retry_sends_again_the_shard_a_bulk_chunk_could_not_reach(
     again until the move ends, and the call returns."""
     from django_delayq.engine import BulkResult, EngineConfig, EnqueueRequest
 
-    broker = Broker(on_cluster.client, EngineConfig(shards={"sharded": 4},
+    broker = Broker(on_cluster.client, EngineConfig(queues={"sharded": {"shards": 4}},
                                                     failover_retry_ms=60_000))
     moving = broker.shards("sharded")[0]
     ids = [f"r{i}" for i in range(40)]
@@ -452,7 +451,7 @@ def test_a_dependant_is_linked_once_its_parent_s_shard_answered_a_failover_retry
     only once the parent is stored, so it waits for it instead of finding it missing."""
     from django_delayq.engine import EngineConfig, EnqueueRequest
 
-    broker = Broker(on_cluster.client, EngineConfig(shards={"sharded": 4},
+    broker = Broker(on_cluster.client, EngineConfig(queues={"sharded": {"shards": 4}},
                                                     failover_retry_ms=60_000))
     moving = broker.shards("sharded")[0]
     ids = (f"d{i}" for i in itertools.count())

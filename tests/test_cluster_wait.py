@@ -49,7 +49,7 @@ def new_broker(cluster: RedisCluster, *, timeout_ms: int = 30_000,
         client = client_from_url(cluster.seeds_url, decode_responses=True)
         client.flushall()
     return Broker(client, EngineConfig(min_replicas=1, min_replicas_timeout_ms=timeout_ms,
-                                       shards={SHARDED: 3}))
+                                       queues={SHARDED: {"shards": 3}}))
 
 
 def hammer(broker: Broker, label: str) -> list[str]:

@@ -469,15 +469,15 @@ def test_cluster_primary_killed_under_load_and_a_process_started_after_it_connec
         pytest.fail(f"could not start a 3-primary, 3-replica local Redis Cluster: {exc}")
     try:
         url = cluster.seeds_url
-        shards = {QUEUE: 3, QUEUE_0: 3}
+        queues = {QUEUE: {"shards": 3}, QUEUE_0: {"shards": 3}}
         settings = {"MIN_REPLICAS": 1, "MIN_REPLICAS_TIMEOUT": REPLICA_TIMEOUT,
-                    "FAILOVER_RETRY": FAILOVER_RETRY, "SHARDS": shards}
+                    "FAILOVER_RETRY": FAILOVER_RETRY, "QUEUES": queues}
         procs = [workers(url, db, settings) for _ in range(2)]
         for _, out in procs:
             out.wait_for("mirror started", timeout=60)
         client = client_from_url(url, decode_responses=True, socket_timeout=5)
-        durable = Producers(Broker(client, engine_config(1, shards=shards)), "c1")
-        fast = Producers(Broker(client, engine_config(0, shards=shards)), "c0", queue=QUEUE_0)
+        durable = Producers(Broker(client, engine_config(1, queues=queues)), "c1")
+        fast = Producers(Broker(client, engine_config(0, queues=queues)), "c0", queue=QUEUE_0)
         # The primary to kill serves a shard of each queue if one does, else of QUEUE.
         tags = {(q, k.shard): k.scheduled for q in (QUEUE, QUEUE_0)
                 for k in durable.broker.shards(q)}

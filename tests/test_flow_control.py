@@ -129,10 +129,11 @@ def test_system_checks_name_bad_flow_control_settings(settings):
 def test_settings_build_the_engine_config(settings, broker):
     from django_delayq.connection import engine_config
 
-    settings.DELAYQ = {**settings.DELAYQ, "SHARDS": {"a": 2, "b": 3},
-                       "QUEUES": {"b": {"shards": 5, "rate_limit": "3/s"}, "c": {"interval": 2}}}
+    settings.DELAYQ = {**settings.DELAYQ, "QUEUES": {"a": {"shards": 2},
+                                                     "b": {"shards": 5, "rate_limit": "3/s"},
+                                                     "c": {"interval": 2}}}
     config = engine_config()
-    assert dict(config.shards) == {"a": 2, "b": 5}
+    assert dict(config.shards) == {"a": 2, "b": 5, "c": 1}
     assert dict(config.limits) == {"b": RateLimit(3, 1000), "c": RateLimit(1, 2000)}
 
 
@@ -140,8 +141,8 @@ def test_settings_build_the_engine_config(settings, broker):
 
 
 def test_claim_starts_no_more_than_the_window_allows_over_all_shards(redis_client):
-    broker = Broker(redis_client, EngineConfig(prefix="t", shards={"q": 4},
-                                               limits={"q": RateLimit(5, 60_000)}))
+    broker = Broker(redis_client, EngineConfig(prefix="t", queues={
+        "q": {"shards": 4, "rate_limit": "5/m"}}))
     broker.enqueue_many("q", [EnqueueRequest(task="t.x", args=[i]) for i in range(20)])
     results = broker.claim("q", 10, "w1")
     assert sum(len(r.jobs) for r in results) == 5
@@ -157,7 +158,7 @@ def test_claim_starts_no_more_than_the_window_allows_over_all_shards(redis_clien
 
 
 def test_interval_queue_claims_one_job_per_interval(redis_client):
-    broker = Broker(redis_client, EngineConfig(prefix="t", limits={"q": interval_limit(30)}))
+    broker = Broker(redis_client, EngineConfig(prefix="t", queues={"q": {"interval": 30}}))
     broker.enqueue_many("q", [EnqueueRequest(task="t.x", args=[i]) for i in range(3)])
     (first,) = broker.claim("q", 10, "w")
     (second,) = broker.claim("q", 10, "w")
@@ -251,7 +252,7 @@ def test_limited_jobs_are_claimed_only_for_idle_threads(settings, redis_client):
 def test_reservations_grant_what_the_window_has_and_settle_to_real_start_times(redis_client):
     from django_delayq.engine.reservations import reserve, settle
 
-    broker = Broker(redis_client, EngineConfig(prefix="t", limits={"q": RateLimit(3, 60_000)}))
+    broker = Broker(redis_client, EngineConfig(prefix="t", queues={"q": {"rate_limit": "3/m"}}))
     key = broker.limit_key("q")
     granted, wait = reserve(broker, "q", 5, "w1:a")
     assert (granted, wait is not None) == (3, True)

@@ -203,6 +203,54 @@ def test_known_tasks_list_and_explicit_redis_url(spark: Any) -> None:
     assert Queue("elsewhere").counts()["scheduled"] == 1
 
 
+def test_a_job_from_spark_stores_the_bytes_of_the_same_job_from_django(spark: Any) -> None:
+    """The one codec: a row's values are stored as Django's producers store them."""
+    import decimal
+
+    from pyspark.sql import types as T
+
+    from django_delayq.spark import enqueue_dataframe
+    from tests.test_codec import django_json, stored_arguments
+    from tests.testapp.tasks import take_anything
+
+    args = [dt.date(2031, 1, 2), decimal.Decimal("12.50"), "naïve ☃ 😀",
+            [1.5, None, -2.0], {"ü": "日本", "n": 7}, {"k": 1}]
+    kwargs = {"at": dt.datetime(2031, 1, 2, 3, 4, 5, 678_901, tzinfo=UTC),
+              "span": dt.timedelta(days=-1, seconds=3, microseconds=5)}
+    schema = T.StructType([
+        T.StructField("jid", T.StringType()),
+        T.StructField("day", T.DateType()),
+        T.StructField("amount", T.DecimalType(10, 2)),
+        T.StructField("text", T.StringType()),
+        T.StructField("nums", T.ArrayType(T.DoubleType())),
+        T.StructField("info", T.StructType([T.StructField("ü", T.StringType()),
+                                            T.StructField("n", T.IntegerType())])),
+        T.StructField("counts", T.MapType(T.StringType(), T.IntegerType())),
+        T.StructField("at", T.TimestampType()),
+        T.StructField("span", T.DayTimeIntervalType()),
+    ])
+    df = spark.createDataFrame([("from-spark", *args, *kwargs.values())], schema)
+    summary = enqueue_dataframe(df, take_anything.name,
+                                args=["day", "amount", "text", "nums", "info", "counts"],
+                                kwargs=["at", "span"], job_id="jid")
+    assert summary.enqueued == 1, summary.rejected_rows
+    direct = take_anything.enqueue(*args, **kwargs)
+    expected = (django_json(args), django_json(kwargs))
+    assert '"span":"-P0DT23H59M56.999995S"' in expected[1]
+    assert stored_arguments("default", "from-spark") == expected
+    assert stored_arguments("default", direct.id) == expected
+
+
+def test_executors_enqueue_with_the_drivers_engine_config(spark: Any, settings: Any) -> None:
+    """MIN_REPLICAS reaches the executors: with no replica, their enqueue says so."""
+    from django_delayq.spark import enqueue_dataframe
+
+    settings.DELAYQ = {**settings.DELAYQ, "MIN_REPLICAS": 1, "MIN_REPLICAS_TIMEOUT": 0.05}
+    df = spark.createDataFrame([("r-1", 1)], "jid string, n int")
+    with pytest.raises(Exception, match="NotReplicated"):
+        enqueue_dataframe(df, ADD, args=["n", "n"], job_id="jid")
+
+
 def test_sharded_queues_get_each_job_in_its_shard(spark: Any, settings: Any) -> None:
     from django_delayq.connection import get_broker
     from django_delayq.spark import enqueue_dataframe

@@ -186,7 +186,7 @@ def test_django_connections_are_checked_before_a_job_unless_its_thread_just_did(
     # close_old_connections() marks an open connection as due for a health check.
     for check_first, seen_in_job in ((True, False), (False, True)):
         connection.health_check_done = True
-        outcome = execute(job, registry, json.JSONEncoder, "w", get_broker(),
+        outcome = execute(job, registry, "w", get_broker(),
                           [DatabaseConnections()], idle=check_first)
         assert json.loads(outcome.result_json) is seen_in_job
         assert connection.health_check_done is False  # checked after the job either way
@@ -382,7 +382,7 @@ def test_a_claim_over_several_shards_takes_no_more_than_the_room(redis_client):
     from django_delayq.engine import Broker, EngineConfig, EnqueueRequest
     from django_delayq.worker import Worker
 
-    broker = Broker(redis_client, EngineConfig(prefix="t", shards={"q": 3}))
+    broker = Broker(redis_client, EngineConfig(prefix="t", queues={"q": {"shards": 3}}))
     # Ten jobs on each shard, by id: random ids can leave one shard too few to fill a turn.
     per_shard: dict[str, list[str]] = {keys.tag: [] for keys in broker.shards("q")}
     for i in itertools.count():
@@ -454,7 +454,7 @@ def test_a_job_whose_run_fails_outside_its_task_is_failed_not_held(broker):
     job = tasks.record.using(max_attempts=1).enqueue("outside")
     ledger, claimed = claimed_in_a_ledger(broker, "default")
     outcomes = []
-    executor = Executor(concurrency=1, tasks=registry, encoder=json.JSONEncoder, name="w",
+    executor = Executor(concurrency=1, tasks=registry, name="w",
                         broker=broker, middleware=[], ledger=ledger, report=outcomes.append,
                         note_started=raising_start_note, on_thread_lost=lambda: None)
     executor.start()

@@ -11,7 +11,6 @@ import json
 import re
 from typing import Any
 
-from django.core.serializers.json import DjangoJSONEncoder
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -49,13 +48,13 @@ def status_badge(status: str) -> SafeString:
 
 def pretty_json(value: Any) -> SafeString:
     """A JSON value in a ``<pre>`` block, escaped."""
-    text = json.dumps(value, indent=2, ensure_ascii=False, cls=DjangoJSONEncoder, default=str)
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
     return format_html('<pre class="dq-pre">{}</pre>', text)
 
 
 def short_json(value: Any, limit: int = 60) -> str:
     """A JSON value on one line, cut to ``limit`` characters (for a list column)."""
-    text = json.dumps(value, ensure_ascii=False, cls=DjangoJSONEncoder, default=str)
+    text = json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 

@@ -1,52 +1,184 @@
-"""Plain engine configuration: what the engine needs to know, with no Django in sight."""
+"""The engine's configuration, and the one definition of each setting the engine reads.
+
+Each field of :class:`EngineConfig` that users set is one row of the settings table,
+declared with the field by :func:`option`: the name users write in ``settings.DELAYQ``,
+the default and unit they write it in, its check and its doc row. The field's own default
+is derived from that row (seconds become milliseconds), so the engine used bare (Spark
+executors, benchmarks, tests: ``EngineConfig(...)``) has the same defaults as Django.
+
+The Django layer (:mod:`django_delayq.conf`) takes these rows into its table as they
+are, adding only their system check ids, and builds the config with
+:meth:`EngineConfig.from_settings`, which reads every row the same way: no field is
+mapped by hand. Spark's driver ships the config it built to the executors whole.
+"""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
-from .codec import JSONEncoder
-from .limits import RateLimit
+from .keys import QUEUE_NAME_RE
+from .limits import RateLimit, queue_options
 
-DAY_MS = 86_400_000
+#: A check of one setting's given value: the problems found, each a sentence.
+Check = Callable[[Any], list[str]]
+
+
+def number(*, minimum: float, integer: bool = False, allow_none: bool = False) -> Check:
+    """A number (an int when ``integer``) of at least ``minimum``; never a bool."""
+    kind = int if integer else (int, float)
+    what = "an int" if integer else "a number"
+
+    def check(value: Any) -> list[str]:
+        if value is None and allow_none:
+            return []
+        if (isinstance(value, bool) or not isinstance(value, kind) or value < minimum
+                or not math.isfinite(value)):
+            return [f"must be {what} >= {minimum}, not {value!r}."]
+        return []
+
+    return check
+
+
+def boolean(value: Any) -> list[str]:
+    return [] if isinstance(value, bool) else [f"must be True or False, not {value!r}."]
+
+
+def _prefix(value: Any) -> list[str]:
+    if not isinstance(value, str) or not QUEUE_NAME_RE.match(value):
+        return [f"must be 1-64 characters from A-Z a-z 0-9 _ . -, not {value!r}."]
+    return []
+
+
+def _queues(value: Any) -> list[str]:
+    if not isinstance(value, dict):
+        return [f"must be a dict of queue name -> options, not {value!r}."]
+    problems = []
+    for name, spec in value.items():
+        if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
+            problems.append(f"has an invalid queue name {name!r}.")
+            continue
+        try:
+            queue_options(spec)
+        except ValueError as exc:
+            problems.append(f"[{name!r}]: {exc}.")
+    return problems
+
+
+@dataclass(frozen=True)
+class Option:
+    """One row of the settings table that the engine reads (see the module docstring)."""
+
+    #: The key in ``settings.DELAYQ``.
+    name: str
+    #: The default, as users write it; its type converts what they write (seconds: float).
+    default: Any
+    check: Check
+    #: What it means, one line of the docs' settings table.
+    doc: str
+    #: The unit users write it in; "seconds" are kept in milliseconds.
+    unit: str = ""
+
+    def convert(self, value: Any) -> Any:
+        """``value`` as users write it, as its Python type (raises ValueError)."""
+        return float(value) if self.unit == "seconds" else type(self.default)(value)
+
+    def to_engine(self, value: Any) -> Any:
+        """``value`` as users write it, as the engine keeps it (raises ValueError)."""
+        value = self.convert(value)
+        return round(value * 1000) if self.unit == "seconds" else value
+
+
+def option(name: str, default: Any, check: Check, doc: str, unit: str = "") -> Any:
+    """A field of :class:`EngineConfig` that users set as ``DELAYQ[name]``."""
+    row = Option(name, default, check, doc, unit)
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata={"option": row})
+    return field(default=row.to_engine(default), metadata={"option": row})
 
 
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
-    """Engine settings; the Django layer builds one from ``settings.DELAYQ``."""
+    """Engine settings. Fields ending in ``_ms`` hold the milliseconds of a setting
+    written in seconds."""
 
-    #: Prefix of every key (inside the hash tag: ``{prefix:queue}``).
-    prefix: str = "dq"
-    #: Default lease of a claimed job, in ms; the heartbeat extends it while it runs.
-    lease_ms: int = 30_000
-    #: Approximate cap of each queue's events stream (0 turns events off).
-    events_maxlen: int = 100_000
-    #: How long completed and cancelled jobs keep their hash (result), in ms.
-    result_ttl_ms: int = DAY_MS
-    #: How long dead-lettered jobs are kept, in ms.
-    failed_ttl_ms: int = 7 * DAY_MS
-    #: Most completed (and cancelled) ids kept per queue.
-    keep_completed: int = 10_000
-    #: Most failed ids kept per queue.
-    keep_failed: int = 100_000
-    #: Largest encoded arguments accepted, in bytes (0: no limit).
-    max_payload_bytes: int = 1_048_576
-    #: Most due scheduled jobs promoted per claim call.
+    prefix: str = option("PREFIX", "dq", _prefix,
+                         "prefix of every Redis key, inside the hash tag: `{prefix:queue}`")
+    lease_ms: int = option("LEASE", 30.0, number(minimum=0.1),
+                           "how long a claimed job stays leased without a heartbeat; "
+                           "the heartbeat renews running jobs", "seconds")
+    events_maxlen: int = option("EVENTS_MAXLEN", 100_000, number(minimum=0, integer=True),
+                                "approximate cap of each queue's events stream (0: no events)",
+                                "entries")
+    result_ttl_ms: int = option("RESULT_TTL", 86_400, number(minimum=0),
+                                "how long completed and cancelled jobs keep their data",
+                                "seconds")
+    failed_ttl_ms: int = option("FAILED_TTL", 7 * 86_400, number(minimum=0),
+                                "how long dead-lettered jobs are kept", "seconds")
+    keep_completed: int = option("KEEP_COMPLETED", 10_000, number(minimum=0, integer=True),
+                                 "most completed (and cancelled) job ids kept per queue", "ids")
+    keep_failed: int = option("KEEP_FAILED", 100_000, number(minimum=0, integer=True),
+                              "most failed job ids kept per queue", "ids")
+    max_payload_bytes: int = option("MAX_PAYLOAD_BYTES", 1_048_576, number(minimum=0, integer=True),
+                                    "largest encoded arguments accepted at enqueue "
+                                    "(0: no limit)", "bytes")
+    #: Most due scheduled jobs promoted per claim call (not a setting).
     promote_batch: int = 1_000
-    #: Encoder for arguments and results (Django passes DjangoJSONEncoder).
-    json_encoder: type[json.JSONEncoder] = JSONEncoder
-    #: Number of shards per queue name; queues not listed have one.
-    shards: Mapping[str, int] = field(default_factory=dict)
-    #: Start limits per queue name (rate limits and intervals); queues not listed have none.
-    limits: Mapping[str, RateLimit] = field(default_factory=dict)
-    #: Replicas that must confirm each enqueue (Redis WAIT) before it returns; 0: none.
-    min_replicas: int = 0
-    #: How long an enqueue waits for those confirmations, in ms (then NotReplicated).
-    min_replicas_timeout_ms: int = 1_000
-    #: Whether worker acks wait for the replicas too (they are resent if not confirmed).
-    min_replicas_acks: bool = False
-    #: How long an enqueue keeps retrying through a failover (connection lost,
-    #: READONLY, no primary yet), in ms, with the same job id so a retry cannot
-    #: duplicate it; 0 leaves retries to the client's own policy.
-    failover_retry_ms: int = 0
+    queues: Mapping[str, Mapping[str, Any]] = option(
+        "QUEUES", {}, _queues,
+        "per queue name: `shards` (1 to 1024), and `rate_limit` (`\"100/m\"`) or "
+        "`interval` (seconds), e.g. `{\"api\": {\"interval\": 0.5, \"shards\": 4}}` "
+        "([flow control](docs/flow-control.md))")
+    min_replicas: int = option("MIN_REPLICAS", 0, number(minimum=0, integer=True),
+                               "replicas that must confirm each enqueue (Redis `WAIT`, in the "
+                               "same round trip) before it returns "
+                               "([guarantees](docs/guarantees.md#failover))", "replicas")
+    min_replicas_timeout_ms: int = option("MIN_REPLICAS_TIMEOUT", 1.0, number(minimum=0.001),
+                                          "how long an enqueue waits for `MIN_REPLICAS` "
+                                          "replicas, then raises `NotReplicated`", "seconds")
+    min_replicas_acks: bool = option("MIN_REPLICAS_ACKS", False, boolean,
+                                     "whether worker acks wait for `MIN_REPLICAS` replicas too")
+    failover_retry_ms: int = option("FAILOVER_RETRY", 0.0, number(minimum=0),
+                                    "how long an enqueue keeps retrying through a failover "
+                                    "(connection lost, `READONLY`, no primary yet), with the "
+                                    "same job id so a retry cannot add it twice", "seconds")
+    #: Shards per queue name (queues not listed have one), from ``queues``.
+    shards: Mapping[str, int] = field(init=False, repr=False, compare=False)
+    #: Start limits per queue name (queues not listed have none), from ``queues``.
+    limits: Mapping[str, RateLimit] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        shards, limits = {}, {}
+        for name, spec in self.queues.items():
+            try:
+                options = queue_options(spec)
+            except ValueError as exc:
+                raise ValueError(f"QUEUES[{name!r}]: {exc}") from None
+            shards[name] = options.shards
+            if options.limit is not None:
+                limits[name] = options.limit
+        object.__setattr__(self, "shards", shards)
+        object.__setattr__(self, "limits", limits)
+
+    @classmethod
+    def from_settings(cls, given: Mapping[str, Any]) -> EngineConfig:
+        """The config for settings by their ``DELAYQ`` names, as users write them; names
+        left out keep their defaults. Raises ``ValueError`` naming a setting it cannot
+        read (the system checks say more)."""
+        values = {}
+        for row, name in OPTIONS.values():
+            if row.name in given:
+                try:
+                    values[name] = row.to_engine(given[row.name])
+                except (TypeError, ValueError, OverflowError) as exc:
+                    raise ValueError(f"{row.name}: {exc}") from None
+        return cls(**values)
+
+
+#: Every setting the engine reads, by its DELAYQ name: the row and the field it sets.
+OPTIONS: dict[str, tuple[Option, str]] = {
+    f.metadata["option"].name: (f.metadata["option"], f.name)
+    for f in fields(EngineConfig) if "option" in f.metadata
+}

@@ -173,10 +173,8 @@ class BrokerCore:
             job_id = validation.validate_job_id(job_id)
         else:
             job_id = new_job_id() if ids is None else next(ids)
-        cfg = self.config
-        args_json, kwargs_json = encode_arguments(task, args, kwargs, encoder=cfg.json_encoder,
-                                                  names=arg_names,
-                                                  limit=cfg.max_payload_bytes)
+        args_json, kwargs_json = encode_arguments(task, args, kwargs, names=arg_names,
+                                                  limit=self.config.max_payload_bytes)
         # tuple.__new__: a NamedTuple's own __new__ is Python code, 0.15 us more a job of
         # a bulk call (the fields are in order, as EncodedJob(...) would take them).
         return tuple.__new__(EncodedJob, (job_id, task, args_json, kwargs_json, priority,

@@ -172,28 +172,23 @@ def redact(url: Any) -> str:
     return f"{scheme}{sep}{netloc}{slash}{path}{q}{query}"
 
 
-def client_from_url(url: str, *, cluster: bool = False, **kwargs: Any) -> Any:
+def client_from_url(url: str, **kwargs: Any) -> Any:
     """A redis-py client for ``url``; ``kwargs`` are connection options (timeouts...).
 
-    A ``RedisCluster`` for a cluster URL or with ``cluster``, a Sentinel-managed
-    ``Redis`` for a Sentinel URL, else a ``Redis``.
+    A ``RedisCluster`` for a cluster URL, a Sentinel-managed ``Redis`` for a Sentinel
+    URL, else a ``Redis``: the URL alone says what the server is.
     """
     scheme = url.partition("://")[0]
     if scheme in SENTINEL_SCHEMES:
-        if cluster:
-            raise ValueError("a Sentinel URL names one primary and its replicas, not a "
-                             "Redis Cluster: do not ask for a cluster client with it")
         return sentinel_client(parse_multi_host(url), **kwargs)
-    if cluster or scheme in CLUSTER_SCHEMES:
+    if scheme in CLUSTER_SCHEMES:
         from redis.cluster import ClusterNode, RedisCluster
 
         kwargs.pop("health_check_interval", None)  # not an option of RedisCluster
-        if scheme in CLUSTER_SCHEMES:
-            parsed = parse_multi_host(url)
-            seeds = [ClusterNode(host, port)  # type: ignore[no-untyped-call]
-                     for host, port in parsed.hosts[1:]]
-            return RedisCluster.from_url(parsed.one_host_url(), startup_nodes=seeds, **kwargs)
-        return RedisCluster.from_url(url, **kwargs)
+        parsed = parse_multi_host(url)
+        seeds = [ClusterNode(host, port)  # type: ignore[no-untyped-call]
+                 for host, port in parsed.hosts[1:]]
+        return RedisCluster.from_url(parsed.one_host_url(), startup_nodes=seeds, **kwargs)
     return redis.Redis.from_url(url, **kwargs)
 
 

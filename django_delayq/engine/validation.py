@@ -112,13 +112,7 @@ def timeout_ms(timeout: Any) -> int:
 
 def delay_ms(delay: Any) -> int:
     """A delay in seconds (int or float) or a timedelta, as milliseconds (rounded up)."""
-    if isinstance(delay, dt.timedelta):
-        seconds = delay.total_seconds()
-    elif isinstance(delay, int | float) and not isinstance(delay, bool):
-        seconds = float(delay)
-    else:
-        raise TypeError(f"delay must be seconds (int or float) or a timedelta, "
-                        f"not {type(delay).__name__}")
+    seconds = _seconds(delay, "delay")
     if not math.isfinite(seconds) or not 0 <= seconds <= MAX_DELAY_SECONDS:
         raise ValueError(f"delay must be zero or more seconds, at most {MAX_DELAY_SECONDS} "
                          f"(100 years), not {delay!r}")

@@ -9,6 +9,7 @@ whole job adds no duplicates: the engine skips ids that exist and counts them.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -126,8 +127,8 @@ def _registered_tasks() -> dict[str, Any] | None:
 
 
 def _engine_config() -> EngineConfig:
-    """The engine settings of the project (prefix, shards per queue, limits)."""
-    from django_delayq.connection import engine_config
+    """The engine settings of the project: its one engine config, whole."""
+    from django_delayq.connection import engine_config  # Django is optional here
 
     return engine_config()
 
@@ -309,11 +310,7 @@ def enqueue_dataframe(
     engine = _engine_config() if conf is not None else EngineConfig()
     plan = EnqueuePlan(
         redis_url=redis_url,
-        cluster=bool(conf is not None and conf.CLUSTER),
-        prefix=prefix or engine.prefix,
-        events_maxlen=engine.events_maxlen,
-        max_payload_bytes=engine.max_payload_bytes,
-        shards=dict(engine.shards),
+        engine=dataclasses.replace(engine, prefix=prefix) if prefix else engine,
         socket_timeout=max(30.0, conf.SOCKET_TIMEOUT if conf is not None else 0.0),
         columns=tuple(names),
         task=task,

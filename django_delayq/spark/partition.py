@@ -30,12 +30,9 @@ class EnqueuePlan:
     """Where each field of a job comes from, as positions in the selected row."""
 
     redis_url: str = field(repr=False)  # may hold a password: never in a repr
-    #: Connect with redis-py's RedisCluster (a ``redis+cluster://`` URL or CLUSTER=True).
-    cluster: bool = False
-    prefix: str = "dq"
-    events_maxlen: int = 100_000
-    max_payload_bytes: int = 1_048_576
-    shards: Mapping[str, int] = field(default_factory=dict)
+    #: The driver's engine config (from its settings when Django is configured), so an
+    #: executor stores, shards and bounds jobs as any producer of the project does.
+    engine: EngineConfig = field(default_factory=EngineConfig)
     socket_timeout: float = 30.0
     #: The user's column names of the selected row, for rejected rows.
     columns: tuple[str, ...] = ()
@@ -64,13 +61,9 @@ class EnqueuePlan:
 
     def client(self) -> Any:
         """A new redis-py client for the executor (``decode_responses=True``)."""
-        return client_from_url(self.redis_url, cluster=self.cluster, decode_responses=True,
+        return client_from_url(self.redis_url, decode_responses=True,
                                socket_timeout=self.socket_timeout,
                                socket_connect_timeout=min(self.socket_timeout, 10.0))
-
-    def engine_config(self) -> EngineConfig:
-        return EngineConfig(prefix=self.prefix, events_maxlen=self.events_maxlen,
-                            max_payload_bytes=self.max_payload_bytes, shards=dict(self.shards))
 
 
 @dataclass(slots=True)
@@ -129,7 +122,7 @@ def build_request(plan: EnqueuePlan, row: Any) -> tuple[str, EnqueueRequest]:
         validation.check_max_attempts(plan.max_attempts or plan.task_attempts.get(
             task, plan.default_max_attempts))
         args_json, kwargs_json = encode_arguments(task, args, kwargs,
-                                                  limit=plan.max_payload_bytes)
+                                                  limit=plan.engine.max_payload_bytes)
     except (TypeError, ValueError, PayloadTooLarge) as exc:
         raise Rejected(str(exc)) from None
 
@@ -161,7 +154,7 @@ def enqueue_partition(plan: EnqueuePlan, rows: Iterable[Any]) -> Iterator[Partit
     """
     result = PartitionResult()
     client = plan.client()
-    broker = Broker(client, plan.engine_config())
+    broker = Broker(client, plan.engine)
     pending: dict[str, list[EnqueueRequest]] = {}
 
     def flush(queue: str) -> None:

@@ -20,6 +20,11 @@ def dj_add(a: int, b: int) -> int:
     return a + b
 
 
+@task
+def dj_take_anything(*args: Any, **kwargs: Any) -> None:
+    """Takes any arguments: the codec tests compare what producers store."""
+
+
 @task(queue_name="other", priority=5)
 def dj_record(tag: str) -> str:
     get_broker().client.rpush("test:dj", tag)

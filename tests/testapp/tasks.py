@@ -40,6 +40,11 @@ def record(tag: str, *, extra: object = None) -> str:
     return tag
 
 
+@task
+def take_anything(*args: object, **kwargs: object) -> None:
+    """Takes any arguments: the codec tests compare what producers store."""
+
+
 @task(queue="other")
 def record_other(tag: str) -> str:
     _note("record_other", tag=tag)

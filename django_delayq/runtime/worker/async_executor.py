@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import json
 import logging
 import threading
 import time
@@ -68,7 +67,7 @@ LOOP_STALL = 10.0
 class AsyncExecutor:
     """The event loop thread of a worker process and the async jobs it runs."""
 
-    def __init__(self, *, tasks: TaskRegistry, encoder: type[json.JSONEncoder], name: str,
+    def __init__(self, *, tasks: TaskRegistry, name: str,
                  broker: Broker, middleware: Sequence[Middleware], ledger: Ledger,
                  report: Callable[[Outcome], None],
                  note_started: Callable[[ClaimedJob, int], None],
@@ -76,7 +75,6 @@ class AsyncExecutor:
                  timeout: float | None = None,
                  timeout_grace: float = HARD_LIMIT_GRACE) -> None:
         self.tasks = tasks
-        self.encoder = encoder
         self.name = name
         self.broker = broker
         self.middleware = list(middleware)
@@ -272,7 +270,7 @@ class AsyncExecutor:
             outcome = failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
         if outcome is None:
             try:
-                outcome = Outcome(job, True, result_json=encode_result(value, self.encoder))
+                outcome = Outcome(job, True, result_json=encode_result(value))
             except BaseException as exc:  # a value whose encoding raises anything
                 outcome = failure(job, exc, retry=False)
         self._last_done = time.monotonic()

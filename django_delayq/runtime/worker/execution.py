@@ -9,7 +9,6 @@ message and the traceback, retried or dead-lettered by the usual rules.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -24,8 +23,8 @@ from .outcome import CorruptPayload, Outcome, decode_arguments, describe, failur
 logger = logging.getLogger("django_delayq.worker")
 
 
-def execute(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder],
-            worker: str, broker: Broker, middleware: Sequence[Middleware], *, idle: bool,
+def execute(job: ClaimedJob, tasks: TaskRegistry, worker: str, broker: Broker,
+            middleware: Sequence[Middleware], *, idle: bool,
             on_finished: list[Callable[[Outcome], None]] | None = None) -> Outcome:
     """Run ``job`` between its ``middleware``'s hooks. What the task adds to its
     ``on_finished`` hooks goes to ``on_finished``: the caller calls them
@@ -42,7 +41,7 @@ def execute(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder
     except BaseException as exc:  # the job did not run: retried
         outcome = failure(job, exc, retry=True)
     else:
-        outcome = _run(job, tasks, encoder, worker, broker, hooks)
+        outcome = _run(job, tasks, worker, broker, hooks)
     for each in reversed(middleware):
         try:
             each.after_job(job, outcome)
@@ -51,8 +50,8 @@ def execute(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder
     return outcome
 
 
-def _run(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder],
-         worker: str, broker: Broker, on_finished: list[Callable[[Outcome], None]]) -> Outcome:
+def _run(job: ClaimedJob, tasks: TaskRegistry, worker: str, broker: Broker,
+         on_finished: list[Callable[[Outcome], None]]) -> Outcome:
     if not job.task:
         return failure(job, CorruptPayload("the job has no task name"), retry=False)
     try:
@@ -69,7 +68,7 @@ def _run(job: ClaimedJob, tasks: TaskRegistry, encoder: type[json.JSONEncoder],
         except BaseException as exc:  # every failure of a task is the job's
             return failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
     try:
-        result_json = encode_result(value, encoder)
+        result_json = encode_result(value)
     except BaseException as exc:  # a value whose encoding raises anything
         return failure(job, exc, retry=False)
     return Outcome(job, True, result_json=result_json)

@@ -7,7 +7,6 @@ the acker. ``None`` in the inbox stops one thread.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue as stdlib_queue
 import threading
@@ -35,7 +34,6 @@ class Executor:
         *,
         concurrency: int,
         tasks: TaskRegistry,
-        encoder: type[json.JSONEncoder],
         name: str,
         broker: Broker,
         middleware: Sequence[Middleware],
@@ -49,7 +47,6 @@ class Executor:
     ) -> None:
         self.concurrency = concurrency
         self.tasks = tasks
-        self.encoder = encoder
         self.name = name
         self.broker = broker
         self.middleware = list(middleware)
@@ -147,7 +144,7 @@ class Executor:
         began = time.perf_counter()
         try:
             idle = last_done is None or began - last_done > IDLE
-            outcome = execute(job, self.tasks, self.encoder, self.name, self.broker,
+            outcome = execute(job, self.tasks, self.name, self.broker,
                               self.middleware, idle=idle, on_finished=lease.on_finished)
         except BaseException as exc:  # raised outside the task (a late JobTimeout)
             outcome = failure(job, exc, retry=True)

@@ -106,7 +106,6 @@ class Worker:
         self.broker = broker
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         timeout, timeout_grace = options.timeout, options.timeout_grace
-        encoder = broker.config.json_encoder
 
         self._stop = threading.Event()
         #: When a stop with a grace period was first asked (None: not yet, or only a
@@ -119,7 +118,7 @@ class Worker:
         self.acker = Acker(broker=self.broker, name=self.name, ledger=self.ledger,
                            done=self._done)
         #: async def tasks run on an event loop thread, beside the executor threads
-        self._async = AsyncExecutor(tasks=self.tasks, encoder=encoder, name=self.name,
+        self._async = AsyncExecutor(tasks=self.tasks, name=self.name,
                                     broker=broker, middleware=middleware, ledger=self.ledger,
                                     report=self.acker.put,
                                     note_started=self.acker.note_started,
@@ -129,7 +128,7 @@ class Worker:
         serves_async = any(is_async(t) and t.queue_name in self.queues
                            for t in self.tasks.tasks())
         self.executor = Executor(concurrency=self.concurrency, tasks=self.tasks,
-                                 encoder=encoder, name=self.name, broker=broker,
+                                 name=self.name, broker=broker,
                                  middleware=middleware, ledger=self.ledger,
                                  report=self.acker.put,
                                  note_started=self.acker.note_started,
