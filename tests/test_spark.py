@@ -223,7 +223,7 @@ def test_sharded_queues_get_each_job_in_its_shard(spark: Any, settings: Any) -> 
 @pytest.mark.slow
 def test_enqueue_on_a_redis_cluster(spark: Any, settings: Any) -> None:
     from django_delayq.spark import enqueue_dataframe
-    from django_delayq.testing import RedisCluster
+    from tests.servers import RedisCluster
 
     try:
         cluster = RedisCluster().start()
@@ -249,7 +249,7 @@ def test_enqueue_through_a_sentinel_url(spark: Any, settings: Any) -> None:
     import redis
 
     from django_delayq.spark import enqueue_dataframe
-    from django_delayq.testing import RedisSentinelGroup
+    from tests.servers import RedisSentinelGroup
 
     try:
         group = RedisSentinelGroup().start()
