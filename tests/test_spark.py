@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import threading
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -458,8 +459,10 @@ def test_report_command_from_orm_and_from_exports(spark: Any, tmp_path: Path) ->
     assert "100.0%" in text
     assert "Longest runs" in text
     files = {p.name for p in (tmp_path / "orm").iterdir()}
-    assert files == {"summary.csv", "timeline.csv", "latest.csv", "longest.csv", "report.png"}
-    assert (tmp_path / "orm" / "report.png").read_bytes().startswith(b"\x89PNG")
+    assert files == {"summary.csv", "timeline.csv", "latest.csv", "longest.csv", "report.svg"}
+    chart = ET.parse(tmp_path / "orm" / "report.svg").getroot()
+    assert {t.text for t in chart.iter("{http://www.w3.org/2000/svg}text")} >= {
+        "emails", "emails p95"}
     orm_rows = _summary_csv(tmp_path / "orm")
 
     parquet = tmp_path / "export.parquet"
