@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from ..testing import RedisServer
 
@@ -85,6 +87,21 @@ def run_jobs(delayq_redis: str) -> Callable[..., int]:
     return run
 
 
+class _Refuse(Retry):
+    """A connection's retry policy that calls ``refuse`` instead of the first attempt.
+
+    redis-py runs every connect (then every command) of a connection through its
+    ``retry``: this one stops the connection before its socket opens.
+    """
+
+    def __init__(self, refuse: Callable[[], Any]) -> None:
+        super().__init__(NoBackoff(), 0)
+        self._refuse = refuse
+
+    def call_with_retry(self, *args: Any, **kwargs: Any) -> Any:
+        return self._refuse()
+
+
 @pytest.fixture(autouse=True)
 def _delayq_keep_off_the_settings_redis(request: pytest.FixtureRequest,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,8 +110,8 @@ def _delayq_keep_off_the_settings_redis(request: pytest.FixtureRequest,
     Every client of django-delayq is made by ``connection.make_client``: during such a
     test the clients it makes for any Redis but the one the tests may empty
     (``DELAYQ_TEST_REDIS_URL``, or ``delayq_redis_url`` when the test asked for it) fail
-    the test at their first command, before a socket is opened (eager mode makes a
-    client for its checks and sends nothing). Nothing is replaced when the test asked for
+    the test as their first connection starts, before its socket opens (eager mode makes
+    a client for its checks and sends nothing). Nothing is replaced when the test asked for
     ``delayq_redis``, when Django is not set up (no settings, no Redis), or when the
     settings already point at the Redis the tests may empty.
     """
@@ -118,7 +135,7 @@ def _delayq_keep_off_the_settings_redis(request: pytest.FixtureRequest,
     make_client = connection.make_client
     test = request.node.nodeid
 
-    def refuse(*args: Any, **kwargs: Any) -> Any:
+    def refuse() -> Any:
         __tracebackhide__ = True  # the test's own call is the line to show
         where = (f"the cache {conf.CACHE_ALIAS!r}" if conf.CACHE_ALIAS
                  else redact(conf.REDIS_URL))
@@ -136,8 +153,8 @@ def _delayq_keep_off_the_settings_redis(request: pytest.FixtureRequest,
         if not conf.CACHE_ALIAS and (conf.CLUSTER or conf.REDIS_URL.startswith(CLUSTER_SCHEMES)):
             refuse()  # a Cluster client connects to its nodes as it is made
         client = make_client(socket_timeout)
-        # Every command, pipeline and script call takes its connection from the pool.
-        client.connection_pool.get_connection = refuse
+        # The pool makes every connection (for commands, pipelines, scripts) with these.
+        client.connection_pool.connection_kwargs["retry"] = _Refuse(refuse)
         return client
 
     connection.reset()  # a client made before the test would slip past the guard
