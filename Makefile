@@ -4,7 +4,9 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-dev.txt | cksum | cut -d' ' -f1)
+# What the virtualenv is made from: a change to any of them reinstalls it.
+DEPS := pyproject.toml requirements-dev.txt constraints.txt
+STAMP := $(VENV)/.installed-$(shell cat $(DEPS) | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 # The suite runs on two xdist workers, each with its own Redis and database; the heavy
 # tests stay together on one of them (tests/conftest.py). A given REDIS_URL is one server
@@ -13,7 +15,7 @@ XDIST ?= $(if $(REDIS_URL),,-n 2 --dist loadgroup)
 
 .PHONY: demo serve test fuzz lint typecheck bench bench-quick system-deps clean
 
-$(STAMP): pyproject.toml requirements-dev.txt
+$(STAMP): $(DEPS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -q -e '.[api,tasks,cron,spark,django-redis,metrics]' -r requirements-dev.txt

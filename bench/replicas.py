@@ -21,7 +21,8 @@ import redis
 
 from bench import record, tables
 from django_delayq.engine import Broker, EngineConfig, EnqueueRequest
-from django_delayq.testing import REPLICATION_ARGS, RedisServer
+from django_delayq.testing import RedisServer
+from tests.servers import REPLICATION_ARGS
 
 BASE = {"single_n": 5_000, "bulk_n": 20_000}
 BLOCK = 100

@@ -40,7 +40,8 @@ from bench import record
 from bench.harness.processes import process_tree, start_process, stop_processes
 from django_delayq.engine import Broker, EngineConfig, EnqueueRequest
 from django_delayq.engine.urls import client_from_url
-from django_delayq.testing import RedisCluster, RedisServer
+from django_delayq.testing import RedisServer
+from tests.servers import RedisCluster
 
 ROOT = record.ROOT
 TASK = "tests.testapp.tasks.add"

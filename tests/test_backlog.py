@@ -92,7 +92,7 @@ def test_no_count_when_every_entry_or_none_is_after_the_group(broker, redis_clie
 
 
 def test_shards_are_summed_and_idle_consumers_timed(redis_client):
-    broker = Broker(redis_client, EngineConfig(shards={"wide": 3}))
+    broker = Broker(redis_client, EngineConfig(queues={"wide": {"shards": 3}}))
     shards = broker.shards("wide")
     for n, keys in enumerate(shards):
         for i in range(n + 1):

@@ -17,8 +17,8 @@ import redis
 
 from django_delayq import DelayQConnectionError, Job, JobSpec, Queue, chain, group
 from django_delayq.engine import Broker, PartialClaimError
-from django_delayq.testing import RedisCluster
 from tests.conftest import ran, wait_until, worker_thread
+from tests.servers import RedisCluster
 from tests.test_flow_control import (
     claim_times,
     claimed_at,

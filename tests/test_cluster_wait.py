@@ -16,8 +16,8 @@ import redis
 from django_delayq import DelayQConnectionError, NotReplicated
 from django_delayq.engine import Broker, EngineConfig, EnqueueRequest
 from django_delayq.engine.urls import client_from_url
-from django_delayq.testing import RedisCluster
 from tests.conftest import wait_until
+from tests.servers import RedisCluster
 from tests.test_cluster import slot_moving
 from tests.testapp.tasks import record
 

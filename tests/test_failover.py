@@ -32,14 +32,9 @@ from django_delayq import DelayQConnectionError, NotReplicated
 from django_delayq.engine import Broker, EngineConfig, EnqueueRequest
 from django_delayq.engine.fields import stored
 from django_delayq.engine.urls import client_from_url
-from django_delayq.testing import (
-    REPLICATION_ARGS,
-    RedisCluster,
-    RedisSentinelGroup,
-    RedisServer,
-    free_port,
-)
+from django_delayq.testing import RedisServer, free_port
 from tests.conftest import ROOT, OutputReader, wait_until, worker_env
+from tests.servers import REPLICATION_ARGS, RedisCluster, RedisSentinelGroup
 from tests.test_mirror_faults import sqlite_rows
 from tests.testapp.fault_tasks import RUNS, count_run
 

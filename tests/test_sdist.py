@@ -16,14 +16,14 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.slow
 
 NEEDED = ["tests/conftest.py", "tests/settings.py", "tests/urls.py", "tests/services.py",
-          "tests/pg_server.py",
+          "tests/pg_server.py", "tests/servers.py", "constraints.txt",
           "tests/testapp/__init__.py", "tests/testapp/tasks.py", "tests/test_task.py",
           "tests/test_bench_smoke.py", "bench/run.py", "bench/report.py",
           "bench/harness/ops.py", "bench/harness/lua/done.lua", "bench/targets.json",
           "docs/testing.md", "docs/api.md", "CHANGELOG.md", "README.md", "LICENSE",
           "Makefile", "pyproject.toml", "requirements-dev.txt", "example_project/demo.py",
           "django_delayq/lua/claim.lua", "django_delayq/contrib/pytest.py",
-          "django_delayq/templates/admin/django_delayq/queues.html"]
+          "django_delayq/testing.py", "django_delayq/templates/admin/django_delayq/queues.html"]
 
 #: The tests run from the sdist: tasks, the admin, the API's pages, the metrics and the
 #: testing docs' example (which loads the pytest plugin through its entry point).

@@ -17,8 +17,8 @@ import redis
 from django_delayq import Job, JobSpec, NotReplicated
 from django_delayq.connection import get_broker
 from django_delayq.engine.urls import client_from_url, parse_multi_host, redact
-from django_delayq.testing import RedisSentinelGroup
 from tests.conftest import system_checks, wait_until, worker_thread
+from tests.servers import RedisSentinelGroup
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.slow

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import threading
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -271,7 +272,7 @@ def test_sharded_queues_get_each_job_in_its_shard(spark: Any, settings: Any) -> 
 @pytest.mark.slow
 def test_enqueue_on_a_redis_cluster(spark: Any, settings: Any) -> None:
     from django_delayq.spark import enqueue_dataframe
-    from django_delayq.testing import RedisCluster
+    from tests.servers import RedisCluster
 
     try:
         cluster = RedisCluster().start()
@@ -297,7 +298,7 @@ def test_enqueue_through_a_sentinel_url(spark: Any, settings: Any) -> None:
     import redis
 
     from django_delayq.spark import enqueue_dataframe
-    from django_delayq.testing import RedisSentinelGroup
+    from tests.servers import RedisSentinelGroup
 
     try:
         group = RedisSentinelGroup().start()
@@ -506,8 +507,10 @@ def test_report_command_from_orm_and_from_exports(spark: Any, tmp_path: Path) ->
     assert "100.0%" in text
     assert "Longest runs" in text
     files = {p.name for p in (tmp_path / "orm").iterdir()}
-    assert files == {"summary.csv", "timeline.csv", "latest.csv", "longest.csv", "report.png"}
-    assert (tmp_path / "orm" / "report.png").read_bytes().startswith(b"\x89PNG")
+    assert files == {"summary.csv", "timeline.csv", "latest.csv", "longest.csv", "report.svg"}
+    chart = ET.parse(tmp_path / "orm" / "report.svg").getroot()
+    assert {t.text for t in chart.iter("{http://www.w3.org/2000/svg}text")} >= {
+        "emails", "emails p95"}
     orm_rows = _summary_csv(tmp_path / "orm")
 
     parquet = tmp_path / "export.parquet"

@@ -221,7 +221,7 @@ def test_the_commands_run_on_the_cluster_as_a_user_runs_them(cluster: SparkClust
     want = np.percentile(np.array(made.lateness), [50, 95, 99], method="linear")
     got = [float(row[f"lateness_p{p}"]) for p in (50, 95, 99)]
     assert got == pytest.approx(list(want), abs=1e-6)  # the CSV rounds to 6 places
-    assert {p.name for p in (tmp_path / "report").iterdir()} >= {"summary.csv", "report.png"}
+    assert {p.name for p in (tmp_path / "report").iterdir()} >= {"summary.csv", "report.svg"}
 
     apps = [app["name"] for app in cluster.state()["completedapps"]]
     assert apps.count("delayq_spark_enqueue") == 1

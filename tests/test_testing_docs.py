@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from django.conf import settings
 from django.test import override_settings
 
 from django_delayq.engine import PayloadTooLarge
+from django_delayq.testing import RedisServer
 from tests.conftest import ROOT, subprocess_path
 from tests.testapp import tasks
 
@@ -29,28 +31,46 @@ def doc_files() -> dict[str, str]:
     return dict(blocks)
 
 
-def test_the_docs_example_runs(tmp_path: Path) -> None:
-    files = doc_files()
-    assert set(files) >= {"shop/tasks.py", "test_shop.py", "settings.py"}
-    for name, body in files.items():
+def write_project(root: Path, tests: dict[str, str] | None = None) -> None:
+    """The page's project (its tasks, settings and tests) in ``root``, plus ``tests``."""
+    for name, body in {**doc_files(), **(tests or {})}.items():
         if name == "settings_test.py":
             continue
-        path = tmp_path / name
+        path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(body)
-    (tmp_path / "shop" / "__init__.py").write_text("")
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (root / "shop" / "__init__.py").write_text("")
+    (root / "pytest.ini").write_text("[pytest]\n")
+
+
+def run_pytest(root: Path, *args: str, **env_changes: str | None) -> str:
+    """pytest in a fresh process in ``root``, with the plugin as an installed package
+    loads it; ``env_changes`` set (or, when None, remove) environment variables. Returns
+    its output; fails on an exit code other than 0 or 1 (1: a test failed)."""
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env["PYTHONPATH"] = subprocess_path(tmp_path)
+    env["PYTHONPATH"] = subprocess_path(root)
+    for name, value in env_changes.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     # An installed django-delayq loads the plugin itself; a source checkout names it.
     installed = any(e.name == "django_delayq" for e in entry_points(group="pytest11"))
     plugin = [] if installed else ["-p", "django_delayq.contrib.pytest"]
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin,
-         "--ds=settings", "test_shop.py"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "2 passed" in run.stdout
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+         *plugin, *args], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    output = run.stdout + run.stderr
+    assert run.returncode in (0, 1), output
+    return output
+
+
+def test_the_docs_example_runs(tmp_path: Path) -> None:
+    assert set(doc_files()) >= {"shop/tasks.py", "test_shop.py", "settings.py"}
+    write_project(tmp_path)
+    output = run_pytest(tmp_path, "--ds=settings", "test_shop.py")
+    assert "2 passed" in output, output
+    assert "failed" not in output, output
 
 
 @override_settings(DELAYQ={"EAGER": True})
@@ -124,19 +144,72 @@ def test_the_plugins_settings_come_off_with_the_tests_own(tmp_path: Path) -> Non
     """A test asking for ``settings`` before ``run_jobs``, then changing a setting: both
     changes are undone in the right order, nothing stays applied for the tests that
     follow (``SETTINGS_MODULE`` of a leaked override holder reads None)."""
-    (tmp_path / "settings.py").write_text(doc_files()["settings.py"])
-    (tmp_path / "shop").mkdir()
-    (tmp_path / "shop" / "__init__.py").write_text("")
-    (tmp_path / "shop" / "tasks.py").write_text(doc_files()["shop/tasks.py"])
-    (tmp_path / "test_leak.py").write_text(LEAK_CHECK)
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env["PYTHONPATH"] = subprocess_path(tmp_path)
-    installed = any(e.name == "django_delayq" for e in entry_points(group="pytest11"))
-    plugin = [] if installed else ["-p", "django_delayq.contrib.pytest"]
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-         *plugin, "--ds=settings", "test_leak.py"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "2 passed" in run.stdout
+    write_project(tmp_path, {"test_leak.py": LEAK_CHECK})
+    output = run_pytest(tmp_path, "--ds=settings", "test_leak.py")
+    assert "2 passed" in output, output
+    assert "failed" not in output, output
+
+
+GUARD_CHECK = '''
+from django.test import override_settings
+
+from django_delayq import Job
+from shop.tasks import order_paid
+
+
+@override_settings(DELAYQ={"EAGER": True})
+def test_eager_needs_no_redis():
+    assert order_paid(1, "ada@example.com").status == "completed"
+
+
+def test_forgets_the_fixture():
+    job = order_paid(2, "bob@example.com")
+    assert Job.fetch(job.id, "emails").id == job.id
+
+
+def test_asks_for_the_fixture(delayq_redis, run_jobs):
+    order_paid(3, "eve@example.com")
+    assert run_jobs() == 1
+
+
+def test_points_at_the_throwaway_redis_itself(delayq_redis_url, settings):
+    settings.DELAYQ = {**settings.DELAYQ, "REDIS_URL": delayq_redis_url}
+    job = order_paid(4, "joe@example.com")
+    assert Job.fetch(job.id, "emails").id == job.id
+'''
+
+#: Settings whose Redis is a developer's own (``DEV_REDIS_URL``).
+DEV_SETTINGS = """from settings import *  # noqa: F403
+import os
+
+DELAYQ = {**DELAYQ, "REDIS_URL": os.environ["DEV_REDIS_URL"]}  # noqa: F405
+"""
+
+
+def test_a_test_without_the_fixture_keeps_off_the_settings_redis(tmp_path: Path) -> None:
+    """The settings name a developer's Redis: the test that forgot ``delayq_redis`` fails,
+    naming the fixture, before writing there; the eager test needs no Redis; the tests
+    with the fixtures run on the plugin's own throwaway Redis. Nothing reaches the
+    developer's Redis."""
+    write_project(tmp_path, {"test_guard.py": GUARD_CHECK, "dev_settings.py": DEV_SETTINGS})
+    with RedisServer() as developers:
+        output = run_pytest(tmp_path, "--ds=dev_settings", "test_guard.py",
+                            DEV_REDIS_URL=developers.url, DELAYQ_TEST_REDIS_URL=None,
+                            REDIS_URL=None)
+        assert "1 failed, 3 passed" in output, output
+        assert ("test_guard.py::test_forgets_the_fixture used django-delayq's "
+                f"Redis ({developers.url}) without asking for one: add the delayq_redis "
+                "fixture") in output, output
+        with redis.Redis(port=developers.port) as client:
+            assert client.info("keyspace") == {}
+
+
+def test_settings_pointing_at_the_test_redis_opt_in(tmp_path: Path) -> None:
+    """Settings that name ``DELAYQ_TEST_REDIS_URL`` (as this suite's do) declare their
+    Redis one the tests may empty: a test without the fixture may use it."""
+    write_project(tmp_path, {"test_guard.py": GUARD_CHECK, "dev_settings.py": DEV_SETTINGS})
+    with RedisServer() as disposable:
+        output = run_pytest(tmp_path, "--ds=dev_settings", "test_guard.py",
+                            DEV_REDIS_URL=disposable.url, DELAYQ_TEST_REDIS_URL=disposable.url)
+    assert "4 passed" in output, output
+    assert "failed" not in output, output

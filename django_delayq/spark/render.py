@@ -1,16 +1,18 @@
-"""Writing a :class:`~.report.Report`: CSV files, a PNG chart and a text table."""
+"""Writing a :class:`~.report.Report`: CSV files, an SVG chart and a text table."""
 
 from __future__ import annotations
 
 import csv
 import datetime as dt
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from xml.sax.saxutils import escape
 
 from .report import ALL_TASKS, Report
 
-CHART_FILE = "report.png"
+CHART_FILE = "report.svg"
 
 
 def _cell(value: Any) -> Any:
@@ -51,46 +53,114 @@ def write_report(report: Report, out_dir: str | Path) -> list[Path]:
     return paths
 
 
+#: Colours of the queues' lines, in order (Okabe and Ito's, told apart by colour-blind
+#: readers too); a ninth queue takes the first colour again.
+PALETTE = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#000000",
+           "#999999")
+WIDTH, HEIGHT = 900, 560
+LEFT, RIGHT = 70, 700  # the plots' x range; the legend is right of it
+PANELS = ((40, 240), (300, 500))  # (top, bottom) of the lateness and the throughput plot
+X_TICKS = 6
+
+#: One line of a panel: its legend label, colour, dashed or not, and (time, value) points.
+Series = tuple[str, str, bool, list[tuple[dt.datetime, float]]]
+
+
 def write_chart(report: Report, path: Path) -> Path:
-    """Lateness (p50 and p95) and throughput per queue over time, as a PNG."""
-    import matplotlib
+    """Lateness (p50 and p95) and throughput per queue over time, as an SVG file.
 
-    matplotlib.use("Agg")
-    import matplotlib.dates as mdates
-    import matplotlib.pyplot as plt
-
-    fig, (late_ax, rate_ax) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
-    try:
-        queues = sorted({r["queue"] for r in report.timeline})
-        for queue in queues:
-            rows = [r for r in report.timeline if r["queue"] == queue]
-            late = [r for r in rows if r["lateness_p50"] is not None]
-            if late:
-                line, = late_ax.plot([r["bucket"] for r in late],
-                                     [r["lateness_p50"] for r in late],
-                                     label=f"{queue} p50", marker=".")
-                late_ax.plot([r["bucket"] for r in late], [r["lateness_p95"] for r in late],
-                             label=f"{queue} p95", linestyle="--", color=line.get_color())
-            rate_ax.plot([r["bucket"] for r in rows], [r["per_min"] for r in rows],
-                         label=queue, marker=".")
-        late_ax.set_ylabel("start lateness (s)")
-        late_ax.set_title("Start lateness (started_at - run_at)")
-        rate_ax.set_ylabel("jobs finished / min")
-        rate_ax.set_title(f"Throughput ({report.bucket_seconds // 60}-minute buckets, UTC)")
-        for ax in (late_ax, rate_ax):
-            ax.grid(True, alpha=0.3)
-            if queues:
-                ax.legend(loc="upper right", fontsize="small")
-        if not queues:
-            late_ax.text(0.5, 0.5, "no started or finished jobs in the window",
-                         ha="center", va="center", transform=late_ax.transAxes)
-        rate_ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M", tz=dt.UTC))
-        fig.autofmt_xdate()
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
+    Drawn here, with the standard library: the report needs no plotting package.
+    """
+    queues = sorted({r["queue"] for r in report.timeline})
+    times = sorted({r["bucket"] for r in report.timeline})
+    late: list[Series] = []
+    rate: list[Series] = []
+    for i, queue in enumerate(queues):
+        colour = PALETTE[i % len(PALETTE)]
+        rows = [r for r in report.timeline if r["queue"] == queue]
+        for key, dashed in (("lateness_p50", False), ("lateness_p95", True)):
+            points = [(r["bucket"], float(r[key])) for r in rows if r[key] is not None]
+            late.append((f"{queue} {key[-3:]}", colour, dashed, points))
+        rate.append((queue, colour, False, [(r["bucket"], float(r["per_min"])) for r in rows]))
+    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+           f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>']
+    minutes = report.bucket_seconds // 60
+    for (top, bottom), title, unit, series in (
+            (PANELS[0], "Start lateness (started_at - run_at)", "start lateness (s)", late),
+            (PANELS[1], f"Throughput ({minutes}-minute buckets, UTC)", "jobs finished / min",
+             rate)):
+        svg += _panel(title, unit, top, bottom, times, series)
+    if not queues:
+        svg.append(_text(f"{(LEFT + RIGHT) / 2:.0f}", f"{sum(PANELS[0]) / 2:.0f}",
+                         "no started or finished jobs in the window", 'text-anchor="middle"'))
+    svg.append("</svg>\n")
+    path.write_text("\n".join(svg), encoding="utf-8")
     return path
+
+
+def _panel(title: str, unit: str, top: int, bottom: int, times: list[dt.datetime],
+           series: list[Series]) -> list[str]:
+    """One plot: frame, grid, axes' labels, a polyline per series, and its legend."""
+    most = max((v for *_, points in series for _, v in points), default=0.0)
+    ceiling = _nice_ceiling(most)
+    first, last = (times[0], times[-1]) if times else (None, None)
+    span = (last - first).total_seconds() if first and last and last > first else 0.0
+
+    def x(t: dt.datetime) -> float:
+        if first is None or not span:
+            return (LEFT + RIGHT) / 2
+        return LEFT + (RIGHT - LEFT) * (t - first).total_seconds() / span
+
+    def y(v: float) -> float:
+        return bottom - (bottom - top) * v / ceiling
+
+    out = [f'<rect x="{LEFT}" y="{top}" width="{RIGHT - LEFT}" height="{bottom - top}" '
+           'fill="none" stroke="#444444"/>',
+           _text(f"{LEFT}", f"{top - 10}", title, 'font-size="14" font-weight="bold"'),
+           _text(f"{LEFT - 50}", f"{(top + bottom) / 2:.0f}", unit,
+                 f'transform="rotate(-90 {LEFT - 50} {(top + bottom) / 2:.0f})" '
+                 'text-anchor="middle"')]
+    for i in range(5):
+        value = ceiling * i / 4
+        out.append(f'<line x1="{LEFT}" x2="{RIGHT}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
+                   'stroke="#dddddd"/>')
+        out.append(_text(f"{LEFT - 6}", f"{y(value) + 4:.1f}", f"{value:g}",
+                         'text-anchor="end"'))
+    ticks = [times[round(i * (len(times) - 1) / (X_TICKS - 1))]
+             for i in range(X_TICKS if times else 0)]
+    for t in dict.fromkeys(ticks):
+        out.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top}" y2="{bottom}" '
+                   'stroke="#dddddd"/>')
+        out.append(_text(f"{x(t):.1f}", f"{bottom + 16}",
+                         t.astimezone(dt.UTC).strftime("%m-%d %H:%M"), 'text-anchor="middle"'))
+    step = min(16.0, (bottom - top - 4) / max(len(series), 1))  # the legend fits its plot
+    for i, (label, colour, dashed, points) in enumerate(series):
+        dash = ' stroke-dasharray="6 4"' if dashed else ""
+        if len(points) > 1:
+            coords = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in points)
+            out.append(f'<polyline points="{coords}" fill="none" stroke="{colour}" '
+                       f'stroke-width="1.5"{dash}/>')
+        elif points:  # a lone point: a dot
+            ((t, v),) = points
+            out.append(f'<circle cx="{x(t):.1f}" cy="{y(v):.1f}" r="2.5" fill="{colour}"/>')
+        ly = top + 12 + step * i
+        out.append(f'<line x1="{RIGHT + 12}" x2="{RIGHT + 36}" y1="{ly - 4:.1f}" '
+                   f'y2="{ly - 4:.1f}" stroke="{colour}" stroke-width="2"{dash}/>')
+        out.append(_text(f"{RIGHT + 42}", f"{ly:.1f}", label))
+    return out
+
+
+def _nice_ceiling(value: float) -> float:
+    """The smallest of 1, 2, 2.5 or 5 times a power of ten at or above ``value``."""
+    if value <= 0:
+        return 1.0
+    power = 10 ** math.floor(math.log10(value))
+    return next(step * power for step in (1, 2, 2.5, 5, 10) if step * power >= value)
+
+
+def _text(x: str, y: str, text: str, attributes: str = "") -> str:
+    return f'<text x="{x}" y="{y}" {attributes}>{escape(text)}</text>'
 
 
 def _num(value: Any, digits: int = 3) -> str:

