@@ -150,7 +150,7 @@ def _delayq_keep_off_the_settings_redis(request: pytest.FixtureRequest,
     def make_guarded_client(socket_timeout: float | None = None) -> Any:
         if points_at_disposable():
             return make_client(socket_timeout)
-        if not conf.CACHE_ALIAS and (conf.CLUSTER or conf.REDIS_URL.startswith(CLUSTER_SCHEMES)):
+        if not conf.CACHE_ALIAS and conf.REDIS_URL.startswith(CLUSTER_SCHEMES):
             refuse()  # a Cluster client connects to its nodes as it is made
         client = make_client(socket_timeout)
         # The pool makes every connection (for commands, pipelines, scripts) with these.
