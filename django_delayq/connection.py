@@ -11,14 +11,13 @@ import contextlib
 import threading
 from typing import Any
 
-import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.utils.functional import Promise
 
 from .conf import conf, given, replaced
 from .engine import Broker, EngineConfig, codec
-from .engine.urls import client_from_url, sentinel_pool_copy
+from .engine.urls import client_from_url, client_like
 
 codec.register(Promise, str)
 
@@ -63,15 +62,8 @@ def make_client(socket_timeout: float | None = None) -> Any:
                 "DELAYQ['CACHE_ALIAS'] needs django-redis: "
                 "pip install 'django-delayq[django-redis]'"
             ) from exc
-        cache_client = get_redis_connection(alias)
-        pool = cache_client.connection_pool
-        sentinel_pool = sentinel_pool_copy(pool, **_client_kwargs(timeout))
-        if sentinel_pool is not None:  # django-redis's SentinelClient
-            return redis.Redis(connection_pool=sentinel_pool)
-        kwargs = {**pool.connection_kwargs, **_client_kwargs(timeout)}
-        return redis.Redis(
-            connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
-        )
+        # the cache's server (or Sentinel service), with this app's own options
+        return client_like(get_redis_connection(alias), **_client_kwargs(timeout))
     return client_from_url(conf.REDIS_URL, **_client_kwargs(timeout))
 
 

@@ -21,6 +21,7 @@ from django.db import transaction
 
 from .conf import conf
 from .connection import get_broker
+from .eager import run_eagerly
 from .engine import BulkResult, EnqueueRequest, EnqueueResult, Job, UnknownTask, validation
 from .engine.fastpaths import arg_shape, positional_names, signature
 from .engine.flows import dependencies, parent_ref
@@ -208,8 +209,6 @@ class Task(Generic[P, T]):
         """
         self.check_arguments(self._with_results(args) if self.pass_results else args, kwargs)
         if conf.EAGER:
-            from .eager import run_eagerly
-
             if self.pass_results:  # the parents ran already: their results, if known
                 results = [getattr(p, "result", None) for p in self.depends_on or ()]
                 head = (results[0] if results else None) if self.pass_results == "one" \
@@ -271,12 +270,23 @@ class Task(Generic[P, T]):
         Outside a transaction (autocommit) the row is committed at once and sent at once.
         The database is ``using(database=...)``'s alias, else ``default``.
         """
+        # Imported at the call: the outbox needs its model, and a module declaring tasks
+        # may be imported while Django still loads its apps (no model may load then).
         from .outbox import write
 
         if self.depends_on:
             raise ValueError(f"{self.name}: depends_on is not supported by "
                              "enqueue_in_transaction; use enqueue_on_commit")
-        return write(self, args, kwargs, self.database)
+        self.check_arguments(args, kwargs)
+        run_at = self.run_at
+        if self.delay is not None:
+            # Fixed now, on this process's clock: the relay must not add its own lateness.
+            run_at = dt.datetime.now(dt.UTC) + dt.timedelta(
+                milliseconds=validation.delay_ms(self.delay))
+        request = EnqueueRequest(task=self.name, args=args, kwargs=dict(kwargs), run_at=run_at,
+                                 priority=self.priority, job_id=self.job_id,
+                                 max_attempts=self.attempts_allowed, timeout=self.timeout)
+        return write(self.queue_name, request, positional_names(self.func), self.database)
 
     def bind(self, *args: Any, **kwargs: Any) -> JobSpec:
         """A :class:`JobSpec` of this task with these arguments and this copy's options

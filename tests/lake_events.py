@@ -64,8 +64,9 @@ def generate(broker: Broker, task: str, keys: QueueKeys, jobs: int, *,
     return Generated(jobs, lateness, duration)
 
 
-class Crash(Exception):
-    """Raised where a process would die: after a file, before its acknowledgement."""
+class Crash(BaseException):
+    """Raised where a process would die: after a file, before its acknowledgement (a
+    BaseException: no loop of the consumer catches it, as none survives a SIGKILL)."""
 
 
 class CrashBeforeAck(Exporter):

@@ -15,13 +15,15 @@ import django
 def main() -> None:
     django.setup()
     from django_delayq.engine.keys import QueueKeys
+    from django_delayq.engine.streams import StreamBatch
     from django_delayq.mirror import Mirror
 
     class SlowAckMirror(Mirror):
-        def _acknowledge(self, keys: QueueKeys, ids: list[str]) -> None:
-            print(f"mirror wrote batch, pausing before ack entries={len(ids)}", flush=True)
+        def _acknowledge(self, keys: QueueKeys, batch: StreamBatch) -> None:
+            print(f"mirror wrote batch, pausing before ack entries={len(batch.entries)}",
+                  flush=True)
             time.sleep(0.2)
-            super()._acknowledge(keys, ids)
+            super()._acknowledge(keys, batch)
 
     SlowAckMirror(batch_size=250, name="doomed").run()
 

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from django_delayq import DelayQConnectionError, Job, JobSpec, Queue, chain, group
-from django_delayq.engine import Broker, PartialClaimError
+from django_delayq.engine import Broker, EngineConfig, PartialClaimError
 from tests.conftest import ran, wait_until, worker_thread
 from tests.servers import RedisCluster
 from tests.test_flow_control import (
@@ -541,7 +541,7 @@ def test_a_marker_watcher_outlives_the_whole_cluster_going_away(caplog):
     with RedisCluster() as own:
         client = client_from_url(own.url, decode_responses=True)
         stop = threading.Event()
-        watch = MarkerWatch(client, [marker], stop)
+        watch = MarkerWatch(Broker(client, EngineConfig()), [marker], stop)
         try:
             for node in own.nodes:
                 node.stop()

@@ -150,7 +150,7 @@ def test_an_older_event_never_overwrites_a_newer_state(broker, redis_client):
     first_id = redis_client.xrange(KEYS.events)[0][0]
     redis_client.hset(KEYS.job(job.id), stored("status"), "ready")
     mirror = Mirror(block=0.1)
-    mirror._apply(KEYS, [(first_id, {"event": "enqueued", "job": job.id, "ts": "1"})])
+    mirror.apply(KEYS, [(first_id, {"event": "enqueued", "job": job.id, "ts": "1"})])
     row.refresh_from_db()
     assert (row.status, row.last_event_id) == ("cancelled", newest)
 

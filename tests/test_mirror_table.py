@@ -81,11 +81,11 @@ def test_a_batch_applied_twice_changes_nothing_and_reads_no_hash(redis_client):
                    message="jobs to complete")
     entries = redis_client.xrange(KEYS.events)
     mirror = Mirror(block=0.1)
-    mirror._apply(KEYS, entries)
+    mirror.apply(KEYS, entries)
     before = snapshot()
     assert {v[0] for v in before.values()} == {"completed", "cancelled"}
     reads = hash_reads(redis_client)
-    Mirror(block=0.1)._apply(KEYS, entries)
+    Mirror(block=0.1).apply(KEYS, entries)
     assert snapshot() == before
     assert hash_reads(redis_client) == reads  # every row already held every event
 
@@ -154,7 +154,7 @@ def test_a_mirror_that_read_a_hash_before_another_wrote_a_newer_one_leaves_the_n
 
     def apply() -> None:
         try:
-            slow._apply(KEYS, [first])  # the enqueued event: reads the hash, then waits
+            slow.apply(KEYS, [first])  # the enqueued event: reads the hash, then waits
         finally:
             connections.close_all()
 

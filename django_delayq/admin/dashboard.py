@@ -29,7 +29,7 @@ from ..engine.keys import validate_queue_name
 from ..engine.stats import QueueStats, queue_stats
 from ..engine.status import PURGEABLE, STATUSES
 from ..engine.workers import any_alive, live_workers
-from ..mirror.takeover import GROUP
+from ..mirror.consumer import GROUP
 from ..models import Job
 from ..task import registry
 from .charts import lateness_chart, quantile, throughput_chart

@@ -30,6 +30,7 @@ from django.utils.safestring import SafeString
 from ..engine import DelayQConnectionError, InvalidJobState, JobNotFound
 from ..engine import Job as EngineJob
 from ..engine.status import CANCELLABLE, PENDING, RETRYABLE
+from ..mirror.consumer import refresh_rows
 from ..models import Job, QueuesDashboard
 from ..workflows.view import workflow
 from . import dashboard
@@ -313,11 +314,6 @@ class JobAdmin(admin.ModelAdmin):
     def _act(self, request: HttpRequest, queryset: QuerySet[Job], verb: str,
              operation: Callable[[EngineJob], str]) -> None:
         """Run ``operation`` on each selected job in Redis and report each outcome."""
-        # Imported here: the mirror loads the worker, and with it django_delayq.task,
-        # which must not be imported while the admin is autodiscovered (it would shadow
-        # the lazily exported ``django_delayq.task`` decorator with the module).
-        from ..mirror.consumer import refresh_rows
-
         rows = list(queryset.order_by("queue", "job_id")[:MAX_ACTION_JOBS + 1])
         if len(rows) > MAX_ACTION_JOBS:
             self.message_user(request, f"Select at most {MAX_ACTION_JOBS} jobs per action.",

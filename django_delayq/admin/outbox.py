@@ -22,6 +22,7 @@ from django.utils.safestring import SafeString
 from ..connection import get_broker
 from ..models import OutboxEntry
 from ..outbox.send import send_rows, settle
+from ..task import registry
 from .display import pretty_json, when_short, zoned_header
 from .jobs import MAX_ACTION_JOBS
 
@@ -101,8 +102,6 @@ class OutboxEntryAdmin(admin.ModelAdmin):
     @admin.action(description="Retry now: send the selected rows to Redis",
                   permissions=["change"])
     def retry_now(self, request: HttpRequest, queryset: QuerySet[OutboxEntry]) -> None:
-        from ..task import registry  # not at import: the admin loads before the tasks
-
         rows = list(queryset.order_by("pk")[:MAX_ACTION_JOBS])
         using = queryset.db
         OutboxEntry.objects.using(using).filter(pk__in=[r.pk for r in rows]).update(

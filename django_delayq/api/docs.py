@@ -8,6 +8,7 @@ from typing import Any
 
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
+from django.templatetags.static import static
 from drf_spectacular.utils import extend_schema
 from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.request import Request
@@ -49,8 +50,6 @@ def _sidecar(filepath: str) -> str:
         raise ImproperlyConfigured(
             "The API's Swagger UI and ReDoc pages need " + " and ".join(map(repr, missing))
             + " in INSTALLED_APPS (pip install 'django-delayq[api]').")
-    from django.templatetags.static import static
-
     return static(f"drf_spectacular_sidecar/{filepath}")
 
 

@@ -26,10 +26,14 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from django.conf import settings as django_settings
 
+from .. import connection
+from ..conf import conf
+from ..engine.queue import flush_database
+from ..engine.urls import CLUSTER_SCHEMES, redact, refuse_connections
 from ..testing import RedisServer
+from ..worker import Worker
 
 #: The Redis the tests may empty, when the developer names one.
 TEST_REDIS_ENV = "DELAYQ_TEST_REDIS_URL"
@@ -59,13 +63,11 @@ def delayq_redis(delayq_redis_url: str, settings: Any) -> Iterator[str]:
     ``override_settings`` here, undone before a later ``settings.X = ...`` of the test,
     would leave that one applied for the rest of the session).
     """
-    from .. import connection
-
     current = dict(getattr(settings, "DELAYQ", None) or {})
     settings.DELAYQ = {**current, "REDIS_URL": delayq_redis_url, "EAGER": False,
                        "CACHE_ALIAS": None}
     connection.reset()
-    connection.get_broker().client.flushdb()
+    flush_database(connection.get_broker())
     try:
         yield delayq_redis_url
     finally:
@@ -76,8 +78,6 @@ def delayq_redis(delayq_redis_url: str, settings: Any) -> Iterator[str]:
 def run_jobs(delayq_redis: str) -> Callable[..., int]:
     """``run_jobs(queues=None, *, concurrency=1)``: run the due jobs, return how many ran
     (whatever their outcome: a job that failed ran too)."""
-    from ..worker import Worker
-
     def run(queues: Sequence[str] | None = None, *, concurrency: int = 1) -> int:
         worker = Worker(queues=queues, burst=True, concurrency=concurrency,
                         name="pytest-run-jobs", block_timeout=0.1)
@@ -85,21 +85,6 @@ def run_jobs(delayq_redis: str) -> Callable[..., int]:
         return int(worker.jobs_finished)
 
     return run
-
-
-class _Refuse(Retry):
-    """A connection's retry policy that calls ``refuse`` instead of the first attempt.
-
-    redis-py runs every connect (then every command) of a connection through its
-    ``retry``: this one stops the connection before its socket opens.
-    """
-
-    def __init__(self, refuse: Callable[[], Any]) -> None:
-        super().__init__(NoBackoff(), 0)
-        self._refuse = refuse
-
-    def call_with_retry(self, *args: Any, **kwargs: Any) -> Any:
-        return self._refuse()
 
 
 @pytest.fixture(autouse=True)
@@ -115,14 +100,8 @@ def _delayq_keep_off_the_settings_redis(request: pytest.FixtureRequest,
     ``delayq_redis``, when Django is not set up (no settings, no Redis), or when the
     settings already point at the Redis the tests may empty.
     """
-    from django.conf import settings
-
-    if "delayq_redis" in request.fixturenames or not settings.configured:
+    if "delayq_redis" in request.fixturenames or not django_settings.configured:
         return
-    from .. import connection
-    from ..conf import conf
-    from ..engine.urls import CLUSTER_SCHEMES, redact
-
     disposable = {os.environ.get(TEST_REDIS_ENV) or None}
     if "delayq_redis_url" in request.fixturenames:
         disposable.add(request.getfixturevalue("delayq_redis_url"))
@@ -152,10 +131,7 @@ def _delayq_keep_off_the_settings_redis(request: pytest.FixtureRequest,
             return make_client(socket_timeout)
         if not conf.CACHE_ALIAS and conf.REDIS_URL.startswith(CLUSTER_SCHEMES):
             refuse()  # a Cluster client connects to its nodes as it is made
-        client = make_client(socket_timeout)
-        # The pool makes every connection (for commands, pipelines, scripts) with these.
-        client.connection_pool.connection_kwargs["retry"] = _Refuse(refuse)
-        return client
+        return refuse_connections(make_client(socket_timeout), refuse)
 
     connection.reset()  # a client made before the test would slip past the guard
     monkeypatch.setattr(connection, "make_client", make_guarded_client)

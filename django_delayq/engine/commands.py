@@ -134,11 +134,12 @@ class Commands:
 
     # -- reading events streams in batches (engine/streams.py) ------------------------
 
-    def batch_read(self, keys: QueueKeys, group: str, consumer: str, count: int) -> list[Any]:
+    def add_batch_read(self, batch: Batch, keys: QueueKeys, group: str, consumer: str,
+                       count: int) -> int:
         """Read up to ``count`` new entries of the shard's stream as ``consumer``'s batch:
-        ['busy'], or ['ok', entries...]."""
-        return list(run_script(self.client, "batch_read", [keys.events, keys.batches(group)],
-                               [group, consumer, count]))
+        ['busy'], or ['ok', the stream's newest id, entries...]."""
+        return batch.add("batch_read", [keys.events, keys.batches(group)],
+                         [group, consumer, count])
 
     def batch_claim(self, keys: QueueKeys, group: str, owner: str, taker: str,
                     min_idle_ms: int, count: int) -> list[Any]:

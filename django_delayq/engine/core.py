@@ -12,6 +12,7 @@ imports them.
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -31,6 +32,9 @@ from .limits import RateLimit
 from .pinned import PinnedConnections
 from .requests import EnqueueRequest, new_job_id
 from .scripts import Batch, is_cluster_client
+
+#: Seconds after which :meth:`BrokerCore.recent_server_time_ms` reads the clock again.
+CLOCK_READ_EVERY = 60.0
 
 
 def _options_key(task: Any, priority: Any, max_attempts: Any) -> tuple[str, int, int] | None:
@@ -54,6 +58,8 @@ class BrokerCore:
         self._shard_keys: dict[str, list[QueueKeys]] = {}
         # Single script calls skip redis-py's per-call pool checkout (see pinned.py).
         self._pinned = None if self.is_cluster else PinnedConnections.for_client(client)
+        #: The Redis clock's offset from this process's monotonic one (ms), and when read.
+        self._clock_offset: tuple[float, float] | None = None
         self.commands = Commands(client, self.config, self._pinned)
         cfg = self.config  # frozen: what WAIT asks for is known once
         self._replica_wait = None if cfg.min_replicas <= 0 else (
@@ -237,4 +243,15 @@ class BrokerCore:
 
     def server_time_ms(self) -> int:
         seconds, micros = self.client.time()
-        return int(seconds) * 1000 + int(micros) // 1000
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        self._clock_offset = (now_ms - time.monotonic() * 1000, time.monotonic())
+        return now_ms
+
+    def recent_server_time_ms(self) -> int:
+        """The Redis clock now, from its last reading (read again after
+        :data:`CLOCK_READ_EVERY` seconds): for a reader that wants a round trip less and
+        can bear the drift of a minute (whether a worker is alive), never for a due time."""
+        offset = self._clock_offset
+        if offset is None or time.monotonic() - offset[1] > CLOCK_READ_EVERY:
+            return self.server_time_ms()
+        return int(offset[0] + time.monotonic() * 1000)

@@ -1,5 +1,8 @@
-"""Redis not serving a call: which redis-py errors mean that, how the engine words them
-(the address, never a password), and how long an enqueue tries again.
+"""Redis not serving a call, in one place: which redis-py errors mean that (plain,
+Sentinel and Cluster clients alike), which mean "not now" rather than "never", how the
+engine words them (the address, never a password), and how long an enqueue tries again.
+Nothing outside the engine names a redis-py error: the runtime's loops catch
+:data:`CALL_FAILED`, the outbox asks :func:`is_transient`.
 
 An enqueue keeps its job id across tries, so a retry after a call that landed finds the
 job and cannot add it twice: that is what makes retrying through a failover safe.
@@ -13,14 +16,17 @@ from typing import Any
 
 from redis.exceptions import (
     ClusterError,
+    OutOfMemoryError,
     ReadOnlyError,
     RedisClusterException,
+    RedisError,
+    ResponseError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .errors import DelayQConnectionError
+from .errors import DelayQConnectionError, DelayQError, NotReplicated
 
 #: redis-py errors that mean Redis did not serve a call, not that the call was wrong.
 #: (``RedisClusterException``, which is not a ``RedisError``, is what redis-py raises when
@@ -31,6 +37,20 @@ UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainEr
 #: Errors after which an enqueue may be retried with the same job id: Redis did not
 #: serve it, or a demoted primary refused it (``READONLY``).
 FAILOVER = (*UNAVAILABLE, ReadOnlyError)
+#: Every way a call to Redis can fail, as a loop that must go on catches it: Redis did
+#: not serve it (:data:`UNAVAILABLE`), answered with an error, or the engine said so in
+#: its own terms (:class:`DelayQError`).
+CALL_FAILED = (RedisError, RedisClusterException, DelayQError)
+#: Redis answered the call with an error of its own (a refused command, a key of another
+#: type, a script's error): the call was wrong, or Redis cannot take it now
+#: (:func:`is_transient` tells which).
+REFUSED = (ResponseError,)
+#: Answers of a Redis that cannot write for now (memory full, a replica, loading...):
+#: redis-py raises a class of its own for some (their message then lacks the code), a
+#: plain ``ResponseError`` whose message starts with the code for the others.
+TRANSIENT_REPLY_CLASSES = (OutOfMemoryError, ReadOnlyError)
+TRANSIENT_REPLIES = ("OOM", "BUSY", "LOADING", "MASTERDOWN", "NOREPLICAS", "READONLY",
+                     "TRYAGAIN", "CLUSTERDOWN")
 #: Seconds between the tries of an enqueue through a failover.
 FAILOVER_INTERVAL = 0.2
 
@@ -83,3 +103,15 @@ def retry_or_raise(client: Any, retry_ms: int, exc: Exception, deadline: float |
     logger.debug("Redis unavailable, retrying the enqueue error=%s", exc)
     time.sleep(min(FAILOVER_INTERVAL, max(0.0, deadline - now)))
     return deadline
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` means "Redis cannot take it now" rather than "never".
+
+    ``NotReplicated`` (fewer replicas than ``MIN_REPLICAS`` confirmed) counts: what was
+    sent may be sent again, and an id adds no job twice.
+    """
+    if isinstance(exc, (DelayQConnectionError, NotReplicated, *UNAVAILABLE,
+                        *TRANSIENT_REPLY_CLASSES)):
+        return True
+    return isinstance(exc, ResponseError) and str(exc).startswith(TRANSIENT_REPLIES)

@@ -40,6 +40,9 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
+import redis
+from redis.connection import Connection
+
 # -- 1. argument shapes ------------------------------------------------------------
 
 
@@ -109,8 +112,6 @@ REDIS_PY_CONNECTION_METHODS = ("send_packed_command", "read_response", "disconne
 def _pool_takes_command_name() -> bool:
     """Whether ``ConnectionPool.get_connection`` still requires a command name (redis-py
     5.x; 6.0 made it optional and later versions deprecate it)."""
-    import redis
-
     parameter = inspect.signature(redis.ConnectionPool.get_connection).parameters.get(
         "command_name")
     return parameter is not None and parameter.default is inspect.Parameter.empty
@@ -142,8 +143,6 @@ def disconnect(conn: Any) -> None:
 
 
 def _has_should_reconnect() -> bool:
-    from redis.connection import Connection
-
     return hasattr(Connection, "should_reconnect")
 
 

@@ -13,13 +13,18 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from . import validation
 from .codec import decode
 from .fields import logical
 from .status import JOB_STATUSES
+
+if TYPE_CHECKING:
+    from .core import BrokerCore
+    from .keys import QueueKeys
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _D = TypeVar("_D")
@@ -303,3 +308,27 @@ def read_job_hash(stored: dict[str, str]) -> JobHash:
         if to_int(data.get("timeout")) > 0 else None,
         parents=parse_parents(data.get("parents")),
     )
+
+
+#: Job hashes read per round trip (:func:`read_job_fields`).
+READ_CHUNK = 5_000
+
+
+def read_job_fields(broker: BrokerCore, keys: QueueKeys, job_ids: Sequence[str],
+                    names: Sequence[str]) -> dict[str, JobHash]:
+    """The stored fields ``names`` of each job of ``job_ids`` in the shard ``keys``,
+    decoded (a damaged field reads as its default); a job whose hash is gone is left
+    out."""
+    found: dict[str, JobHash] = {}
+    for start in range(0, len(job_ids), READ_CHUNK):
+        part = job_ids[start:start + READ_CHUNK]
+        with broker.read_errors():
+            pipe = broker.client.pipeline(transaction=False)
+            for job_id in part:
+                pipe.hmget(keys.job(job_id), *names)
+            replies = pipe.execute()
+        for job_id, values in zip(part, replies, strict=True):
+            fields = {name: v for name, v in zip(names, values, strict=True) if v is not None}
+            if fields:
+                found[job_id] = read_job_hash(fields)
+    return found

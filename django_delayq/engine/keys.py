@@ -198,6 +198,12 @@ class GlobalKeys:
         """ZSET of worker ids by last heartbeat (ms, Redis clock)."""
         return f"{self.prefix}:workers"
 
+    @property
+    def hosts(self) -> str:
+        """ZSET of the hosts among them (``runworker`` and ``delayq_mirror`` processes,
+        which run no job) by last heartbeat: what the count of workers leaves out."""
+        return f"{self.prefix}:hosts"
+
     def worker(self, worker_id: str) -> str:
         """HASH describing one worker (host, pid, queues, started, jobs done)."""
         return f"{self.prefix}:worker:{worker_id}"

@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import redis
+
 # redis-py 8's packer copies every argument in a Python loop before calling this one
 # (fastpaths.py: packed sends; a dependency: redis[hiredis])
 from hiredis import pack_command
@@ -54,8 +56,6 @@ class PinnedConnections:
         client, a single-connection client or a pool with client-side caching. Pinning
         connections takes them from the pool, so a small pool is left alone.
         """
-        import redis
-
         if type(client) is not redis.Redis or getattr(client, "connection", None) is not None:
             return None
         pool = getattr(client, "connection_pool", None)

@@ -233,3 +233,10 @@ def _listed(queue: str, job_id: str, data: dict[str, str] | Exception, broker: B
     if not data:
         return Job(id=job_id, queue=queue, status="missing", broker=broker)
     return Job.from_hash(queue, job_id, data, broker)
+
+
+def flush_database(broker: Broker) -> None:
+    """Empty the database of ``broker``'s Redis (every key, not only this app's): for a
+    throwaway Redis of tests only."""
+    with broker.read_errors():
+        broker.client.flushdb()

@@ -19,12 +19,17 @@ The ``rediss+`` forms use TLS, to the sentinels too. Query options (``ssl_cert_r
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 import redis
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import parse_url
+from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
@@ -182,8 +187,6 @@ def client_from_url(url: str, **kwargs: Any) -> Any:
     if scheme in SENTINEL_SCHEMES:
         return sentinel_client(parse_multi_host(url), **kwargs)
     if scheme in CLUSTER_SCHEMES:
-        from redis.cluster import ClusterNode, RedisCluster
-
         kwargs.pop("health_check_interval", None)  # not an option of RedisCluster
         parsed = parse_multi_host(url)
         seeds = [ClusterNode(host, port)  # type: ignore[no-untyped-call]
@@ -194,8 +197,6 @@ def client_from_url(url: str, **kwargs: Any) -> Any:
 
 def sentinel_client(parsed: ParsedURL, **kwargs: Any) -> Any:
     """The primary of ``parsed.service`` through the sentinels ``parsed.hosts``."""
-    from redis.sentinel import Sentinel
-
     options = {**parse_url(parsed.one_host_url()), **kwargs}  # type: ignore[no-untyped-call]
     options.pop("host", None)
     options.pop("port", None)
@@ -231,16 +232,37 @@ def sentinel_url_from_cache(location: str, options: dict[str, Any]) -> str | Non
     return f"{url}?{urlencode({'sentinel_password': password})}" if password else url
 
 
-def sentinel_pool_copy(pool: Any, **kwargs: Any) -> Any:
-    """A new pool on the same Sentinel service as ``pool`` (a django-redis Sentinel
-    cache's), with ``kwargs`` over its connection options; None if ``pool`` is not a
-    Sentinel pool."""
-    from redis.sentinel import SentinelConnectionPool
-
-    if not isinstance(pool, SentinelConnectionPool):
-        return None
+def client_like(client: Any, **kwargs: Any) -> Any:
+    """A new client on the same server (or Sentinel service) as ``client`` (a
+    django-redis cache's, say), with pools of its own and ``kwargs`` over its connection
+    options: a cache's clients answer in bytes and time out as the cache wants."""
+    pool = client.connection_pool
     options = {k: v for k, v in pool.connection_kwargs.items() if k != "connection_pool"}
     options.update(kwargs)
-    return SentinelConnectionPool(  # type: ignore[no-untyped-call]
-        pool.service_name, pool.sentinel_manager, connection_class=pool.connection_class,
-        is_master=pool.is_master, **options)
+    if isinstance(pool, SentinelConnectionPool):
+        return redis.Redis(connection_pool=SentinelConnectionPool(  # type: ignore[no-untyped-call]
+            pool.service_name, pool.sentinel_manager, connection_class=pool.connection_class,
+            is_master=pool.is_master, **options))
+    return redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=pool.connection_class, **options))
+
+
+class _Refuse(Retry):
+    """A connection's retry policy that calls ``refuse`` instead of the first attempt:
+    redis-py runs every connect (then every command) of a connection through its
+    ``retry``, so this one stops a connection before its socket opens."""
+
+    def __init__(self, refuse: Callable[[], Any]) -> None:
+        super().__init__(NoBackoff(), 0)
+        self._refuse = refuse
+
+    def call_with_retry(self, *args: Any, **kwargs: Any) -> Any:
+        return self._refuse()
+
+
+def refuse_connections(client: Any, refuse: Callable[[], Any]) -> Any:
+    """``client``, whose every connection calls ``refuse()`` instead of opening (the
+    pytest plugin's guard: a test may not reach the Redis of the settings)."""
+    # The pool makes every connection (for commands, pipelines, scripts) with these.
+    client.connection_pool.connection_kwargs["retry"] = _Refuse(refuse)
+    return client

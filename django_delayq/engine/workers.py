@@ -38,16 +38,17 @@ def record_alive(broker: BrokerCore, name: str, ttl: int, info: dict[str, Any]) 
     """Record ``name`` as alive now (Redis clock) with ``info``; forget long-dead workers."""
     keys = broker.global_keys
     now_ms = broker.server_time_ms()
+    record = {"name": name, "host": socket.gethostname(), "pid": os.getpid(), "role": "worker",
+              **PROCESS_INFO, **info, "heartbeat": now_ms}
     pipe = broker.client.pipeline(transaction=False)
     pipe.zadd(keys.workers, {name: now_ms})
-    pipe.hset(keys.worker(name), mapping={
-        "name": name, "host": socket.gethostname(), "pid": os.getpid(), "role": "worker",
-        **PROCESS_INFO, **info,
-        "heartbeat": now_ms,
-    })
+    pipe.hset(keys.worker(name), mapping=record)
     pipe.hsetnx(keys.worker(name), "started", now_ms)
     pipe.expire(keys.worker(name), ttl)
     pipe.zremrangebyscore(keys.workers, "-inf", now_ms - ttl * 1000)
+    if record["role"] == "supervisor":
+        pipe.zadd(keys.hosts, {name: now_ms})
+        pipe.zremrangebyscore(keys.hosts, "-inf", now_ms - ttl * 1000)
     pipe.execute()
 
 
@@ -63,6 +64,7 @@ def forget(broker: BrokerCore, name: str) -> None:
     try:
         pipe = broker.client.pipeline(transaction=False)
         pipe.zrem(keys.workers, name)
+        pipe.zrem(keys.hosts, name)
         pipe.delete(keys.worker(name))
         pipe.execute()
     except RedisError:
@@ -106,29 +108,21 @@ def is_alive(heartbeat_ms: float, now_ms: int) -> bool:
 
 
 def count_alive(broker: BrokerCore) -> int:
-    """How many workers are alive (one command, whatever their number)."""
+    """How many worker processes are alive (hosts left out), in two commands whatever
+    their number."""
+    keys = broker.global_keys
     with broker.read_errors():
-        now_ms = broker.server_time_ms()
-        return int(broker.client.zcount(broker.global_keys.workers, now_ms - ALIVE_MS, "+inf"))
+        oldest = broker.recent_server_time_ms() - ALIVE_MS
+        pipe = broker.client.pipeline(transaction=False)
+        pipe.zcount(keys.workers, oldest, "+inf")
+        pipe.zcount(keys.hosts, oldest, "+inf")
+        everyone, hosts = pipe.execute()
+    return max(0, int(everyone) - int(hosts))
 
 
 def any_alive(broker: BrokerCore) -> bool:
-    """Whether a worker is alive: one round trip (two on a Redis Cluster, whose
-    pipelines refuse ``TIME``), whatever their number."""
-    keys = broker.global_keys
-    with broker.read_errors():
-        if broker.is_cluster:
-            now_ms = broker.server_time_ms()
-            newest = broker.client.zrevrangebyscore(keys.workers, "+inf", "-inf", start=0,
-                                                    num=1, withscores=True)
-        else:
-            pipe = broker.client.pipeline(transaction=False)
-            pipe.time()
-            pipe.zrevrangebyscore(keys.workers, "+inf", "-inf", start=0, num=1,
-                                  withscores=True)
-            (seconds, micros), newest = pipe.execute()
-            now_ms = int(seconds) * 1000 + int(micros) // 1000
-    return bool(newest) and is_alive(newest[0][1], now_ms)
+    """Whether a worker process is alive."""
+    return count_alive(broker) > 0
 
 
 def live_workers(broker: BrokerCore, limit: int = MAX_LISTED, *,

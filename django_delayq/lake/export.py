@@ -1,43 +1,38 @@
-"""The exporter: every queue shard's events stream -> the lake's Parquet files.
+"""The exporter: the stream consumer's sink that appends every queue shard's events to
+the lake's Parquet files (:class:`~django_delayq.runtime.consumer.StreamConsumer` reads
+them, in batches, through the group :data:`GROUP`, apart from the mirror's).
 
-It reads through its own consumer group (:data:`GROUP`), so its position and its
-acknowledgements are independent of the model mirror's. It reads in batches
-(:mod:`~django_delayq.engine.streams`: a script reads the entries and records their
-range as this exporter's batch in progress). A batch is written as one file per UTC day
-(and about :data:`ROWS_PER_FILE` rows), named by the entries it holds, and acknowledged
-only once its files are durable (:func:`.store.write`). A crash in between leaves the
-batch pending: this exporter takes it back, or another one takes it over once it is
-idle, always whole, and writes the same files again (replacing them). Entries of a batch
-taken back or over are also checked against the files already written (a file's name
-gives the range of stream ids it may hold, its ``stream_id`` column the ids it does), so
-no event is in the lake twice.
+A batch is written as one file per UTC day (and about :data:`ROWS_PER_FILE` rows), named
+by the entries it holds, and acknowledged only once its files are durable
+(:func:`.store.write`). A crash in between leaves the batch pending: this exporter takes
+it back, or another one takes it over once it is idle, always whole, and writes the same
+files again (replacing them). Entries of a batch taken back or over are also checked
+against the files already written (a file's name gives the range of stream ids it may
+hold, its ``stream_id`` column the ids it does), so no event is in the lake twice.
 
 The streams are capped (``DELAYQ["EVENTS_MAXLEN"]``, an approximate ``MAXLEN`` trim on
 every append, blind to consumer groups): entries trimmed before the exporter read them
-are gone. The exporter counts them (:attr:`Exporter.lost`) and logs an error; keep the
-cap above the events a queue shard appends while the exporter may be behind.
+are gone. The consumer counts them (``lost``) and logs an error; keep the cap above the
+events a queue shard appends while the exporter may be behind.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-import threading
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
-from redis.exceptions import RedisError, ResponseError
 
-from ..engine import Broker, streams
-from ..engine.backoff import Backoff
-from ..engine.errors import DelayQConnectionError
+from ..engine import Broker
 from ..engine.fields import stored
-from ..engine.jobhash import JobHash, read_job_hash, to_ms
+from ..engine.jobhash import read_job_fields, to_ms
 from ..engine.keys import QueueKeys
+from ..engine.streams import StreamBatch
 from ..engine.urls import redact
 from ..engine.validation import check_time_ms
+from ..runtime.consumer import StreamConsumer, entries_of
 from . import store
 from .schema import ARROW_SCHEMA, day_of
 
@@ -51,207 +46,45 @@ _ENDS_ATTEMPT = frozenset(("completed", "failed", "retried"))
 #: Job hash fields read at export time (their stored names).
 _STORED = tuple(stored(name) for name in ("status", "task", "run_at", "enqueued_at",
                                           "priority", "max_attempts", "attempt_log"))
-_PIPELINE = 5_000
 MAX_INT32 = 2**31 - 1
 #: Rows a file holds at most (about: a file ends after the entry that reaches it).
 ROWS_PER_FILE = 250_000
 
 
-class Exporter:
+class Exporter(StreamConsumer):
     """Appends the events of every queue (or of ``queues``) to the lake at ``where``.
 
-    ``run()`` loops until :meth:`request_stop`; ``run(burst=True)`` exports what the
-    streams hold and returns. Redis errors are logged and retried with a capped backoff.
+    ``run()`` loops until stopped; ``run(burst=True)`` exports what the streams hold and
+    returns.
     """
+
+    group = GROUP
+    reader = "lake export"
+    stalls = (OSError,)
+    writes_to = "the lake"
 
     def __init__(self, where: str, *, broker: Broker, name: str | None = None,
                  batch_size: int = 2_000, block: float = 1.0, claim_idle: float = 60.0,
                  queues: Iterable[str] | None = None, refresh_interval: float = 10.0) -> None:
         self.where = where
         self.filesystem, self.root = store.open_lake(where)
-        self.broker = broker
-        # Stable across restarts on one host: a restarted exporter re-reads its own
-        # pending entries at once (others' only after claim_idle).
-        self.name = name or f"{socket.gethostname()}:lake"
-        self.batch_size = batch_size
-        self.block = block
-        self.claim_idle_ms = int(claim_idle * 1000)
-        self.fixed_queues = list(queues) if queues else None
-        self.refresh_interval = refresh_interval
+        # Stable across restarts on one host: a restarted exporter takes back its own
+        # batch at once (others' only after claim_idle).
+        super().__init__(broker, name=name or f"{socket.gethostname()}:lake",
+                         batch_size=batch_size, block=block, claim_idle=claim_idle,
+                         queues=list(queues) if queues else None,
+                         refresh_interval=refresh_interval)
         self.rows = 0      # rows written (one per job per entry)
-        self.entries = 0   # entries acknowledged
         self.files = 0     # files written
-        self.lost = 0      # entries trimmed from a stream before the exporter read them
         self.skipped = 0   # garbled entries acknowledged without a row
-        self._stop = threading.Event()
-        self._shards: list[QueueKeys] = []
-        self._ready: set[str] = set()
-        self._recovered: set[str] = set()
-        self._refreshed_at = 0.0
-        self._claim_due = 0.0
-        self._trimmed_seen: dict[str, int] = {}
-
-    # -- control ---------------------------------------------------------------------
-
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    def drain(self, timeout: float) -> int:
-        """Once :meth:`run` has returned after a stop, export what is left (at most
-        ``timeout`` seconds); return the number of entries acknowledged."""
-        self._stop.clear()
-        return self.run(burst=True, timeout=timeout)
-
-    def run(self, *, burst: bool = False, timeout: float | None = None) -> int:
-        """Export until stopped (``burst``: until the streams are drained); return the
-        number of entries acknowledged by this run."""
-        logger.info("lake export started lake=%s consumer=%s burst=%s", redact(self.where),
-                    self.name, burst)
-        before = self.entries
-        backoff = Backoff(self._stop, first=0.5, cap=30.0)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._stop.is_set():
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            try:
-                done = self.step()
-                backoff.reset()
-            except (RedisError, DelayQConnectionError) as exc:
-                logger.warning("lake export cannot reach Redis, retrying in %.1fs error=%s",
-                               backoff.delay, exc)
-                self._ready.clear()
-                self._recovered.clear()
-                backoff.wait()
-                continue
-            except OSError as exc:
-                logger.warning("lake export cannot write, retrying in %.1fs error=%s",
-                               backoff.delay, exc)
-                self._recovered.clear()  # the batch is pending: read it again
-                backoff.wait()
-                continue
-            if done == 0:
-                if burst:
-                    break
-                self._stop.wait(self.block)
-        return self.entries - before
-
-    # -- reading ---------------------------------------------------------------------
-
-    def step(self) -> int:
-        """Export one batch per stream: this exporter's batch in progress first (after a
-        crash or an error), then batches other exporters left idle, then new entries."""
-        self._refresh_shards()
-        handled = 0
-        for keys in self._shards:
-            if keys.events not in self._recovered:
-                mine = self._claim(keys, self.name, 0)
-                if mine is not None:
-                    handled += self._export(keys, mine)
-                    continue
-                self._recovered.add(keys.events)
-        if time.monotonic() >= self._claim_due:
-            for keys in self._shards:
-                handled += self._take_over(keys)
-            self._claim_due = time.monotonic() + max(1.0, self.claim_idle_ms / 2000)
-        for keys in self._shards:
-            try:
-                batch = streams.read_batch(self.broker.commands, keys, GROUP, self.name,
-                                           self.batch_size)
-            except streams.GroupGone:
-                self._group_gone(keys)
-                continue
-            except streams.BatchInProgress:
-                self._recovered.discard(keys.events)  # take it back next round
-                continue
-            if batch is not None:
-                handled += self._export(keys, batch, recovered=False)
-        return handled
-
-    def _claim(self, keys: QueueKeys, owner: str, min_idle_ms: int) -> streams.StreamBatch | None:
-        try:
-            return streams.claim_batch(self.broker.commands, keys, GROUP, owner, self.name,
-                                       min_idle_ms, self.batch_size)
-        except streams.GroupGone:
-            self._group_gone(keys)
-            return None
-
-    def _group_gone(self, keys: QueueKeys) -> None:
-        self._ready.discard(keys.events)
-        self._refreshed_at = 0.0
-
-    def _take_over(self, keys: QueueKeys) -> int:
-        """Export the batches of other exporters idle for ``claim_idle``, each whole: one
-        still being written by a slow exporter is then written twice into the same files
-        (the second write replaces the first), never into two."""
-        try:
-            owners = streams.pending_consumers(self.broker.client, keys.events, GROUP)
-        except streams.GroupGone:
-            self._group_gone(keys)
-            return 0
-        handled = 0
-        for owner in owners:
-            if owner == self.name:
-                continue
-            batch = self._claim(keys, owner, self.claim_idle_ms)
-            if batch is not None:
-                logger.info("lake export took over a batch stream=%s from=%s entries=%d",
-                            keys.events, owner, len(batch.entries))
-                handled += self._export(keys, batch)
-        return handled
-
-    def _refresh_shards(self) -> None:
-        now = time.monotonic()
-        if self._shards and now - self._refreshed_at < self.refresh_interval:
-            return
-        self._shards = streams.shards_to_read(self.broker, self.fixed_queues)
-        self._refreshed_at = now
-        for keys in self._shards:
-            if keys.events not in self._ready:
-                self._create_group(keys)
-                self._ready.add(keys.events)
-            self._check_trimmed(keys)
-
-    def _create_group(self, keys: QueueKeys) -> None:
-        """The group, reading from the stream's first entry; what was trimmed before the
-        lake began is not counted as lost."""
-        client = self.broker.client
-        try:
-            info = client.xinfo_stream(keys.events)
-            before = int(info["entries-added"]) - int(info["length"])
-        except (ResponseError, KeyError, TypeError):
-            before = None  # no stream yet
-        streams.ensure_group(client, keys.events, GROUP, entries_read=before)
-
-    def _check_trimmed(self, keys: QueueKeys) -> None:
-        """Count entries trimmed from the stream before this group read them."""
-        client = self.broker.client
-        try:
-            info = client.xinfo_stream(keys.events)
-            group = next((g for g in client.xinfo_groups(keys.events)
-                          if g.get("name") == GROUP), None)
-        except ResponseError:
-            return
-        read = None if group is None else group.get("entries-read")
-        if read is None or info.get("entries-added") is None:
-            return
-        unread = max(0, int(info["entries-added"]) - int(info["length"]) - int(read))
-        new = unread - self._trimmed_seen.get(keys.events, 0)
-        if new > 0:
-            self._lose(keys, new)
-        self._trimmed_seen[keys.events] = max(unread, self._trimmed_seen.get(keys.events, 0))
-
-    def _lose(self, keys: QueueKeys, count: int) -> None:
-        self.lost += count
-        logger.error("events trimmed from the stream before the lake export read them "
-                     "stream=%s count=%d (raise DELAYQ['EVENTS_MAXLEN'] or export more "
-                     "often)", keys.events, count)
 
     # -- writing ---------------------------------------------------------------------
 
-    def _export(self, keys: QueueKeys, batch: streams.StreamBatch, *,
-                recovered: bool = True) -> int:
-        """Write a batch (one file per day and about :data:`ROWS_PER_FILE` rows), then
-        acknowledge it.
+    def destination(self) -> str:
+        return f" lake={redact(self.where)}"
+
+    def write(self, keys: QueueKeys, batch: StreamBatch, *, recovered: bool) -> None:
+        """Write a batch (one file per day and about :data:`ROWS_PER_FILE` rows).
 
         The files are named by the entries they hold, and a batch is always written
         with the entries it was read with, so writing it again (after a crash, or by an
@@ -259,12 +92,7 @@ class Exporter:
         back or over also leaves out rows that other files hold (its first writer may
         have finished them).
         """
-        if batch.deleted:
-            self._lose(keys, len(batch.deleted))
-        present = [(i, f) for i, f in batch.entries if f is not None]
-        if len(present) < len(batch.entries):
-            self._lose(keys, len(batch.entries) - len(present))
-        for chunk in _chunks(present):
+        for chunk in _chunks(entries_of(batch)):
             columns = self._columns(keys, chunk)
             if not columns["stream_id"]:
                 continue
@@ -274,13 +102,6 @@ class Exporter:
                     part = self._not_yet_written(keys, day, part)
                 if part.num_rows:
                     self._write(keys, day, part)
-        self._acknowledge(keys, batch)
-        self.entries += len(batch.entries)
-        return len(batch.entries)
-
-    def _acknowledge(self, keys: QueueKeys, batch: streams.StreamBatch) -> None:
-        """Acknowledge a batch whose files are durable (what a crash may fall between)."""
-        streams.ack_batch(self.broker.commands, keys, GROUP, self.name, batch)
 
     def _write(self, keys: QueueKeys, day: str, part: pa.Table) -> None:
         stream_ids = part.column("stream_id")
@@ -350,14 +171,8 @@ class Exporter:
         return cols
 
     def _skip(self, keys: QueueKeys, entry_id: str, reason: str) -> None:
-        """Leave an entry out of the lake, where an operator sees it: counted
-        (:attr:`skipped`, ``Queue.skipped_events()``: the dashboard, the API) and logged
-        with its stream id and the reason."""
         self.skipped += 1
-        reason = streams.record_skip(self.broker.client, keys, "lake export", entry_id,
-                                     reason)
-        logger.error("lake export skipped an event it cannot write stream=%s id=%s "
-                     "reason=%s", keys.events, entry_id, reason)
+        self.skip(keys, entry_id, reason)
 
     def _enrich(self, keys: QueueKeys, cols: dict[str, list[Any]]) -> None:
         """Fill the columns the events do not carry from the job hashes (one HMGET per
@@ -368,18 +183,7 @@ class Exporter:
             cols[name] = [None] * rows
         wanted = sorted({job for job, event in zip(cols["job_id"], cols["event"], strict=True)
                          if event == _ENQUEUED or event in _ENDS_ATTEMPT})
-        hashes: dict[str, JobHash] = {}
-        client = self.broker.client
-        for start in range(0, len(wanted), _PIPELINE):
-            part = wanted[start:start + _PIPELINE]
-            pipe = client.pipeline(transaction=False)
-            for job in part:
-                pipe.hmget(keys.job(job), *_STORED)
-            for job, values in zip(part, pipe.execute(), strict=True):
-                found = {name: v for name, v in zip(_STORED, values, strict=True)
-                         if v is not None}
-                if found:  # else the job hash is gone: only the event's own fields
-                    hashes[job] = read_job_hash(found)
+        hashes = read_job_fields(self.broker, keys, wanted, _STORED)
         attempts: dict[str, dict[int, dict[str, Any]]] = {}
         for i in range(rows):
             job = cols["job_id"][i]

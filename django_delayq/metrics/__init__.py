@@ -35,7 +35,7 @@ from ..engine import Broker, DelayQConnectionError, Queue
 from ..engine.backlog import backlogs
 from ..engine.stats import Histogram, queue_stats
 from ..engine.workers import count_alive
-from ..mirror.takeover import GROUP
+from ..mirror.consumer import GROUP
 from ..task import registry
 
 

@@ -18,40 +18,19 @@ from collections.abc import Collection, Sequence
 from django.db import connections, transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
-from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
 from ..engine import (
     Broker,
-    DelayQConnectionError,
     EnqueueRequest,
-    NotReplicated,
     UnknownTask,
     validation,
 )
-from ..engine.failover import UNAVAILABLE
+from ..engine.failover import REFUSED, is_transient
 from ..models import OutboxEntry
 
 logger = logging.getLogger(__name__)
 
-#: Answers of a Redis that cannot write for now (memory full, a replica, loading...):
-#: redis-py raises a class of its own for some (their message then lacks the code),
-#: a plain ``ResponseError`` whose message starts with the code for the others.
-TRANSIENT_REPLY_CLASSES = (OutOfMemoryError, ReadOnlyError)
-TRANSIENT_REPLIES = ("OOM", "BUSY", "LOADING", "MASTERDOWN", "NOREPLICAS", "READONLY",
-                     "TRYAGAIN", "CLUSTERDOWN")
 MAX_ERROR_CHARS = 2_000
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` means "Redis cannot take it now" rather than "never".
-
-    ``NotReplicated`` (fewer replicas than ``MIN_REPLICAS`` confirmed) counts: the rows
-    stay until a send is confirmed, and sending them again adds no job twice.
-    """
-    if isinstance(exc, (DelayQConnectionError, NotReplicated, *UNAVAILABLE,
-                        *TRANSIENT_REPLY_CLASSES)):
-        return True
-    return isinstance(exc, ResponseError) and str(exc).startswith(TRANSIENT_REPLIES)
 
 
 def describe(exc: BaseException) -> str:
@@ -129,7 +108,7 @@ def _send_queue(broker: Broker, queue: str, items: list[tuple[OutboxEntry, Enque
         result = broker.enqueue_many(queue, [request for _, request in items],
                                      chunk_size=len(items))
     except Exception as exc:
-        if is_transient(exc) or not isinstance(exc, TypeError | ValueError | ResponseError):
+        if is_transient(exc) or not isinstance(exc, (TypeError, ValueError, *REFUSED)):
             raise
         if len(items) == 1:
             outcome.refused[items[0][0].pk] = describe(exc)

@@ -11,12 +11,10 @@ for the relay (:mod:`.relay`).
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
-from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, transaction
@@ -25,38 +23,10 @@ from django.utils import timezone
 from ..conf import conf
 from ..connection import get_broker
 from ..engine import EnqueueRequest, Job, JobNotFound, validation
-from ..engine.fastpaths import positional_names
 from ..engine.jobhash import from_ms
 from ..engine.status import OUTBOX
 from ..models import OutboxEntry
 from .send import relax_commit, send_rows, settle, take
-
-
-class Enqueueable(Protocol):
-    """What :func:`write` reads of a :class:`~django_delayq.task.Task` (typed here, so
-    the outbox does not import the module that calls it)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def func(self) -> Callable[..., Any]: ...
-    @property
-    def queue_name(self) -> str: ...
-    @property
-    def priority(self) -> int: ...
-    @property
-    def run_at(self) -> dt.datetime | None: ...
-    @property
-    def delay(self) -> float | dt.timedelta | None: ...
-    @property
-    def job_id(self) -> str | None: ...
-    @property
-    def attempts_allowed(self) -> int: ...
-    @property
-    def timeout(self) -> float | dt.timedelta | None: ...
-
-    def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None: ...
-
 
 logger = logging.getLogger(__name__)
 
@@ -84,29 +54,21 @@ class OutboxJob(Job):
             return self
 
 
-def write(task: Enqueueable, args: Sequence[Any], kwargs: Mapping[str, Any],
+def write(queue: str, request: EnqueueRequest, arg_names: Sequence[str],
           using: str | None) -> OutboxJob:
-    """Insert ``task``'s job in the outbox of database ``using`` (see
-    :meth:`Task.enqueue_in_transaction`)."""
-    task.check_arguments(args, kwargs)
+    """Insert the job of ``request`` (its arguments checked against the task's function,
+    whose positional parameters are ``arg_names``) in the outbox of database ``using``
+    (see :meth:`Task.enqueue_in_transaction`)."""
     alias = using or DEFAULT_DB_ALIAS
-    queue = validation.validate_queue_name(task.queue_name)
-    run_at = task.run_at
-    if task.delay is not None:
-        # Fixed now, on this process's clock: the relay must not add its own lateness.
-        delay_ms = validation.delay_ms(task.delay)
-        run_at = dt.datetime.now(dt.UTC) + dt.timedelta(milliseconds=delay_ms)
+    queue = validation.validate_queue_name(queue)
     broker = get_broker()  # no connection is made: only its checks and encoder are used
-    request = EnqueueRequest(task=task.name, args=args, kwargs=dict(kwargs), run_at=run_at,
-                             priority=task.priority, job_id=task.job_id,
-                             max_attempts=task.attempts_allowed, timeout=task.timeout)
-    job = broker.encode_request(request, positional_names(task.func))
+    job = broker.encode_request(request, arg_names)
     due = from_ms(job.run_at_ms)
     stored = due if due is None or settings.USE_TZ else timezone.make_naive(due)  # local
     row = OutboxEntry.objects.using(alias).create(
-        job_id=job.job_id, queue=queue, task_name=task.name, args=job.args_json,
-        kwargs=job.kwargs_json, priority=task.priority, run_at=stored,
-        max_attempts=task.attempts_allowed,
+        job_id=job.job_id, queue=queue, task_name=request.task, args=job.args_json,
+        kwargs=job.kwargs_json, priority=request.priority, run_at=stored,
+        max_attempts=request.max_attempts,
         timeout=job.timeout_ms / 1000 if isinstance(job.timeout_ms, int) else None)
     if conf.OUTBOX["FAST_PATH"]:
         _pending_ids(alias).append(row.pk)
@@ -115,9 +77,9 @@ def write(task: Enqueueable, args: Sequence[Any], kwargs: Mapping[str, Any],
         # find nothing left to do.
         transaction.on_commit(partial(flush, alias), using=alias)
     return OutboxJob(
-        id=job.job_id, queue=queue, task_name=task.name, status=OUTBOX, args=list(args),
-        kwargs=dict(kwargs), priority=task.priority, run_at=due,
-        max_attempts=task.attempts_allowed, database=alias,
+        id=job.job_id, queue=queue, task_name=request.task, status=OUTBOX,
+        args=list(request.args), kwargs=dict(request.kwargs), priority=request.priority,
+        run_at=due, max_attempts=request.max_attempts, database=alias,
     )
 
 

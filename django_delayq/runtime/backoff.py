@@ -1,16 +1,15 @@
-"""What a loop whose Redis keeps failing catches, and how long it waits
-(:class:`~django_delayq.engine.backoff.Backoff`, the one backoff policy)."""
+"""How long the runtime's loops wait while Redis fails (one backoff policy:
+:class:`~django_delayq.engine.backoff.Backoff`), and what they catch as "Redis failed,
+try again later" (:data:`~django_delayq.engine.failover.CALL_FAILED`, the engine's one
+definition: any RedisError, RedisClusterException, which redis-py raises when no node of
+a Cluster answers, and the engine's own errors; a loop that let one through would end
+its thread for good)."""
 
 from __future__ import annotations
 
-from redis.exceptions import RedisClusterException, RedisError
-
 from ..engine.backoff import Backoff
+from ..engine.failover import CALL_FAILED
 
-#: What a worker's loops catch as "Redis failed: try again later": any RedisError, and
-#: RedisClusterException, which redis-py raises (it is not a RedisError) when no node of
-#: a Redis Cluster answers; a loop that let it through would end its thread for good.
-REDIS_ERRORS = (RedisError, RedisClusterException)
 #: Waits between retries while Redis is unreachable: the first, and the longest.
 FIRST_BACKOFF = 0.1
 MAX_BACKOFF = 5.0
@@ -19,5 +18,4 @@ MAX_BACKOFF = 5.0
 #: this long, so the others run at full speed.
 SHARD_BACKOFF = 1.0
 
-
-__all__ = ["FIRST_BACKOFF", "MAX_BACKOFF", "REDIS_ERRORS", "SHARD_BACKOFF", "Backoff"]
+__all__ = ["CALL_FAILED", "FIRST_BACKOFF", "MAX_BACKOFF", "SHARD_BACKOFF", "Backoff"]

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from ..engine import Broker
 from ..engine.backoff import backoff_delay
 from ..engine.workers import forget, record_alive
-from .backoff import REDIS_ERRORS
+from .backoff import CALL_FAILED
 from .children import Child, Children
 from .worker.exit_codes import EXIT_FORCED, EXIT_OK
 
@@ -178,5 +178,5 @@ class Host:
                 "services": ",".join(r.service.name for r in self._services),
                 "restarts": self.restarts,
             })
-        except REDIS_ERRORS as exc:
+        except CALL_FAILED as exc:
             logger.warning("host heartbeat failed host=%s error=%s", self.name, exc)

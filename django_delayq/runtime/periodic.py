@@ -16,9 +16,9 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from ..engine import Broker, DelayQError, EnqueueRequest
+from ..engine import Broker, EnqueueRequest
 from ..engine.schedules import advance_schedule, schedule_marks
-from .backoff import REDIS_ERRORS
+from .backoff import CALL_FAILED
 from .registry import Runnable
 from .schedule import occurrence_id, plan
 
@@ -80,7 +80,7 @@ class Scheduler:
                                      missed=self.missed, catch_up_max=self.catch_up_max)
                 if added:
                     logger.debug("enqueued %d periodic jobs", added)
-            except (*REDIS_ERRORS, DelayQError) as exc:
+            except CALL_FAILED as exc:
                 logger.warning("periodic scheduling failed error=%s", exc)
             self._stop.wait(interval)
 

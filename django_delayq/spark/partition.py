@@ -59,11 +59,12 @@ class EnqueuePlan:
     chunk_size: int = 1_000
     max_rejected: int = 10_000
 
-    def client(self) -> Any:
-        """A new redis-py client for the executor (``decode_responses=True``)."""
-        return client_from_url(self.redis_url, decode_responses=True,
-                               socket_timeout=self.socket_timeout,
-                               socket_connect_timeout=min(self.socket_timeout, 10.0))
+    def broker(self) -> Broker:
+        """A broker of its own for the executor, on the driver's engine config."""
+        return Broker(client_from_url(self.redis_url, decode_responses=True,
+                                      socket_timeout=self.socket_timeout,
+                                      socket_connect_timeout=min(self.socket_timeout, 10.0)),
+                      self.engine)
 
 
 @dataclass(slots=True)
@@ -153,8 +154,7 @@ def enqueue_partition(plan: EnqueuePlan, rows: Iterable[Any]) -> Iterator[Partit
     the failed attempt added (same ids) and counts them as duplicates.
     """
     result = PartitionResult()
-    client = plan.client()
-    broker = Broker(client, plan.engine)
+    broker = plan.broker()
     pending: dict[str, list[EnqueueRequest]] = {}
 
     def flush(queue: str) -> None:
@@ -184,7 +184,7 @@ def enqueue_partition(plan: EnqueuePlan, rows: Iterable[Any]) -> Iterator[Partit
         for queue in list(pending):
             flush(queue)
     finally:
-        client.close()
+        broker.close()
     logger.debug("spark partition enqueued=%d duplicates=%d rejected=%d", result.enqueued,
                  result.duplicates, result.rejected)
     yield result

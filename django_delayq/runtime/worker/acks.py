@@ -8,8 +8,8 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ...engine import Broker, ClaimedJob, DelayQError, QueueKeys, flows
-from ..backoff import FIRST_BACKOFF, MAX_BACKOFF, REDIS_ERRORS, SHARD_BACKOFF, Backoff
+from ...engine import Broker, ClaimedJob, QueueKeys, flows
+from ..backoff import CALL_FAILED, FIRST_BACKOFF, MAX_BACKOFF, SHARD_BACKOFF, Backoff
 from .ledger import Ledger
 from .outcome import Outcome
 
@@ -166,7 +166,7 @@ class Acker:
             try:
                 self.flush()
                 backoff.reset()
-            except REDIS_ERRORS as exc:
+            except CALL_FAILED as exc:
                 logger.warning("acks not sent, retrying in %.1fs worker=%s error=%s",
                                backoff.delay, self.name, exc)
                 backoff.wait()
@@ -207,7 +207,7 @@ class Acker:
             return
         try:
             sent = send_outcomes(self.broker, outcomes, worker=self.name, started=started)
-        except REDIS_ERRORS:
+        except CALL_FAILED:
             self._keep(pending)
             with self._lock:
                 self.started[:0] = started
@@ -224,7 +224,7 @@ class Acker:
             # dies), the entries stay for any worker's heartbeat to deliver.
             try:
                 flows.deliver(self.broker, keys)
-            except (*REDIS_ERRORS, DelayQError) as exc:
+            except CALL_FAILED as exc:
                 logger.warning("releases of dependants left for the heartbeat queue=%s "
                                "error=%s", keys.queue, exc)
         refused = {o.job.keys for o in sent.unsent}
@@ -270,7 +270,7 @@ class Acker:
         while True:
             try:
                 self.flush(ignore_backoff=True)
-            except REDIS_ERRORS as exc:
+            except CALL_FAILED as exc:
                 logger.warning("acks not sent at shutdown worker=%s error=%s", self.name, exc)
             if not self.outcomes:
                 return

@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from ...engine import Broker, ClaimedJob, ClaimResult, PartialClaimError, QueueKeys
-from ..backoff import FIRST_BACKOFF, MAX_BACKOFF, REDIS_ERRORS, SHARD_BACKOFF, Backoff
+from ...engine.markers import wait_for_mark
+from ..backoff import CALL_FAILED, FIRST_BACKOFF, MAX_BACKOFF, SHARD_BACKOFF, Backoff
 from .ledger import THREADS, Ledger
 from .markers import MarkerWatch
 
@@ -104,7 +105,7 @@ class Fetcher:
         self._found_empty: set[QueueKeys] = set()
         self.watch: MarkerWatch | None = None
         if blocking_broker.is_cluster and len({k.tag for k in self.shards}) > 1:
-            self.watch = MarkerWatch(blocking_broker.client, [k.marker for k in self.shards],
+            self.watch = MarkerWatch(blocking_broker, [k.marker for k in self.shards],
                                      stop)
         # Jobs of rate-limited and interval queues are claimed only for idle threads, so
         # each starts when claimed: the limit counts real starts, not prefetched jobs.
@@ -175,7 +176,7 @@ class Fetcher:
             try:
                 claimed, wait = self.claim(free)
                 backoff.reset()
-            except REDIS_ERRORS as exc:
+            except CALL_FAILED as exc:
                 logger.warning("redis unavailable, retrying in %.1fs worker=%s error=%s",
                                backoff.delay, self.name, exc)
                 backoff.wait()
@@ -203,7 +204,7 @@ class Fetcher:
                 break
             try:
                 self._wait_for_work(wait)
-            except REDIS_ERRORS as exc:
+            except CALL_FAILED as exc:
                 logger.warning("redis unavailable while idle worker=%s error=%s", self.name, exc)
                 backoff.wait()
 
@@ -236,7 +237,7 @@ class Fetcher:
                     self._quiet_asked_at = sent
                 try:
                     total, wait, filled = self._claim_round(wants, sent, focus)
-                except REDIS_ERRORS:
+                except CALL_FAILED:
                     # the round below asks that shard again and backs it off if it
                     # refuses while others answer, as any round does
                     self._backlogged.discard(focus)
@@ -363,4 +364,4 @@ class Fetcher:
             self.watch.wait(timeout)
             return
         markers = [keys.marker for keys in self.shards]
-        self.blocking_broker.client.bzpopmin(markers, timeout=timeout)
+        wait_for_mark(self.blocking_broker, markers, timeout)

@@ -13,9 +13,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...engine import Broker, DelayQError, QueueKeys, flows
+from ...engine import Broker, QueueKeys, flows
 from ...engine.workers import record_alive
-from ..backoff import REDIS_ERRORS
+from ..backoff import CALL_FAILED
 from .acks import by_shard
 from .ledger import Ledger
 
@@ -44,7 +44,7 @@ class Heartbeat:
         while not self._done.wait(self.interval):
             try:
                 self.beat()
-            except (*REDIS_ERRORS, DelayQError) as exc:
+            except CALL_FAILED as exc:
                 logger.warning("heartbeat failed worker=%s error=%s", self.name, exc)
             except Exception:
                 logger.exception("heartbeat failed, next beat retries worker=%s", self.name)
@@ -78,7 +78,7 @@ class Heartbeat:
         for keys, job_ids in unlinked:
             try:
                 flows.repair(self.broker, keys, job_ids)
-            except (*REDIS_ERRORS, DelayQError) as exc:
+            except CALL_FAILED as exc:
                 logger.warning("waiting jobs not linked again, a heartbeat retries after "
                                "the grace period queue=%s jobs=%s error=%s", keys.queue,
                                ",".join(job_ids[:10]), exc)
@@ -91,7 +91,7 @@ class Heartbeat:
         for keys in undelivered:
             try:
                 flows.deliver(self.broker, keys)
-            except (*REDIS_ERRORS, DelayQError) as exc:
+            except CALL_FAILED as exc:
                 logger.warning("releases of dependants not delivered, next beat retries "
                                "queue=%s error=%s", keys.queue, exc)
             except Exception:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any
 
-from ..backoff import REDIS_ERRORS
+from ...engine import Broker
+from ...engine.markers import wait_for_mark
+from ..backoff import CALL_FAILED
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -24,8 +25,8 @@ WATCH_SLICE = 1.0
 class MarkerWatch:
     """One blocking watcher thread per marker key; :meth:`wait` returns on any mark."""
 
-    def __init__(self, client: Any, markers: Sequence[str], stop: threading.Event) -> None:
-        self._client = client
+    def __init__(self, broker: Broker, markers: Sequence[str], stop: threading.Event) -> None:
+        self._broker = broker
         self._markers = list(dict.fromkeys(markers))
         self._stop = stop
         self._idle = threading.Event()
@@ -55,8 +56,8 @@ class MarkerWatch:
             if not self._idle.wait(0.5):
                 continue
             try:
-                popped = self._client.bzpopmin([key], timeout=WATCH_SLICE)
-            except REDIS_ERRORS as exc:
+                popped = wait_for_mark(self._broker, [key], WATCH_SLICE)
+            except CALL_FAILED as exc:
                 logger.warning("marker watch failed key=%s error=%s", key, exc)
                 self._stop.wait(0.5)
                 continue

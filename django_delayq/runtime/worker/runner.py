@@ -33,10 +33,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...engine import Broker, ClaimedJob, DelayQError
+from ...engine import Broker, ClaimedJob
 from ...engine.workers import forget as forget_worker
 from ...engine.workers import register_queues
-from ..backoff import REDIS_ERRORS
+from ..backoff import CALL_FAILED
 from ..registry import TaskRegistry, is_async
 from .acks import Acker, by_shard
 from .async_executor import AsyncExecutor
@@ -366,7 +366,7 @@ class Worker:
         try:
             register_queues(self.broker, self.queues)
             self.heartbeat.record_alive()
-        except REDIS_ERRORS as exc:
+        except CALL_FAILED as exc:
             logger.warning("could not register worker worker=%s error=%s", self.name, exc)
 
     def _reclaim(self) -> None:
@@ -374,7 +374,7 @@ class Worker:
         (what fails is logged: the burst runs on)."""
         try:
             self.heartbeat.beat(renew=False)
-        except (*REDIS_ERRORS, DelayQError) as exc:
+        except CALL_FAILED as exc:
             logger.warning("reclaim failed worker=%s error=%s", self.name, exc)
         except Exception:
             logger.exception("reclaim failed worker=%s", self.name)
@@ -397,7 +397,7 @@ class Worker:
             self.broker.add_release(batch, keys, pairs, started=started)
         try:
             batch.run()
-        except REDIS_ERRORS as exc:
+        except CALL_FAILED as exc:
             logger.warning("could not hand back %d jobs (their leases will lapse) error=%s",
                            len(jobs), exc)
             return
