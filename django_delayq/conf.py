@@ -324,6 +324,14 @@ class DelayQSettings:
     PROCESSES = Setting(1, int, "E080", number(minimum=1, integer=True),
                         "worker processes of `runworker` (more than 1: under a supervisor, "
                         "[the pool](docs/pool.md))", unit="processes")
+    MAX_PROCESSES = Setting(None, optional(int), "E088",
+                            number(minimum=1, integer=True, allow_none=True),
+                            "most worker processes `runworker` starts (`None`: 4 per CPU, "
+                            "at least 8); a larger `--processes` is refused",
+                            unit="processes")
+    MAX_CONCURRENCY = Setting(1000, int, "E089", number(minimum=1, integer=True),
+                              "most threads (and `async def` slots) per worker process; a "
+                              "larger `--concurrency` is refused", unit="jobs")
     MAX_JOBS_PER_CHILD = Setting(None, optional(int), "E081",
                                  number(minimum=1, integer=True, allow_none=True),
                                  "replace a worker process after about this many jobs "

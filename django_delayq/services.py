@@ -20,36 +20,29 @@ from .connection import get_broker
 from .engine.workers import mirror_consumer
 from .mirror import Mirror, table_exists
 from .outbox.relay import Relay, relay_table_exists
+from .runtime.consumer import StreamConsumer
 from .runtime.host import Service
 from .runtime.periodic import Scheduler
 from .runtime.registry import registry
 
 logger = logging.getLogger("django_delayq.worker")
 
-#: Seconds the mirror may take to write what is left when its host stops.
-MIRROR_DRAIN = 5.0
+class SinkService:
+    """A stream consumer (the model mirror, the lake export) run by a host; a warm stop
+    lets it write what the workers that stopped before it wrote last (its drain)."""
 
-
-class MirrorService:
-    """The model mirror (a host's consumes as ``<host>/mirror``)."""
-
-    name = "mirror"
-
-    def __init__(self, mirror: Mirror) -> None:
-        self.mirror = mirror
-        self._drain = False
+    def __init__(self, name: str, consumer: StreamConsumer) -> None:
+        self.name = name
+        self.consumer = consumer
 
     def run(self) -> None:
         try:
-            self.mirror.run()
-            if self._drain:
-                self.mirror.drain(MIRROR_DRAIN)  # the last events of the workers that stopped
+            self.consumer.run()
         finally:
             connections.close_all()  # this thread's own connections
 
     def stop(self, *, drain: bool) -> None:
-        self._drain = drain
-        self.mirror.request_stop()
+        self.consumer.stop(drain=drain)
 
 
 class RelayService:
@@ -69,28 +62,6 @@ class RelayService:
         self.relay.request_stop()
 
 
-class LakeService:
-    """The lake export to ``LAKE_PATH``."""
-
-    name = "lake"
-
-    def __init__(self, where: str) -> None:
-        from .lake.export import Exporter  # PyArrow: an optional extra, only when set
-
-        self.exporter = Exporter(where, broker=get_broker(socket_timeout=1.0 +
-                                                          conf.SOCKET_TIMEOUT))
-        self._drain = False
-
-    def run(self) -> None:
-        self.exporter.run()
-        if self._drain:
-            self.exporter.drain(MIRROR_DRAIN)
-
-    def stop(self, *, drain: bool) -> None:
-        self._drain = drain
-        self.exporter.request_stop()
-
-
 def host_services(host: str, *, mirror: bool = True, relay: bool = True,
                   lake: bool = True, scheduler_queues: Sequence[str] = (),
                   mirror_queues: Sequence[str] | None = None) -> list[Service]:
@@ -100,8 +71,8 @@ def host_services(host: str, *, mirror: bool = True, relay: bool = True,
     services: list[Service] = []
     if mirror:
         if table_exists():
-            services.append(MirrorService(Mirror(name=mirror_consumer(host),
-                                                 queues=mirror_queues)))
+            services.append(SinkService("mirror", Mirror(name=mirror_consumer(host),
+                                                         queues=mirror_queues)))
         else:
             logger.warning("the mirror is off: the Job table is missing (run manage.py "
                            "migrate)")
@@ -114,10 +85,13 @@ def host_services(host: str, *, mirror: bool = True, relay: bool = True,
                                "%s (run manage.py migrate)", alias)
     if lake and conf.LAKE_PATH is not None:
         try:
-            services.append(LakeService(conf.LAKE_PATH))
+            from .lake.export import Exporter  # PyArrow: an optional extra, only when set
         except ImportError as exc:
             logger.error("the lake export is off: %s (pip install 'django-delayq[spark]')",
                          exc)
+        else:
+            services.append(SinkService("lake", Exporter(conf.LAKE_PATH, broker=get_broker(
+                socket_timeout=1.0 + conf.SOCKET_TIMEOUT))))
     periodic = registry.periodic(scheduler_queues)
     if periodic:
         services.append(Scheduler(get_broker(), periodic, lookahead=conf.CRON_LOOKAHEAD,

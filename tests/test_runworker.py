@@ -79,14 +79,17 @@ def test_sigterm_finishes_the_running_job_and_hands_back_the_rest(redis_client, 
 
 
 def test_second_signal_exits_at_once_with_code_1(redis_client, spawned):
-    tasks.gated.enqueue("s", gate="gate:never")
+    job = tasks.gated.enqueue("s", gate="gate:never")
     proc, out = spawned("default", "-c", "1")
     wait_until(lambda: started(redis_client, "s"), message="job start")
     proc.send_signal(signal.SIGINT)
     out.wait_for("worker stopping")
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=10) == 1
-    assert Queue("default").counts()["active"] == 1, "the job stays leased for a reclaim"
+    job.refresh()
+    # its worker process ended while it held the job: handed back at once, not after the lease
+    assert (job.status, job.attempts) == ("ready", 1), out.text
+    assert "WorkerLost" in job.attempt_log[-1]["error"]
 
 
 def test_worker_survives_a_redis_restart(spawned):

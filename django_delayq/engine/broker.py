@@ -218,6 +218,28 @@ class Broker(BrokerCore):
         grace = self.config.lease_ms if link_grace_ms is None else link_grace_ms
         return self.commands.add_reclaim(batch, keys, limit, grace)
 
+    def reclaim_worker(self, worker: str, shards: Sequence[QueueKeys],
+                       page: int = 1_000) -> tuple[int, int]:
+        """Hand back every lease ``worker`` holds on ``shards`` now, whatever its
+        deadline (its process ended): (returned to ready, dead-lettered). Jobs it had
+        not started go back with their attempt uncounted."""
+        returned = dead = 0
+        ranks = dict.fromkeys(shards, 0)
+        while ranks:
+            batch = self.batch()
+            for keys, rank in ranks.items():
+                self.commands.add_reclaim(batch, keys, page, self.config.lease_ms,
+                                          worker, rank)
+            with self.connection_errors():
+                replies = batch.run()
+            for (keys, _), reply in zip(list(ranks.items()), replies, strict=True):
+                returned, dead = returned + int(reply[0]), dead + int(reply[1])
+                if int(reply[4]) < 0:
+                    del ranks[keys]
+                else:
+                    ranks[keys] = int(reply[4])
+        return returned, dead
+
     def add_release(
         self, batch: Batch, keys: QueueKeys, leases: Sequence[tuple[str, int]], *,
         started: bool,

@@ -220,7 +220,8 @@ class Commands:
             args += [job_id, attempt]
         return batch.add("extend", [keys.active, keys.job_prefix], args)
 
-    def add_reclaim(self, batch: Batch, keys: QueueKeys, limit: int, link_grace_ms: int) -> int:
+    def add_reclaim(self, batch: Batch, keys: QueueKeys, limit: int, link_grace_ms: int,
+                    worker: str = "", rank: int = 0) -> int:
         """Return up to ``limit`` expired leases to ready (or dead-letter them); the reply
         is (returned, dead-lettered, outbox entries still to deliver, ids of waiting jobs
         whose links elsewhere are unconfirmed for longer than ``link_grace_ms``)."""
@@ -231,7 +232,7 @@ class Commands:
             [keys.active, keys.ready, keys.failed, keys.marker, keys.events, keys.stats,
              keys.job_prefix, *flow_keys, keys.flow_linking],
             [limit, cfg.failed_ttl_ms, cfg.keep_failed, cfg.events_maxlen, *flow_args,
-             link_grace_ms],
+             link_grace_ms, worker, rank],
         )
 
     def add_release(self, batch: Batch, keys: QueueKeys, leases: Sequence[tuple[str, int]],

@@ -93,6 +93,12 @@ class LeaseExpired(DelayQError):
     or was killed) and no attempt was left. ``reclaim.lua`` records it by this name."""
 
 
+class WorkerLost(DelayQError):
+    """A job's error, never raised: the worker process that held it ended (killed by its
+    host past a hard time limit or frozen, crashed, or exited by itself) and its host
+    handed the job back at once. ``reclaim.lua`` records it by this name."""
+
+
 class DamagedJob(DelayQError):
     """A job's error, never raised: its stored record was not a job hash (written by
     hand) and could not be run. ``claim.lua`` records it by this name."""

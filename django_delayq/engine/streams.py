@@ -21,7 +21,6 @@ the engine's own (:meth:`BrokerCore.read_errors`).
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -30,6 +29,7 @@ from redis.exceptions import ResponseError
 
 from .errors import DelayQError
 from .keys import QueueKeys
+from .markers import WAKE_TTL_MS
 from .queue import SKIPS_KEPT, Queue
 
 if TYPE_CHECKING:
@@ -203,15 +203,31 @@ def forget_idle_consumers(broker: BrokerCore, keys: QueueKeys, group: str, keep:
                 client.xgroup_delconsumer(keys.events, group, consumer["name"])
 
 
-def wait_for_entries(broker: BrokerCore, tails: Mapping[str, str], block_ms: int) -> None:
+def wait_for_entries(broker: BrokerCore, tails: Mapping[str, str], block_ms: int,
+                     wake: str | None = None) -> bool:
     """Block (at most ``block_ms``) until a stream of ``tails`` (stream -> the id of the
-    last entry read) has an entry after it. On a Cluster, whose streams live in several
-    slots one blocking read cannot name, it only waits."""
+    last entry read), or the stream ``wake`` (:func:`wake_reader`), has an entry after
+    it. Returns False at once on a Cluster whose streams live in several slots (one
+    blocking read cannot name them): the caller waits its own way."""
     if broker.is_cluster and len({stream.partition("}")[0] for stream in tails}) > 1:
-        time.sleep(block_ms / 1000)
-        return
+        return False
+    watched = dict(tails)
+    if wake is not None:
+        watched[wake] = "0-0"  # a wake that came before this read counts too
     with broker.read_errors():
-        broker.client.xread(dict(tails), count=1, block=max(1, block_ms))
+        reply = broker.client.xread(watched, count=1, block=max(1, block_ms))
+        if wake is not None and any(name in (wake, wake.encode()) for name, _ in reply or ()):
+            broker.client.delete(wake)  # taken: it wakes one wait
+    return True
+
+
+def wake_reader(broker: BrokerCore, key: str) -> None:
+    """End a :func:`wait_for_entries` that watches the stream ``key`` now."""
+    with broker.connection_errors():
+        pipe = broker.client.pipeline(transaction=False)
+        pipe.xadd(key, {"wake": 1}, maxlen=1)
+        pipe.pexpire(key, WAKE_TTL_MS)
+        pipe.execute()
 
 
 def record_skip(broker: BrokerCore, keys: QueueKeys, reader: str, entry_id: str,

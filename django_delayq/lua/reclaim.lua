@@ -13,6 +13,10 @@
 -- their old place; a job that has used all its attempts is dead-lettered instead, so a
 -- job that kills its worker every time cannot loop forever.
 --
+-- With a worker name (ARGV[9]), the leases of that worker instead, whatever their
+-- deadline: its host saw the process end and hands its jobs back at once. Its jobs that
+-- never started ('claimed') go back with their attempt uncounted.
+--
 -- KEYS[1] active     ZSET  leased job ids by lease deadline (ms)
 -- KEYS[2] ready      ZSET  job ids by ready score
 -- KEYS[3] failed     ZSET  dead-lettered job ids by failure time (ms)
@@ -31,10 +35,14 @@
 --                          confirmed, by enqueued time or the latest hand-over below
 --                          (flows.lua)
 -- ARGV[8] grace (ms): how long a producer may take to confirm those links
+-- ARGV[9] a worker name, or '' (optional): see above
+-- ARGV[10] with a worker name: the rank in the active set where this call's scan of
+-- ARGV[1] leases begins
 --
 -- Returns {ids returned to ready, ids dead-lettered, entries in the shard's outbox of
 -- dependants' resolutions (flows.lua) still to deliver, the ids of waiting jobs whose
--- links are unconfirmed past the grace (at most ARGV[1]), for the caller to link again}.
+-- links are unconfirmed past the grace (at most ARGV[1]), for the caller to link again,
+-- with a worker name the rank where the next call goes on (-1: the scan is over)}.
 -- Those ids are handed to this caller alone: their time in the linking set becomes now,
 -- so another caller gets them only if they are still unconfirmed a grace later.
 
@@ -43,32 +51,57 @@ local events, stats, job_prefix = KEYS[5], KEYS[6], KEYS[7]
 local ttl, keep, maxlen = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 local flow = flow_ctx(8, 5)
-local expired = redis.call('ZRANGEBYSCORE', active, '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[1]))
+local limit, worker, next_rank = tonumber(ARGV[1]), ARGV[9] or '', -1
+local expired, why = {}, ' stopped renewing the lease'
+if worker == '' then
+  expired = redis.call('ZRANGEBYSCORE', active, '-inf', '(' .. now, 'LIMIT', 0, limit)
+else
+  local rank = tonumber(ARGV[10])
+  local page = redis.call('ZRANGE', active, rank, rank + limit - 1)
+  for i = 1, #page do
+    if redis.call('HGET', job_prefix .. page[i], 'w') == worker then
+      expired[#expired + 1] = page[i]
+    end
+  end
+  if #page == limit then
+    next_rank = rank + limit - #expired  -- what this call takes out shifts the rest
+  end
+  why = ' ended while it held the job'
+end
 local returned, dead, to_ready = 0, 0, {}
 for i = 1, #expired do
   local job_id = expired[i]
   local job_key = job_prefix .. job_id
   redis.call('ZREM', active, job_id)
-  local f = redis.call('HMGET', job_key, 'n', 'm', 'p', 'q', 'w', 'b', 'dc')
+  local f = redis.call('HMGET', job_key, 'n', 'm', 'p', 'q', 'w', 'b', 'dc', 's')
+  local reason = (worker == '' and 'LeaseExpired' or 'WorkerLost') .. ': worker '
+    .. (f[5] or '?') .. why
   if redis.call('EXISTS', job_key) == 0 then
     emit(events, maxlen, 'orphaned', job_id, now)
+  elseif worker ~= '' and f[8] == 'claimed' then  -- never started: not an attempt
+    if redis.call('HINCRBY', job_key, 'n', -1) == 0 then
+      redis.call('HDEL', job_key, 'n')
+    end
+    mark_ready(job_key)
+    to_ready[#to_ready + 1] = ready_score(tonumber(f[3]) or 0, tonumber(f[4]) or 0)
+    to_ready[#to_ready + 1] = job_id
+    emit(events, maxlen, 'released', job_id, now, 'attempt', f[1])
+    returned = returned + 1
   elseif (tonumber(f[1]) or 1) >= (tonumber(f[2]) or 1) then
-    local err = 'LeaseExpired: worker ' .. (f[5] or '?') .. ' stopped renewing the lease'
-    log_attempt(job_key, f[1], f[5], f[6], now, 'reclaimed', err)
-    redis.call('HSET', job_key, 's', 'failed', 'x', err, 'f', now)
+    log_attempt(job_key, f[1], f[5], f[6], now, 'reclaimed', reason)
+    redis.call('HSET', job_key, 's', 'failed', 'x', reason, 'f', now)
     redis.call('ZADD', failed, now, job_id)
     if ttl > 0 then
       redis.call('PEXPIRE', job_key, ttl)
     end
     count_minute(stats, 'f', now, 1)
-    emit(events, maxlen, 'failed', job_id, now, 'attempt', f[1], 'error', err)
+    emit(events, maxlen, 'failed', job_id, now, 'attempt', f[1], 'error', reason)
     if f[7] then
       notify_dependants(flow, job_id, 'failed', 'null', now)
     end
     dead = dead + 1
   else
-    log_attempt(job_key, f[1], f[5], f[6], now, 'reclaimed',
-      'LeaseExpired: worker ' .. (f[5] or '?') .. ' stopped renewing the lease')
+    log_attempt(job_key, f[1], f[5], f[6], now, 'reclaimed', reason)
     mark_ready(job_key)
     to_ready[#to_ready + 1] = ready_score(tonumber(f[3]) or 0, tonumber(f[4]) or 0)
     to_ready[#to_ready + 1] = job_id
@@ -80,9 +113,12 @@ if dead > 0 then
   trim_finished(failed, now, ttl, keep)
 end
 add_ready(ready, to_ready, marker)
-local unlinked = redis.call('ZRANGEBYSCORE', KEYS[18], '-inf', now - tonumber(ARGV[8]),
-  'LIMIT', 0, tonumber(ARGV[1]))
-for i = 1, #unlinked do
-  redis.call('ZADD', KEYS[18], 'XX', now, unlinked[i])
+local unlinked = {}
+if worker == '' then
+  unlinked = redis.call('ZRANGEBYSCORE', KEYS[18], '-inf', now - tonumber(ARGV[8]),
+    'LIMIT', 0, limit)
+  for i = 1, #unlinked do
+    redis.call('ZADD', KEYS[18], 'XX', now, unlinked[i])
+  end
 end
-return {returned, dead, redis.call('LLEN', flow.outbox), unlinked}
+return {returned, dead, redis.call('LLEN', flow.outbox), unlinked, next_rank}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import select
 import signal
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..engine.backoff import backoff_delay
+from .deadlines import KILL_MARGIN, Board, Posted
 from .worker.exit_codes import EXIT_RESTART
 
 logger = logging.getLogger("django_delayq.worker")
@@ -44,10 +46,13 @@ logger = logging.getLogger("django_delayq.worker")
 QUICK_DEATH = 10.0
 FIRST_RESTART_DELAY = 1.0
 MAX_RESTART_DELAY = 30.0
-#: After a second stop request, children still running this many seconds are killed.
+#: After a second stop request, children still running this many seconds are killed;
+#: after the first, those still running this long past the stop's deadline.
 KILL_AFTER = 5.0
-#: The main loop's longest sleep.
+#: The main loop's longest sleep; while a child has a board, the longest between two
+#: reads of it.
 POLL = 0.5
+BOARD_CHECK = 0.25
 #: Seconds between two checks of a child that its parent is still its parent.
 PARENT_CHECK = 0.5
 #: Exit codes that lose nothing: a clean stop, a recycle, a SIGTERM before it was ready.
@@ -113,13 +118,25 @@ class Child:
     slot: int
     argv: list[str]
     env: dict[str, str]
+    #: The name its worker process runs under (each process of the slot reuses it).
+    worker: str | None = None
+    #: The deadline board its process posts running jobs on (:mod:`.deadlines`; its
+    #: descriptor is passed on), watched with ``frozen_after``: the seconds without a
+    #: stamp after which the process is taken for frozen.
+    board: Board | None = None
+    frozen_after: float = 60.0
     proc: subprocess.Popen[bytes] | None = None
     started: float = 0.0
     quick_deaths: int = 0
     start_at: float | None = 0.0  # monotonic time of the next start; None: never again
     clean: bool = True  # its last exit lost nothing
-    #: Called with its pid and exit code when its process is gone (however it ended).
-    on_exit: list[Callable[[int, int], None]] = field(default_factory=list)
+    #: Why it was killed (None: it was not), and the jobs it was running past their hard
+    #: limit then, for its host to fail.
+    killed_for: str | None = None
+    overrun: list[Posted] = field(default_factory=list)
+    #: Called with it, its process's pid and exit code when that process is gone
+    #: (however it ended), before a new one starts in its slot.
+    on_exit: list[Callable[[Child, int, int], None]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -140,10 +157,14 @@ class Children:
     :meth:`request_stop` and :meth:`wake` are safe from a signal handler and from any
     thread (no lock: one write to a pipe)."""
 
-    def __init__(self, children: list[Child], *, name: str, burst: bool = False) -> None:
+    def __init__(self, children: list[Child], *, name: str, burst: bool = False,
+                 stop_within: float | None = None) -> None:
         self.children = children
         self.name = name  # the owner, in log lines
         self.burst = burst
+        #: Seconds a warm stop may take (the workers' grace period); children still
+        #: running :data:`KILL_AFTER` seconds past it are killed. None: no bound.
+        self.stop_within = stop_within
         self.restarts = 0
         self._requests = 0  # stop requests so far
         self._handled = 0  # stop requests acted on
@@ -191,6 +212,7 @@ class Children:
                 self._reap(now)
                 while self._requests > self._handled:
                     self._on_stop_request()
+                self._watch_boards(now)
                 if self.stopping:
                     self._advance_stop(now)
                     if not self.running():
@@ -198,6 +220,8 @@ class Children:
                 else:
                     self._start_due(now)
                 sleep = POLL if tick is None else min(POLL, tick(now))
+                if any(c.board is not None for c in self.running()):
+                    sleep = min(sleep, BOARD_CHECK)
                 self._sleep(min(sleep, self._next_start() - time.monotonic()))
         finally:
             for child in self.running():  # an exception above must not orphan children
@@ -226,9 +250,12 @@ class Children:
                 self._start(child)
 
     def _start(self, child: Child) -> None:
+        if child.board is not None:
+            child.board.reset()
         try:
             proc = subprocess.Popen(child.argv, env=child.env, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+                                    start_new_session=True,
+                                    pass_fds=() if child.board is None else (child.board.fd,))
         except OSError as exc:
             child.quick_deaths += 1
             delay = restart_delay(0.0, child.quick_deaths)
@@ -253,7 +280,12 @@ class Children:
             os.close(exit_fd)
         code = -signal.SIGKILL if code is None else code
         for hook in child.on_exit:
-            hook(pid, code)
+            try:
+                hook(child, pid, code)
+            except Exception:  # a hook must not stop the others, nor the loop
+                logger.exception("after the exit of %s pid=%d owner=%s", child.label, pid,
+                                 self.name)
+        child.overrun = []
         return pid, code
 
     def _reap(self, now: float) -> None:
@@ -262,9 +294,16 @@ class Children:
             if child.proc.poll() is None:
                 continue
             uptime = now - child.started
+            killed_for, child.killed_for = child.killed_for, None
             pid, code = self._gone(child)
             child.clean = code in CLEAN
-            if self.stopping:
+            if killed_for is not None and not self.stopping:
+                child.quick_deaths = 0  # its job's doing, not a failing start: at once
+                child.start_at = now
+                self.restarts += 1
+                logger.warning("%s killed pid=%d (%s), starting a fresh one owner=%s",
+                               child.label, pid, killed_for, self.name)
+            elif self.stopping:
                 level = logging.INFO if child.clean else logging.WARNING
                 logger.log(level, "%s stopped pid=%d code=%d owner=%s", child.label,
                            pid, code, self.name)
@@ -294,19 +333,49 @@ class Children:
         if self._handled == 1:
             for child in self.running():
                 child.signal(signal.SIGTERM)
+            if self.stop_within is not None:
+                self._kill_at = time.monotonic() + self.stop_within + KILL_AFTER
             return
         if self._handled == 2:
             logger.warning("second stop request: stopping every child now owner=%s",
                            self.name)
             for child in self.running():
                 child.signal(signal.SIGTERM)
-            self._kill_at = time.monotonic() + KILL_AFTER
+            self._kill_at = min(self._kill_at or math.inf, time.monotonic() + KILL_AFTER)
 
     def _advance_stop(self, now: float) -> None:
         if self._kill_at is not None and now >= self._kill_at:
             for child in self.running():
+                logger.warning("%s pid=%s still running: killed owner=%s", child.label,
+                               child.pid, self.name)
                 child.signal(signal.SIGKILL)
             self._kill_at = None
+
+    def _watch_boards(self, now: float) -> None:
+        """Kill a child whose board shows it frozen: a job posted :data:`KILL_MARGIN`
+        seconds past its hard limit (its own watchdog would have failed it by then), or
+        no stamp for ``frozen_after`` seconds. Its jobs are its host's to settle (the
+        ``on_exit`` hooks see :attr:`Child.overrun`)."""
+        for child in self.running():
+            board, pid = child.board, child.pid
+            if board is None or pid is None or child.killed_for is not None:
+                continue
+            overrun = [p for p in board.posted() if now >= p.hard_at + KILL_MARGIN]
+            stamp = board.last_stamp(pid)
+            if overrun:
+                first = overrun[0]
+                why = (f"job {first.job_id} of queue {first.queue} runs "
+                       f"{now - first.hard_at:.1f}s past its time limit of "
+                       f"{first.timeout:g}s plus grace: C code holding the GIL?")
+            elif stamp is not None and now - stamp >= child.frozen_after:
+                why = (f"no Python ran in it for {now - stamp:.0f}s: C code holding the "
+                       f"GIL, or a deadlock?")
+            else:
+                continue
+            logger.error("%s pid=%d is frozen: %s Killing it owner=%s", child.label, pid,
+                         why, self.name)
+            child.killed_for, child.overrun = why, overrun
+            child.signal(signal.SIGKILL)
 
 
 def watch_parent(parent_pid: int, on_gone: Callable[[], None]) -> threading.Thread:

@@ -20,6 +20,7 @@ It is a host's service (``run``/``stop``) and runs alone too (``run(burst=True)`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -29,7 +30,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..engine import Broker, DelayQError, streams
+from ..engine import Broker, DelayQError, markers, streams
 from ..engine.backoff import Backoff
 from ..engine.keys import QueueKeys
 from ..engine.streams import Entry, StreamBatch
@@ -127,9 +128,19 @@ class StreamConsumer:
         return self.run(burst=True, timeout=timeout)
 
     def stop(self, *, drain: bool) -> None:
-        """The host's stop: :meth:`run` returns, after a drain (5 s at most) if asked."""
+        """The host's stop: :meth:`run` returns, after a drain (5 s at most) if asked,
+        at once if it waits for entries."""
         self._drain = drain
         self._stop.set()
+        wake = self._wake_key()
+        if wake is not None:
+            # Redis away: the wait ends by itself within `block`
+            with contextlib.suppress(DelayQError):
+                streams.wake_reader(self.broker, wake)
+
+    def _wake_key(self) -> str | None:
+        """The stream its idle wait also watches, to be woken by a stop."""
+        return markers.wake_key(self._shards[0].tag, self.name) if self._shards else None
 
     def run(self, *, burst: bool = False, timeout: float | None = None) -> int:
         """Consume until stopped (``burst``: until the streams are drained); ``timeout``
@@ -214,11 +225,10 @@ class StreamConsumer:
             self._tails[keys.events] = tail
             if batch is not None:
                 handled += self._finish(keys, batch, recovered=False)
-        if not handled and wait:
-            if self._tails:
-                streams.wait_for_entries(self.broker, self._tails, int(self.block * 1000))
-            else:
-                self._stop.wait(self.block)
+        if not handled and wait and not self._stop.is_set() and not (
+                self._tails and streams.wait_for_entries(
+                    self.broker, self._tails, int(self.block * 1000), self._wake_key())):
+            self._stop.wait(self.block)
         return handled
 
     def _claim(self, keys: QueueKeys, owner: str, min_idle_ms: int) -> StreamBatch | None:

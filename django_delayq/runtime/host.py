@@ -31,12 +31,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..engine import Broker
+from ..engine import Broker, JobTimeout
 from ..engine.backoff import backoff_delay
 from ..engine.workers import forget, record_alive
 from .backoff import CALL_FAILED
 from .children import Child, Children
-from .worker.exit_codes import EXIT_FORCED, EXIT_OK
+from .worker.exit_codes import EXIT_FORCED, EXIT_OK, EXIT_RESTART
+from .worker.outcome import describe
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -75,11 +76,17 @@ class Host:
 
     def __init__(self, *, broker: Broker, children: Sequence[Child] = (),
                  services: Sequence[Service] = (), name: str | None = None,
-                 burst: bool = False, info: dict[str, Any] | None = None) -> None:
+                 burst: bool = False, info: dict[str, Any] | None = None,
+                 queues: Sequence[str] = (), stop_within: float | None = None) -> None:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.broker = broker
         self.burst = burst
-        self.children = Children(list(children), name=self.name, burst=burst)
+        self.children = Children(list(children), name=self.name, burst=burst,
+                                 stop_within=stop_within)
+        #: The shards its worker processes serve: where they hold jobs.
+        self._shards = [keys for queue in queues for keys in broker.shards(queue)]
+        for child in children:
+            child.on_exit.append(self._hand_back)
         self._services = [_Running(s) for s in services]
         self._info = info or {}
         self._next_beat = 0.0
@@ -166,6 +173,41 @@ class Host:
             if thread.is_alive():
                 logger.warning("service %s did not stop within %.0fs host=%s",
                                running.service.name, SERVICE_STOP, self.name)
+
+    def _hand_back(self, child: Child, pid: int, code: int) -> None:
+        """Settle what the ended worker process of ``child`` held, before the next one
+        starts: fail the jobs it was killed for (their time limit), and hand the others
+        back now rather than when their leases lapse; those it had not started go back
+        unattempted. A process that stopped cleanly holds nothing: nothing is found."""
+        if child.worker is None or not self._shards:
+            return
+        overrun = {(p.queue, p.job_id) for p in child.overrun}
+        batch = self.broker.batch()
+        for posted in [] if child.board is None else child.board.posted():
+            keys = self.broker.keys_for(posted.queue, posted.job_id)
+            if (posted.queue, posted.job_id) in overrun:
+                error = describe(JobTimeout(
+                    f"the job ran past its time limit of {posted.timeout:g}s and its "
+                    f"worker process did not end it (C code holding the GIL, or a frozen "
+                    f"process): the process was killed and replaced"))
+                self.broker.add_fail(batch, keys, posted.job_id, posted.attempt, error, "",
+                                     posted.retry_delay_ms, posted.started_ms)
+            else:  # it ran: its attempt counts, though its start note never landed
+                self.broker.add_start(batch, keys, child.worker,
+                                      [(posted.job_id, posted.attempt, posted.started_ms)])
+        try:
+            batch.run()
+            returned, dead = self.broker.reclaim_worker(child.worker, self._shards)
+            if code not in (0, EXIT_RESTART):
+                forget(self.broker, child.worker)  # it could not remove its record itself
+        except CALL_FAILED as exc:
+            logger.warning("could not hand back the jobs of worker=%s (their leases will "
+                           "lapse) host=%s error=%s", child.worker, self.name, exc)
+            return
+        if child.overrun or returned or dead:
+            logger.warning("jobs of ended worker=%s pid=%d: failed_at_time_limit=%d "
+                           "handed_back=%d dead_lettered=%d host=%s", child.worker, pid,
+                           len(child.overrun), returned, dead, self.name)
 
     def _record_alive(self) -> None:
         live = self.children.running()

@@ -15,6 +15,7 @@ from typing import Any
 from ..conf import conf
 from ..connection import get_broker
 from ..engine import Broker
+from ..runtime.deadlines import Board
 from ..runtime.registry import TaskRegistry, registry
 from ..runtime.worker import runner
 from ..runtime.worker.exit_codes import EXIT_FORCED, EXIT_OK, EXIT_RESTART
@@ -50,7 +51,7 @@ class Worker(runner.Worker):
     def __init__(self, queues: Sequence[str] | None = None, *,
                  broker: Broker | None = None, blocking_broker: Broker | None = None,
                  tasks: TaskRegistry | None = None, name: str | None = None,
-                 **options: Any) -> None:
+                 board: Board | None = None, **options: Any) -> None:
         tasks = tasks or registry
         settings = worker_options(**options)
         if broker is None:
@@ -60,4 +61,4 @@ class Worker(runner.Worker):
         super().__init__(list(queues or tasks.queues() or [conf.DEFAULT_QUEUE]),
                          options=settings, broker=broker,
                          blocking_broker=blocking_broker or broker, tasks=tasks, name=name,
-                         middleware=[DatabaseConnections()])
+                         middleware=[DatabaseConnections()], board=board)

@@ -30,7 +30,8 @@ from django.conf import settings
 
 from ..engine import workers as liveness
 from ..runtime.children import python_command, watch_parent
-from ..runtime.worker.exit_codes import EXIT_FORCED, EXIT_RESTART
+from ..runtime.deadlines import Board
+from ..runtime.worker.exit_codes import EXIT_FORCED
 from ..runtime.worker.recycle import RecycleMonitor
 from . import Worker
 
@@ -51,6 +52,10 @@ class ProcessSpec:
     options: dict[str, Any] = field(default_factory=dict)
     max_jobs: int | None = None
     max_memory: float | None = None
+    #: The descriptor of the deadline board shared with the host, and its slots
+    #: (:mod:`~django_delayq.runtime.deadlines`; None: not watched).
+    board_fd: int | None = None
+    board_slots: int = 0
 
 
 def command(spec: ProcessSpec) -> tuple[list[str], dict[str, str]]:
@@ -73,19 +78,19 @@ def configure_logging(stream: IO[str], verbosity: int) -> None:
 def run_worker_process(spec: ProcessSpec) -> None:
     """The target of a worker process; exits with the worker's code."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the host passes Ctrl-C on
+    board = None
+    if spec.board_fd is not None:
+        board = Board(spec.board_fd, spec.board_slots)
+        board.keep_stamping(threading.Event())  # until the process ends
     django.setup()  # imports every app's tasks module: the registry fills
     configure_logging(sys.stderr, spec.verbosity)
     liveness.PROCESS_INFO["supervisor"] = spec.host
-    worker = Worker(spec.queues or None, **spec.options)
-    received = install_stop_signals(worker.request_stop)
+    worker = Worker(spec.queues or None, board=board, **spec.options)
+    install_stop_signals(worker.request_stop)
     watch_parent(spec.host_pid, worker.request_stop)
-    recycle = None
     if spec.max_jobs is not None or spec.max_memory is not None:
-        recycle = RecycleMonitor(worker, max_jobs=spec.max_jobs, max_memory_mib=spec.max_memory)
-    code = worker.run()
-    if code == 0 and recycle is not None and recycle.reason and not received:
-        code = EXIT_RESTART  # stopped by a limit, not by a signal: replace me
-    exit_now(code)
+        RecycleMonitor(worker, max_jobs=spec.max_jobs, max_memory_mib=spec.max_memory)
+    exit_now(worker.run())
 
 
 def install_stop_signals(request_stop: Any) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 import time
 
@@ -229,6 +230,25 @@ def blocks_in_c(tag: str) -> None:
     _note("blocks_in_c", tag=tag)
     time.sleep(3600)
     _note("blocks_in_c-end", tag=tag)
+
+
+#: A catastrophic backtracking: one C call (hours long) that holds the GIL throughout.
+GIL_PATTERN, GIL_SUBJECT = r"(a+)+$", "a" * 40 + "b"
+
+
+@task(timeout=0.5, max_attempts=1)
+def holds_gil(tag: str) -> bool:
+    """Match a regex that holds the GIL far past the limit: no other thread of the
+    process (its watchdog, heartbeat, signal handlers) runs until it returns."""
+    _note("holds_gil", tag=tag)
+    return re.match(GIL_PATTERN, GIL_SUBJECT) is not None
+
+
+@task(max_attempts=1)
+def holds_gil_unlimited(tag: str) -> bool:
+    """:func:`holds_gil` with no time limit."""
+    _note("holds_gil_unlimited", tag=tag)
+    return re.match(GIL_PATTERN, GIL_SUBJECT) is not None
 
 
 @task(max_attempts=1)

@@ -22,7 +22,7 @@ from django_delayq.connection import get_broker
 from django_delayq.engine.keys import validate_queue_name
 from django_delayq.mirror import Mirror, table_exists
 from django_delayq.runtime.host import Host
-from django_delayq.services import MirrorService, host_services
+from django_delayq.services import SinkService, host_services
 from django_delayq.worker.process import configure_logging
 
 
@@ -63,7 +63,7 @@ class Command(BaseCommand):
             count = mirror.run(burst=True)
         else:
             host = Host(broker=get_broker(), name=mirror.name,
-                        services=[MirrorService(mirror),
+                        services=[SinkService("mirror", mirror),
                                   *host_services(mirror.name, mirror=False)])
             if threading.current_thread() is threading.main_thread():
                 def on_signal(signum: int, frame: FrameType | None) -> None:

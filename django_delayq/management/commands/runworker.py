@@ -33,6 +33,7 @@ from django_delayq.conf import conf
 from django_delayq.connection import get_broker
 from django_delayq.engine.keys import validate_queue_name
 from django_delayq.runtime.children import Child
+from django_delayq.runtime.deadlines import Board, frozen_after
 from django_delayq.runtime.host import Host
 from django_delayq.services import host_services
 from django_delayq.task import registry
@@ -92,6 +93,8 @@ class Command(BaseCommand):
         processes = conf.PROCESSES if options["processes"] is None else options["processes"]
         if processes < 1:
             raise CommandError("--processes must be at least 1")
+        check_bounds(processes, options["concurrency"] or conf.CONCURRENCY,
+                     options["async_concurrency"] or conf.ASYNC_CONCURRENCY)
         max_jobs = options["max_jobs_per_child"] or conf.MAX_JOBS_PER_CHILD
         max_memory = options["max_memory_per_child"] or conf.MAX_MEMORY_PER_CHILD
         if options["max_jobs_per_child"] is not None and options["max_jobs_per_child"] < 1:
@@ -107,20 +110,27 @@ class Command(BaseCommand):
         worker_options = {key: options[key] for key in WORKER_OPTIONS
                           if options[key] is not None}
         worker_options["burst"] = options["burst"]
+        slots = ((options["concurrency"] or conf.CONCURRENCY)
+                 + (options["async_concurrency"] or conf.ASYNC_CONCURRENCY))
         children = []
         for slot in range(processes):
-            if name:
-                worker_options["name"] = f"{name}-{slot}"
+            worker = f"{host_name}-{slot}"
+            board = Board.create(slots)
             spec = ProcessSpec(queues=list(queues), host=host_name, host_pid=os.getpid(),
-                               verbosity=options["verbosity"], options=dict(worker_options),
-                               max_jobs=max_jobs, max_memory=max_memory)
-            child = Child(slot, *command(spec))
+                               verbosity=options["verbosity"],
+                               options={**worker_options, "name": worker},
+                               max_jobs=max_jobs, max_memory=max_memory,
+                               board_fd=board.fd, board_slots=slots)
+            child = Child(slot, *command(spec), worker=worker, board=board,
+                          frozen_after=frozen_after(options["lease"] or conf.LEASE))
             child.on_exit.append(forget_metrics_of)
             children.append(child)
         services = host_services(host_name, mirror=not options["no_mirror"],
                                  scheduler_queues=[] if options["burst"] else served)
+        grace = conf.GRACE_PERIOD if options["grace_period"] is None else options["grace_period"]
         host = Host(broker=get_broker(), children=children, services=services,
-                    name=host_name, burst=options["burst"],
+                    name=host_name, burst=options["burst"], queues=served,
+                    stop_within=grace,
                     info={"queues": ",".join(served),
                           "concurrency": options["concurrency"] or conf.CONCURRENCY})
         if threading.current_thread() is threading.main_thread():
@@ -138,7 +148,26 @@ class Command(BaseCommand):
 MAX_NAME = 200
 
 
-def forget_metrics_of(pid: int, code: int) -> None:
+def check_bounds(processes: int, concurrency: int, async_concurrency: int) -> None:
+    """Refuse a pool no machine runs well (a typo's ``--processes 100000`` would start
+    Django that many times), unless ``DELAYQ["MAX_PROCESSES"]`` / ``["MAX_CONCURRENCY"]``
+    say this machine can."""
+    most = conf.MAX_PROCESSES or max(8, 4 * (os.cpu_count() or 1))
+    if processes > most:
+        raise CommandError(
+            f"--processes {processes} is above DELAYQ['MAX_PROCESSES'] ({most}"
+            f"{'' if conf.MAX_PROCESSES else ': 4 per CPU, at least 8'}): set it higher if "
+            f"this machine runs that many worker processes")
+    for option, value in (("--concurrency", concurrency),
+                          ("--async-concurrency", async_concurrency)):
+        if value > conf.MAX_CONCURRENCY:
+            raise CommandError(
+                f"{option} {value} is above DELAYQ['MAX_CONCURRENCY'] "
+                f"({conf.MAX_CONCURRENCY}): raise that setting if a process runs that many "
+                f"jobs at once")
+
+
+def forget_metrics_of(child: Child, pid: int, code: int) -> None:
     """Drop an ended worker process's live gauges from prometheus_client's multiprocess
     files (its counters stay: what it counted still counts), when
     ``PROMETHEUS_MULTIPROC_DIR`` is set (docs/metrics.md)."""

@@ -157,6 +157,10 @@ class Acker:
             self.started.append((job, start_ms))
         self._ready.set()
 
+    def wake(self) -> None:
+        """Look at the outcomes, and at whether the worker is done, now."""
+        self._ready.set()
+
     def run(self) -> None:
         backoff = Backoff(self._done, first=FIRST_BACKOFF, cap=MAX_BACKOFF)
         while not self._done.is_set():

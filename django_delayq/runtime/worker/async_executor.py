@@ -54,7 +54,7 @@ from .execution import after_job, fail_held, finished
 from .ledger import Lease, Ledger
 from .middleware import IDLE, Middleware
 from .outcome import CorruptPayload, Outcome, decode_arguments, failure
-from .timelimits import HARD_LIMIT_GRACE, limit_of
+from .timelimits import HARD_LIMIT_GRACE, limits_of
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -207,13 +207,13 @@ class AsyncExecutor:
         assert self._slots is not None
         assert self._thread is not None
         me = self._thread
-        limit = limit_of(job.timeout_ms, job.task, self.tasks, self.timeout)
+        limit, retry_delay = limits_of(job, self.tasks, self.timeout)
         async with self._slots:
             with self._waiting_lock:
                 self._waiting.pop((job.keys, job.id), None)
             # started once it has a slot: its time limit runs from here
             lease = self.ledger.start(job, me, timeout=limit, grace=self.timeout_grace,
-                                      on_loop=True)
+                                      retry_delay=retry_delay, on_loop=True)
             if lease is None:
                 return  # handed back, or its lease was lost, while it waited
             self._note_started(job, lease.started_ms)

@@ -20,7 +20,7 @@ from .execution import after_job, execute, fail_held, finished
 from .ledger import Ledger
 from .middleware import IDLE, Middleware
 from .outcome import Outcome, failure
-from .timelimits import HARD_LIMIT_GRACE, clear_pending, limit_of
+from .timelimits import HARD_LIMIT_GRACE, clear_pending, limits_of
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -136,8 +136,9 @@ class Executor:
 
     def _run_one(self, job: ClaimedJob, me: threading.Thread, last_done: float | None) -> float:
         """Run ``job`` on this thread and report its outcome; returns when it ended."""
-        limit = limit_of(job.timeout_ms, job.task, self.tasks, self.timeout)
-        lease = self.ledger.start(job, me, timeout=limit, grace=self.timeout_grace)
+        limit, retry_delay = limits_of(job, self.tasks, self.timeout)
+        lease = self.ledger.start(job, me, timeout=limit, grace=self.timeout_grace,
+                                  retry_delay=retry_delay)
         if lease is None:
             return time.perf_counter()  # its lease was lost while it waited: not ours now
         self._note_started(job, lease.started_ms)

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from ...engine import Broker, ClaimedJob, ClaimResult, PartialClaimError, QueueKeys
+from ...engine import Broker, ClaimedJob, ClaimResult, PartialClaimError, QueueKeys, markers
 from ...engine.markers import wait_for_mark
 from ..backoff import CALL_FAILED, FIRST_BACKOFF, MAX_BACKOFF, SHARD_BACKOFF, Backoff
 from .ledger import THREADS, Ledger
@@ -103,6 +103,8 @@ class Fetcher:
         #: Shards asked for a job that gave none since a claim last got one: a burst is
         #: over once every shard is among them (a round may ask some shards for none).
         self._found_empty: set[QueueKeys] = set()
+        #: The marker a stop sets to end this fetcher's idle wait (:meth:`wake`).
+        self._wake_key = markers.wake_key(self.shards[0].tag, f"{name}/{lane}")
         self.watch: MarkerWatch | None = None
         if blocking_broker.is_cluster and len({k.tag for k in self.shards}) > 1:
             self.watch = MarkerWatch(blocking_broker, [k.marker for k in self.shards],
@@ -149,15 +151,23 @@ class Fetcher:
         capacity = self.capacity()
         held = self.ledger.held_in(self.lane)
         if not self.ack_room:
-            return capacity - held
-        return min(capacity + self.ack_room - held, capacity - self.ledger.busy_in(self.lane))
+            free = capacity - held
+        else:
+            free = min(capacity + self.ack_room - held,
+                       capacity - self.ledger.busy_in(self.lane))
+        budget = self.ledger.budget
+        return free if budget is None else min(free, budget)
 
     def _low_water(self) -> int:
-        """The fetcher claims again once this many slots are free: batches, not single jobs."""
+        """The fetcher claims again once this many slots are free: batches, not single
+        jobs (but the last places of a claim budget, however few)."""
         prefetch = self._prefetch()
         if not prefetch:
-            return max(1, min(self.min_batch, self.concurrency))
-        return max(1, min(prefetch, (self.concurrency + prefetch) // 2))
+            low = max(1, min(self.min_batch, self.concurrency))
+        else:
+            low = max(1, min(prefetch, (self.concurrency + prefetch) // 2))
+        budget = self.ledger.budget
+        return low if budget is None else max(1, min(low, budget))
 
     # -- the loop -----------------------------------------------------------------
 
@@ -171,8 +181,12 @@ class Fetcher:
                     # changes when a stalled loop recovers
                     ledger.changed.wait(timeout=1.0 if self._held_back() else None)
                 free = self._free_slots()
+                ledger.refund(-free)  # taken from the budget now, the unused part back below
             if self._stop.is_set():
+                with ledger.lock:
+                    ledger.refund(free)
                 break
+            claimed = 0
             try:
                 claimed, wait = self.claim(free)
                 backoff.reset()
@@ -189,6 +203,9 @@ class Fetcher:
                                  self.name)
                 backoff.wait()
                 continue
+            finally:
+                with ledger.lock:
+                    ledger.refund(free - claimed)
             if claimed:
                 continue
             if self.burst:
@@ -363,5 +380,15 @@ class Fetcher:
         if self.watch is not None:
             self.watch.wait(timeout)
             return
-        markers = [keys.marker for keys in self.shards]
-        wait_for_mark(self.blocking_broker, markers, timeout)
+        wait_for_mark(self.blocking_broker,
+                      [*(keys.marker for keys in self.shards), self._wake_key], timeout)
+
+    def wake(self) -> None:
+        """End an idle wait now (the worker stops): it need not last its timeout."""
+        if self.watch is not None:
+            self.watch.wake()
+            return
+        try:
+            markers.wake(self.broker, self._wake_key)
+        except CALL_FAILED as exc:  # the wait ends by itself, within its timeout
+            logger.debug("could not wake the fetcher worker=%s error=%s", self.name, exc)

@@ -65,7 +65,7 @@ class Heartbeat:
                                keys.queue, ",".join(lost[:10]), self.name)
         undelivered, unlinked = [], []
         for keys, index in reclaim_calls:
-            returned, dead, outbox, to_link = replies[index]
+            returned, dead, outbox, to_link, _ = replies[index]
             if returned or dead:
                 logger.warning("reclaimed expired leases queue=%s returned=%s dead_lettered=%s",
                                keys.queue, returned, dead)

@@ -17,6 +17,7 @@ tasks are all ``async def``), and each lane's fetcher counts only its own.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...engine import ClaimedJob, QueueKeys
+from ..deadlines import Board
 
 BUFFERED = "buffered"
 RUNNING = "running"
@@ -60,6 +62,10 @@ class Lease:
     timeout: float | None = None
     limit_at: float | None = None
     renew_until: float | None = None
+    #: The delay of its retry should it overrun its limit, and its record on the
+    #: process's deadline board (None: not posted).
+    retry_delay: float = 1.0
+    slot: int | None = None
     #: Set once JobTimeout was raised in its thread, or once its thread is done with
     #: the task (no JobTimeout may be raised in it any more).
     interrupted: bool = False
@@ -89,7 +95,9 @@ def _renewable(lease: Lease, now: float) -> bool:
 class Ledger:
     """The leases held by one worker (thread-safe)."""
 
-    def __init__(self) -> None:
+    def __init__(self, board: Board | None = None) -> None:
+        #: Where running jobs with a time limit are posted for the host to watch.
+        self.board = board
         self.lock = threading.Lock()
         #: Notified when a lease finishes or the worker stops: the fetcher waits on it.
         self.changed = threading.Condition(self.lock)
@@ -104,6 +112,10 @@ class Ledger:
         self.avg_run_time: dict[str, float | None] = {THREADS: None, LOOP: None}
         #: Jobs whose run ended on a thread of this worker (the pool recycles on it).
         self.finished_count = 0
+        #: Jobs the fetchers may still claim (None: no limit). A worker recycled after
+        #: N jobs claims N in all, so it runs no more; a claimed job that goes back
+        #: unstarted gives its place back.
+        self.budget: int | None = None
         #: Called under the lock as a job finishes: whether to wake the fetchers (they
         #: claim in batches, so they need not wake for every job); one per fetcher.
         self.wake_fetcher: list[Callable[[], bool]] = []
@@ -144,22 +156,33 @@ class Ledger:
         """``lease`` is no longer buffered or running (call under the lock)."""
         self._busy -= 1
         self._busy_in[lease.lane] -= 1
+        if lease.slot is not None and self.board is not None:
+            self.board.clear(lease.slot)
+            lease.slot = None
 
     def _drop(self, k: Key) -> Lease:
         """Forget the lease of ``k`` (call under the lock; its busy count apart)."""
         lease = self._leases.pop(k)
         self._held_in[lease.lane] -= 1
+        if lease.state == BUFFERED:
+            self.refund(1)
         return lease
+
+    def refund(self, jobs: int) -> None:
+        """Give ``jobs`` places back to the claim budget (call under the lock)."""
+        if self.budget is not None:
+            self.budget += jobs
 
     def _wake(self) -> None:
         """Wake the fetchers if one of them wants it (call under the lock)."""
         if any(wants() for wants in self.wake_fetcher):
             self.changed.notify_all()
 
-    def start(self, job: ClaimedJob, thread: threading.Thread, *,
-              timeout: float | None, grace: float, on_loop: bool = False) -> Lease | None:
+    def start(self, job: ClaimedJob, thread: threading.Thread, *, timeout: float | None,
+              grace: float, retry_delay: float = 1.0, on_loop: bool = False) -> Lease | None:
         """Mark ``job`` running on ``thread``; None if its lease was lost meanwhile
-        (another worker owns the job now: it must not run here) or it was handed back."""
+        (another worker owns the job now: it must not run here) or it was handed back.
+        It is posted on the board, with its limit and ``retry_delay``."""
         now = time.monotonic()
         with self.lock:
             lease = self._leases.get(key(job))
@@ -171,6 +194,12 @@ class Ledger:
             if timeout is not None:
                 lease.timeout, lease.limit_at = timeout, now + timeout
                 lease.renew_until = now + timeout + grace
+                lease.retry_delay = retry_delay
+            if self.board is not None:
+                lease.slot = self.board.post(
+                    job.queue, job.id, job.attempt, started_ms=lease.started_ms,
+                    hard_at=math.inf if lease.renew_until is None else lease.renew_until,
+                    timeout=timeout or 0.0, retry_delay_ms=int(retry_delay * 1000))
             return lease
 
     def shield(self, job: ClaimedJob) -> bool:

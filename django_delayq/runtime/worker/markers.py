@@ -51,6 +51,10 @@ class MarkerWatch:
             self._idle.clear()
             self._woken.clear()
 
+    def wake(self) -> None:
+        """End a :meth:`wait` now."""
+        self._woken.set()
+
     def _watch(self, key: str) -> None:
         while not self._stop.is_set():
             if not self._idle.wait(0.5):

@@ -1,13 +1,14 @@
 """Recycling: a worker process that has run enough jobs, or grown too big, stops warmly.
 
 ``runworker --max-jobs-per-child N`` and ``--max-memory-per-child MiB`` attach a
-:class:`RecycleMonitor` to the :class:`~django_delayq.worker.Worker`; it looks at the
-limits after each job. When one is reached it asks the worker to recycle
-(:meth:`~django_delayq.worker.Worker.request_recycle`): no new claims, claimed jobs that
-have not started are handed back unattempted, and running jobs finish, however long
-they take: the grace period of a stop does not cut them short (a job's time limit plus
-its grace still bounds it, when it has one). The process then exits with
-:data:`EXIT_RECYCLE`, which the pool's supervisor answers by starting a fresh process
+:class:`RecycleMonitor` to the :class:`~django_delayq.worker.Worker`. A process that
+recycles after N jobs claims N jobs in all (its claim budget), so it runs exactly N;
+the last one ending asks the worker to recycle
+(:meth:`~django_delayq.worker.Worker.request_recycle`). The memory limit is looked at
+after each job: past it, the worker claims nothing more, hands back the claimed jobs
+that have not started (unattempted) and lets the running ones finish, however long they
+take (a job's time limit plus its grace still bounds it, when it has one). The process
+then exits with :data:`EXIT_RECYCLE`, which its host answers by starting a fresh process
 at once. Nothing is lost and the recycle runs no job twice. A stop signal during the
 wait is a first signal: the grace period then applies, from the signal.
 """
@@ -50,9 +51,9 @@ def rss_bytes() -> int:
 class RecycleMonitor:
     """Stops ``worker`` once it has finished ``max_jobs`` jobs or uses ``max_memory_mib``.
 
-    A job counts when it ends (whatever its outcome). The other threads' running jobs
-    still finish after the limit, so a process with several threads runs up to
-    ``concurrency - 1`` jobs more.
+    A job counts when it ends (whatever its outcome). The worker claims ``max_jobs``
+    jobs in all (its ledger's claim budget), so it runs no more than that: the last
+    one ending is the recycle. A memory recycle lets the jobs in hand finish.
     """
 
     def __init__(self, worker: Worker, *, max_jobs: int | None = None,
@@ -64,6 +65,7 @@ class RecycleMonitor:
         self.reason: str | None = None  # why it recycled; None while it has not
         self._lock = threading.Lock()
         self._next_memory_check = 0.0
+        worker.ledger.budget = max_jobs
         worker.after_job = self.job_done
 
     def job_done(self) -> None:

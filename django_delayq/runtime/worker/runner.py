@@ -37,6 +37,7 @@ from ...engine import Broker, ClaimedJob
 from ...engine.workers import forget as forget_worker
 from ...engine.workers import register_queues
 from ..backoff import CALL_FAILED
+from ..deadlines import Board
 from ..registry import TaskRegistry, is_async
 from .acks import Acker, by_shard
 from .async_executor import AsyncExecutor
@@ -89,6 +90,7 @@ class Worker:
         tasks: TaskRegistry,
         name: str | None = None,
         middleware: Sequence[Middleware] = (),
+        board: Board | None = None,
     ) -> None:
         if not queues:
             raise ValueError("a worker serves at least one queue")
@@ -113,8 +115,9 @@ class Worker:
         self._stop_asked: float | None = None
         self._disabled = False  # no executor thread left: exit to be restarted at once
         self._restart = False  # a thread is stuck: exit to be restarted after the others
+        self._recycled = False  # a recycle was asked: exit to be replaced
         self._done = threading.Event()  # running jobs are over: the acker may finish
-        self.ledger = Ledger()
+        self.ledger = Ledger(board)
         self.acker = Acker(broker=self.broker, name=self.name, ledger=self.ledger,
                            done=self._done)
         #: async def tasks run on an event loop thread, beside the executor threads
@@ -135,7 +138,7 @@ class Worker:
                                  on_thread_lost=self._thread_lost,
                                  timeout=timeout, timeout_grace=timeout_grace,
                                  async_executor=self._async if serves_async else None)
-        self.watchdog = Watchdog(ledger=self.ledger, tasks=self.tasks, name=self.name,
+        self.watchdog = Watchdog(ledger=self.ledger, name=self.name,
                                  grace=timeout_grace, report=self.acker.put,
                                  on_stuck=self._thread_stuck, done=self._done,
                                  loop_stalled_for=self._async.stalled_for
@@ -181,7 +184,9 @@ class Worker:
     def request_recycle(self) -> None:
         """Stop claiming and hand back the buffer, as :meth:`request_stop` does, but let
         running jobs finish however long they take (each is bounded by its time limit
-        plus grace when it has one): a recycle runs no job twice."""
+        plus grace when it has one): a recycle runs no job twice. ``run()`` then
+        returns :data:`EXIT_RESTART` (unless a stop was asked too)."""
+        self._recycled = True
         self._halt()
 
     def _halt(self) -> None:
@@ -293,10 +298,13 @@ class Worker:
         for thread in threads:
             thread.start()
         self._stop.wait()
+        for each in self.fetchers:
+            each.wake()
         for fetcher in fetchers:
             fetcher.join()
         code = self._shutdown()
         self._done.set()
+        self.acker.wake()
         acker.join(timeout=10)
         heartbeat.join(timeout=10)
         self._async.stop(wait=not self._restart)  # a stuck coroutine may block the loop
@@ -331,7 +339,9 @@ class Worker:
             self._release(leftover, started=True)
         if self._disabled or self._restart:
             return EXIT_RESTART
-        return EXIT_FORCED if leftover else EXIT_OK
+        if leftover:
+            return EXIT_FORCED
+        return EXIT_RESTART if self._recycled and self._stop_asked is None else EXIT_OK
 
     def _let_running_finish(self) -> bool:
         """Wait for the running jobs and their outcomes: until the grace period ends (it

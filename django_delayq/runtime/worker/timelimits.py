@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ...engine import JobTimeout
+from ...engine import ClaimedJob, JobTimeout
 from ..registry import TaskRegistry, timeout_seconds
 from .execution import finished
 from .ledger import Lease, Ledger
@@ -55,26 +55,29 @@ def clear_pending(thread: threading.Thread) -> None:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), None)
 
 
-def limit_of(timeout_ms: int, task_name: str, tasks: TaskRegistry,
-             default: float | None) -> float | None:
-    """A job's time limit in seconds: its own, else its task's, else ``default``."""
-    if timeout_ms > 0:
-        return timeout_ms / 1000
-    task = tasks.find(task_name)
-    limit = None if task is None else timeout_seconds(task)
-    return default if limit is None else limit
+def limits_of(job: ClaimedJob, tasks: TaskRegistry,
+              default: float | None) -> tuple[float | None, float]:
+    """A job's time limit in seconds (its own, else its task's, else ``default``) and,
+    when it has one, the delay of its retry should it overrun it."""
+    task = tasks.find(job.task)
+    limit: float | None = job.timeout_ms / 1000 if job.timeout_ms > 0 else None
+    if limit is None and task is not None:
+        limit = timeout_seconds(task)
+    if limit is None:
+        limit = default
+    delay = 1.0 if limit is None or task is None else task.retry_delay(job.attempt)
+    return limit, delay
 
 
 class Watchdog:
     """Raises soft limits and enforces hard ones over the ledger's running leases."""
 
-    def __init__(self, *, ledger: Ledger, tasks: TaskRegistry, name: str,
+    def __init__(self, *, ledger: Ledger, name: str,
                  grace: float, report: Callable[[Outcome], None],
                  on_stuck: Callable[[threading.Thread], None],
                  done: threading.Event, loop_stalled_for: Callable[[], float] | None = None,
                  on_loop_stalled: Callable[[float], None] | None = None) -> None:
         self.ledger = ledger
-        self.tasks = tasks
         self.name = name
         self.grace = grace
         self._report = report
@@ -125,8 +128,6 @@ class Watchdog:
         if thread is None or not self.ledger.abandon(lease.job):
             return
         job = lease.job
-        task = self.tasks.find(job.task)
-        delay = task.retry_delay(job.attempt) if task is not None else 1.0
         logger.error("job still running %.1fs after its time limit: failing it, and "
                      "stopping this worker to be restarted job=%s queue=%s task=%s "
                      "thread=%s worker=%s", self.grace, job.id, job.queue, job.task,
@@ -135,7 +136,7 @@ class Watchdog:
                else "blocked in C code, or it caught JobTimeout")
         exc = JobTimeout(f"the job ran past its time limit of {lease.timeout}s and did not "
                          f"stop within {self.grace}s ({why}); its worker process was replaced")
-        outcome = failure(job, exc, retry=True, delay=delay)
+        outcome = failure(job, exc, retry=True, delay=lease.retry_delay)
         outcome.started_ms = lease.started_ms
         outcome.finished_ms = lease.started_ms + int((time.monotonic() - lease.began) * 1000)
         self._report(outcome)
