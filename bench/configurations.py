@@ -8,6 +8,9 @@ on the same backlog and with the same window as the peers' table (``op_process``
   alternating pairs (off-on, on-off, ...) so that drift weighs on both alike;
 - **async tasks**: the 1-process rate of the no-op job written as an ``async def`` task
   (run on the worker's event loop) against the sync one on threads, in alternating pairs;
+- **supervision**: the 1-process rate of a worker process started alone (no host, no
+  deadline board: nothing watches it) against the tuned ``runworker`` (a host and its
+  supervised worker process), in alternating pairs: what supervision costs;
 - **defaults**: one ``runworker`` as a user starts it with nothing set (the library's
   threads, its model mirror as ``runworker`` runs it by default, a fresh SQLite database,
   its log line per job) against the same with ``--no-mirror``, alternating, five runs
@@ -139,6 +142,8 @@ def measure(call: Call, scale: float, pairs: int, default_runs: int,
                                     "timeout", "time limits", log)
         out["async_tasks"] = paired(call, scaled(ASYNC_N, scale, 2_000), pairs, "async",
                                     "async tasks", log)
+        out["supervision"] = paired(call, scaled(TIME_LIMIT_N, scale, 2_000), pairs,
+                                    "unsupervised", "unsupervised worker process", log)
     if default_runs:
         out["defaults"] = defaults(call, scaled(DEFAULTS_N, scale, 2_000), default_runs, log)
     out.update(load_average_start=load_start, load_average_end=load(),

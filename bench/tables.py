@@ -87,6 +87,21 @@ def configurations(data: dict[str, Any], tuned_1proc: float | None) -> Lines:
                               n(s["spread"], "{:.1%}")))
         lines += ["", f"With / without: {n(limits['ratio'], '{:.3f}')}.", ""]
         lines += _measured_apart(limits)
+    supervision = data.get("supervision")
+    if supervision:
+        lines += [
+            f"**Supervision** (1 process of 8 threads, {n(supervision['n'])} no-op jobs, "
+            f"{supervision['pairs']} pairs of runs in alternating order): `runworker` (a "
+            "host watching its worker process's deadline board) against the same worker "
+            "process started alone, which nothing watches:", "",
+            *_header("worker", "jobs/s (median)", "min", "max", "spread"),
+        ]
+        for label, key in (("`runworker` (supervised)", "off"),
+                           ("worker process alone", "on")):
+            s = supervision[key]
+            lines.append(_row(label, n(s["median"]), n(s["min"]), n(s["max"]),
+                              n(s["spread"], "{:.1%}")))
+        lines += ["", f"Alone / supervised: {n(supervision['ratio'], '{:.3f}')}.", ""]
     async_tasks = data.get("async_tasks")
     if async_tasks:
         lines += [

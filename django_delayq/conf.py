@@ -322,8 +322,8 @@ class DelayQSettings:
     BLOCK_TIMEOUT = Setting(2.0, float, "E014", number(minimum=0.1),
                             "longest idle block on Redis", unit="seconds")
     PROCESSES = Setting(1, int, "E080", number(minimum=1, integer=True),
-                        "worker processes of `runworker` (more than 1: under a supervisor, "
-                        "[the pool](docs/pool.md))", unit="processes")
+                        "worker processes of `runworker`, each watched by its host process "
+                        "([the pool](docs/pool.md))", unit="processes")
     MAX_PROCESSES = Setting(None, optional(int), "E088",
                             number(minimum=1, integer=True, allow_none=True),
                             "most worker processes `runworker` starts (`None`: 4 per CPU, "
@@ -383,9 +383,8 @@ class DelayQSettings:
                      "defaults ([outbox](docs/outbox.md#settings))")
     LAKE_PATH = Setting(None, optional(str), "E033", _lake_path,
                         "a path or filesystem URL: `runworker` then exports every queue's "
-                        "events to the job-history lake on a thread (of its mirror process; "
-                        "of `runworker` itself under `--no-mirror`), as `delayq_mirror` "
-                        "does (`None`: no thread; [lake](docs/lake.md))")
+                        "events to the job-history lake on a thread of its host process, as "
+                        "`delayq_mirror` does (`None`: no thread; [lake](docs/lake.md))")
     SPARK_MASTER = Setting("local[*]", str, "E060", _spark_master,
                            "Spark master URL of `delayq_spark_enqueue` and `delayq_report` "
                            "(`--master` overrides it)")

@@ -52,10 +52,22 @@ def worker_argv(variant: str | None, procs: int) -> tuple[list[str], int]:
         return runworker("--no-mirror"), 1
     if variant == "async":
         return runworker("bench_async", *tuned[1:]), procs
+    if variant == "unsupervised":
+        return unsupervised(), procs
     raise ValueError(f"no worker variant {variant!r}")
 
 
-VARIANTS = ("pool", "timeout", "defaults", "defaults_no_mirror", "async")
+def unsupervised() -> list[str]:
+    """A worker process as ``runworker``'s host starts it, with no host and no board: what
+    the tuned worker would cost if nothing watched it (the supervision row)."""
+    from django_delayq.worker.process import ProcessSpec, command
+
+    spec = ProcessSpec(queues=["bench"], host="bench", host_pid=os.getpid(), verbosity=0,
+                       options={"concurrency": THREADS, "name": f"bench-{os.urandom(3).hex()}"})
+    return command(spec)[0]
+
+
+VARIANTS = ("pool", "timeout", "defaults", "defaults_no_mirror", "async", "unsupervised")
 
 
 def make() -> ops.Adapter:
@@ -85,7 +97,8 @@ def make() -> ops.Adapter:
             fresh_database()
         argv, count = worker_argv(variant, procs)
         name = f"delayq-{variant}" if variant else "delayq"
-        return [processes.start_process(argv, f"{name}-{i}") for i in range(count)]
+        env = {"DJANGO_SETTINGS_MODULE": SETTINGS}
+        return [processes.start_process(argv, f"{name}-{i}", env) for i in range(count)]
 
     def settled() -> bool:
         """Every event of the bench queue read and acknowledged by the model mirror."""
