@@ -134,9 +134,11 @@ def system_checks() -> list[Any]:
     return run_checks(databases=[])
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.02,
+def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.02,
                message: str = "condition") -> Any:
-    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout``."""
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout``. The
+    default is long: a worker process on a loaded machine can take ten seconds to start,
+    and a passing test never waits it out."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -267,7 +269,7 @@ class OutputReader:
         for line in self._process.stdout:
             self.lines.append(line)
 
-    def wait_for(self, *texts: str, timeout: float = 20.0) -> str:
+    def wait_for(self, *texts: str, timeout: float = 60.0) -> str:
         """The first line holding one of ``texts``, once the process has written it."""
         return wait_until(lambda: next((x for x in self.lines if any(t in x for t in texts)),
                                        None), timeout,
