@@ -220,7 +220,7 @@ def _normalized_arguments(task: Task, args: Any, kwargs: Any) -> tuple[list[Any]
 def _waiting_in_outbox(job_id: str, queues: Iterable[str]) -> EngineJob | None:
     """The job ``job_id`` as its outbox row describes it (status ``"outbox"``), if a row
     of one of ``queues`` (any queue when empty) waits for the relay."""
-    from .models import OutboxEntry  # at the call: Django loads this backend with its apps
+    from ..models import OutboxEntry  # at the call: Django loads this backend with its apps
 
     rows = OutboxEntry.objects.filter(job_id=job_id)
     names = list(queues)
