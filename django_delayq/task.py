@@ -13,7 +13,7 @@ import inspect
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypedDict, TypeVar, Unpack, overload
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
@@ -26,6 +26,8 @@ from .engine import BulkResult, EnqueueRequest, EnqueueResult, Job, UnknownTask,
 from .engine.fastpaths import arg_shape, positional_names, signature
 from .engine.flows import dependencies, parent_ref
 from .engine.jobhash import reply_time
+from .jobspec import JobSpec as JobSpec  # public here too, where Task.bind makes it
+from .jobspec import split_item
 from .runtime.registry import DuplicateTaskName
 from .runtime.registry import registry as registry  # where @task registers, public here
 from .runtime.schedule import Schedule
@@ -35,6 +37,49 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+
+class _Options(TypedDict, total=False):
+    """The options of a job that both ``@task`` and ``Task.using()`` set (see
+    :class:`Task`'s fields)."""
+
+    queue: str | None
+    priority: int | None
+    delay: float | dt.timedelta | None
+    max_attempts: int | None
+    timeout: float | dt.timedelta | None
+
+
+class TaskOptions(_Options, total=False):
+    """The keyword arguments of :func:`task`."""
+
+    name: str | None
+    retry_backoff: float | None
+    retry_backoff_max: float | None
+    cron: str | None
+    tz: str | None
+    every: float | dt.timedelta | None
+
+
+class EnqueueOptions(_Options, total=False):
+    """The keyword arguments of :meth:`Task.using`."""
+
+    run_at: dt.datetime | None
+    job_id: str | None
+    database: str | None
+    depends_on: Iterable[Any] | None
+    on_parent_failure: str | None
+    pass_results: str | None
+
+
+def _options(given: Mapping[str, Any], known: type, where: str) -> dict[str, Any]:
+    """The options ``given`` to ``where``, the ones set to None left out; ``TypeError``
+    for a name ``known`` (a TypedDict) does not declare, as for an unexpected keyword
+    argument."""
+    unknown = sorted(set(given) - known.__optional_keys__)  # type: ignore[attr-defined]
+    if unknown:
+        raise TypeError(f"{where} got unexpected keyword arguments: {', '.join(unknown)}")
+    return {key: value for key, value in given.items() if value is not None}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,22 +185,9 @@ class Task(Generic[P, T]):
             return await self.func(*args, **kwargs)
         return await sync_to_async(self.func)(*args, **kwargs)
 
-    def using(
-        self,
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        delay: float | dt.timedelta | None = None,
-        run_at: dt.datetime | None = None,
-        job_id: str | None = None,
-        max_attempts: int | None = None,
-        timeout: float | dt.timedelta | None = None,
-        database: str | None = None,
-        depends_on: Iterable[Any] | None = None,
-        on_parent_failure: str | None = None,
-        pass_results: str | None = None,
-    ) -> Task[P, T]:
-        """A copy of this task with other enqueue options (``run_at`` replaces ``delay``;
+    def using(self, **options: Unpack[EnqueueOptions]) -> Task[P, T]:
+        """A copy of this task with other enqueue options (:class:`EnqueueOptions`; an
+        option given as None keeps this task's; ``run_at`` replaces ``delay``;
         ``database`` is the alias :meth:`enqueue_in_transaction` writes to).
 
         ``depends_on`` makes the job wait for those jobs (``waiting``): it becomes due at
@@ -164,29 +196,13 @@ class Task(Generic[P, T]):
         (default), "run" anyway, or "fail". ``pass_results`` ("one", "all") passes the
         parents' results as the first argument. See docs/workflows.md.
         """
-        changes: dict[str, Any] = {}
-        if queue is not None:
-            changes["queue"] = queue
-        if priority is not None:
-            changes["priority"] = priority
-        if delay is not None:
-            changes["delay"], changes["run_at"] = delay, None
-        if run_at is not None:
-            changes["run_at"], changes["delay"] = run_at, None
-        if job_id is not None:
-            changes["job_id"] = job_id
-        if max_attempts is not None:
-            changes["max_attempts"] = max_attempts
-        if timeout is not None:
-            changes["timeout"] = timeout
-        if database is not None:
-            changes["database"] = database
-        if depends_on is not None:
-            changes["depends_on"] = tuple(depends_on)
-        if on_parent_failure is not None:
-            changes["on_parent_failure"] = on_parent_failure
-        if pass_results is not None:
-            changes["pass_results"] = pass_results
+        changes: dict[str, Any] = _options(options, EnqueueOptions, "using()")
+        if "run_at" in changes:
+            changes["delay"] = None
+        elif "delay" in changes:
+            changes["run_at"] = None
+        if "depends_on" in changes:
+            changes["depends_on"] = tuple(changes["depends_on"])
         return dataclasses.replace(self, **changes)
 
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
@@ -332,7 +348,7 @@ class Task(Generic[P, T]):
             if isinstance(item, JobSpec):
                 args, kwargs = item.args, dict(item.kwargs)
             else:
-                args, kwargs = _split_item(item)
+                args, kwargs = split_item(item)
             try:
                 self.check_arguments(args, kwargs)
             except TypeError as exc:
@@ -370,96 +386,17 @@ def registered(name: str) -> Task[Any, Any]:
     return found
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class JobSpec:
-    """One job to enqueue, not sent yet: arguments and per-job options. ``Task.bind()``
-    makes one; :meth:`Task.enqueue_many`, :func:`~django_delayq.chain` and
-    :func:`~django_delayq.group` take them.
-
-    Options left as None fall back to the task's. ``run_at`` and ``delay`` exclude each
-    other.
-    """
-
-    args: Sequence[Any] = ()
-    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    job_id: str | None = None
-    run_at: dt.datetime | None = None
-    delay: float | dt.timedelta | None = None
-    priority: int | None = None
-    max_attempts: int | None = None
-    #: The task ``Task.bind`` made this spec of (workflows need it; ``enqueue_many`` runs
-    #: its own task).
-    task: Task[Any, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.args, str | bytes) or not isinstance(self.args, Sequence):
-            raise TypeError(
-                f"JobSpec args must be a list or tuple, not {type(self.args).__name__}")
-        if not isinstance(self.kwargs, Mapping):
-            raise TypeError(
-                f"JobSpec kwargs must be a mapping, not {type(self.kwargs).__name__}")
-        if self.run_at is not None and self.delay is not None:
-            raise ValueError("give run_at or delay, not both")
-
-
-def _split_item(item: Any) -> tuple[Sequence[Any], dict[str, Any]]:
-    kind = type(item)
-    if kind is list or (kind is tuple and len(item) != 2):  # the common case, no abc check
-        return item, {}
-    if kind is dict:
-        return (), dict(item)
-    if isinstance(item, Mapping):
-        return (), dict(item)
-    if (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping)
-            and isinstance(item[0], list | tuple)):
-        return item[0], dict(item[1])
-    if isinstance(item, list | tuple):
-        return item, {}
-    raise TypeError(f"enqueue_many items are argument sequences, keyword mappings or "
-                    f"(args, kwargs) pairs, not {type(item).__name__}")
-
-
-
-
 @overload
 def task(function: Callable[P, T], /) -> Task[P, T]: ...
 
 
 @overload
-def task(
-    function: None = None,
-    /,
-    *,
-    name: str | None = None,
-    queue: str | None = None,
-    priority: int = 0,
-    delay: float | dt.timedelta | None = None,
-    max_attempts: int | None = None,
-    retry_backoff: float | None = None,
-    retry_backoff_max: float | None = None,
-    timeout: float | dt.timedelta | None = None,
-    cron: str | None = None,
-    tz: str | None = None,
-    every: float | dt.timedelta | None = None,
-) -> Callable[[Callable[P, T]], Task[P, T]]: ...
+def task(function: None = None, /, **options: Unpack[TaskOptions]
+         ) -> Callable[[Callable[P, T]], Task[P, T]]: ...
 
 
-def task(
-    function: Callable[P, T] | None = None,
-    /,
-    *,
-    name: str | None = None,
-    queue: str | None = None,
-    priority: int = 0,
-    delay: float | dt.timedelta | None = None,
-    max_attempts: int | None = None,
-    retry_backoff: float | None = None,
-    retry_backoff_max: float | None = None,
-    timeout: float | dt.timedelta | None = None,
-    cron: str | None = None,
-    tz: str | None = None,
-    every: float | dt.timedelta | None = None,
-) -> Task[P, T] | Callable[[Callable[P, T]], Task[P, T]]:
+def task(function: Callable[P, T] | None = None, /, **options: Unpack[TaskOptions]
+         ) -> Task[P, T] | Callable[[Callable[P, T]], Task[P, T]]:
     """Declare a task; use bare (``@task``) or with options (``@task(queue="emails")``).
 
     The task's name is ``module.qualname`` unless ``name`` is given. ``queue`` defaults to
@@ -468,6 +405,9 @@ def task(
     timedelta or seconds) makes it periodic: workers serving its queue enqueue each
     occurrence once, with no arguments.
     """
+
+    fields = _options(options, TaskOptions, "@task")
+    name = fields.pop("name", None)
 
     def decorate(func: Callable[P, T]) -> Task[P, T]:
         if not callable(func):
@@ -478,12 +418,7 @@ def task(
                 f"{func.__qualname__} is not a module-level function: define tasks at "
                 "module level, or give @task(name=...)"
             )
-        t: Task[P, T] = Task(
-            func=func, name=task_name, queue=queue, priority=priority, delay=delay,
-            max_attempts=max_attempts, retry_backoff=retry_backoff,
-            retry_backoff_max=retry_backoff_max, timeout=timeout, cron=cron, tz=tz,
-            every=every,
-        )
+        t: Task[P, T] = Task(func=func, name=task_name, **fields)
         try:
             registry.register(t)
         except DuplicateTaskName as exc:

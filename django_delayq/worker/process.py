@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import IO, Any
@@ -112,6 +113,20 @@ def install_stop_signals(request_stop: Any) -> list[int]:
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, on_signal)
     return received
+
+
+def forward_stop_signals(request_stop: Callable[[], None]) -> None:
+    """SIGTERM and SIGINT call ``request_stop()``, each time they come (a host takes the
+    second call as its cold stop): a command's own loop. Only from the main thread, the
+    one Python lets set a handler (a test may run a command in another)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
 
 
 def exit_now(code: int) -> None:
