@@ -46,7 +46,7 @@ redis.call('ZADD', KEYS[4], now, job_id)
 if ttl > 0 then
   redis.call('PEXPIRE', job_key, ttl)
 end
-trim_finished(KEYS[4], now, ttl, keep)
+trim_finished(KEYS[4], flow.prefix, now, ttl, keep)
 emit(KEYS[5], maxlen, 'cancelled', job_id, now)
 local pushed = 0
 if redis.call('HGET', job_key, 'dc') then

@@ -78,6 +78,6 @@ if #ids > 0 then
   emit_jobs(events, maxlen, 'completed', ids, now, attempts)
   count_minute(stats, 'c', now, #ids)
   observe(stats, 'hd', durations)
-  trim_finished(completed, now, ttl, keep)
+  trim_finished(completed, job_prefix, now, ttl, keep)
 end
 return out

@@ -72,7 +72,7 @@ if ttl > 0 then
   redis.call('PEXPIRE', job_key, ttl)
 end
 count_minute(KEYS[7], 'f', now, 1)
-trim_finished(failed, now, ttl, keep)
+trim_finished(failed, KEYS[17], now, ttl, keep)
 emit(KEYS[6], maxlen, 'failed', job_id, now, 'attempt', attempt, 'error', ARGV[3])
 local pushed = 0
 if f[6] then

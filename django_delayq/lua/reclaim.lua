@@ -110,7 +110,7 @@ for i = 1, #expired do
   end
 end
 if dead > 0 then
-  trim_finished(failed, now, ttl, keep)
+  trim_finished(failed, job_prefix, now, ttl, keep)
 end
 add_ready(ready, to_ready, marker)
 local unlinked = {}

@@ -58,7 +58,7 @@ local function finish_waiting(k, job_id, status, err, now)
   if k.ttl > 0 then
     redis.call('PEXPIRE', job_key, k.ttl)
   end
-  trim_finished(set, now, k.ttl, k.keep)
+  trim_finished(set, k.prefix, now, k.ttl, k.keep)
   emit(k.events, k.maxlen, status, job_id, now, 'error', err)
 end
 
