@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django_delayq import Queue
+from django_delayq import Queue, connection
 from django_delayq.engine import QueueKeys
+from django_delayq.testing import RedisServer
 from tests.conftest import ran, wait_until
 from tests.testapp import tasks
 
@@ -42,3 +43,54 @@ def test_keep_completed_trims_job_records(spawned: Any, redis_client: Any, broke
         assert not tasks.record.using(job_id="keep-199").enqueue("dup").created
     proc.terminate()
     assert proc.wait(timeout=60) == 0, out.text
+
+
+def finish_after_a_large_result(spawned: Any, redis_client: Any, mib: float,
+                                redis_url: str | None = None,
+                                settings: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """Through a real worker (one thread, so every job shares its acker): quick jobs
+    before and after a ``mib`` MiB result; every quick job completes, the large one fails
+    with no result kept. Returns the large job and the worker's output."""
+    before = [tasks.record.enqueue(f"before-{i}") for i in range(3)]
+    large = tasks.returns_mib.enqueue(mib)
+    after = [tasks.record.enqueue(f"after-{i}") for i in range(3)]
+    proc, out = spawned("default", "-c", "1", "--no-mirror", redis_url=redis_url,
+                        env={"DELAYQ_TEST_SETTINGS": json.dumps(settings or {})})
+    wait_until(lambda: large.refresh().status == "failed", timeout=120,
+               message=f"the large job to fail:\n{out.text}")
+    later = [tasks.record.enqueue(f"later-{i}") for i in range(3)]
+    for job in before + after + later:
+        wait_until(lambda job=job: job.refresh().status == "completed", timeout=60,
+                   message=f"{job.id} to complete:\n{out.text}")
+    assert large.result is None
+    assert large.attempts == 1, "a result over a limit is not retried"
+    assert Queue("default").counts()["active"] == 0
+    proc.terminate()  # SIGTERM still stops it, at once: nothing is held
+    assert proc.wait(timeout=30) == 0, out.text
+    return large, out.text
+
+
+def test_a_result_over_result_max_bytes_fails_its_job(spawned: Any, redis_client: Any) -> None:
+    large, _ = finish_after_a_large_result(spawned, redis_client, 50)
+    assert large.error.startswith("django_delayq.engine.errors.ResultTooLarge: "), large.error
+    assert "52428802 bytes" in large.error and "RESULT_MAX_BYTES" in large.error
+    assert redis_client.memory_usage(large_key(large)) < 100_000
+
+
+def test_an_ack_redis_refuses_fails_its_job_alone(spawned: Any, settings: Any) -> None:
+    """With no RESULT_MAX_BYTES, an 8 MB result sent to a Redis that takes 4 MB at
+    most: Redis drops the connection; that job fails (AckRefused), the others' acks
+    land, and the worker goes on."""
+    with RedisServer(extra_args=("--proto-max-bulk-len", "4mb")) as server:
+        settings.DELAYQ = {**settings.DELAYQ, "REDIS_URL": server.url}
+        connection.reset()
+        client = connection.get_broker().client
+        large, output = finish_after_a_large_result(
+            spawned, client, 8, redis_url=server.url, settings={"RESULT_MAX_BYTES": 0})
+        assert large.error.startswith("django_delayq.engine.errors.AckRefused: "), large.error
+        assert "Redis refused the ack of a job" in output
+        connection.reset()
+
+
+def large_key(job: Any) -> str:
+    return connection.get_broker().keys_for(job.queue, job.id).job(job.id)

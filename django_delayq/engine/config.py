@@ -118,12 +118,18 @@ class EngineConfig:
     failed_ttl_ms: int = option("FAILED_TTL", 7 * 86_400, number(minimum=0),
                                 "how long dead-lettered jobs are kept", "seconds")
     keep_completed: int = option("KEEP_COMPLETED", 10_000, number(minimum=0, integer=True),
-                                 "most completed (and cancelled) job ids kept per queue", "ids")
+                                 "most completed (and cancelled) jobs kept per queue, "
+                                 "their records with them", "jobs")
     keep_failed: int = option("KEEP_FAILED", 100_000, number(minimum=0, integer=True),
-                              "most failed job ids kept per queue", "ids")
+                              "most failed jobs kept per queue, their records with "
+                              "them", "jobs")
     max_payload_bytes: int = option("MAX_PAYLOAD_BYTES", 1_048_576, number(minimum=0, integer=True),
                                     "largest encoded arguments accepted at enqueue "
                                     "(0: no limit)", "bytes")
+    result_max_bytes: int = option("RESULT_MAX_BYTES", 1_048_576, number(minimum=0, integer=True),
+                                   "largest encoded result kept; a task returning more "
+                                   "fails its job (`ResultTooLarge`, not retried; 0: no "
+                                   "limit)", "bytes")
     #: Most due scheduled jobs promoted per claim call (not a setting).
     promote_batch: int = 1_000
     queues: Mapping[str, Mapping[str, Any]] = option(
