@@ -352,6 +352,7 @@ class DelayQSettings:
     KEEP_COMPLETED: EngineSetting[int] = EngineSetting("E017")
     KEEP_FAILED: EngineSetting[int] = EngineSetting("E018")
     EVENTS_MAXLEN: EngineSetting[int] = EngineSetting("E019")
+    EVENTS_MAX_BYTES: EngineSetting[int] = EngineSetting("E131")
     MAX_PAYLOAD_BYTES: EngineSetting[int] = EngineSetting("E020")
     RESULT_MAX_BYTES: EngineSetting[int] = EngineSetting("E130")
     QUEUES: EngineSetting[dict[str, Any]] = EngineSetting(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django_delayq import Queue, connection
+from django_delayq import JobSpec, Queue, connection
 from django_delayq.engine import QueueKeys
 from django_delayq.testing import RedisServer
 from tests.conftest import ran, wait_until
@@ -95,3 +95,39 @@ def test_an_ack_redis_refuses_fails_its_job_alone(spawned: Any, settings: Any) -
 
 def large_key(job: Any) -> str:
     return connection.get_broker().keys_for(job.queue, job.id).job(job.id)
+
+
+def stream_bytes(client: Any, key: str) -> int:
+    """The stream's memory, every node counted (no sampling)."""
+    return int(client.execute_command("MEMORY", "USAGE", key, "SAMPLES", "0") or 0)
+
+
+def test_bulk_enqueues_keep_the_events_stream_under_its_byte_bound(
+        spawned: Any, redis_client: Any, broker: Any, settings: Any) -> None:
+    """Bulk entries (1,000 job ids of 120 bytes: ~120 KB each) and the worker's batched
+    claimed/started/completed entries: the stream stays under EVENTS_MAX_BYTES, which
+    trims it long before EVENTS_MAXLEN does."""
+    bound = 512 * 1024
+    settings.DELAYQ = {**settings.DELAYQ, "EVENTS_MAX_BYTES": bound}
+    connection.reset()
+    events = QueueKeys(broker.config.prefix, "default").events
+    client = connection.get_broker().client
+    sizes = []
+    for chunk in range(12):
+        bulk = tasks.record.enqueue_many(
+            [JobSpec([f"b{chunk}-{i}"], job_id=f"{chunk:02d}-{i:04d}-" + "x" * 112)
+             for i in range(1000)])
+        assert bulk.enqueued == 1000
+        sizes.append(stream_bytes(client, events))
+    assert max(sizes) <= bound, sizes
+    assert client.xlen(events) >= 2  # trimmed to the bound, not emptied
+    proc, out = spawned("default", "-c", "4", "--no-mirror",
+                        env={"DELAYQ_TEST_SETTINGS": json.dumps({"EVENTS_MAX_BYTES": bound})})
+    queue = Queue("default")
+    wait_until(lambda: queue.counts()["ready"] + queue.counts()["active"] == 0, timeout=240,
+               message=f"12,000 jobs done: {queue.counts()}")
+    assert stream_bytes(client, events) <= bound
+    last = client.xrevrange(events, count=1)[0][1]
+    assert last["event"] == "completed", last
+    proc.terminate()
+    assert proc.wait(timeout=60) == 0, out.text
