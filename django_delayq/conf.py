@@ -352,7 +352,9 @@ class DelayQSettings:
     KEEP_COMPLETED: EngineSetting[int] = EngineSetting("E017")
     KEEP_FAILED: EngineSetting[int] = EngineSetting("E018")
     EVENTS_MAXLEN: EngineSetting[int] = EngineSetting("E019")
+    EVENTS_MAX_BYTES: EngineSetting[int] = EngineSetting("E131")
     MAX_PAYLOAD_BYTES: EngineSetting[int] = EngineSetting("E020")
+    RESULT_MAX_BYTES: EngineSetting[int] = EngineSetting("E130")
     QUEUES: EngineSetting[dict[str, Any]] = EngineSetting(
         "E023", hint="e.g. {'rate_limit': '100/m'} or {'interval': 0.5, 'shards': 4}")
     MIN_REPLICAS: EngineSetting[int] = EngineSetting("E070")

@@ -96,7 +96,7 @@ def run_eagerly(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             with running(claimed, "eager", None) as current:
                 progress = current._progress = EagerProgress(claimed)
                 value = run_to_end(task.func, json.loads(args_json), json.loads(kwargs_json))
-            result_json = encode_result(value)
+            result_json = encode_result(value, limit=broker.config.result_max_bytes)
         except Exception as exc:
             job.finished_at = dt.datetime.now(dt.UTC)
             job.error = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"

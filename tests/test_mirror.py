@@ -6,6 +6,7 @@ Every test here also runs on PostgreSQL (``test_mirror_tests_pass_on_postgresql`
 from __future__ import annotations
 
 import datetime as dt
+import io
 import os
 import signal
 import sqlite3
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings
+from django.core.management import CommandError, call_command
 from django.db import OperationalError, connection, connections
 from django.test import override_settings
 from django.utils import timezone
@@ -473,3 +475,31 @@ def test_the_mirror_shows_claimed_active_and_each_attempt(redis_client):
     for job in jobs:
         [entry] = Job.objects.get(job_id=job.id).attempt_log
         assert (entry["n"], entry["w"], entry["o"]) == (1, worker.name, "completed")
+
+
+@pytest.mark.django_db
+def test_delayq_prune_deletes_by_age_and_keeps_the_newest_per_status():
+    now = timezone.now()
+    for i in range(30):
+        Job.objects.create(queue="default" if i % 3 else "other", job_id=f"done-{i}",
+                           status="completed", finished_at=now - dt.timedelta(minutes=i))
+        Job.objects.create(queue="default", job_id=f"fail-{i}", status="failed",
+                           finished_at=now - dt.timedelta(minutes=i))
+    Job.objects.create(queue="default", job_id="old-ready", status="ready",
+                       updated_at=now - dt.timedelta(days=90))
+    out = io.StringIO()
+    # By age: failed and completed rows finished more than 20 minutes ago (9 of each).
+    call_command("delayq_prune", "--older-than", "1230", stdout=out)
+    assert out.getvalue().strip() == "Deleted 18 rows (completed 9, failed 9)."
+    # Keep the newest 5 completed rows; failed ones are left alone.
+    call_command("delayq_prune", "--keep", "completed=5", stdout=out)
+    done = Job.objects.filter(status="completed").order_by("finished_at")
+    assert [row.job_id for row in done] == [f"done-{i}" for i in (4, 3, 2, 1, 0)]
+    assert Job.objects.filter(status="failed").count() == 21
+    # One queue only; rows of jobs still to run are never pruned.
+    call_command("delayq_prune", "--keep", "failed=0", "--queue", "other", stdout=out)
+    assert Job.objects.filter(status="failed").count() == 21
+    call_command("delayq_prune", "--keep", "failed=0", "--older-than", "0", stdout=out)
+    assert set(Job.objects.values_list("job_id", flat=True)) == {"old-ready"}
+    with pytest.raises(CommandError, match="STATUS=N"):
+        call_command("delayq_prune", "--keep", "ready=3")

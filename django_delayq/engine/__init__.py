@@ -10,6 +10,7 @@ from .codec import JSONEncoder, encode_arguments, encode_result
 from .commands import EncodedJob
 from .config import EngineConfig
 from .errors import (
+    AckRefused,
     DelayQConnectionError,
     DelayQError,
     InvalidJobState,
@@ -18,6 +19,7 @@ from .errors import (
     NotReplicated,
     PartialClaimError,
     PayloadTooLarge,
+    ResultTooLarge,
     UnknownTask,
 )
 from .job import Job, set_default_broker
@@ -28,6 +30,7 @@ from .status import STATUSES, Status
 
 __all__ = [
     "STATUSES",
+    "AckRefused",
     "Broker",
     "BulkResult",
     "ClaimResult",
@@ -49,6 +52,7 @@ __all__ = [
     "PayloadTooLarge",
     "Queue",
     "QueueKeys",
+    "ResultTooLarge",
     "Status",
     "UnknownTask",
     "encode_arguments",

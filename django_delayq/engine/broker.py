@@ -19,7 +19,7 @@ from .bulk import BulkEnqueue, Outgoing
 from .claims import ClaimResult
 from .core import BrokerCore
 from .errors import NotReplicated, PartialClaimError
-from .failover import FAILOVER
+from .failover import CALL_FAILED, FAILOVER
 from .fields import stored
 from .keys import QueueKeys
 from .requests import BulkResult, EnqueueRequest, EnqueueResult
@@ -174,6 +174,14 @@ class Broker(BrokerCore):
                 raise PartialClaimError(results, len(wants) - len(results)) from failure
             raise failure
         return results
+
+    def answers(self) -> bool:
+        """Whether Redis answers a PING now (after a call failed: was it refused, or is
+        Redis out of reach?)."""
+        try:
+            return bool(self.client.ping())
+        except CALL_FAILED:
+            return False
 
     def add_start(
         self, batch: Batch, keys: QueueKeys, worker: str, started: Sequence[tuple[str, int, int]]

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .errors import PayloadTooLarge
+from .errors import PayloadTooLarge, ResultTooLarge
 
 #: Types added by :func:`register`, with how each is written.
 _REGISTERED: dict[type, Callable[[Any], Any]] = {}
@@ -140,16 +140,23 @@ def encode_arguments(
     return args_json, kwargs_json
 
 
-def encode_result(value: Any) -> str:
-    """Encode a task's return value; raises ``TypeError`` when it is not JSON."""
+def encode_result(value: Any, *, limit: int = 0) -> str:
+    """Encode a task's return value; raises ``TypeError`` when it is not JSON, and
+    :class:`ResultTooLarge` when its JSON is over ``limit`` bytes (0: no limit)."""
     if value is None:  # most tasks return nothing: skip the encoder
         return "null"
     try:
-        return dumps(value)
+        text = dumps(value)
     except _REFUSED as exc:
         raise TypeError(
             f"return value ({type(value).__name__}) is not JSON serializable: {exc}"
         ) from None
+    if limit and len(text) > limit:  # ASCII (ensure_ascii): one byte a character
+        raise ResultTooLarge(
+            f"the return value ({type(value).__name__}) is {len(text)} bytes of JSON, over "
+            f"the {limit}-byte limit (DELAYQ['RESULT_MAX_BYTES']); store large results "
+            "elsewhere and return a reference")
+    return text
 
 
 def decode(text: str | None) -> Any:

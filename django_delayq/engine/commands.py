@@ -68,7 +68,7 @@ class Commands:
         script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq]
         script_keys += [keys.job(job.job_id) for job in jobs]
         script_keys.append(keys.stats)
-        args: list[Any] = [self.config.events_maxlen, len(waits)]
+        args: list[Any] = [self.config.events_cap, len(waits)]
         for job in jobs:
             args += job
         if waits:
@@ -108,7 +108,7 @@ class Commands:
         cfg = self.config
         return ([keys.scheduled, keys.ready, keys.marker, keys.seq, keys.cancelled,
                  keys.failed, keys.flow_outbox, keys.waiting, keys.events, keys.job_prefix],
-                [cfg.failed_ttl_ms, cfg.keep_failed, cfg.events_maxlen])
+                [cfg.failed_ttl_ms, cfg.keep_failed, cfg.events_cap])
 
     def add_link(self, batch: Batch, keys: QueueKeys, links: Sequence[tuple[str, str]]) -> int:
         """Link ``(parent_id, dependant member)`` pairs to parents of the shard ``keys``;
@@ -170,14 +170,14 @@ class Commands:
             "claim",
             [keys.scheduled, keys.ready, keys.active, keys.marker, keys.events, keys.seq,
              keys.paused, keys.job_prefix, limit_key, keys.failed, keys.stats],
-            [count, lease_ms, worker, cfg.promote_batch, cfg.events_maxlen, limit, period_ms],
+            [count, lease_ms, worker, cfg.promote_batch, cfg.events_cap, limit, period_ms],
         )
 
     def add_start(self, batch: Batch, keys: QueueKeys, worker: str,
                   started: Sequence[tuple[str, int, int]]) -> int:
         """Mark ``(job_id, attempt, start ms)`` claimed jobs of ``keys`` active (a thread
         of ``worker`` started them); the reply is how many were."""
-        args: list[Any] = [self.config.events_maxlen, worker]
+        args: list[Any] = [self.config.events_cap, worker]
         for job_id, attempt, start_ms in started:
             args += [job_id, attempt, start_ms]
         return batch.add("start", [keys.events, keys.job_prefix], args)
@@ -189,7 +189,7 @@ class Commands:
         start was never noted)."""
         cfg = self.config
         flow_keys, args = self._flow_call(keys)
-        args += [cfg.result_ttl_ms, cfg.keep_completed, cfg.events_maxlen]
+        args += [cfg.result_ttl_ms, cfg.keep_completed, cfg.events_cap]
         for job_id, attempt, result, *start_ms in done:
             args += [job_id, attempt, result, start_ms[0] if start_ms else 0]
         return batch.add(
@@ -209,7 +209,7 @@ class Commands:
             [keys.job(job_id), keys.active, keys.scheduled, keys.failed, keys.marker,
              keys.events, keys.stats, *flow_keys],
             [job_id, attempt, error, traceback, retry_delay_ms, cfg.failed_ttl_ms,
-             cfg.keep_failed, cfg.events_maxlen, started_ms, *flow_args],
+             cfg.keep_failed, cfg.events_cap, started_ms, *flow_args],
         )
 
     def add_extend(self, batch: Batch, keys: QueueKeys, leases: Sequence[tuple[str, int]],
@@ -231,14 +231,14 @@ class Commands:
             "reclaim",
             [keys.active, keys.ready, keys.failed, keys.marker, keys.events, keys.stats,
              keys.job_prefix, *flow_keys, keys.flow_linking],
-            [limit, cfg.failed_ttl_ms, cfg.keep_failed, cfg.events_maxlen, *flow_args,
+            [limit, cfg.failed_ttl_ms, cfg.keep_failed, cfg.events_cap, *flow_args,
              link_grace_ms, worker, rank],
         )
 
     def add_release(self, batch: Batch, keys: QueueKeys, leases: Sequence[tuple[str, int]],
                     *, started: bool) -> int:
         """Hand leased jobs back to ready; their attempt counts if ``started``."""
-        args: list[Any] = [self.config.events_maxlen, 0 if started else 1]
+        args: list[Any] = [self.config.events_cap, 0 if started else 1]
         for job_id, attempt in leases:
             args += [job_id, attempt]
         return batch.add(
@@ -288,7 +288,7 @@ class Commands:
         attempt no longer holds the job."""
         return bool(run_script(self.client, "progress", [keys.job(job_id), keys.events],
                                [job_id, attempt, repr(fraction), message,
-                                self.config.events_maxlen, 1]))
+                                self.config.events_cap, 1]))
 
     def cancel(self, keys: QueueKeys, job_id: str) -> tuple[str, int]:
         """Cancel a job that has not started: (its status before, '' if none; outbox
@@ -299,7 +299,7 @@ class Commands:
             self.client, "cancel",
             [keys.job(job_id), keys.scheduled, keys.ready, keys.cancelled, keys.events,
              *flow_keys],
-            [job_id, cfg.result_ttl_ms, cfg.keep_completed, cfg.events_maxlen, *flow_args],
+            [job_id, cfg.result_ttl_ms, cfg.keep_completed, cfg.events_cap, *flow_args],
         )
         return str(before), int(pushed)
 
@@ -309,7 +309,7 @@ class Commands:
         before, after, when = run_script(
             self.client, "reschedule",
             [keys.job(job_id), keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq],
-            [job_id, run_at_ms, delay_ms, priority, self.config.events_maxlen],
+            [job_id, run_at_ms, delay_ms, priority, self.config.events_cap],
         )
         return before, after, int(when)
 
@@ -320,7 +320,7 @@ class Commands:
             self.client, "retry",
             [keys.job(job_id), keys.failed, keys.cancelled, keys.scheduled, keys.ready,
              keys.marker, keys.events, keys.seq],
-            [job_id, run_at_ms, delay_ms, self.config.events_maxlen],
+            [job_id, run_at_ms, delay_ms, self.config.events_cap],
         )
         return before, after
 
@@ -330,4 +330,4 @@ class Commands:
         return int(run_script(self.client, "purge",
                               [keys.status_set(status), keys.events, keys.job_prefix,
                                *flow_keys],
-                              [count, self.config.events_maxlen, *flow_args]))
+                              [count, self.config.events_cap, *flow_args]))

@@ -112,18 +112,29 @@ class EngineConfig:
     events_maxlen: int = option("EVENTS_MAXLEN", 100_000, number(minimum=0, integer=True),
                                 "approximate cap of each queue's events stream (0: no events)",
                                 "entries")
+    events_max_bytes: int = option("EVENTS_MAX_BYTES", 64 * 1_048_576,
+                                   number(minimum=0, integer=True),
+                                   "memory cap of each queue's events stream, as Redis's "
+                                   "`MEMORY USAGE` estimates it: the oldest entries go "
+                                   "(0: no byte cap; [sizing](docs/sizing.md))", "bytes")
     result_ttl_ms: int = option("RESULT_TTL", 86_400, number(minimum=0),
                                 "how long completed and cancelled jobs keep their data",
                                 "seconds")
     failed_ttl_ms: int = option("FAILED_TTL", 7 * 86_400, number(minimum=0),
                                 "how long dead-lettered jobs are kept", "seconds")
     keep_completed: int = option("KEEP_COMPLETED", 10_000, number(minimum=0, integer=True),
-                                 "most completed (and cancelled) job ids kept per queue", "ids")
+                                 "most completed (and cancelled) jobs kept per queue, "
+                                 "their records with them", "jobs")
     keep_failed: int = option("KEEP_FAILED", 100_000, number(minimum=0, integer=True),
-                              "most failed job ids kept per queue", "ids")
+                              "most failed jobs kept per queue, their records with "
+                              "them", "jobs")
     max_payload_bytes: int = option("MAX_PAYLOAD_BYTES", 1_048_576, number(minimum=0, integer=True),
                                     "largest encoded arguments accepted at enqueue "
                                     "(0: no limit)", "bytes")
+    result_max_bytes: int = option("RESULT_MAX_BYTES", 1_048_576, number(minimum=0, integer=True),
+                                   "largest encoded result kept; a task returning more "
+                                   "fails its job (`ResultTooLarge`, not retried; 0: no "
+                                   "limit)", "bytes")
     #: Most due scheduled jobs promoted per claim call (not a setting).
     promote_batch: int = 1_000
     queues: Mapping[str, Mapping[str, Any]] = option(
@@ -148,6 +159,8 @@ class EngineConfig:
     shards: Mapping[str, int] = field(init=False, repr=False, compare=False)
     #: Start limits per queue name (queues not listed have none), from ``queues``.
     limits: Mapping[str, RateLimit] = field(init=False, repr=False, compare=False)
+    #: The events stream's bounds as the scripts take them, ``maxlen:max_bytes``.
+    events_cap: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         shards, limits = {}, {}
@@ -161,6 +174,7 @@ class EngineConfig:
                 limits[name] = options.limit
         object.__setattr__(self, "shards", shards)
         object.__setattr__(self, "limits", limits)
+        object.__setattr__(self, "events_cap", f"{self.events_maxlen}:{self.events_max_bytes}")
 
     @classmethod
     def from_settings(cls, given: Mapping[str, Any]) -> EngineConfig:

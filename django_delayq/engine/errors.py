@@ -84,6 +84,17 @@ class PayloadTooLarge(DelayQError, ValueError):
     """The encoded arguments of a job exceed the configured size limit."""
 
 
+class ResultTooLarge(DelayQError, ValueError):
+    """A job's error, never raised to a caller: its task returned a value whose JSON is
+    over ``RESULT_MAX_BYTES``; the job fails (not retried) and the value is not kept."""
+
+
+class AckRefused(DelayQError):
+    """A job's error, never raised to a caller: Redis refused its ack (the result,
+    error or traceback over what the server takes, e.g. ``proto-max-bulk-len``) while it
+    answered the worker; the job fails without them, and the other jobs' acks go on."""
+
+
 class UnknownTask(DelayQError, LookupError):
     """No task with this name is registered."""
 

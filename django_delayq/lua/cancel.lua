@@ -16,7 +16,7 @@
 -- ARGV[1] job id
 -- ARGV[2] cancelled job time to live (ms)
 -- ARGV[3] most cancelled ids to keep
--- ARGV[4] events stream max length (0: no events)
+-- ARGV[4] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- KEYS[6..15], ARGV[5..7] the shard's keys and settings for resolving dependants
 -- (flow_ctx in flows.lua)
 --
@@ -25,7 +25,7 @@
 -- status is 'waiting', 'scheduled' or 'ready'.
 
 local job_key, job_id = KEYS[1], ARGV[1]
-local ttl, keep, maxlen = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local ttl, keep, maxlen = tonumber(ARGV[2]), tonumber(ARGV[3]), events_cap(ARGV[4])
 local status = redis.call('HGET', job_key, 's')
 if not status then
   return {'', 0}
@@ -46,7 +46,7 @@ redis.call('ZADD', KEYS[4], now, job_id)
 if ttl > 0 then
   redis.call('PEXPIRE', job_key, ttl)
 end
-trim_finished(KEYS[4], now, ttl, keep)
+trim_finished(KEYS[4], flow.prefix, now, ttl, keep)
 emit(KEYS[5], maxlen, 'cancelled', job_id, now)
 local pushed = 0
 if redis.call('HGET', job_key, 'dc') then

@@ -30,7 +30,7 @@
 -- ARGV[2] lease (ms)
 -- ARGV[3] worker id
 -- ARGV[4] most scheduled jobs to promote in this call
--- ARGV[5] events stream max length (0: no events)
+-- ARGV[5] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- ARGV[6] most starts per window (0: no limit here)
 -- ARGV[7] window length (ms)
 --
@@ -43,7 +43,7 @@
 local scheduled, ready, active, marker = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local events, seq_key, job_prefix = KEYS[5], KEYS[6], KEYS[8]
 local want, lease, worker = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-local promote_max, maxlen = tonumber(ARGV[4]), tonumber(ARGV[5])
+local promote_max, maxlen = tonumber(ARGV[4]), events_cap(ARGV[5])
 local limit_key, limit, period = KEYS[9], tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0
 local failed_key = KEYS[10]
 local now = now_ms()

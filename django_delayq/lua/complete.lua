@@ -1,5 +1,6 @@
 -- include: now_ms
 -- include: call_sliced
+-- include: emit
 -- include: emit_jobs
 -- include: count_minute
 -- include: trim_finished
@@ -26,7 +27,7 @@
 -- ARGV[1..3] the settings for releasing dependants (flow_ctx)
 -- ARGV[4] result time to live (ms; 0: delete the job at once)
 -- ARGV[5] most completed ids to keep
--- ARGV[6] events stream max length (0: no events)
+-- ARGV[6] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- ARGV[7..] per job, 4 values: id, attempt (the lease token), result JSON, start ms
 --           (for the attempt log)
 --
@@ -35,7 +36,7 @@
 -- holds the lease). Dependants in this shard are released here, in the same call.
 
 local active, completed, events, stats, job_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local ttl, keep, maxlen = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local ttl, keep, maxlen = tonumber(ARGV[4]), tonumber(ARGV[5]), events_cap(ARGV[6])
 local flow = flow_ctx(6, 1)
 local now = now_ms()
 local out = {}
@@ -78,6 +79,6 @@ if #ids > 0 then
   emit_jobs(events, maxlen, 'completed', ids, now, attempts)
   count_minute(stats, 'c', now, #ids)
   observe(stats, 'hd', durations)
-  trim_finished(completed, now, ttl, keep)
+  trim_finished(completed, job_prefix, now, ttl, keep)
 end
 return out

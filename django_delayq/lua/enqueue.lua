@@ -2,6 +2,7 @@
 -- include: ready_score
 -- include: slice
 -- include: call_sliced
+-- include: emit
 -- include: emit_jobs
 -- include: add_ready
 -- include: wanted_run_at
@@ -24,7 +25,7 @@
 -- KEYS[17+n] linking ZSET  waiting jobs whose links to parents in other shards are not
 --                          yet confirmed, by enqueued time (ms)
 --
--- ARGV[1] events stream max length (0: no events)
+-- ARGV[1] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- ARGV[2] m: how many of the jobs wait for parents
 -- ARGV[3..2+9n] per job, 9 values: id, task, args JSON, kwargs JSON, priority,
 --           run_at ms ('' for none), delay ms ('' for none), max attempts,
@@ -53,7 +54,7 @@
 -- per call for all its jobs, so a bulk call of 1,000 jobs is a few commands more than
 -- 1,000 (one EXISTS, one ZADD per set, one XADD per 1,000 ids).
 
-local maxlen = tonumber(ARGV[1])
+local maxlen = events_cap(ARGV[1])
 local now = now_ms()
 local scheduled, ready, marker, events, seq_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local m = tonumber(ARGV[2])

@@ -27,7 +27,7 @@
 -- ARGV[5] retry delay (ms); -1: never retry this failure
 -- ARGV[6] failed job time to live (ms; 0: keep the id only until trimmed)
 -- ARGV[7] most failed ids to keep
--- ARGV[8] events stream max length (0: no events)
+-- ARGV[8] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- ARGV[9] when the attempt started (ms; for the attempt log)
 -- KEYS[8..17], ARGV[10..12] the shard's keys and settings for resolving dependants
 -- (flow_ctx in flows.lua)
@@ -39,7 +39,7 @@
 local job_key, active, scheduled, failed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local job_id, attempt = ARGV[1], ARGV[2]
 local retry_delay, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
-local keep, maxlen = tonumber(ARGV[7]), tonumber(ARGV[8])
+local keep, maxlen = tonumber(ARGV[7]), events_cap(ARGV[8])
 local now = now_ms()
 
 local f = redis.call('HMGET', job_key, 's', 'n', 'm', 'w', 'b', 'dc')
@@ -72,7 +72,7 @@ if ttl > 0 then
   redis.call('PEXPIRE', job_key, ttl)
 end
 count_minute(KEYS[7], 'f', now, 1)
-trim_finished(failed, now, ttl, keep)
+trim_finished(failed, KEYS[17], now, ttl, keep)
 emit(KEYS[6], maxlen, 'failed', job_id, now, 'attempt', attempt, 'error', ARGV[3])
 local pushed = 0
 if f[6] then

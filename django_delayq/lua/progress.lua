@@ -11,7 +11,7 @@
 -- ARGV[2] attempt (the lease token): an attempt that lost its lease writes nothing
 -- ARGV[3] fraction, 0..1, as text
 -- ARGV[4] message ('' removes it)
--- ARGV[5] events stream maxlen
+-- ARGV[5] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- ARGV[6] 1: also add a 'progress' event for the mirror, 0: only the hash
 --
 -- Returns 1 when written, 0 when the job is not this attempt's leased job ('claimed' is
@@ -29,6 +29,6 @@ else
   redis.call('HSET', job_key, 'g', ARGV[3], 'gm', ARGV[4])
 end
 if ARGV[6] == '1' then
-  emit(events, tonumber(ARGV[5]), 'progress', ARGV[1], now_ms(), 'g', ARGV[3], 'gm', ARGV[4])
+  emit(events, events_cap(ARGV[5]), 'progress', ARGV[1], now_ms(), 'g', ARGV[3], 'gm', ARGV[4])
 end
 return 1

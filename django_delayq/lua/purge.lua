@@ -16,13 +16,13 @@
 -- (flow_ctx in flows.lua)
 --
 -- ARGV[1] most jobs to delete in this call
--- ARGV[2] events stream max length (0: no events)
+-- ARGV[2] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 --
 -- Returns the number of ids removed.
 
 local popped = redis.call('ZPOPMIN', KEYS[1], tonumber(ARGV[1]))
 local now = now_ms()
-local maxlen = tonumber(ARGV[2])
+local maxlen = events_cap(ARGV[2])
 local flow = flow_ctx(4, 3)
 for i = 1, #popped, 2 do
   local job_key = KEYS[3] .. popped[i]

@@ -28,7 +28,7 @@
 -- ARGV[1] most jobs to reclaim in this call
 -- ARGV[2] failed job time to live (ms)
 -- ARGV[3] most failed ids to keep
--- ARGV[4] events stream max length (0: no events)
+-- ARGV[4] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- KEYS[8..17], ARGV[5..7] the shard's keys and settings for resolving dependants
 -- (flow_ctx in flows.lua)
 -- KEYS[18] linking   ZSET  waiting jobs whose links to parents elsewhere are not yet
@@ -48,7 +48,7 @@
 
 local active, ready, failed, marker = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local events, stats, job_prefix = KEYS[5], KEYS[6], KEYS[7]
-local ttl, keep, maxlen = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local ttl, keep, maxlen = tonumber(ARGV[2]), tonumber(ARGV[3]), events_cap(ARGV[4])
 local now = now_ms()
 local flow = flow_ctx(8, 5)
 local limit, worker, next_rank = tonumber(ARGV[1]), ARGV[9] or '', -1
@@ -110,7 +110,7 @@ for i = 1, #expired do
   end
 end
 if dead > 0 then
-  trim_finished(failed, now, ttl, keep)
+  trim_finished(failed, job_prefix, now, ttl, keep)
 end
 add_ready(ready, to_ready, marker)
 local unlinked = {}

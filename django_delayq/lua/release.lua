@@ -14,14 +14,14 @@
 -- KEYS[4] events     STREAM lifecycle events
 -- KEYS[5] job key prefix (job keys are KEYS[5] .. id; same hash tag)
 --
--- ARGV[1] events stream max length (0: no events)
+-- ARGV[1] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- ARGV[2] 1: the jobs never started, so their attempt is not counted; 0: it is
 -- ARGV[3..] per job, 2 values: id, attempt (the lease token)
 --
 -- Returns the number of jobs handed back.
 
 local active, ready, marker, events, job_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local maxlen, uncount = tonumber(ARGV[1]), ARGV[2] == '1'
+local maxlen, uncount = events_cap(ARGV[1]), ARGV[2] == '1'
 local now = now_ms()
 local released, to_ready = 0, {}
 for i = 3, #ARGV, 2 do

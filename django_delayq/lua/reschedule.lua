@@ -16,7 +16,7 @@
 -- ARGV[2] run_at ms ('' for none)
 -- ARGV[3] delay ms from the Redis clock ('' for none; both empty: now)
 -- ARGV[4] new priority ('' keeps the job's)
--- ARGV[5] events stream max length (0: no events)
+-- ARGV[5] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 --
 -- Returns {status before ('' when there is no such job), status after, run_at ms}; the
 -- job is moved only from 'scheduled' or 'ready'.
@@ -45,5 +45,5 @@ redis.call('ZREM', KEYS[2], job_id)
 redis.call('ZREM', KEYS[3], job_id)
 local k = {scheduled = KEYS[2], ready = KEYS[3], marker = KEYS[4], seq = KEYS[6]}
 local after = place_job(k, job_key, job_id, priority, run_at, now)
-emit(KEYS[5], tonumber(ARGV[5]), 'rescheduled', job_id, now, 'run_at', run_at)
+emit(KEYS[5], events_cap(ARGV[5]), 'rescheduled', job_id, now, 'run_at', run_at)
 return {status, after, run_at}

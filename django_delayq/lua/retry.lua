@@ -17,7 +17,7 @@
 -- ARGV[1] job id
 -- ARGV[2] run_at ms ('' for none)
 -- ARGV[3] delay ms from the Redis clock ('' for none; both empty: now)
--- ARGV[4] events stream max length (0: no events)
+-- ARGV[4] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 --
 -- Returns {status before ('' when there is no such job), status after}; only a
 -- 'failed' or 'cancelled' job is retried.
@@ -41,5 +41,5 @@ redis.call('HDEL', job_key, 'x', 'tb', 'f', 'b', 'w', 'v', 'n')
 local k = {scheduled = KEYS[4], ready = KEYS[5], marker = KEYS[6], seq = KEYS[8]}
 local run_at = wanted_run_at(ARGV[2], ARGV[3], now)
 local after = place_job(k, job_key, job_id, tonumber(f[2]) or 0, run_at, now)
-emit(KEYS[7], tonumber(ARGV[4]), 'retried', job_id, now, 'run_at', run_at, 'manual', 1)
+emit(KEYS[7], events_cap(ARGV[4]), 'retried', job_id, now, 'run_at', run_at, 'manual', 1)
 return {status, after}

@@ -1,4 +1,5 @@
 -- include: now_ms
+-- include: emit
 -- include: emit_jobs
 
 -- Note that a worker's threads started claimed jobs: each becomes 'active' with its
@@ -8,7 +9,7 @@
 -- KEYS[1] events     STREAM lifecycle events
 -- KEYS[2] job key prefix (job keys are KEYS[2] .. id; same hash tag)
 --
--- ARGV[1] events stream max length (0: no events)
+-- ARGV[1] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- ARGV[2] worker id
 -- ARGV[3..] per job, 3 values: id, attempt (the lease token), start ms (Redis clock,
 --           as the worker estimates it)
@@ -16,7 +17,7 @@
 -- Returns the number of jobs marked active.
 
 local events, job_prefix = KEYS[1], KEYS[2]
-local maxlen, worker = tonumber(ARGV[1]), ARGV[2]
+local maxlen, worker = events_cap(ARGV[1]), ARGV[2]
 local now = now_ms()
 local ids, attempts = {}, {}
 for i = 3, #ARGV, 3 do

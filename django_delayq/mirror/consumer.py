@@ -26,14 +26,12 @@ from django.db import (
     connection,
     transaction,
 )
-from django.db.models import Q
 from django.utils import timezone
 
 from ..conf import conf
 from ..connection import get_broker
 from ..engine import Broker, DelayQError
 from ..engine.keys import QueueKeys
-from ..engine.status import FINISHED_IN_HISTORY
 from ..engine.streams import StreamBatch
 from ..engine.workers import consumers_gone
 from ..models import Job
@@ -185,9 +183,7 @@ class Mirror(StreamConsumer):
         if retention is None:
             return 0
         cutoff = timezone.now() - dt.timedelta(seconds=retention)
-        old = Job.objects.filter(status__in=FINISHED_IN_HISTORY).filter(
-            Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, updated_at__lt=cutoff))
-        deleted, _ = old.delete()
+        deleted = sum(table.prune(older_than=cutoff).values())
         if deleted:
             logger.info("mirror pruned finished rows count=%d older_than=%s", deleted, cutoff)
         return deleted

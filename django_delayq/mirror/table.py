@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import cache
 from operator import itemgetter
 from typing import Any
@@ -38,9 +38,9 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field
+from django.db.models import F, Field, Q, QuerySet
 
-from ..engine.status import Status
+from ..engine.status import FINISHED_IN_HISTORY, Status
 from ..models import Job
 
 #: A row to write: values by field name (``Field.attname``); a field left out takes its
@@ -297,3 +297,41 @@ def _positions_sql(ids: int) -> str:
 
 def _quote(name: str) -> str:
     return f'"{name}"'  # SQL's quoted identifier, as SQLite and PostgreSQL both take it
+
+
+#: Rows a prune deletes per statement.
+PRUNE_CHUNK = 5_000
+
+
+def prune(*, older_than: dt.datetime | None = None, keep: Mapping[str, int] | None = None,
+          queue: str | None = None) -> dict[str, int]:
+    """Delete finished rows (completed, failed, cancelled, purged; never a job still to
+    run): those finished before ``older_than`` and, for each status in ``keep``, all but
+    the newest N of that status (by finish time; per queue when ``queue`` names one).
+    Deletes in chunks of PRUNE_CHUNK rows, each its own statement. Returns the rows
+    deleted per status."""
+    finished = Job.objects.using(alias())
+    if queue is not None:
+        finished = finished.filter(queue=queue)
+    deleted: dict[str, int] = {}
+    for status in FINISHED_IN_HISTORY:
+        rows = finished.filter(status=status)
+        count = 0
+        if older_than is not None:
+            old = rows.filter(Q(finished_at__lt=older_than)
+                              | Q(finished_at__isnull=True, updated_at__lt=older_than))
+            count += _delete_chunks(old)
+        if keep is not None and status in keep:
+            newest_first = rows.order_by(F("finished_at").desc(nulls_last=True), "-pk")
+            count += _delete_chunks(newest_first, after=keep[status])
+        if count:
+            deleted[status] = count
+    return deleted
+
+
+def _delete_chunks(rows: QuerySet[Job], *, after: int = 0) -> int:
+    """Delete ``rows`` but their first ``after``, PRUNE_CHUNK rows a statement."""
+    total = 0
+    while pks := list(rows.values_list("pk", flat=True)[after:after + PRUNE_CHUNK]):
+        total += Job.objects.using(alias()).filter(pk__in=pks).delete()[0]
+    return total

@@ -433,3 +433,9 @@ def flow_collect(results: list[int | None], tag: str) -> int:
           total=sum(r for r in results if isinstance(r, int)), head=results[:3],
           nones=results.count(None))
     return len(results)
+
+
+@task(max_attempts=3)
+def returns_mib(mib: float) -> str:
+    """A result of ``mib`` MiB of JSON (retried were it to fail by its own fault)."""
+    return "x" * int(mib * 1024 * 1024)

@@ -43,7 +43,7 @@ local function flow_ctx(kf, af)
           seq = KEYS[kf + 3], cancelled = KEYS[kf + 4], failed = KEYS[kf + 5],
           outbox = KEYS[kf + 6], waiting = KEYS[kf + 7], events = KEYS[kf + 8],
           prefix = KEYS[kf + 9], ttl = tonumber(ARGV[af]), keep = tonumber(ARGV[af + 1]),
-          maxlen = tonumber(ARGV[af + 2])}
+          maxlen = events_cap(ARGV[af + 2])}
 end
 
 -- Finish a waiting job for good ('cancelled' or 'failed'): its policy after a parent's
@@ -58,7 +58,7 @@ local function finish_waiting(k, job_id, status, err, now)
   if k.ttl > 0 then
     redis.call('PEXPIRE', job_key, k.ttl)
   end
-  trim_finished(set, now, k.ttl, k.keep)
+  trim_finished(set, k.prefix, now, k.ttl, k.keep)
   emit(k.events, k.maxlen, status, job_id, now, 'error', err)
 end
 

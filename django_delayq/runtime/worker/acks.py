@@ -8,10 +8,10 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ...engine import Broker, ClaimedJob, QueueKeys, flows
+from ...engine import AckRefused, Broker, ClaimedJob, QueueKeys, flows
 from ..backoff import CALL_FAILED, FIRST_BACKOFF, MAX_BACKOFF, SHARD_BACKOFF, Backoff
 from .ledger import Ledger
-from .outcome import Outcome
+from .outcome import Outcome, failure
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -19,6 +19,14 @@ logger = logging.getLogger("django_delayq.worker")
 #: and jobs are still running: one round trip and one script call then ack many jobs.
 ACK_LINGER = 0.002
 ACK_BATCH = 64
+#: An outcome carrying more than this (result, error and traceback) is acked in a round
+#: trip of its own, after the others: a server that refuses it (over its
+#: proto-max-bulk-len, which is at least 1 MB) drops the connection, and with it every
+#: ack of the round trip.
+LARGE_ACK = 256 * 1024
+#: Round trips a large ack may fail while Redis answers before its job is failed
+#: without its payload (AckRefused).
+LARGE_ACK_TRIES = 2
 
 
 def by_shard(jobs: Iterable[ClaimedJob]) -> dict[QueueKeys, list[tuple[str, int]]]:
@@ -107,6 +115,11 @@ def send_outcomes(broker: Broker, outcomes: Sequence[Outcome], *, worker: str = 
     return sent
 
 
+def payload_size(o: Outcome) -> int:
+    """Bytes (about) an outcome's ack carries: its result, error and traceback."""
+    return len(o.result_json) + len(o.error) + len(o.traceback)
+
+
 def log_finished(o: Outcome, fate: str) -> None:
     """The one line of a finished job (INFO; WARNING when it failed)."""
     job = o.job
@@ -144,6 +157,8 @@ class Acker:
         self.retried = 0
         self.failed = 0
         self.stale = 0
+        #: Large acks refused so far, by ``id(outcome)``: tries failed while Redis answered.
+        self._refused: dict[int, int] = {}
 
     def put(self, outcome: Outcome) -> None:
         """Queue ``outcome`` to be sent."""
@@ -206,13 +221,58 @@ class Acker:
         if backing_off:
             outcomes = [o for o in pending if o.job.keys not in backing_off]
             deferred = [o for o in pending if o.job.keys in backing_off]
-        if not outcomes and not started:
+        large = [o for o in outcomes if payload_size(o) > LARGE_ACK]
+        if large:
+            outcomes = [o for o in outcomes if payload_size(o) <= LARGE_ACK]
+        if outcomes or started:
+            try:
+                self._send(outcomes, deferred, started, now)
+            except CALL_FAILED:
+                self._keep(large)
+                raise
+        else:
             self._keep(deferred)
-            return
+        for index, o in enumerate(large):
+            try:
+                self._send([o], [], [], now)
+            except CALL_FAILED as exc:  # (_send kept o to send again)
+                if not self._refused_alone(o, exc):
+                    self._keep(large[index + 1:])
+                    raise
+            else:
+                self._refused.pop(id(o), None)
+
+    def _refused_alone(self, o: Outcome, exc: Exception) -> bool:
+        """After the round trip of ``o`` alone failed (``o`` kept to send again): whether
+        Redis answers, so it refused that ack. Once it did LARGE_ACK_TRIES times, ``o`` is
+        replaced by the failure of its job without its payload."""
+        if not self.broker.answers():
+            return False
+        tries = self._refused.pop(id(o), 0) + 1
+        if tries < LARGE_ACK_TRIES:
+            self._refused[id(o)] = tries
+            return True
+        logger.error("Redis refused the ack of a job of %d bytes, failing the job without "
+                     "its result job=%s queue=%s error=%s", payload_size(o), o.job.id,
+                     o.job.queue, exc)
+        refused = failure(o.job, AckRefused(
+            f"Redis refused the ack of this job ({payload_size(o)} bytes of result, error "
+            f"and traceback; a limit of the server such as proto-max-bulk-len): {exc}"),
+            retry=False)
+        refused.started_ms, refused.finished_ms = o.started_ms, o.finished_ms
+        with self._lock:
+            self.outcomes = [refused if x is o else x for x in self.outcomes]
+        return True
+
+    def _send(self, outcomes: list[Outcome], deferred: list[Outcome],
+              started: list[tuple[ClaimedJob, int]], now: float) -> None:
+        """Send ``outcomes`` and ``started`` in one round trip and settle what landed;
+        ``deferred`` (their shards backing off) are kept for later."""
+        backing_off = self._backoff_until
         try:
             sent = send_outcomes(self.broker, outcomes, worker=self.name, started=started)
         except CALL_FAILED:
-            self._keep(pending)
+            self._keep(outcomes + deferred)
             with self._lock:
                 self.started[:0] = started
             raise

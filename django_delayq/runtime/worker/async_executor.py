@@ -270,7 +270,8 @@ class AsyncExecutor:
             outcome = failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
         if outcome is None:
             try:
-                outcome = Outcome(job, True, result_json=encode_result(value))
+                outcome = Outcome(job, True, result_json=encode_result(
+                    value, limit=self.broker.config.result_max_bytes))
             except BaseException as exc:  # a value whose encoding raises anything
                 outcome = failure(job, exc, retry=False)
         self._last_done = time.monotonic()

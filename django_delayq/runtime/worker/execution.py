@@ -68,7 +68,7 @@ def _run(job: ClaimedJob, tasks: TaskRegistry, worker: str, broker: Broker,
         except BaseException as exc:  # every failure of a task is the job's
             return failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
     try:
-        result_json = encode_result(value)
+        result_json = encode_result(value, limit=broker.config.result_max_bytes)
     except BaseException as exc:  # a value whose encoding raises anything
         return failure(job, exc, retry=False)
     return Outcome(job, True, result_json=result_json)
