@@ -26,6 +26,9 @@ from .engine import BulkResult, EnqueueRequest, EnqueueResult, Job, UnknownTask,
 from .engine.fastpaths import arg_shape, positional_names, signature
 from .engine.flows import dependencies, parent_ref
 from .engine.jobhash import reply_time
+from .flow_control import FlowControl, KeySource
+from .jobspec import JobSpec as JobSpec  # public here
+from .jobspec import requests_of
 from .runtime.registry import DuplicateTaskName
 from .runtime.registry import registry as registry  # where @task registers, public here
 from .runtime.schedule import Schedule
@@ -72,6 +75,8 @@ class Task(Generic[P, T]):
     cron: str | None = None
     tz: str | None = None
     every: float | dt.timedelta | None = None
+    #: Concurrency and dedupe keys (docs/flow-control.md).
+    flow: FlowControl | None = None
     schedule: Schedule | None = dataclasses.field(default=None, init=False, repr=False,
                                                   compare=False)
 
@@ -154,6 +159,11 @@ class Task(Generic[P, T]):
         depends_on: Iterable[Any] | None = None,
         on_parent_failure: str | None = None,
         pass_results: str | None = None,
+        concurrency_key: KeySource | None = None,
+        concurrency_limit: int | None = None,
+        dedupe_key: KeySource | None = None,
+        dedupe: str | None = None,
+        dedupe_window: float | dt.timedelta | None = None,
     ) -> Task[P, T]:
         """A copy of this task with other enqueue options (``run_at`` replaces ``delay``;
         ``database`` is the alias :meth:`enqueue_in_transaction` writes to).
@@ -163,6 +173,11 @@ class Task(Generic[P, T]):
         says what it does when a parent fails for good or is cancelled: "cancel"
         (default), "run" anyway, or "fail". ``pass_results`` ("one", "all") passes the
         parents' results as the first argument. See docs/workflows.md.
+
+        ``concurrency_key`` (a string, or a callable of the task's arguments) with
+        ``concurrency_limit``: at most that many of the key's jobs run at once.
+        ``dedupe_key`` with ``dedupe`` ("exists", "throttle", "debounce", "keep_last")
+        and ``dedupe_window``: see docs/flow-control.md.
         """
         changes: dict[str, Any] = {}
         if queue is not None:
@@ -187,6 +202,11 @@ class Task(Generic[P, T]):
             changes["on_parent_failure"] = on_parent_failure
         if pass_results is not None:
             changes["pass_results"] = pass_results
+        flow = (self.flow or FlowControl()).merged(
+            concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+            dedupe_key=dedupe_key, dedupe=dedupe, dedupe_window=dedupe_window)
+        if flow != self.flow:
+            changes["flow"] = flow
         return dataclasses.replace(self, **changes)
 
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
@@ -217,9 +237,11 @@ class Task(Generic[P, T]):
             return run_eagerly(self, args, kwargs, positional_names(self.func))
         broker = get_broker()
         queue, max_attempts = self.queue_name, self.attempts_allowed
+        keys, job_id, delay = self.flow.resolve(args, kwargs) if self.flow else (None, None, None)
         res = broker.enqueue(
-            queue, self.name, args, kwargs, run_at=self.run_at, delay=self.delay,
-            priority=self.priority, job_id=self.job_id, max_attempts=max_attempts,
+            queue, self.name, args, kwargs, run_at=None if delay else self.run_at,
+            delay=delay or self.delay, keyed=keys,
+            priority=self.priority, job_id=job_id or self.job_id, max_attempts=max_attempts,
             arg_names=positional_names(self.func)[1 if self.pass_results else 0:],
             timeout=self.timeout, depends_on=self.depends_on,
             on_parent_failure=self.on_parent_failure, pass_results=self.pass_results,
@@ -233,7 +255,8 @@ class Task(Generic[P, T]):
             id=res.job_id, queue=queue, task_name=self.name, status=res.status,
             args=list(args), kwargs=dict(kwargs), priority=self.priority, run_at=run_at,
             max_attempts=max_attempts, enqueued_at=enqueued_at, created=res.added,
-            broker=broker,
+            broker=broker, outcome=res.outcome,
+            concurrency_key=keys.concurrency_key or None if keys else None,
             parent_refs=[parent_ref(p, queue) for p in self.depends_on]
             if self.depends_on else [],
         )
@@ -274,9 +297,9 @@ class Task(Generic[P, T]):
         # may be imported while Django still loads its apps (no model may load then).
         from .outbox import write
 
-        if self.depends_on:
-            raise ValueError(f"{self.name}: depends_on is not supported by "
-                             "enqueue_in_transaction; use enqueue_on_commit")
+        if self.depends_on or self.flow:
+            raise ValueError(f"{self.name}: depends_on and flow-control keys are not "
+                             "supported by enqueue_in_transaction; use enqueue_on_commit")
         self.check_arguments(args, kwargs)
         run_at = self.run_at
         if self.delay is not None:
@@ -327,31 +350,7 @@ class Task(Generic[P, T]):
 
     def _requests(self, jobs: Iterable[Any]) -> Iterator[EnqueueRequest]:
         """The request of each item of :meth:`enqueue_many`, its arguments checked."""
-        attempts = self.attempts_allowed
-        for index, item in enumerate(jobs):
-            if isinstance(item, JobSpec):
-                args, kwargs = item.args, dict(item.kwargs)
-            else:
-                args, kwargs = _split_item(item)
-            try:
-                self.check_arguments(args, kwargs)
-            except TypeError as exc:
-                raise TypeError(f"item {index}: {exc}") from None
-            if not isinstance(item, JobSpec):
-                yield EnqueueRequest(task=self.name, args=args, kwargs=kwargs,
-                                     run_at=self.run_at, delay=self.delay,
-                                     priority=self.priority, max_attempts=attempts,
-                                     timeout=self.timeout)
-                continue
-            run_at, delay = self.run_at, self.delay
-            if item.run_at is not None or item.delay is not None:
-                run_at, delay = item.run_at, item.delay
-            yield EnqueueRequest(
-                task=self.name, args=args, kwargs=kwargs, run_at=run_at, delay=delay,
-                job_id=item.job_id,
-                priority=self.priority if item.priority is None else item.priority,
-                max_attempts=item.max_attempts or attempts, timeout=self.timeout,
-            )
+        return requests_of(self, jobs)
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds to wait before retrying after failed attempt ``attempt`` (1-based)."""
@@ -368,57 +367,6 @@ def registered(name: str) -> Task[Any, Any]:
         registry.get(name)  # raises UnknownTask, worded for every caller alike
         raise UnknownTask(f"{name!r} is not a task declared with @task")
     return found
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class JobSpec:
-    """One job to enqueue, not sent yet: arguments and per-job options. ``Task.bind()``
-    makes one; :meth:`Task.enqueue_many`, :func:`~django_delayq.chain` and
-    :func:`~django_delayq.group` take them.
-
-    Options left as None fall back to the task's. ``run_at`` and ``delay`` exclude each
-    other.
-    """
-
-    args: Sequence[Any] = ()
-    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    job_id: str | None = None
-    run_at: dt.datetime | None = None
-    delay: float | dt.timedelta | None = None
-    priority: int | None = None
-    max_attempts: int | None = None
-    #: The task ``Task.bind`` made this spec of (workflows need it; ``enqueue_many`` runs
-    #: its own task).
-    task: Task[Any, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.args, str | bytes) or not isinstance(self.args, Sequence):
-            raise TypeError(
-                f"JobSpec args must be a list or tuple, not {type(self.args).__name__}")
-        if not isinstance(self.kwargs, Mapping):
-            raise TypeError(
-                f"JobSpec kwargs must be a mapping, not {type(self.kwargs).__name__}")
-        if self.run_at is not None and self.delay is not None:
-            raise ValueError("give run_at or delay, not both")
-
-
-def _split_item(item: Any) -> tuple[Sequence[Any], dict[str, Any]]:
-    kind = type(item)
-    if kind is list or (kind is tuple and len(item) != 2):  # the common case, no abc check
-        return item, {}
-    if kind is dict:
-        return (), dict(item)
-    if isinstance(item, Mapping):
-        return (), dict(item)
-    if (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping)
-            and isinstance(item[0], list | tuple)):
-        return item[0], dict(item[1])
-    if isinstance(item, list | tuple):
-        return item, {}
-    raise TypeError(f"enqueue_many items are argument sequences, keyword mappings or "
-                    f"(args, kwargs) pairs, not {type(item).__name__}")
-
-
 
 
 @overload
@@ -441,6 +389,8 @@ def task(
     cron: str | None = None,
     tz: str | None = None,
     every: float | dt.timedelta | None = None,
+    concurrency_key: KeySource | None = None,
+    concurrency_limit: int | None = None,
 ) -> Callable[[Callable[P, T]], Task[P, T]]: ...
 
 
@@ -459,6 +409,8 @@ def task(
     cron: str | None = None,
     tz: str | None = None,
     every: float | dt.timedelta | None = None,
+    concurrency_key: KeySource | None = None,
+    concurrency_limit: int | None = None,
 ) -> Task[P, T] | Callable[[Callable[P, T]], Task[P, T]]:
     """Declare a task; use bare (``@task``) or with options (``@task(queue="emails")``).
 
@@ -466,7 +418,9 @@ def task(
     ``DELAYQ["DEFAULT_QUEUE"]``, ``max_attempts`` to ``DELAYQ["MAX_ATTEMPTS"]``.
     ``cron="*/5 * * * *"`` (with ``tz=``, needs the ``cron`` extra) or ``every=`` (a
     timedelta or seconds) makes it periodic: workers serving its queue enqueue each
-    occurrence once, with no arguments.
+    occurrence once, with no arguments. ``concurrency_key`` (a string, or a callable of
+    the arguments) with ``concurrency_limit``: at most that many of a key's jobs run at
+    once (docs/flow-control.md).
     """
 
     def decorate(func: Callable[P, T]) -> Task[P, T]:
@@ -482,7 +436,8 @@ def task(
             func=func, name=task_name, queue=queue, priority=priority, delay=delay,
             max_attempts=max_attempts, retry_backoff=retry_backoff,
             retry_backoff_max=retry_backoff_max, timeout=timeout, cron=cron, tz=tz,
-            every=every,
+            every=every, flow=FlowControl().merged(concurrency_key=concurrency_key,
+                                                   concurrency_limit=concurrency_limit),
         )
         try:
             registry.register(t)

@@ -95,16 +95,18 @@ def test_a_cancelled_parked_job_is_skipped(broker: Any) -> None:
 
 
 def test_fair_turns_between_keys(broker: Any) -> None:
-    many = [EnqueueRequest(task="t.a", args=[i], keyed=keyed("A", 100_000))
-            for i in range(20_000)]
-    broker.enqueue_many("default", many)
+    """100,000 jobs of key A, then 10 of key B: B's all start within the first 21 claims
+    (the keys alternate), and each key's jobs keep their order."""
+    broker.enqueue_many("default", (
+        EnqueueRequest(task="t.a", args=[i], keyed=keyed("A", 100_000))
+        for i in range(100_000)))
     late = broker.enqueue_many("default", [
         EnqueueRequest(task="t.b", args=[i], keyed=keyed("B", 100_000)) for i in range(10)])
-    order = [j.id for j in claim(broker, 40)]
-    positions = sorted(order.index(job_id) for job_id in late.job_ids)
-    assert positions[-1] < 22, positions
-    a_args = [j for j in order if j not in late.job_ids]
-    assert len(a_args) == 30
+    order = [job for _ in range(21) for job in claim(broker, 1)]
+    b_jobs = [job for job in order if job.id in late.job_ids]
+    assert [job.args_json for job in b_jobs] == [f"[{i}]" for i in range(10)]
+    a_jobs = [job for job in order if job.id not in late.job_ids]
+    assert [job.args_json for job in a_jobs] == [f"[{i}]" for i in range(11)]
 
 
 def test_dedupe_modes(broker: Any) -> None:
