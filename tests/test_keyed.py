@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from django_delayq.engine import EnqueueRequest
+from django_delayq.engine import EnqueueRequest, Job, Queue
 from django_delayq.engine.keyed import KeyedOptions, Outcome, encode
 
 
@@ -42,6 +42,14 @@ def test_a_key_at_its_limit_parks_its_jobs_and_others_go_on(broker: Any) -> None
     assert broker.client.zscore(keys.key_active, "A") == 2
     assert broker.client.zscore(keys.key_waiting, "A") == 4
     assert claim(broker, 20) == []  # the 4 parked jobs wait for a slot
+    queue = Queue("default", broker=broker)
+    assert queue.counts()["ready"] == 4
+    load = queue.key_load(top=1)
+    assert (load.active, load.waiting, load.waiting_total) == ([("B", 3)], [("A", 4)], 4)
+    parked = Job.fetch(broker.client.zrange(keys.parked("A"), 0, 0)[0], broker=broker)
+    assert parked.status == "ready"
+    assert parked.waiting_for_slot
+    assert parked.concurrency_key == "A"
     a_jobs = [j for j in jobs if key_of(broker, j) == "A"]
     complete(broker, a_jobs[:1])
     again = claim(broker, 20)
@@ -83,8 +91,6 @@ def test_failure_release_and_reclaim_free_the_slot(broker: Any) -> None:
 
 
 def test_a_cancelled_parked_job_is_skipped(broker: Any) -> None:
-    from django_delayq.engine.job import Job
-
     jobs = [broker.enqueue("default", "t.a", [i], keyed=keyed("A", 1)) for i in range(3)]
     (running,) = claim(broker, 10)
     assert claim(broker, 10) == []

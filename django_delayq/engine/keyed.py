@@ -27,10 +27,14 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import validation
+
+if TYPE_CHECKING:
+    from .core import BrokerCore
 
 #: The longest concurrency or dedupe key (characters).
 MAX_KEY_LENGTH = 200
@@ -150,3 +154,44 @@ def id_in_shard(key: str, shards: int, ids: Iterator[str]) -> str:
 def keyed_values(index: int, options: KeyedOptions) -> list[Any]:
     """The 6 ARGV values of one keyed job of an enqueue call (``index`` 1-based)."""
     return [index, *options]
+
+
+#: The member of a shard's ``key_waiting`` ZSET that holds its total (no key is empty).
+TOTAL = ""
+
+
+@dataclass(slots=True)
+class KeyLoad:
+    """The busiest concurrency keys of a queue: jobs holding a slot, jobs waiting for
+    one (``top`` keys each, most first), and the jobs waiting for a slot in all."""
+
+    active: list[tuple[str, int]] = field(default_factory=list)
+    waiting: list[tuple[str, int]] = field(default_factory=list)
+    waiting_total: int = 0
+
+
+def key_load(broker: BrokerCore, queue: str, top: int = 10) -> KeyLoad:
+    """Read the :class:`KeyLoad` of ``queue`` over its shards (one round trip)."""
+    shards = broker.shards(queue)
+    with broker.read_errors():
+        pipe = broker.client.pipeline(transaction=False)
+        for keys in shards:
+            pipe.zrevrange(keys.key_active, 0, top - 1, withscores=True)
+            pipe.zrevrange(keys.key_waiting, 0, top, withscores=True)
+        replies = pipe.execute()
+    active: dict[str, int] = {}
+    waiting: dict[str, int] = {}
+    total = 0
+    for i, reply in enumerate(replies):
+        for key, score in reply:
+            if i % 2 == 0:
+                active[key] = active.get(key, 0) + int(score)
+            elif key == TOTAL:
+                total += int(score)
+            else:
+                waiting[key] = waiting.get(key, 0) + int(score)
+
+    def busiest(counts: dict[str, int]) -> list[tuple[str, int]]:
+        return sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:top]
+
+    return KeyLoad(busiest(active), busiest(waiting), total)

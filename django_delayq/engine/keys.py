@@ -168,7 +168,8 @@ class QueueKeys:
 
     @cached_property
     def key_waiting(self) -> str:
-        """Concurrency key -> how many of its jobs wait for one of its slots (ZSET)."""
+        """Concurrency key -> how many of its jobs wait for one of its slots (ZSET; the
+        member '' holds the total)."""
         return self._key("keys:waiting")
 
     @cached_property

@@ -10,11 +10,11 @@ from django_delayq.connection import get_broker
 
 #: HASH key -> the most jobs of that key seen running at once (in the task body); "*":
 #: of every key.
-PEAK = "test:keyed:peak"
+PEAK = "{test:keyed}:peak"
 #: HASH key -> jobs of that key running now.
-RUNNING = "test:keyed:running"
+RUNNING = "{test:keyed}:running"
 #: LIST of the JSON [key, args...] of each run, in order of its start.
-RUNS = "test:keyed:runs"
+RUNS = "{test:keyed}:runs"
 
 # One round trip: count this run in and raise the key's peak if it is a new one.
 _ENTER = """

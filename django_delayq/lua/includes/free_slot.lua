@@ -12,8 +12,10 @@ local function free_slot(k, key, ready, marker, job_prefix)
     if not head[1] then
       return
     end
-    if tonumber(redis.call('ZINCRBY', k.waiting, -1, key)) <= 0 then
-      redis.call('ZREM', k.waiting, key)
+    for _, member in ipairs({key, ''}) do  -- the key's count and the shard's total
+      if tonumber(redis.call('ZINCRBY', k.waiting, -1, member)) <= 0 then
+        redis.call('ZREM', k.waiting, member)
+      end
     end
     local job_key = job_prefix .. head[1]
     if redis.call('HGET', job_key, 's') == 'ready' then

@@ -2,7 +2,8 @@
 -- key holds 'ck' (the key) and 'cl' (at most that many of the key's jobs leased at once).
 -- The shard's keys (engine/commands.py `_keyed_keys` builds them, in this order):
 --   active   ZSET  key -> how many of its jobs are in the active set (absent: none)
---   waiting  ZSET  key -> how many of its jobs are parked (waiting for a slot)
+--   waiting  ZSET  key -> how many of its jobs are parked (waiting for a slot); the
+--                  member '' (no key is empty) holds the shard's total
 --   turns    HASH  key -> the FIFO number given to its last job made ready (fair turns)
 --   park     the prefix of each key's parked jobs: ZSET <park><key>, by ready score
 -- A job the claim pops while its key is at its limit is parked (status still 'ready',

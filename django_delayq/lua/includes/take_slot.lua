@@ -6,6 +6,7 @@ local function take_slot(k, key, limit, job_key, job_id, score, seq)
   if (tonumber(redis.call('ZSCORE', k.active, key)) or 0) >= limit then
     redis.call('ZADD', k.park .. key, score, job_id)
     redis.call('ZINCRBY', k.waiting, 1, key)
+    redis.call('ZINCRBY', k.waiting, 1, '')  -- '' (no key is empty): the shard's total
     redis.call('HSET', job_key, 'kw', 1)
     return false
   end
