@@ -1,17 +1,19 @@
-"""One job not sent yet (:class:`JobSpec`) and the other forms an item of
-``Task.enqueue_many`` takes."""
+"""``JobSpec``: one job not sent yet (``Task.bind()``, the items of ``enqueue_many``, the
+steps of ``chain`` and ``group``), and the requests a bulk enqueue of a task sends."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from .engine import EnqueueRequest
 
 if TYPE_CHECKING:
     from .task import Task
 
-__all__ = ["JobSpec", "split_item"]
+__all__ = ["JobSpec", "requests_of", "split_item"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,3 +65,41 @@ def split_item(item: Any) -> tuple[Sequence[Any], dict[str, Any]]:
         return item, {}
     raise TypeError(f"enqueue_many items are argument sequences, keyword mappings or "
                     f"(args, kwargs) pairs, not {type(item).__name__}")
+
+
+def requests_of(task: Task[Any, Any], jobs: Iterable[Any]) -> Iterator[EnqueueRequest]:
+    """The request of each item of :meth:`Task.enqueue_many`, its arguments checked, its
+    flow-control keys resolved."""
+    for request in _plain_requests(task, jobs):
+        if task.flow:
+            request.keyed, job_id, _ = task.flow.resolve(request.args, request.kwargs)
+            request.job_id = job_id or request.job_id
+        yield request
+
+
+def _plain_requests(task: Task[Any, Any], jobs: Iterable[Any]) -> Iterator[EnqueueRequest]:
+    attempts = task.attempts_allowed
+    for index, item in enumerate(jobs):
+        if isinstance(item, JobSpec):
+            args, kwargs = item.args, dict(item.kwargs)
+        else:
+            args, kwargs = split_item(item)
+        try:
+            task.check_arguments(args, kwargs)
+        except TypeError as exc:
+            raise TypeError(f"item {index}: {exc}") from None
+        if not isinstance(item, JobSpec):
+            yield EnqueueRequest(task=task.name, args=args, kwargs=kwargs,
+                                 run_at=task.run_at, delay=task.delay,
+                                 priority=task.priority, max_attempts=attempts,
+                                 timeout=task.timeout)
+            continue
+        run_at, delay = task.run_at, task.delay
+        if item.run_at is not None or item.delay is not None:
+            run_at, delay = item.run_at, item.delay
+        yield EnqueueRequest(
+            task=task.name, args=args, kwargs=kwargs, run_at=run_at, delay=delay,
+            job_id=item.job_id,
+            priority=task.priority if item.priority is None else item.priority,
+            max_attempts=item.max_attempts or attempts, timeout=task.timeout,
+        )

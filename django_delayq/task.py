@@ -26,8 +26,9 @@ from .engine import BulkResult, EnqueueRequest, EnqueueResult, Job, UnknownTask,
 from .engine.fastpaths import arg_shape, positional_names, signature
 from .engine.flows import dependencies, parent_ref
 from .engine.jobhash import reply_time
+from .flow_control import FlowControl, KeySource
 from .jobspec import JobSpec as JobSpec  # public here too, where Task.bind makes it
-from .jobspec import split_item
+from .jobspec import requests_of
 from .runtime.registry import DuplicateTaskName
 from .runtime.registry import registry as registry  # where @task registers, public here
 from .runtime.schedule import Schedule
@@ -53,6 +54,8 @@ class _Options(TypedDict, total=False):
 class TaskOptions(_Options, total=False):
     """The keyword arguments of :func:`task`."""
 
+    concurrency_key: KeySource | None
+    concurrency_limit: int | None
     name: str | None
     retry_backoff: float | None
     retry_backoff_max: float | None
@@ -70,6 +73,16 @@ class EnqueueOptions(_Options, total=False):
     depends_on: Iterable[Any] | None
     on_parent_failure: str | None
     pass_results: str | None
+    concurrency_key: KeySource | None
+    concurrency_limit: int | None
+    dedupe_key: KeySource | None
+    dedupe: str | None
+    dedupe_window: float | dt.timedelta | None
+
+
+#: The options of :meth:`Task.using` that make its :class:`FlowControl`.
+FLOW_OPTIONS = ("concurrency_key", "concurrency_limit", "dedupe_key", "dedupe",
+                "dedupe_window")
 
 
 def _options(given: Mapping[str, Any], known: type, where: str) -> dict[str, Any]:
@@ -117,6 +130,8 @@ class Task(Generic[P, T]):
     cron: str | None = None
     tz: str | None = None
     every: float | dt.timedelta | None = None
+    #: Concurrency and dedupe keys (docs/flow-control.md).
+    flow: FlowControl | None = None
     schedule: Schedule | None = dataclasses.field(default=None, init=False, repr=False,
                                                   compare=False)
 
@@ -195,6 +210,11 @@ class Task(Generic[P, T]):
         says what it does when a parent fails for good or is cancelled: "cancel"
         (default), "run" anyway, or "fail". ``pass_results`` ("one", "all") passes the
         parents' results as the first argument. See docs/workflows.md.
+
+        ``concurrency_key`` (a string, or a callable of the task's arguments) with
+        ``concurrency_limit``: at most that many of the key's jobs run at once.
+        ``dedupe_key`` with ``dedupe`` ("exists", "throttle", "debounce", "keep_last")
+        and ``dedupe_window``: see docs/flow-control.md.
         """
         changes: dict[str, Any] = _options(options, EnqueueOptions, "using()")
         if "run_at" in changes:
@@ -203,6 +223,11 @@ class Task(Generic[P, T]):
             changes["run_at"] = None
         if "depends_on" in changes:
             changes["depends_on"] = tuple(changes["depends_on"])
+        keyed = {key: changes.pop(key) for key in FLOW_OPTIONS if key in changes}
+        if keyed:
+            flow = (self.flow or FlowControl()).merged(**keyed)
+            if flow != self.flow:
+                changes["flow"] = flow
         return dataclasses.replace(self, **changes)
 
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
@@ -233,9 +258,11 @@ class Task(Generic[P, T]):
             return run_eagerly(self, args, kwargs, positional_names(self.func))
         broker = get_broker()
         queue, max_attempts = self.queue_name, self.attempts_allowed
+        keys, job_id, delay = self.flow.resolve(args, kwargs) if self.flow else (None, None, None)
         res = broker.enqueue(
-            queue, self.name, args, kwargs, run_at=self.run_at, delay=self.delay,
-            priority=self.priority, job_id=self.job_id, max_attempts=max_attempts,
+            queue, self.name, args, kwargs, run_at=None if delay else self.run_at,
+            delay=delay or self.delay, keyed=keys,
+            priority=self.priority, job_id=job_id or self.job_id, max_attempts=max_attempts,
             arg_names=positional_names(self.func)[1 if self.pass_results else 0:],
             timeout=self.timeout, depends_on=self.depends_on,
             on_parent_failure=self.on_parent_failure, pass_results=self.pass_results,
@@ -249,7 +276,8 @@ class Task(Generic[P, T]):
             id=res.job_id, queue=queue, task_name=self.name, status=res.status,
             args=list(args), kwargs=dict(kwargs), priority=self.priority, run_at=run_at,
             max_attempts=max_attempts, enqueued_at=enqueued_at, created=res.added,
-            broker=broker,
+            broker=broker, outcome=res.outcome,
+            concurrency_key=keys.concurrency_key or None if keys else None,
             parent_refs=[parent_ref(p, queue) for p in self.depends_on]
             if self.depends_on else [],
         )
@@ -290,9 +318,9 @@ class Task(Generic[P, T]):
         # may be imported while Django still loads its apps (no model may load then).
         from .outbox import write
 
-        if self.depends_on:
-            raise ValueError(f"{self.name}: depends_on is not supported by "
-                             "enqueue_in_transaction; use enqueue_on_commit")
+        if self.depends_on or self.flow:
+            raise ValueError(f"{self.name}: depends_on and flow-control keys are not "
+                             "supported by enqueue_in_transaction; use enqueue_on_commit")
         self.check_arguments(args, kwargs)
         run_at = self.run_at
         if self.delay is not None:
@@ -343,31 +371,7 @@ class Task(Generic[P, T]):
 
     def _requests(self, jobs: Iterable[Any]) -> Iterator[EnqueueRequest]:
         """The request of each item of :meth:`enqueue_many`, its arguments checked."""
-        attempts = self.attempts_allowed
-        for index, item in enumerate(jobs):
-            if isinstance(item, JobSpec):
-                args, kwargs = item.args, dict(item.kwargs)
-            else:
-                args, kwargs = split_item(item)
-            try:
-                self.check_arguments(args, kwargs)
-            except TypeError as exc:
-                raise TypeError(f"item {index}: {exc}") from None
-            if not isinstance(item, JobSpec):
-                yield EnqueueRequest(task=self.name, args=args, kwargs=kwargs,
-                                     run_at=self.run_at, delay=self.delay,
-                                     priority=self.priority, max_attempts=attempts,
-                                     timeout=self.timeout)
-                continue
-            run_at, delay = self.run_at, self.delay
-            if item.run_at is not None or item.delay is not None:
-                run_at, delay = item.run_at, item.delay
-            yield EnqueueRequest(
-                task=self.name, args=args, kwargs=kwargs, run_at=run_at, delay=delay,
-                job_id=item.job_id,
-                priority=self.priority if item.priority is None else item.priority,
-                max_attempts=item.max_attempts or attempts, timeout=self.timeout,
-            )
+        return requests_of(self, jobs)
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds to wait before retrying after failed attempt ``attempt`` (1-based)."""
@@ -403,11 +407,15 @@ def task(function: Callable[P, T] | None = None, /, **options: Unpack[TaskOption
     ``DELAYQ["DEFAULT_QUEUE"]``, ``max_attempts`` to ``DELAYQ["MAX_ATTEMPTS"]``.
     ``cron="*/5 * * * *"`` (with ``tz=``, needs the ``cron`` extra) or ``every=`` (a
     timedelta or seconds) makes it periodic: workers serving its queue enqueue each
-    occurrence once, with no arguments.
+    occurrence once, with no arguments. ``concurrency_key`` (a string, or a callable of
+    the arguments) with ``concurrency_limit``: at most that many of a key's jobs run at
+    once (docs/flow-control.md).
     """
 
     fields = _options(options, TaskOptions, "@task")
     name = fields.pop("name", None)
+    flow = FlowControl().merged(concurrency_key=fields.pop("concurrency_key", None),
+                                concurrency_limit=fields.pop("concurrency_limit", None))
 
     def decorate(func: Callable[P, T]) -> Task[P, T]:
         if not callable(func):
@@ -418,7 +426,7 @@ def task(function: Callable[P, T] | None = None, /, **options: Unpack[TaskOption
                 f"{func.__qualname__} is not a module-level function: define tasks at "
                 "module level, or give @task(name=...)"
             )
-        t: Task[P, T] = Task(func=func, name=task_name, **fields)
+        t: Task[P, T] = Task(func=func, name=task_name, flow=flow, **fields)
         try:
             registry.register(t)
         except DuplicateTaskName as exc:

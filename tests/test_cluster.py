@@ -8,6 +8,7 @@ import itertools
 import json
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,6 +28,7 @@ from tests.test_flow_control import (
     stop_workers,
 )
 from tests.testapp import tasks
+from tests.testapp.keyed_tasks import PEAK, RUNS, per_tenant
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +37,7 @@ QUEUES = {
     "drain": {"shards": 4},
     "metered": {"shards": 4, "rate_limit": "20/s"},
     "spaced": {"interval": 0.2, "shards": 3},
+    "keyed": {"shards": 4},
 }
 
 
@@ -183,6 +186,43 @@ def test_thousands_of_jobs_drained_by_worker_processes_once_each_in_priority_ord
         # claim order within a shard: higher priority first, FIFO within a priority
         starts = [started for _, _, started in sorted(jobs)]
         assert starts == sorted(starts)
+
+
+def test_a_concurrency_key_holds_its_limit_over_shards_and_worker_processes(
+        on_cluster, cluster):
+    """Each key's jobs live in the shard its key picks: its slots are counted in one
+    Cluster slot, whichever shard a worker claims from."""
+    client = on_cluster.client
+    heavy = [(f"A:{i}", 0.002) for i in range(600)]
+    others = [(f"B{i % 30}:{i}", 0.002) for i in range(1200)]
+    per_tenant.using(queue="keyed").enqueue_many(heavy + others)
+    home = on_cluster.shards("keyed")[zlib.crc32(b"A") % 4]
+    assert {on_cluster.keys_for("keyed", job.id) for job in
+            Queue("keyed").jobs("ready", limit=2000) if job.args[0].startswith("A:")} == {home}
+    slots, stop = [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            slots[0] = max(slots[0], int(float(client.zscore(home.key_active, "A") or 0)))
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    procs = start_workers(3, "keyed", {"QUEUES": QUEUES}, redis_url=cluster.url)
+    try:
+        wait_until(lambda: client.llen(RUNS) >= 1800, timeout=300, interval=0.2,
+                   message="1,800 keyed jobs run")
+    finally:
+        stop.set()
+        sampler.join()
+        stop_workers(procs)
+    peaks = {key: int(value) for key, value in client.hgetall(PEAK).items()}
+    assert client.llen(RUNS) == 1800
+    assert peaks["A"] == 2
+    assert all(peak <= 2 for key, peak in peaks.items() if key != "*")
+    assert peaks["*"] > 2
+    assert slots[0] == 2
+    assert all(client.zcard(keys.key_active) == 0 for keys in on_cluster.shards("keyed"))
 
 
 def test_rate_limit_holds_over_all_shards_and_four_worker_processes(on_cluster, cluster,

@@ -25,6 +25,7 @@ from ..engine import Broker, DelayQConnectionError, DelayQError, Queue
 from ..engine.backlog import Backlog, backlogs
 from ..engine.errors import CommandRefused
 from ..engine.jobhash import from_ms
+from ..engine.keyed import KeyLoad
 from ..engine.keys import validate_queue_name
 from ..engine.stats import QueueStats, queue_stats
 from ..engine.status import PURGEABLE, STATUSES
@@ -61,6 +62,8 @@ class QueueState:
     #: Events the model mirror skipped as unusable: how many, and the newest reasons.
     skipped: int = 0
     skipped_reasons: list[str] = field(default_factory=list)
+    #: The busiest concurrency keys (docs/flow-control.md).
+    keys: KeyLoad = field(default_factory=KeyLoad)
     purgeable: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -69,6 +72,14 @@ class QueueState:
     @property
     def count_list(self) -> list[tuple[str, int]]:
         return [(s, self.counts[s]) for s in STATUSES]
+
+    @property
+    def key_rows(self) -> list[tuple[str, int | str, str, int | str]]:
+        """The busiest keys side by side: (running key, jobs, waiting key, jobs)."""
+        active, waiting = self.keys.active, self.keys.waiting
+        return [(*(active[i] if i < len(active) else ("", "")),
+                 *(waiting[i] if i < len(waiting) else ("", "")))
+                for i in range(max(len(active), len(waiting)))]
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "counts": self.counts, "paused": self.paused,
@@ -90,7 +101,7 @@ def queue_state(queue: Queue, stats: QueueStats | None = None) -> QueueState:
         failed_last_hour=summary.failed_recently, chart=throughput_chart(summary.throughput),
         lateness_chart=lateness_chart(stats.lateness),
         lateness_p50=quantile(stats.lateness, 0.5), lateness_p95=quantile(stats.lateness, 0.95),
-        skipped=skipped, skipped_reasons=reasons)
+        skipped=skipped, skipped_reasons=reasons, keys=queue.key_load())
 
 
 @dataclass

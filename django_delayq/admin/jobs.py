@@ -302,6 +302,10 @@ class JobAdmin(admin.ModelAdmin):
              progress_bar(live.progress, live.progress_message)),
             ("position in queue", "", "-" if position is None else position),
         ]
+        if live.concurrency_key is not None:
+            rows.append(("concurrency key", "", live.concurrency_key + (
+                " (waiting for a slot: the key is at its limit)" if live.waiting_for_slot
+                else "")))
         if live.damaged:
             rows.append(("damaged in Redis", "", "; ".join(
                 f"{name}: {found!r}" for name, found in sorted(live.damaged.items()))))

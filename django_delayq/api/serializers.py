@@ -55,12 +55,28 @@ class SkippedEventsSerializer(serializers.Serializer):
                                  help_text="The newest reasons, with time and stream id.")
 
 
+class KeyCountSerializer(serializers.Serializer):
+    key = serializers.CharField()
+    jobs = serializers.IntegerField()
+
+
+class KeyLoadSerializer(serializers.Serializer):
+    """The busiest concurrency keys (docs/flow-control.md)."""
+
+    active = KeyCountSerializer(many=True, help_text="Keys with the most jobs running.")
+    waiting = KeyCountSerializer(many=True,
+                                 help_text="Keys with the most jobs waiting for a slot.")
+    waiting_total = serializers.IntegerField(
+        help_text="Ready jobs waiting for a slot of their key, in all (counted as ready).")
+
+
 class QueueDetailSerializer(QueueSerializer):
     mirror_skipped = SkippedEventsSerializer(
         help_text="Events the model mirror skipped (logged, acknowledged) as unusable.")
     tasks = serializers.ListField(child=serializers.CharField(),
                                   help_text="Registered tasks that send jobs to this queue.")
     throughput = ThroughputSerializer(many=True, help_text="The last 60 minutes, oldest first.")
+    keys = KeyLoadSerializer(help_text="The 10 busiest concurrency keys.")
 
 
 class AttemptSerializer(serializers.Serializer):
@@ -105,6 +121,10 @@ class LiveJobSerializer(serializers.Serializer):
     timeout = serializers.FloatField(allow_null=True,
                                      help_text="The job's own time limit per attempt, seconds.")
     attempt_log = AttemptSerializer(many=True, help_text="The last attempts, oldest first.")
+    concurrency_key = serializers.CharField(allow_null=True,
+                                            help_text="Its concurrency key, if any.")
+    waiting_for_slot = serializers.BooleanField(
+        help_text="Ready, but waiting for a slot of its concurrency key (at its limit).")
     damaged = serializers.DictField(
         child=serializers.CharField(),
         help_text="Fields of the stored record that could not be read: field -> what was "

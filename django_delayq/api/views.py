@@ -68,6 +68,10 @@ def queue_data(queue: Queue, *, detail: bool = False) -> dict[str, Any]:
         data["tasks"] = [t.name for t in registry.tasks() if t.queue_name == queue.name]
         data["throughput"] = [{"minute": m, "completed": c, "failed": f}
                               for m, c, f in summary.throughput]
+        load = queue.key_load()
+        data["keys"] = {"active": [{"key": k, "jobs": n} for k, n in load.active],
+                        "waiting": [{"key": k, "jobs": n} for k, n in load.waiting],
+                        "waiting_total": load.waiting_total}
     return data
 
 

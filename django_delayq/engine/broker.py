@@ -21,6 +21,7 @@ from .core import BrokerCore
 from .errors import NotReplicated, PartialClaimError
 from .failover import CALL_FAILED, FAILOVER
 from .fields import stored
+from .keyed import OUTCOMES, KeyedOptions, Outcome
 from .keys import QueueKeys
 from .requests import BulkResult, EnqueueRequest, EnqueueResult
 from .reservations import claim_reserved
@@ -52,16 +53,20 @@ class Broker(BrokerCore):
         depends_on: Sequence[Any] | None = None,
         on_parent_failure: str = "cancel",
         pass_results: str = "",
+        keyed: KeyedOptions | None = None,
     ) -> EnqueueResult:
         """Enqueue one job in one round trip. A job whose id exists is not added twice.
 
         With ``depends_on`` the job waits for its parents (status ``waiting``; see
         :mod:`~django_delayq.engine.flows`): they are checked to exist first, then the
-        job is stored and linked to them (a few round trips).
+        job is stored and linked to them (a few round trips). ``keyed``: its concurrency
+        and dedupe keys (:mod:`~django_delayq.engine.keyed`); the result's ``outcome``
+        says whether a dedupe key replaced or ignored it.
         """
         deps = flows.dependencies(depends_on, queue, on_parent_failure, pass_results)
         job = self._encode(task, args, kwargs or {}, run_at, delay, priority, job_id,
-                           max_attempts, timeout, arg_names, None, None)
+                           max_attempts, timeout, arg_names, None, None, keyed,
+                           self.shard_count(queue) if keyed is not None else 1)
         if deps is not None:
             validation.validate_queue_name(queue)
             flows.check_parents_exist(self, deps.parents)
@@ -88,10 +93,13 @@ class Broker(BrokerCore):
                 break
             except FAILOVER as exc:
                 deadline = self.retry_or_raise(exc, deadline)
-        added, status, run_at_ms, enqueued_at_ms = reply
+        added, status, run_at_ms, enqueued_at_ms = reply[:4]
         if wait is not None and confirmed < wait[0]:
             raise NotReplicated([job.job_id], confirmed, *wait)
-        return EnqueueResult(job.job_id, bool(added), status, int(run_at_ms), int(enqueued_at_ms))
+        outcome = OUTCOMES[int(added)]
+        return EnqueueResult(reply[4] if len(reply) > 4 else job.job_id,
+                             outcome is Outcome.CREATED, status, int(run_at_ms),
+                             int(enqueued_at_ms), outcome)
 
     def enqueue_many(
         self,

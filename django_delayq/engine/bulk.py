@@ -119,6 +119,7 @@ class BulkEnqueue:
         chunk: list[Outgoing] = []
         checked: set[tuple[str, int, int]] = set()
         ids = new_job_ids(min(chunk_size, 1_000))
+        shards = broker.shard_count(queue)
         known: set[tuple[str, str]] = set()  # the jobs of this call so far
         with broker.connection_errors():
             # Chunk n is sent while chunk n + 1 is encoded (one round trip per chunk).
@@ -126,7 +127,11 @@ class BulkEnqueue:
             try:
                 chunk += encoded
                 for request in requests:
-                    job = broker.encode_request(request, checked=checked, ids=ids)
+                    job = broker.encode_request(request, checked=checked, ids=ids,
+                                                shards=shards)
+                    if job.keyed is not None and job.keyed.dedupe_mode:
+                        raise ValueError("a dedupe mode (throttle, debounce, keep_last) "
+                                         "takes one job at a time: use enqueue()")
                     deps = None
                     if request.depends_on is not None:
                         deps = flows.dependencies(request.depends_on, queue,

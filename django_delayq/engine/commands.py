@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from redis.exceptions import ResponseError
 
+from .keyed import KeyedOptions, keyed_values
 from .scripts import Batch, call_and_wait, is_cluster_client, run_script
 
 if TYPE_CHECKING:
@@ -25,8 +26,9 @@ if TYPE_CHECKING:
 
 class EncodedJob(NamedTuple):
     """One job as the enqueue script takes it: its 9 ARGV values, in ``enqueue.lua``'s
-    order. ``Broker.encode_request`` builds it (every check passed), the outbox stores
-    its values, :meth:`Commands.enqueue` sends it."""
+    order, and its keys (flow control; sent apart, only for jobs that have them).
+    ``Broker.encode_request`` builds it (every check passed), the outbox stores its
+    values, :meth:`Commands.enqueue` sends it."""
 
     job_id: str
     task: str
@@ -40,6 +42,8 @@ class EncodedJob(NamedTuple):
     max_attempts: int
     #: Time limit of each attempt, ms ('' for none: the worker's default).
     timeout_ms: int | str
+    #: Concurrency and dedupe keys (engine/keyed.py), or None.
+    keyed: KeyedOptions | None = None
 
 
 def _enqueue_script(waits: Sequence[Any]) -> str:
@@ -68,15 +72,22 @@ class Commands:
         script_keys = [keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq]
         script_keys += [keys.job(job.job_id) for job in jobs]
         script_keys.append(keys.stats)
-        args: list[Any] = [self.config.events_cap, len(waits)]
-        for job in jobs:
-            args += job
+        keyed: list[Any] = []
+        args: list[Any] = [self.config.events_cap, len(waits), 0]
+        for index, job in enumerate(jobs, 1):
+            args += job[:9]
+            if job.keyed is not None:
+                keyed += keyed_values(index, job.keyed)
         if waits:
             for wait in waits:
                 args += wait
             flow_keys, flow_args = self._flow_call(keys)
             script_keys += [*flow_keys, keys.flow_linking]
             args += flow_args
+        if keyed:
+            args[2] = len(keyed) // 6
+            args += keyed
+            script_keys += [keys.key_turns, keys.dedupe_prefix, keys.job_prefix]
         return script_keys, args
 
     def enqueue(self, keys: QueueKeys, jobs: Sequence[EncodedJob],
@@ -100,6 +111,12 @@ class Commands:
                     waits: Sequence[Sequence[Any]] = ()) -> int:
         """:meth:`enqueue` as one call of ``batch``."""
         return batch.add(_enqueue_script(waits), *self._enqueue_call(keys, jobs, waits))
+
+    @staticmethod
+    def _keyed_keys(keys: QueueKeys) -> list[str]:
+        """The concurrency-key keys of a shard, as ``keyed_ctx`` (lua/includes/keyed_ctx.lua)
+        takes them."""
+        return [keys.key_active, keys.key_waiting, keys.key_turns, keys.park_prefix]
 
     # -- workflows (lua/includes/flows.lua) -----------------------------------------
 
@@ -169,7 +186,8 @@ class Commands:
         return batch.add(
             "claim",
             [keys.scheduled, keys.ready, keys.active, keys.marker, keys.events, keys.seq,
-             keys.paused, keys.job_prefix, limit_key, keys.failed, keys.stats],
+             keys.paused, keys.job_prefix, limit_key, keys.failed, keys.stats,
+             *self._keyed_keys(keys)],
             [count, lease_ms, worker, cfg.promote_batch, cfg.events_cap, limit, period_ms],
         )
 
@@ -194,7 +212,8 @@ class Commands:
             args += [job_id, attempt, result, start_ms[0] if start_ms else 0]
         return batch.add(
             "complete",
-            [keys.active, keys.completed, keys.events, keys.stats, keys.job_prefix, *flow_keys],
+            [keys.active, keys.completed, keys.events, keys.stats, keys.job_prefix, *flow_keys,
+             *self._keyed_keys(keys)],
             args,
         )
 
@@ -207,7 +226,7 @@ class Commands:
         return batch.add(
             "fail",
             [keys.job(job_id), keys.active, keys.scheduled, keys.failed, keys.marker,
-             keys.events, keys.stats, *flow_keys],
+             keys.events, keys.stats, *flow_keys, *self._keyed_keys(keys)],
             [job_id, attempt, error, traceback, retry_delay_ms, cfg.failed_ttl_ms,
              cfg.keep_failed, cfg.events_cap, started_ms, *flow_args],
         )
@@ -230,7 +249,7 @@ class Commands:
         return batch.add(
             "reclaim",
             [keys.active, keys.ready, keys.failed, keys.marker, keys.events, keys.stats,
-             keys.job_prefix, *flow_keys, keys.flow_linking],
+             keys.job_prefix, *flow_keys, keys.flow_linking, *self._keyed_keys(keys)],
             [limit, cfg.failed_ttl_ms, cfg.keep_failed, cfg.events_cap, *flow_args,
              link_grace_ms, worker, rank],
         )
@@ -242,8 +261,8 @@ class Commands:
         for job_id, attempt in leases:
             args += [job_id, attempt]
         return batch.add(
-            "release", [keys.active, keys.ready, keys.marker, keys.events, keys.job_prefix], args
-        )
+            "release", [keys.active, keys.ready, keys.marker, keys.events, keys.job_prefix,
+                        *self._keyed_keys(keys)], args)
 
     def reserve(self, limit_key: str, want: int, limit: int, period_ms: int,
                 token: str) -> tuple[int, int]:

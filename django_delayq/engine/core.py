@@ -20,6 +20,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from . import keyed as keyed_options
 from . import validation
 from .claims import ClaimResult, parse_claim
 from .codec import encode_arguments
@@ -30,7 +31,7 @@ from .failover import UNAVAILABLE, retry_or_raise, unreachable
 from .keys import GlobalKeys, QueueKeys
 from .limits import RateLimit
 from .pinned import PinnedConnections
-from .requests import EnqueueRequest, new_job_id
+from .requests import EnqueueRequest, new_job_id, new_job_ids
 from .scripts import Batch, is_cluster_client
 
 #: Seconds after which :meth:`BrokerCore.recent_server_time_ms` reads the clock again.
@@ -145,23 +146,28 @@ class BrokerCore:
         *,
         checked: set[tuple[str, int, int]] | None = None,
         ids: Iterator[str] | None = None,
+        shards: int = 1,
     ) -> EncodedJob:
         """Validate and encode one job as :meth:`enqueue` sends it (a new id when the
         request has none), without sending it: the outbox and eager mode store or run
         this, so their jobs pass exactly the checks of a direct enqueue.
 
         ``checked`` remembers options already validated (a bulk call's jobs mostly share
-        them); ``ids`` supplies new job ids.
+        them); ``ids`` supplies new job ids; ``shards``: the queue's shard count (a keyed
+        job's id is chosen to land in its key's shard).
         """
         return self._encode(request.task, request.args, request.kwargs, request.run_at,
                             request.delay, request.priority, request.job_id,
-                            request.max_attempts, request.timeout, arg_names, checked, ids)
+                            request.max_attempts, request.timeout, arg_names, checked, ids,
+                            request.keyed, shards)
 
     def _encode(self, task: str, args: Sequence[Any], kwargs: dict[str, Any], run_at: Any,
                 delay: Any, priority: int, job_id: str | None, max_attempts: int,
                 timeout: Any, arg_names: Sequence[str],
                 checked: set[tuple[str, int, int]] | None,
-                ids: Iterator[str] | None) -> EncodedJob:
+                ids: Iterator[str] | None,
+                keyed: keyed_options.KeyedOptions | None = None,
+                shards: int = 1) -> EncodedJob:
         """:meth:`encode_request` of the request's fields (a single enqueue builds none)."""
         key = _options_key(task, priority, max_attempts)
         if checked is None or key is None or key not in checked:
@@ -175,7 +181,9 @@ class BrokerCore:
         run_at_ms = "" if run_at is None else validation.run_at_ms(run_at)
         delay_ms = "" if delay is None else validation.delay_ms(delay)
         timeout_ms = "" if timeout is None else validation.timeout_ms(timeout)
-        if job_id is not None:
+        if keyed is not None:
+            job_id = self._keyed_job_id(keyed, job_id, ids, shards)
+        elif job_id is not None:
             job_id = validation.validate_job_id(job_id)
         else:
             job_id = new_job_id() if ids is None else next(ids)
@@ -184,7 +192,23 @@ class BrokerCore:
         # tuple.__new__: a NamedTuple's own __new__ is Python code, 0.15 us more a job of
         # a bulk call (the fields are in order, as EncodedJob(...) would take them).
         return tuple.__new__(EncodedJob, (job_id, task, args_json, kwargs_json, priority,
-                                          run_at_ms, delay_ms, max_attempts, timeout_ms))
+                                          run_at_ms, delay_ms, max_attempts, timeout_ms,
+                                          keyed))
+
+    @staticmethod
+    def _keyed_job_id(keyed: keyed_options.KeyedOptions, job_id: str | None,
+                      ids: Iterator[str] | None, shards: int) -> str:
+        """The id of a keyed job: in the shard of its key (its slots, turns and dedupe
+        record live there)."""
+        key = keyed_options.shard_key(keyed)
+        if job_id is None:
+            return keyed_options.id_in_shard(key, shards, ids or new_job_ids(8))
+        job_id = validation.validate_job_id(job_id)
+        if shards > 1 and zlib.crc32(job_id.encode()) % shards != zlib.crc32(
+                key.encode()) % shards:
+            raise ValueError(f"job id {job_id!r} is not in the shard of its key {key!r}: "
+                             "leave the id out for a keyed job of a sharded queue")
+        return job_id
 
     def replica_wait(self) -> tuple[int, int] | None:
         """``(replicas, timeout_ms)`` for Redis WAIT after an enqueue, or None."""

@@ -33,6 +33,12 @@ parents        ``d``   parents waited for, JSON ``[[queue, id]]``   none
 (policy)       ``dp``  on a parent's failure: run, fail             cancel
 (results)      ``dr``  parents' results passed: one, all            none
 (linked)       ``dc``  '1' once a dependant waits for this job      none
+concurrency_   ``ck``  its concurrency key (engine/keyed.py)        none
+key
+concurrency_   ``cl``  at most this many of the key's jobs leased   none
+limit
+waiting_for_   ``kw``  '1' while parked: its key is at its limit    none
+slot
 =============  ======  ===========================================  =======
 
 The last four serve workflows (``lua/includes/flows.lua`` describes them and the keys
@@ -80,6 +86,9 @@ STORED: Final[Mapping[str, str]] = {
     "timeout": "o",
     "attempt_log": "h",
     "parents": "d",
+    "concurrency_key": "ck",
+    "concurrency_limit": "cl",
+    "waiting_for_slot": "kw",
 }
 
 #: Attempts kept in a job's ``attempt_log``.

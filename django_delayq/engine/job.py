@@ -68,6 +68,13 @@ class Job:
     parent_refs: list[tuple[str, str]] = field(default_factory=list)
     #: False when ``enqueue`` found a job with this id already there (nothing added).
     created: bool = True
+    #: What ``enqueue`` did: "created", "duplicate", or with a dedupe key "replaced"
+    #: (this job, waiting, took the new arguments) or "ignored" (throttled).
+    outcome: str = "created"
+    #: Its concurrency key, and whether it waits for one of the key's slots (ready, but
+    #: the key is at its limit).
+    concurrency_key: str | None = None
+    waiting_for_slot: bool = False
     #: Fields of the stored hash that could not be read: field -> what was found there
     #: (the attribute then holds its default). Empty for a sound record.
     damaged: dict[str, str] = field(default_factory=dict)
@@ -128,6 +135,7 @@ class Job:
         self.timeout, self.attempt_log = h.timeout, h.attempt_log
         self.damaged = h.damaged
         self.parent_refs = h.parents
+        self.concurrency_key, self.waiting_for_slot = h.concurrency_key, h.waiting_for_slot
 
     @classmethod
     def from_hash(cls, queue: str, job_id: str, data: dict[str, str],

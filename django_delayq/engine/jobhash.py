@@ -224,6 +224,9 @@ class JobHash:
     parents: list[tuple[str, str]]
     #: Fields that could not be read: field -> what was found there.
     damaged: dict[str, str] = field(default_factory=dict)
+    #: Its concurrency key (engine/keyed.py), and whether it waits for one of its slots.
+    concurrency_key: str | None = None
+    waiting_for_slot: bool = False
 
     @property
     def attempt_log(self) -> list[dict[str, Any]]:
@@ -307,6 +310,8 @@ def read_job_hash(stored: dict[str, str]) -> JobHash:
         timeout=to_int(data.get("timeout")) / 1000
         if to_int(data.get("timeout")) > 0 else None,
         parents=parse_parents(data.get("parents")),
+        concurrency_key=data.get("concurrency_key"),
+        waiting_for_slot=data.get("waiting_for_slot") == "1",
     )
 
 

@@ -2,8 +2,9 @@
 
 All keys of one queue (or one shard of a queue) share the hash tag ``{prefix:queue}``
 (``{prefix:queue#shard}`` for shards), so a queue's Lua scripts touch a single Redis
-Cluster slot. Lua scripts receive these names through ``KEYS``; the only name a script
-derives is a job key, from the ``job_prefix`` it is given here plus the job id.
+Cluster slot. Lua scripts receive these names through ``KEYS``; the only names a script
+derives are a job key, a concurrency key's parked set and a dedupe record, each from a
+prefix it is given here (``job_prefix``, ``park_prefix``, ``dedupe_prefix``).
 """
 
 from __future__ import annotations
@@ -158,6 +159,41 @@ class QueueKeys:
     def skipped_log(self) -> str:
         """The newest reasons of those skips, newest first (LIST, capped)."""
         return self._key("mirror:skipped:log")
+
+    @cached_property
+    def key_active(self) -> str:
+        """Concurrency key -> how many of its jobs are leased now (ZSET; see
+        lua/includes/keyed_ctx.lua)."""
+        return self._key("keys:active")
+
+    @cached_property
+    def key_waiting(self) -> str:
+        """Concurrency key -> how many of its jobs wait for one of its slots (ZSET; the
+        member '' holds the total)."""
+        return self._key("keys:waiting")
+
+    @cached_property
+    def key_turns(self) -> str:
+        """Concurrency key -> the FIFO number of its last job made ready (HASH; fair turns)."""
+        return self._key("keys:turns")
+
+    @cached_property
+    def park_prefix(self) -> str:
+        """Prefix of each concurrency key's jobs waiting for a slot (ZSET ``<prefix><key>``
+        by ready score; the scripts derive it, like a job key)."""
+        return self._key("kw:")
+
+    def parked(self, key: str) -> str:
+        return f"{self.park_prefix}{key}"
+
+    @cached_property
+    def dedupe_prefix(self) -> str:
+        """Prefix of each dedupe key's record (STRING ``<prefix><key>``: the job id it
+        points at, with a time to live; the enqueue script derives it)."""
+        return self._key("dd:")
+
+    def dedupe(self, key: str) -> str:
+        return f"{self.dedupe_prefix}{key}"
 
     @cached_property
     def job_prefix(self) -> str:

@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from . import keyed
 from .job import Job, default_broker
 from .jobhash import reply_time
 from .status import FINISHED, PURGEABLE, STATUSES, Status
@@ -93,7 +94,8 @@ class Queue:
             return bool(b.client.sismember(b.global_keys.queues, name))
 
     def counts(self) -> dict[str, int]:
-        """Jobs per status (completed/failed/cancelled: those still kept)."""
+        """Jobs per status (completed/failed/cancelled: those still kept; ready includes
+        the jobs waiting for a slot of their concurrency key)."""
         broker = self.broker
         shards = broker.shards(self.name)
         with broker.read_errors():
@@ -101,11 +103,18 @@ class Queue:
             for keys in shards:
                 for status in STATUSES:
                     pipe.zcard(keys.status_set(status))
+                pipe.zscore(keys.key_waiting, keyed.TOTAL)  # ready, parked for a slot
             replies = pipe.execute()
         counts = dict.fromkeys(STATUSES, 0)
+        per_shard = len(STATUSES) + 1
         for i, n in enumerate(replies):
-            counts[STATUSES[i % len(STATUSES)]] += int(n)
+            status = STATUSES[i % per_shard] if i % per_shard < len(STATUSES) else Status.READY
+            counts[status] += int(n or 0)
         return counts
+
+    def key_load(self, top: int = 10) -> keyed.KeyLoad:
+        """The busiest concurrency keys: jobs holding a slot and jobs waiting for one."""
+        return keyed.key_load(self.broker, self.name, top)
 
     def summary(self, *, throughput: bool = True) -> QueueSummary:
         """Counts, pause state, next due time, shards and (with ``throughput``) the jobs

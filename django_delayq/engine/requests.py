@@ -9,6 +9,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .keyed import KeyedOptions, Outcome
+
 ID_BYTES = 12
 ID_CHARS = 16
 
@@ -46,6 +48,8 @@ class EnqueueRequest:
     on_parent_failure: str = "cancel"
     #: '' (nothing), 'one' or 'all' of the parents' results, as the first argument.
     pass_results: str = ""
+    #: Concurrency and dedupe keys (:func:`.keyed.encode` checks and builds them).
+    keyed: KeyedOptions | None = None
 
 
 @dataclass(slots=True)
@@ -57,6 +61,9 @@ class EnqueueResult:
     status: str
     run_at_ms: int
     enqueued_at_ms: int
+    #: What the enqueue did (with a dedupe key: replaced or ignored, ``job_id`` then
+    #: being the job that stands for the key).
+    outcome: Outcome = Outcome.CREATED
 
 
 @dataclass(slots=True)

@@ -7,11 +7,15 @@
 -- include: add_ready
 -- include: rate_limit
 -- include: histogram
+-- include: keyed_ctx
+-- include: fair_turn
+-- include: take_slot
 
 -- Claim a batch: promote due scheduled jobs, pop ready jobs by priority then FIFO, and
 -- lease them to a worker: 'claimed', until the worker says a thread started it (start.lua).
 -- Nothing is claimed while the queue is paused, and no more
--- jobs start than the queue's start-rate window allows.
+-- jobs start than the queue's start-rate window allows. A job whose concurrency key is
+-- at its limit is parked and the claim goes on with the next (lua/includes/keyed_ctx.lua).
 --
 -- KEYS[1] scheduled  ZSET  job ids by run_at (ms)
 -- KEYS[2] ready      ZSET  job ids by ready score
@@ -25,6 +29,7 @@
 --                          shared by its shards; unused when ARGV[6] is 0)
 -- KEYS[10] failed    ZSET  dead-lettered job ids (a job key that is not a hash goes here)
 -- KEYS[11] stats     HASH  the start-lateness histogram (its count: jobs claimed)
+-- KEYS[12..15] the shard's concurrency-key keys (keyed_ctx.lua)
 --
 -- ARGV[1] most jobs to claim
 -- ARGV[2] lease (ms)
@@ -46,6 +51,7 @@ local want, lease, worker = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local promote_max, maxlen = tonumber(ARGV[4]), events_cap(ARGV[5])
 local limit_key, limit, period = KEYS[9], tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0
 local failed_key = KEYS[10]
+local kc = keyed_ctx(12)
 local now = now_ms()
 local orphans = 0
 
@@ -67,19 +73,23 @@ end
 local due = redis.call('ZRANGEBYSCORE', scheduled, '-inf', now, 'LIMIT', 0, promote_max)
 if #due > 0 then
   local seq = redis.call('INCRBY', seq_key, #due) - #due
-  local promoted, to_ready = {}, {}
+  local promoted, to_ready, floors = {}, {}, {}
   call_sliced('ZREM', scheduled, due)
   for i = 1, #due do
     local job_id = due[i]
     local job_key = job_prefix .. job_id
-    local f = redis.pcall('HMGET', job_key, 't', 'p')
+    local f = redis.pcall('HMGET', job_key, 't', 'p', 'ck')
     -- A damaged hash (no task, a bad priority) is promoted too: the worker fails it
     -- with a clear error, and it cannot stop the promotion of every other job.
     if f['err'] then
       fail_damaged(job_key, job_id, f['err'])
     elseif f[1] or redis.call('EXISTS', job_key) == 1 then
-      mark_ready(job_key, seq + i)
-      to_ready[#to_ready + 1] = ready_score(tonumber(f[2]) or 0, seq + i)
+      local priority, turn = tonumber(f[2]) or 0, seq + i
+      if f[3] then
+        turn = fair_turn(kc.turns, ready, seq_key, f[3], priority, floors)
+      end
+      mark_ready(job_key, turn)
+      to_ready[#to_ready + 1] = ready_score(priority, turn)
       to_ready[#to_ready + 1] = job_id
       promoted[#promoted + 1] = job_id
     else
@@ -107,43 +117,53 @@ end
 
 local out = {now, next_due, 0, orphans, -1}
 if want > 0 then
-  local popped = redis.call('ZPOPMIN', ready, want)
   local deadline = now + lease
   local leases, started, attempts, lateness = {}, {}, {}, {}
-  for i = 1, #popped, 2 do
-    local job_id = popped[i]
-    local job_key = job_prefix .. job_id
-    local f = redis.pcall('HMGET', job_key, 't', 'a', 'k', 'm', 'p', 'r', 'e', 'n', 'o')
-    if f['err'] then
-      fail_damaged(job_key, job_id, f['err'])
-    elseif f[1] or redis.call('EXISTS', job_key) == 1 then
-      -- A damaged hash is leased and returned like any other (missing text as '',
-      -- bad numbers as defaults) so the worker fails it with a clear error; raising
-      -- here would leave this batch half-claimed and stall the queue on one job.
-      local attempt = (tonumber(f[8]) or 0) + 1
-      redis.call('HSET', job_key, 'n', attempt, 's', 'claimed', 'w', worker)
-      redis.call('HDEL', job_key, 'b')  -- not started yet (a retry's holds the last start)
-      leases[#leases + 1] = deadline
-      leases[#leases + 1] = job_id
-      started[#started + 1] = job_id
-      attempts[#attempts + 1] = attempt
-      if limit > 0 then
-        limit_take(limit_key, period, now, job_id .. '@' .. now)
+  -- Parked jobs take no slot of the batch: pop again (a few rounds at most) to fill it.
+  local rounds = 0
+  while #started < want and rounds < 8 do
+    rounds = rounds + 1
+    local popped = redis.call('ZPOPMIN', ready, want - #started)
+    if #popped == 0 then
+      break
+    end
+    for i = 1, #popped, 2 do
+      local job_id = popped[i]
+      local job_key = job_prefix .. job_id
+      local f = redis.pcall('HMGET', job_key, 't', 'a', 'k', 'm', 'p', 'r', 'e', 'n', 'o',
+        'ck', 'cl', 'q')
+      if f['err'] then
+        fail_damaged(job_key, job_id, f['err'])
+      elseif not (f[1] or redis.call('EXISTS', job_key) == 1) then
+        orphans = orphans + 1
+        emit(events, maxlen, 'orphaned', job_id, now)
+      elseif not f[10] or take_slot(kc, f[10], tonumber(f[11]) or 1, job_key, job_id,
+          popped[i + 1], f[12]) then
+        -- A damaged hash is leased and returned like any other (missing text as '',
+        -- bad numbers as defaults) so the worker fails it with a clear error; raising
+        -- here would leave this batch half-claimed and stall the queue on one job.
+        local attempt = (tonumber(f[8]) or 0) + 1
+        redis.call('HSET', job_key, 'n', attempt, 's', 'claimed', 'w', worker)
+        redis.call('HDEL', job_key, 'b')  -- not started yet (a retry's holds the last start)
+        leases[#leases + 1] = deadline
+        leases[#leases + 1] = job_id
+        started[#started + 1] = job_id
+        attempts[#attempts + 1] = attempt
+        if limit > 0 then
+          limit_take(limit_key, period, now, job_id .. '@' .. now)
+        end
+        out[#out + 1] = job_id
+        out[#out + 1] = f[1] or ''
+        out[#out + 1] = f[2] or ''
+        out[#out + 1] = f[3] or '{}'
+        out[#out + 1] = attempt
+        out[#out + 1] = tonumber(f[4]) or 1
+        out[#out + 1] = tonumber(f[5]) or 0
+        out[#out + 1] = tonumber(f[6] or f[7]) or now
+        lateness[#lateness + 1] = now - out[#out]
+        out[#out + 1] = tonumber(f[7]) or now
+        out[#out + 1] = tonumber(f[9]) or 0
       end
-      out[#out + 1] = job_id
-      out[#out + 1] = f[1] or ''
-      out[#out + 1] = f[2] or ''
-      out[#out + 1] = f[3] or '{}'
-      out[#out + 1] = attempt
-      out[#out + 1] = tonumber(f[4]) or 1
-      out[#out + 1] = tonumber(f[5]) or 0
-      out[#out + 1] = tonumber(f[6] or f[7]) or now
-      lateness[#lateness + 1] = now - out[#out]
-      out[#out + 1] = tonumber(f[7]) or now
-      out[#out + 1] = tonumber(f[9]) or 0
-    else
-      orphans = orphans + 1
-      emit(events, maxlen, 'orphaned', job_id, now)
     end
   end
   call_sliced('ZADD', active, leases)

@@ -10,6 +10,8 @@
 -- include: attempt_log
 -- include: flows
 -- include: notify_dependants
+-- include: keyed_ctx
+-- include: free_slot
 
 -- Acknowledge finished jobs. A job is completed only by the attempt that holds its
 -- lease: a late ack from a worker whose lease lapsed (and whose job was reclaimed or
@@ -23,6 +25,8 @@
 -- KEYS[4] stats      HASH  per-minute counters, totals, the duration histogram
 -- KEYS[5] job key prefix (job keys are KEYS[5] .. id; same hash tag)
 -- KEYS[6..15] the shard's keys for releasing dependants (flow_ctx in flows.lua)
+-- KEYS[16..19] the shard's concurrency-key keys (keyed_ctx.lua): a completed
+--              job frees its key's slot
 --
 -- ARGV[1..3] the settings for releasing dependants (flow_ctx)
 -- ARGV[4] result time to live (ms; 0: delete the job at once)
@@ -38,6 +42,7 @@
 local active, completed, events, stats, job_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local ttl, keep, maxlen = tonumber(ARGV[4]), tonumber(ARGV[5]), events_cap(ARGV[6])
 local flow = flow_ctx(6, 1)
+local kc = keyed_ctx(16)
 local now = now_ms()
 local out = {}
 local finished, ids, attempts, durations = {}, {}, {}, {}
@@ -45,7 +50,7 @@ local unnoted, unnoted_attempts = {}, {}  -- acked while still 'claimed': no sta
 for i = 7, #ARGV, 4 do
   local job_id, attempt = ARGV[i], ARGV[i + 1]
   local job_key = job_prefix .. job_id
-  local f = redis.call('HMGET', job_key, 's', 'n', 'w', 'b', 'dc')
+  local f = redis.call('HMGET', job_key, 's', 'n', 'w', 'b', 'dc', 'ck')
   if is_leased(f[1]) and f[2] == attempt then
     if f[1] == 'claimed' then
       unnoted[#unnoted + 1] = job_id
@@ -63,6 +68,9 @@ for i = 7, #ARGV, 4 do
     finished[#finished + 1] = job_id
     ids[#ids + 1] = job_id
     attempts[#attempts + 1] = attempt
+    if f[6] then
+      free_slot(kc, f[6], flow.ready, flow.marker, job_prefix)
+    end
     if f[5] and notify_dependants(flow, job_id, 'completed', ARGV[i + 2], now) > 0 then
       out[#out + 1] = 2
     else

@@ -8,6 +8,7 @@
 -- include: wanted_run_at
 -- include: flows
 -- include: link_parent
+-- include: fair_turn
 
 -- Enqueue jobs, skipping every job whose id already exists (dedupe while the job exists).
 -- A job hash's fields have short names: django_delayq/engine/fields.py is their table.
@@ -19,6 +20,10 @@
 -- KEYS[5] seq        STRING FIFO counter
 -- KEYS[6..5+n]       HASH  one job key per job, in ARGV order
 -- KEYS[6+n] stats    HASH  the enqueued total (field 'e'), duplicates skipped ('du')
+-- with f > 0 (keyed jobs, below), last:
+-- KEYS[#KEYS-2] turns HASH concurrency key -> its last FIFO number (keyed_ctx.lua)
+-- KEYS[#KEYS-1] the dedupe record prefix (STRING <prefix><dedupe key>: a job id)
+-- KEYS[#KEYS]   the job key prefix (of the job a dedupe record names)
 -- with m > 0 (jobs that wait, below):
 -- KEYS[7+n..16+n], the shard's keys for resolving dependants (flow_ctx in flows.lua; its
 --                  waiting ZSET gets the jobs that wait, by enqueued time, ms)
@@ -27,7 +32,8 @@
 --
 -- ARGV[1] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- ARGV[2] m: how many of the jobs wait for parents
--- ARGV[3..2+9n] per job, 9 values: id, task, args JSON, kwargs JSON, priority,
+-- ARGV[3] f: how many of the jobs have a concurrency or dedupe key
+-- ARGV[4..3+9n] per job, 9 values: id, task, args JSON, kwargs JSON, priority,
 --           run_at ms ('' for none), delay ms ('' for none), max attempts,
 --           time limit ms ('' for none)
 -- then per waiting job, 5 values: its index among the jobs (1-based), its parents JSON
@@ -35,6 +41,18 @@
 --           receives of their results ('' nothing, 'one', 'all'), and the indexes
 --           (1-based, space-separated) of its parents in this shard; see flows.lua.
 -- then, with m > 0, the 3 settings for resolving dependants (flow_ctx in flows.lua).
+-- then per keyed job, 6 values: its index among the jobs (1-based), its concurrency key
+--           ('' for none), that key's limit, its dedupe key ('' for none), the dedupe
+--           mode ('throttle', 'debounce', 'keep_last'), the mode's window (ms).
+--
+-- A keyed job is stored with its key ('ck') and limit ('cl'); one that is ready at once
+-- takes its key's next fair turn as its FIFO number (fair_turn.lua). A dedupe
+-- key names the job that stands for it (a record with a time to live): 'throttle'
+-- ignores the job while the record lives (the window); 'debounce' replaces the arguments
+-- of the job it names while that one is scheduled, and moves its run_at to this job's;
+-- 'keep_last' replaces the arguments of the one it names while that one has not started.
+-- Else the job is added and the record names it. A call holding a dedupe mode holds
+-- that one job only (engine/keyed.py checks it).
 --
 -- A job that waits is stored 'waiting' (its run_at kept) and linked, in this call, to
 -- its parents of this shard; a parent already finished resolves it at once. A job with
@@ -43,7 +61,9 @@
 --
 -- Returns, per job, 4 values: added (1, or 0 for a duplicate), status (after linking:
 -- a job whose parents here had all finished is already ready, scheduled or ended by its
--- policy), run_at ms, enqueued_at ms (of the existing job for a duplicate).
+-- policy), run_at ms, enqueued_at ms (of the existing job for a duplicate); with a dedupe
+-- mode, added is 1 (created), 2 (replaced: the job named by the record got these
+-- arguments) or 3 (ignored), and a fifth value follows: the id of the job in effect.
 --
 -- Loaded twice (engine/scripts.py VARIANTS): as `enqueue`, and as `enqueue_plain`
 -- without the includes flows and link_parent for calls with m = 0, so every use of their
@@ -57,14 +77,21 @@
 local maxlen = events_cap(ARGV[1])
 local now = now_ms()
 local scheduled, ready, marker, events, seq_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local m = tonumber(ARGV[2])
-local n = (#ARGV - 2 - 5 * m - (m > 0 and 3 or 0)) / 9
+local m, nf = tonumber(ARGV[2]), tonumber(ARGV[3])
+local n = (#ARGV - 3 - 5 * m - (m > 0 and 3 or 0) - 6 * nf) / 9
 local waits = {}  -- job index -> the ARGV index of its 5 flow values
 for j = 1, m do
-  local at = 3 + 9 * n + (j - 1) * 5
+  local at = 4 + 9 * n + (j - 1) * 5
   waits[tonumber(ARGV[at])] = at
 end
-local flow = m > 0 and flow_ctx(7 + n, 3 + 9 * n + 5 * m) or nil
+local keyed = {}  -- job index -> the ARGV index of its 6 keyed values
+for j = 1, nf do
+  local at = 4 + 9 * n + 5 * m + (m > 0 and 3 or 0) + (j - 1) * 6
+  keyed[tonumber(ARGV[at])] = at
+end
+local turns, dedupe_prefix, job_prefix = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
+local floors = {}  -- fair_turn's floor of each priority in this call
+local flow = m > 0 and flow_ctx(7 + n, 4 + 9 * n + 5 * m) or nil
 local waiting_pairs = {}
 -- per new job that waits: {its reply index, id, ARGV index of its flow values, index}
 local new_waiting = {}
@@ -93,12 +120,57 @@ local ready_pairs, scheduled_pairs, added_ids = {}, {}, {}
 local added = {}  -- job id -> its reply index, for an id given twice in one call
 local seq = nil  -- the FIFO number of the last ready job
 local earliest = nil  -- the earliest run_at among the scheduled jobs added
+local in_effect = nil  -- with a dedupe mode, the id of the job that stands for it
+
+-- With a dedupe mode: the reply of a job replaced or ignored through the record `rec`
+-- (4 values), or nil to add the job.
+local function dedupe(rec, mode, window, a, now)
+  local prev = redis.call('GET', rec)
+  local prev_key = prev and job_prefix .. prev
+  local f = prev and redis.call('HMGET', prev_key, 's', 'r', 'e') or {}
+  if mode == 'throttle' then
+    if prev then
+      return {3, f[1] or 'gone', tonumber(f[2] or f[3]) or 0, tonumber(f[3]) or 0}
+    end
+    return nil
+  end
+  local replace = f[1] == 'scheduled' or (mode == 'keep_last' and f[1] == 'ready')
+  if not replace then
+    return nil
+  end
+  redis.call('HSET', prev_key, 'a', ARGV[a + 3])
+  if ARGV[a + 4] ~= '{}' then
+    redis.call('HSET', prev_key, 'k', ARGV[a + 4])
+  else
+    redis.call('HDEL', prev_key, 'k')
+  end
+  local run_at = tonumber(f[2] or f[3]) or now
+  if mode == 'debounce' then
+    run_at = wanted_run_at(ARGV[a + 6], ARGV[a + 7], now)
+    redis.call('ZADD', scheduled, run_at, prev)
+    redis.call('HSET', prev_key, 'r', run_at)
+    redis.call('PEXPIRE', rec, window + 3600000)
+  end
+  emit_jobs(events, maxlen, 'rescheduled', {prev}, now, nil, 'run_at', run_at)
+  return {2, f[1], run_at, tonumber(f[3]) or 0}
+end
+
 for i = 1, n do
-  local a = 2 + (i - 1) * 9
+  local a = 3 + (i - 1) * 9
   local job_id = ARGV[a + 1]
   local found = existing[i]
   local twin = added[job_id]
-  if found then
+  local kx = keyed[i]
+  local deduped = nil
+  if kx and ARGV[kx + 4] ~= '' and not found then
+    deduped = dedupe(dedupe_prefix .. ARGV[kx + 3], ARGV[kx + 4], tonumber(ARGV[kx + 5]), a, now)
+  end
+  if deduped then
+    for _, value in ipairs(deduped) do
+      out[#out + 1] = value
+    end
+    in_effect = redis.call('GET', dedupe_prefix .. ARGV[kx + 3])
+  elseif found then
     out[#out + 1] = 0
     out[#out + 1] = found[1]
     out[#out + 1] = tonumber(found[2] or found[3]) or 0
@@ -134,6 +206,22 @@ for i = 1, n do
       fields[#fields + 1] = 'o'
       fields[#fields + 1] = ARGV[a + 9]
     end
+    local ck = kx and ARGV[kx + 1] ~= '' and ARGV[kx + 1] or nil
+    if ck then
+      fields[#fields + 1] = 'ck'
+      fields[#fields + 1] = ck
+      fields[#fields + 1] = 'cl'
+      fields[#fields + 1] = ARGV[kx + 2]
+    end
+    if kx and ARGV[kx + 4] ~= '' then
+      local window, rec = tonumber(ARGV[kx + 5]), dedupe_prefix .. ARGV[kx + 3]
+      local ttl = ARGV[kx + 4] == 'throttle' and window or window + 3600000
+      if ARGV[kx + 4] == 'keep_last' then
+        ttl = math.max(window, 86400000)
+      end
+      redis.call('SET', rec, job_id, 'PX', math.max(ttl, 1))
+      in_effect = job_id
+    end
     local status
     local wait = waits[i]
     if wait then
@@ -165,10 +253,14 @@ for i = 1, n do
         seq = redis.call('INCRBY', seq_key, n) - n
       end
       seq = seq + 1
-      ready_pairs[#ready_pairs + 1] = ready_score(priority, seq)
+      local turn = seq
+      if ck then
+        turn = fair_turn(turns, ready, seq_key, ck, priority, floors)
+      end
+      ready_pairs[#ready_pairs + 1] = ready_score(priority, turn)
       ready_pairs[#ready_pairs + 1] = job_id
       fields[#fields + 1] = 'q'
-      fields[#fields + 1] = seq
+      fields[#fields + 1] = turn
     else
       placed_ids[#placed_ids + 1] = job_id
       status = 'scheduled'
@@ -258,5 +350,8 @@ if #new_waiting > 0 then
     end
     out[w[1] + 1] = redis.call('HGET', KEYS[5 + w[4]], 's')
   end
+end
+if in_effect then
+  out[#out + 1] = in_effect
 end
 return out

@@ -7,6 +7,8 @@
 -- include: attempt_log
 -- include: flows
 -- include: notify_dependants
+-- include: keyed_ctx
+-- include: free_slot
 
 -- Record a failed attempt: retry later through the scheduled set while attempts remain,
 -- else dead-letter the job into the failed set, keeping its error and traceback. Only
@@ -31,6 +33,8 @@
 -- ARGV[9] when the attempt started (ms; for the attempt log)
 -- KEYS[8..17], ARGV[10..12] the shard's keys and settings for resolving dependants
 -- (flow_ctx in flows.lua)
+-- KEYS[18..21] the shard's concurrency-key keys (keyed_ctx.lua): the attempt
+--              frees its key's slot, retried or not
 --
 -- Returns {outcome, run_at, pushed}: outcome 'retried' (run_at is the retry time),
 -- 'failed', or 'stale' (the attempt no longer holds the lease); pushed counts the
@@ -42,9 +46,12 @@ local retry_delay, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
 local keep, maxlen = tonumber(ARGV[7]), events_cap(ARGV[8])
 local now = now_ms()
 
-local f = redis.call('HMGET', job_key, 's', 'n', 'm', 'w', 'b', 'dc')
+local f = redis.call('HMGET', job_key, 's', 'n', 'm', 'w', 'b', 'dc', 'ck')
 if not is_leased(f[1]) or f[2] ~= attempt or redis.call('ZREM', active, job_id) == 0 then
   return {'stale', 0}
+end
+if f[7] then
+  free_slot(keyed_ctx(18), f[7], KEYS[9], KEYS[10], KEYS[17])
 end
 local started = f[5] or (ARGV[9] and ARGV[9] ~= '0' and ARGV[9]) or nil
 redis.call('HSET', job_key, 'x', ARGV[3], 'tb', ARGV[4], 'f', now)

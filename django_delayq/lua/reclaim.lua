@@ -8,6 +8,8 @@
 -- include: attempt_log
 -- include: flows
 -- include: notify_dependants
+-- include: keyed_ctx
+-- include: free_slot
 
 -- Return jobs whose lease expired (their worker died or froze) to the ready set at
 -- their old place; a job that has used all its attempts is dead-lettered instead, so a
@@ -34,6 +36,8 @@
 -- KEYS[18] linking   ZSET  waiting jobs whose links to parents elsewhere are not yet
 --                          confirmed, by enqueued time or the latest hand-over below
 --                          (flows.lua)
+-- KEYS[19..22] the shard's concurrency-key keys (keyed_ctx.lua): each job
+--              taken out of the active set frees its key's slot
 -- ARGV[8] grace (ms): how long a producer may take to confirm those links
 -- ARGV[9] a worker name, or '' (optional): see above
 -- ARGV[10] with a worker name: the rank in the active set where this call's scan of
@@ -73,7 +77,10 @@ for i = 1, #expired do
   local job_id = expired[i]
   local job_key = job_prefix .. job_id
   redis.call('ZREM', active, job_id)
-  local f = redis.call('HMGET', job_key, 'n', 'm', 'p', 'q', 'w', 'b', 'dc', 's')
+  local f = redis.call('HMGET', job_key, 'n', 'm', 'p', 'q', 'w', 'b', 'dc', 's', 'ck')
+  if f[9] then
+    free_slot(keyed_ctx(19), f[9], ready, marker, job_prefix)
+  end
   local reason = (worker == '' and 'LeaseExpired' or 'WorkerLost') .. ': worker '
     .. (f[5] or '?') .. why
   if redis.call('EXISTS', job_key) == 0 then

@@ -4,6 +4,8 @@
 -- include: mark_ready
 -- include: add_ready
 -- include: is_leased
+-- include: keyed_ctx
+-- include: free_slot
 
 -- Hand leased jobs back to the ready set at their old place, without waiting for the
 -- lease to lapse: a stopping worker returns what it claimed but did not finish.
@@ -13,6 +15,7 @@
 -- KEYS[3] marker     ZSET  wake-up marks for idle workers
 -- KEYS[4] events     STREAM lifecycle events
 -- KEYS[5] job key prefix (job keys are KEYS[5] .. id; same hash tag)
+-- KEYS[6..9] the shard's concurrency-key keys (keyed_ctx.lua)
 --
 -- ARGV[1] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- ARGV[2] 1: the jobs never started, so their attempt is not counted; 0: it is
@@ -27,7 +30,7 @@ local released, to_ready = 0, {}
 for i = 3, #ARGV, 2 do
   local job_id, attempt = ARGV[i], ARGV[i + 1]
   local job_key = job_prefix .. job_id
-  local f = redis.call('HMGET', job_key, 's', 'n', 'p', 'q')
+  local f = redis.call('HMGET', job_key, 's', 'n', 'p', 'q', 'ck')
   if is_leased(f[1]) and f[2] == attempt and redis.call('ZREM', active, job_id) == 1 then
     if uncount and redis.call('HINCRBY', job_key, 'n', -1) == 0 then
       redis.call('HDEL', job_key, 'n')  -- 0 attempts is the default: not stored
@@ -37,6 +40,9 @@ for i = 3, #ARGV, 2 do
     to_ready[#to_ready + 1] = job_id
     emit(events, maxlen, 'released', job_id, now, 'attempt', attempt)
     released = released + 1
+    if f[5] then
+      free_slot(keyed_ctx(6), f[5], ready, marker, job_prefix)
+    end
   end
 end
 add_ready(ready, to_ready, marker)

@@ -38,6 +38,8 @@ from ..engine.workers import count_alive
 from ..mirror.consumer import GROUP
 from ..task import registry
 
+#: Concurrency keys per queue with a series of their own (bounded cardinality).
+TOP_KEYS = 10
 
 def queue_names(broker: Broker) -> list[str]:
     """Queues seen in Redis or used by a registered task."""
@@ -71,16 +73,31 @@ class DelayQCollector(Collector):
         capped = GaugeMetricFamily("delayq_mirror_lag_capped", "1 when the lag of the queue "
                                    "is a lower bound (counted up to a cap per shard).",
                                    labels=["queue"])
+        slots = GaugeMetricFamily("delayq_key_waiting_jobs", "Ready jobs waiting for a "
+                                  "slot of their concurrency key: in all (key=\"\") and "
+                                  f"for the {TOP_KEYS} keys with the most.",
+                                  labels=["queue", "key"])
+        running = GaugeMetricFamily("delayq_key_active_jobs", "Jobs running, for the "
+                                    f"{TOP_KEYS} concurrency keys with the most.",
+                                    labels=["queue", "key"])
         for name in names:
             queue = Queue(name, broker=broker)
             for status, n in queue.counts().items():
                 jobs.add_metric([name, status], n)
             paused.add_metric([name], int(queue.is_paused))
+            load = queue.key_load(TOP_KEYS)
+            slots.add_metric([name, ""], load.waiting_total)
+            for key, n in load.waiting:
+                slots.add_metric([name, key], n)
+            for key, n in load.active:
+                running.add_metric([name, key], n)
         for name, backlog in backlogs(broker, names, GROUP).items():
             lag.add_metric([name], backlog.events)
             capped.add_metric([name], int(backlog.capped))
         yield jobs
         yield paused
+        yield slots
+        yield running
         yield lag
         yield capped
         totals = [("enqueued", "Jobs enqueued."), ("started", "Attempts started."),

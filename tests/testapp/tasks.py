@@ -103,6 +103,7 @@ if os.environ.get("DELAYQ_TEST_PERIODIC"):
 from . import (  # noqa: E402, F401
     fault_tasks,
     flow_hooks,
+    keyed_tasks,
     outbox_hooks,
     port_tasks,
     soak_tasks,

@@ -1,0 +1,167 @@
+"""Per-key flow control in the engine: concurrency keys, fair turns, dedupe keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from django_delayq.engine import EnqueueRequest, Job, Queue
+from django_delayq.engine.keyed import KeyedOptions, Outcome, encode
+
+
+def keyed(key: str, limit: int = 1) -> KeyedOptions:
+    return KeyedOptions(key, limit)
+
+
+def claim(broker: Any, count: int, queue: str = "default", worker: str = "w1") -> list[Any]:
+    return [job for res in broker.claim(queue, count, worker) for job in res.jobs]
+
+
+def complete(broker: Any, jobs: list[Any], queue: str = "default") -> None:
+    batch = broker.batch()
+    for job in jobs:
+        broker.add_complete(batch, broker.keys_for(queue, job.id),
+                            [(job.id, job.attempt, "null")])
+    batch.run()
+
+
+def key_of(broker: Any, job: Any, queue: str = "default") -> str:
+    return broker.client.hget(broker.keys_for(queue, job.id).job(job.id), "ck")
+
+
+def test_a_key_at_its_limit_parks_its_jobs_and_others_go_on(broker: Any) -> None:
+    for i in range(6):
+        broker.enqueue("default", "t.a", [i], keyed=keyed("A", 2))
+    for i in range(3):
+        broker.enqueue("default", "t.b", [i], keyed=keyed("B", 5))
+    plain = broker.enqueue("default", "t.c", [0])
+    jobs = claim(broker, 20)
+    assert sorted(key_of(broker, j) or "-" for j in jobs) == ["-", "A", "A", "B", "B", "B"]
+    keys = broker.keys_for("default", plain.job_id)
+    assert broker.client.zscore(keys.key_active, "A") == 2
+    assert broker.client.zscore(keys.key_waiting, "A") == 4
+    assert claim(broker, 20) == []  # the 4 parked jobs wait for a slot
+    queue = Queue("default", broker=broker)
+    assert queue.counts()["ready"] == 4
+    load = queue.key_load(top=1)
+    assert (load.active, load.waiting, load.waiting_total) == ([("B", 3)], [("A", 4)], 4)
+    parked = Job.fetch(broker.client.zrange(keys.parked("A"), 0, 0)[0], broker=broker)
+    assert parked.status == "ready"
+    assert parked.waiting_for_slot
+    assert parked.concurrency_key == "A"
+    a_jobs = [j for j in jobs if key_of(broker, j) == "A"]
+    complete(broker, a_jobs[:1])
+    again = claim(broker, 20)
+    assert [key_of(broker, j) for j in again] == ["A"]
+    assert [j.args_json for j in again] == ["[2]"]  # FIFO within the key
+    complete(broker, [*a_jobs[1:], *again])
+    rest = claim(broker, 20)
+    assert [j.args_json for j in rest] == ["[3]", "[4]"]
+    complete(broker, rest)
+    last = claim(broker, 20)
+    assert [j.args_json for j in last] == ["[5]"]
+    complete(broker, last)
+    assert broker.client.zscore(keys.key_active, "A") is None
+    assert broker.client.zcard(keys.key_waiting) == 0
+    assert broker.client.hlen(keys.key_turns) == 0
+
+
+def test_failure_release_and_reclaim_free_the_slot(broker: Any) -> None:
+    for i in range(4):
+        broker.enqueue("default", "t.a", [i], keyed=keyed("A", 1), max_attempts=2)
+    (first,) = claim(broker, 10)
+    keys = broker.keys_for("default", first.id)
+    batch = broker.batch()
+    broker.add_fail(batch, keys, first.id, first.attempt, "E: x", "tb", 60_000)
+    batch.run()  # retried later: its slot is free now
+    (second,) = claim(broker, 10)
+    batch = broker.batch()
+    broker.add_release(batch, keys, [(second.id, second.attempt)], started=False)
+    batch.run()
+    (third,) = claim(broker, 10)
+    assert third.id == second.id  # handed back at its old place
+    # a lease that lapses frees the slot at the reclaim, not before
+    broker.client.zadd(keys.active, {third.id: 1})
+    assert claim(broker, 10) == []
+    assert broker.reclaim("default") == (1, 0)
+    (fourth,) = claim(broker, 10)
+    assert fourth.id == third.id
+    assert broker.client.zscore(keys.key_active, "A") == 1
+
+
+def test_a_cancelled_parked_job_is_skipped(broker: Any) -> None:
+    jobs = [broker.enqueue("default", "t.a", [i], keyed=keyed("A", 1)) for i in range(3)]
+    (running,) = claim(broker, 10)
+    assert claim(broker, 10) == []
+    Job.fetch(jobs[1].job_id, queue="default", broker=broker).cancel()
+    complete(broker, [running])
+    (nxt,) = claim(broker, 10)
+    assert nxt.id == jobs[2].job_id
+
+
+def test_fair_turns_between_keys(broker: Any) -> None:
+    """100,000 jobs of key A, then 10 of key B: B's all start within the first 21 claims
+    (the keys alternate), and each key's jobs keep their order."""
+    broker.enqueue_many("default", (
+        EnqueueRequest(task="t.a", args=[i], keyed=keyed("A", 100_000))
+        for i in range(100_000)))
+    late = broker.enqueue_many("default", [
+        EnqueueRequest(task="t.b", args=[i], keyed=keyed("B", 100_000)) for i in range(10)])
+    order = [job for _ in range(21) for job in claim(broker, 1)]
+    b_jobs = [job for job in order if job.id in late.job_ids]
+    assert [job.args_json for job in b_jobs] == [f"[{i}]" for i in range(10)]
+    a_jobs = [job for job in order if job.id not in late.job_ids]
+    assert [job.args_json for job in a_jobs] == [f"[{i}]" for i in range(11)]
+
+
+def test_dedupe_modes(broker: Any) -> None:
+    opts = encode(None, None, "digest", "debounce", 30)
+    first = broker.enqueue("default", "t.d", [1], keyed=opts, delay=30)
+    assert first.outcome is Outcome.CREATED
+    assert first.status == "scheduled"
+    second = broker.enqueue("default", "t.d", [2], keyed=opts, delay=30)
+    assert second.outcome is Outcome.REPLACED
+    assert second.job_id == first.job_id
+    assert second.run_at_ms >= first.run_at_ms
+    keys = broker.keys_for("default", first.job_id)
+    assert broker.client.hget(keys.job(first.job_id), "a") == "[2]"
+    assert broker.client.zcard(keys.scheduled) == 1
+
+    throttle = encode(None, None, "refresh", "throttle", 10)
+    one = broker.enqueue("default", "t.r", [1], keyed=throttle)
+    two = broker.enqueue("default", "t.r", [2], keyed=throttle)
+    assert (one.outcome, two.outcome) == (Outcome.CREATED, Outcome.IGNORED)
+    assert two.job_id == one.job_id
+
+    last = encode(None, None, "sync", "keep_last", None)
+    a = broker.enqueue("default", "t.s", [1], keyed=last)
+    b = broker.enqueue("default", "t.s", [2], keyed=last)
+    assert b.outcome is Outcome.REPLACED
+    assert b.job_id == a.job_id
+    claimed = [j for j in claim(broker, 10) if j.task == "t.s"]
+    assert [j.args_json for j in claimed] == ["[2]"]
+    c = broker.enqueue("default", "t.s", [3], keyed=last)  # one runs: this one waits
+    assert c.outcome is Outcome.CREATED
+    assert c.job_id != a.job_id
+    d = broker.enqueue("default", "t.s", [4], keyed=last)
+    assert d.outcome is Outcome.REPLACED
+    assert d.job_id == c.job_id
+    assert [j for j in claim(broker, 10) if j.task == "t.s"] == []  # limit 1 per key
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"concurrency_key": "", "concurrency_limit": 2},
+    {"concurrency_key": "a", "concurrency_limit": 0},
+    {"concurrency_key": 3},
+    {"dedupe_key": "a", "dedupe": "sometimes"},
+    {"dedupe_key": "a", "dedupe": "throttle"},
+    {"concurrency_limit": 2},
+])
+def test_bad_options_are_refused(kwargs: dict[str, Any]) -> None:
+    args = {"concurrency_key": None, "concurrency_limit": None, "dedupe_key": None,
+            "dedupe": None, "window": None}
+    args.update(kwargs)
+    with pytest.raises((TypeError, ValueError)):
+        encode(args["concurrency_key"], args["concurrency_limit"], args["dedupe_key"],
+               args["dedupe"], args["window"])
