@@ -29,6 +29,7 @@ traceback      ``tb``  traceback of the latest failure
 progress       ``g``   fraction done, 0..1, as the task reported it
 timeout        ``o``   time limit of each attempt, ms               none
 attempt_log    ``h``   the last 25 attempts, JSON (see below)       ``[]``
+aborted_by     ``ab``  who asked for its abort (or cancel)           none
 parents        ``d``   parents waited for, JSON ``[[queue, id]]``   none
 (policy)       ``dp``  on a parent's failure: run, fail             cancel
 (results)      ``dr``  parents' results passed: one, all            none
@@ -40,8 +41,9 @@ The last four serve workflows (``lua/includes/flows.lua`` describes them and the
 
 ``attempt_log`` is a JSON array of ``{"n": attempt, "w": worker, "b": start ms,
 "f": end ms, "o": outcome, "x": error, "t": traceback}``, oldest first, capped at the
-last :data:`ATTEMPT_LOG_SIZE` attempts. ``o`` is ``completed``, ``retried``, ``failed``
-or ``reclaimed`` (the worker's lease lapsed). Only a failed attempt (``retried``,
+last :data:`ATTEMPT_LOG_SIZE` attempts. ``o`` is ``completed``, ``retried``, ``failed``,
+``aborted`` (its abort was asked for: the job ended ``cancelled``) or ``reclaimed`` (the
+worker's lease lapsed). Only a failed attempt (``retried``,
 ``failed``) has ``t``: the end of its traceback, its last :data:`ATTEMPT_TRACEBACK`
 bytes.
 
@@ -80,6 +82,7 @@ STORED: Final[Mapping[str, str]] = {
     "timeout": "o",
     "attempt_log": "h",
     "parents": "d",
+    "aborted_by": "ab",
 }
 
 #: Attempts kept in a job's ``attempt_log``.

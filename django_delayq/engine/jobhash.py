@@ -222,6 +222,8 @@ class JobHash:
     timeout: float | None
     #: The ``(queue, id)`` parents it waits (or waited) for, in order (workflows).
     parents: list[tuple[str, str]]
+    #: Who asked for its abort or cancel ('' when nobody did).
+    aborted_by: str = ""
     #: Fields that could not be read: field -> what was found there.
     damaged: dict[str, str] = field(default_factory=dict)
 
@@ -307,6 +309,7 @@ def read_job_hash(stored: dict[str, str]) -> JobHash:
         timeout=to_int(data.get("timeout")) / 1000
         if to_int(data.get("timeout")) > 0 else None,
         parents=parse_parents(data.get("parents")),
+        aborted_by=data.get("aborted_by", ""),
     )
 
 
