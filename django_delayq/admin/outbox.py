@@ -23,8 +23,8 @@ from ..connection import get_broker
 from ..models import OutboxEntry
 from ..outbox.send import send_rows, settle
 from ..task import registry
+from .actions import MAX_ACTION_JOBS
 from .display import pretty_json, when_short, zoned_header
-from .jobs import MAX_ACTION_JOBS
 
 
 class ParkedFilter(admin.SimpleListFilter):

@@ -105,6 +105,8 @@ class LiveJobSerializer(serializers.Serializer):
     timeout = serializers.FloatField(allow_null=True,
                                      help_text="The job's own time limit per attempt, seconds.")
     attempt_log = AttemptSerializer(many=True, help_text="The last attempts, oldest first.")
+    aborted_by = serializers.CharField(
+        help_text="Who asked for its abort ('' when nobody did).")
     damaged = serializers.DictField(
         child=serializers.CharField(),
         help_text="Fields of the stored record that could not be read: field -> what was "
@@ -124,7 +126,7 @@ class MirroredJobSerializer(serializers.ModelSerializer):
         fields = ["job_id", "queue", "task_name", "status", "priority", "args", "kwargs",
                   "run_at", "enqueued_at", "started_at", "finished_at", "attempts",
                   "max_attempts", "worker", "result", "error", "progress", "progress_message",
-                  "updated_at"]
+                  "aborted_by", "updated_at"]
         read_only_fields = fields
 
 
