@@ -134,8 +134,11 @@ def test_job_list_badges_filters_and_search(admin_client):
     assert "dq-status-failed" in page
     assert "dq-status-completed" in page
     assert "Queues dashboard" in page
-    app_page = admin_client.get(reverse("admin:app_list", args=["django_delayq"]))
-    assert reverse(DASHBOARD) in app_page.content.decode()
+    app_page = admin_client.get(reverse("admin:app_list", args=["django_delayq"])).content.decode()
+    assert app_page.count("Queues dashboard") == 1, "the dashboard is listed once"
+    assert ">Change<" not in app_page, "read-only pages are offered as View"
+    entry = admin_client.get(reverse("admin:django_delayq_queuesdashboard_changelist"))
+    assert entry.url == reverse(DASHBOARD)
 
     def ids(query: dict[str, str]) -> set[str]:
         response = admin_client.get(url, query)

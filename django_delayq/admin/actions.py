@@ -21,6 +21,15 @@ from ..models import Job
 
 logger = logging.getLogger("django_delayq.admin.jobs")
 
+class ReadOnlyPages(ModelAdmin):
+    """A model admin whose pages are read-only and whose changes are actions: the admin
+    index offers "View", never "Change"."""
+
+    def get_model_perms(self, request: HttpRequest) -> dict[str, bool]:
+        return {**super().get_model_perms(request), "change": False,
+                "view": self.has_view_or_change_permission(request)}
+
+
 #: Most jobs one admin action touches (each is one Redis round trip or two).
 MAX_ACTION_JOBS = 500
 REDIS_DOWN = "Redis is unreachable; nothing was changed. Try again in a moment."

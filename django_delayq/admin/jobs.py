@@ -30,8 +30,17 @@ from ..engine import DelayQConnectionError, JobNotFound
 from ..engine import Job as EngineJob
 from ..models import Job, QueuesDashboard
 from ..workflows.view import workflow
-from . import dashboard
-from .actions import JOB_OPERATIONS, abort, act, cancel, operations_for, retry, run_now
+from . import dashboard, live
+from .actions import (
+    JOB_OPERATIONS,
+    ReadOnlyPages,
+    abort,
+    act,
+    cancel,
+    operations_for,
+    retry,
+    run_now,
+)
 from .display import (
     attempts_table,
     job_label,
@@ -54,13 +63,14 @@ def has_attempt_log() -> bool:
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(ReadOnlyPages):
     list_display = ("job_display", "task_display", "queue", "status_display",
-                    "attempts_display", "run_at_display", "duration_column", "error_column",
-                    "args_column")
+                    "attempts_display", "progress_column", "run_at_display", "started_column",
+                    "worker_column", "duration_column", "error_column", "args_column")
     list_display_links = ("job_display",)
     list_filter = ("status", "queue", "task_name")
-    search_fields = ("=job_id", "task_name")
+    #: An argument value is found in the arguments' JSON text.
+    search_fields = ("=job_id", "task_name", "args", "kwargs")
     date_hierarchy = "run_at"
     ordering = ("-run_at",)
     list_per_page = 50
@@ -106,15 +116,18 @@ class JobAdmin(admin.ModelAdmin):
         except dashboard.READ_ERRORS as exc:  # never a 500 for a warning
             warnings = [dashboard.unavailable(exc)]
         return super().changelist_view(request, {"title": "Jobs", "dq_warnings": warnings,
+                                                 "dq_poll_ms": live.POLL_MS,
                                                  **(extra_context or {})})
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
         row = self.get_object(request, object_id)
         operations: list[str] = []
+        status = "" if row is None else _live_status(row)
         if row is not None and self.has_change_permission(request):
-            operations = operations_for(_live_status(row))
+            operations = operations_for(status)
         extra_context = {**(extra_context or {}), "title": "Job", "show_save": False,
+                         "dq_poll_ms": live.POLL_MS, "dq_live_status": status,
                          "job_operations": operations,
                          "show_save_and_continue": False, "show_save_and_add_another": False,
                          "show_delete": False}
@@ -143,6 +156,18 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="duration")
     def duration_column(self, obj: Job) -> str:
         return seconds(obj.duration)
+
+    @admin.display(description="progress")
+    def progress_column(self, obj: Job) -> SafeString | str:
+        return live.progress_cell(obj)
+
+    @admin.display(description=lazy(zoned_header, str)("started"), ordering="started_at")
+    def started_column(self, obj: Job) -> str:
+        return when_short(obj.started_at)
+
+    @admin.display(description="worker", ordering="worker")
+    def worker_column(self, obj: Job) -> SafeString | str:
+        return live.worker_cell(obj)
 
     @admin.display(description="error")
     def error_column(self, obj: Job) -> SafeString | str:
@@ -300,6 +325,8 @@ class JobAdmin(admin.ModelAdmin):
             path("queues/<str:queue>/<str:operation>/",
                  view(dashboard.QueueControlView.as_view(model_admin=self)),
                  name="django_delayq_queue_control"),
+            path("live/", view(lambda request: live.live_rows(request, self)),
+                 name="django_delayq_job_live"),
             path("<path:object_id>/act/<str:operation>/", view(self.job_action_view),
                  name="django_delayq_job_act"),
         ]

@@ -80,7 +80,15 @@ class AttemptSerializer(serializers.Serializer):
 
 
 class LiveJobSerializer(serializers.Serializer):
-    """A job as Redis holds it now (an engine ``Job``)."""
+    """A job as Redis holds it now (an engine ``Job``). ``error`` and ``traceback`` are
+    "" when there is none, as in the mirrored row."""
+
+    def to_representation(self, instance: Any) -> Any:
+        data = super().to_representation(instance)
+        for name in ("error", "traceback"):
+            if data.get(name) is None:
+                data[name] = ""
+        return data
 
     id = serializers.CharField()
     queue = serializers.CharField()
@@ -93,8 +101,8 @@ class LiveJobSerializer(serializers.Serializer):
     attempts = serializers.IntegerField()
     max_attempts = serializers.IntegerField()
     result = serializers.JSONField(allow_null=True)
-    error = serializers.CharField(allow_null=True)
-    traceback = serializers.CharField(allow_null=True)
+    error = serializers.CharField()
+    traceback = serializers.CharField()
     worker = serializers.CharField(allow_null=True)
     enqueued_at = serializers.DateTimeField(allow_null=True)
     started_at = serializers.DateTimeField(allow_null=True)
