@@ -101,10 +101,11 @@ def test_aborting_a_running_job_from_its_page_ends_it_and_names_who(kind, tab, s
     wait_until(lambda: job.refresh().status == "cancelled", timeout=120,
                message=f"the aborted job to end:\n{out.text}")
     assert job.aborted_by == "admin (admin)"
-    # The page reloads by itself once the job's status changed.
+    # The page names who asked at once, and reloads by itself once the job ended.
+    assert "admin (admin)" in tab.locator("table.dq-live").inner_text()
     tab.wait_for_function("document.querySelector('table.dq-live') && "
                           "document.querySelector('table.dq-live').innerText"
-                          ".includes('admin (admin)')", timeout=30_000)
+                          ".includes('Cancelled')", timeout=30_000)
     live = tab.locator("table.dq-live").inner_text()
     assert "Cancelled" in live
     assert "JobAborted: aborted by admin (admin)" in live
