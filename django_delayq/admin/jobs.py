@@ -162,8 +162,8 @@ class JobAdmin(ReadOnlyPages):
         return live.progress_cell(obj)
 
     @admin.display(description=lazy(zoned_header, str)("started"), ordering="started_at")
-    def started_column(self, obj: Job) -> str:
-        return when_short(obj.started_at)
+    def started_column(self, obj: Job) -> SafeString | str:
+        return live.started_cell(obj)
 
     @admin.display(description="worker", ordering="worker")
     def worker_column(self, obj: Job) -> SafeString | str:

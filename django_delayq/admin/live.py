@@ -33,6 +33,14 @@ def worker_cell(row: Job) -> SafeString | str:
     return format_html('<span class="dq-cut" title="{}">{}</span>', row.worker, row.worker)
 
 
+def started_cell(row: Job) -> SafeString | str:
+    """The start of the last attempt: its time of day (the date in the tooltip)."""
+    if row.started_at is None:
+        return "-"
+    full = when_short(row.started_at)
+    return format_html('<span title="{}">{}</span>', full, full.split(" ")[-1])
+
+
 def progress_cell(row: Job) -> SafeString | str:
     if row.progress is None:
         return "-"
@@ -47,7 +55,7 @@ def cells(row: Job) -> dict[str, str]:
         "attempts_display": f"{row.attempts}/{row.max_attempts}",
         "progress_column": progress_cell(row),
         "worker_column": worker_cell(row),
-        "started_column": when_short(row.started_at),
+        "started_column": started_cell(row),
         "duration_column": seconds(row.duration),
     }
 
