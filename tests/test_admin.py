@@ -134,8 +134,11 @@ def test_job_list_badges_filters_and_search(admin_client):
     assert "dq-status-failed" in page
     assert "dq-status-completed" in page
     assert "Queues dashboard" in page
-    app_page = admin_client.get(reverse("admin:app_list", args=["django_delayq"]))
-    assert reverse(DASHBOARD) in app_page.content.decode()
+    app_page = admin_client.get(reverse("admin:app_list", args=["django_delayq"])).content.decode()
+    assert app_page.count("Queues dashboard") == 1, "the dashboard is listed once"
+    assert ">Change<" not in app_page, "read-only pages are offered as View"
+    entry = admin_client.get(reverse("admin:django_delayq_queuesdashboard_changelist"))
+    assert entry.url == reverse(DASHBOARD)
 
     def ids(query: dict[str, str]) -> set[str]:
         response = admin_client.get(url, query)
@@ -253,6 +256,42 @@ def test_buttons_of_the_job_page(admin_client, client):
     client.force_login(staff("viewer", "view_job"))
     assert "dq-act-cancel" not in client.get(url).content.decode()
     assert client.post(act_url).status_code == 403
+
+
+def test_the_abort_button_stops_a_running_job_and_the_page_says_who(admin_client):
+    job = tasks.gated.enqueue("ab", "gate:never")
+    with worker_thread(queues=["default"], concurrency=1, lease=3):
+        wait_until(lambda: job.refresh().status == "active", message="the job to start")
+        mirror()
+        url = change_url(job.id)
+        assert "dq-act-abort" in admin_client.get(url).content.decode()
+        pk = Job.objects.get(job_id=job.id).pk
+        response = admin_client.post(reverse("admin:django_delayq_job_act", args=[pk, "abort"]),
+                                     follow=True)
+        assert f"1 job(s) asked to stop: {job.id}" in response.content.decode()
+        wait_until(lambda: job.refresh().status == "cancelled", timeout=60,
+                   message="the aborted job to end cancelled")
+    mirror()
+    row = Job.objects.get(job_id=job.id)
+    assert (row.status, row.aborted_by) == ("cancelled", "admin (admin)")
+    page = admin_client.get(url).content.decode()
+    assert "admin (admin)" in page
+    assert "dq-act-abort" not in page
+    assert "dq-act-retry" in page
+
+
+def test_delayq_abort_command(redis_client, capsys):
+    from django.core.management import call_command
+
+    waiting = tasks.record.using(delay=3600).enqueue("w")
+    call_command("delayq_abort", "default", waiting.id, "--by", "cron")
+    assert capsys.readouterr().out == f"{waiting.id}: cancelled\n"
+    assert (waiting.refresh().status, waiting.aborted_by) == ("cancelled", "cron")
+    with pytest.raises(SystemExit) as exit_:
+        call_command("delayq_abort", "default", waiting.id, "missing")
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"{waiting.id}: cancelled already, not aborted", "missing: not in Redis"]
 
 
 def test_action_with_redis_down_says_so_without_the_url(admin_client):

@@ -69,6 +69,7 @@ ENDPOINTS = [
     ("get", "/jobs/default/{waiting}/", None),
     ("post", "/jobs/default/{waiting}/reschedule/", {"delay": 60}),
     ("post", "/jobs/default/{waiting}/cancel/", None),
+    ("post", "/jobs/default/{waiting}/abort/", None),
     ("post", "/jobs/default/{cancelled}/retry/", None),
     ("get", "/workers/", None),
     ("get", "/schema/", None),
@@ -265,6 +266,24 @@ def test_cancel(staff: APIClient, broker: Any) -> None:
     assert (entry["attempt"], entry["outcome"], entry["error"]) == (1, "completed", "")
 
 
+def test_abort_stops_a_running_job_and_names_the_user(staff: APIClient, broker: Any) -> None:
+    running = gated.enqueue("g", "gate:never")
+    with worker_thread(queues=["default"], concurrency=1, lease=3):
+        wait_until(lambda: Job.fetch(running.id, "default").status == "active",
+                   message="the gated job to start")
+        response = staff.post(f"{API}/jobs/default/{running.id}/abort/")
+        assert response.status_code == 200, response.content
+        assert response.json()["aborted_by"] == "staff (api)"
+        wait_until(lambda: Job.fetch(running.id, "default").status == "cancelled",
+                   timeout=60, message="the aborted job to end cancelled")
+    live = staff.get(f"{API}/jobs/default/{running.id}/").json()["live"]
+    assert live["error"] == "django_delayq.engine.errors.JobAborted: aborted by staff (api)"
+    assert [e["outcome"] for e in live["attempt_log"]] == ["aborted"]
+    response = staff.post(f"{API}/jobs/default/{running.id}/abort/")
+    assert response.status_code == 409
+    assert "finished" in response.json()["detail"]
+
+
 def test_retry(staff: APIClient) -> None:
     job = always_fails.using(max_attempts=1).enqueue("r")
     with worker_thread(queues=["default"], concurrency=1):
@@ -436,7 +455,7 @@ def test_schema_is_valid_and_lists_every_endpoint(staff: APIClient) -> None:
         f"{API}/queues/", f"{API}/queues/{{queue}}/", f"{API}/queues/{{queue}}/pause/",
         f"{API}/queues/{{queue}}/resume/", f"{API}/jobs/",
         f"{API}/jobs/{{queue}}/{{job_id}}/", f"{API}/jobs/{{queue}}/{{job_id}}/cancel/",
-        f"{API}/jobs/{{queue}}/{{job_id}}/retry/",
+        f"{API}/jobs/{{queue}}/{{job_id}}/abort/", f"{API}/jobs/{{queue}}/{{job_id}}/retry/",
         f"{API}/jobs/{{queue}}/{{job_id}}/reschedule/", f"{API}/workers/",
     }
     paths = schema["paths"]

@@ -50,6 +50,8 @@ ENDPOINTS: list[tuple[str, str, Any, str, Changed | None]] = [
      lambda jobs: sum(Queue("default").counts().values()) != 2),
     ("post", "/jobs/default/{waiting}/cancel/", None, "change",
      lambda jobs: jobs["waiting"].refresh().status != "scheduled"),
+    ("post", "/jobs/default/{waiting}/abort/", None, "change",
+     lambda jobs: jobs["waiting"].refresh().status != "scheduled"),
     ("post", "/jobs/default/{waiting}/reschedule/", {"delay": 0}, "change",
      lambda jobs: jobs["waiting"].refresh().status != "scheduled"),
     ("post", "/jobs/default/{cancelled}/retry/", None, "change",

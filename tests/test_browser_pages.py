@@ -27,8 +27,8 @@ from tests.testapp import tasks
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 SHOTS = ROOT / "test-artifacts" / "screenshots" / "pages"
-VIEWS = [("1366-light", 1366, "light"), ("1920-light", 1920, "light"),
-         ("1366-dark", 1366, "dark"), ("1920-dark", 1920, "dark")]
+VIEWS = [("1024-light", 1024, "light"), ("1920-light", 1920, "light"),
+         ("1024-dark", 1024, "dark"), ("1920-dark", 1920, "dark")]
 
 #: Groups of controls that sit side by side; none of their controls may overlap.
 TOOLBARS = (".object-tools", ".dq-job-actions", ".dq-controls-row", ".submit-row",

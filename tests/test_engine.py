@@ -168,9 +168,10 @@ def test_every_field_is_stored_short_and_read_back_by_its_name(bare, redis_clien
     batch.run()
     raw = redis_client.hgetall(keys.job(job_id))
     # Not written by this run: the result (it failed) and progress (only a task sets it).
-    # Nor parents (it has none).
+    # Nor parents (it has none), nor aborted_by (nobody aborted it).
     assert set(raw) == set(STORED.values()) - {stored("result"), stored("progress"),
-                                               stored("progress_message"), stored("parents")}
+                                               stored("progress_message"), stored("parents"),
+                                               stored("aborted_by")}
     job = Job.fetch(job_id, "q", broker=bare)
     assert (job.task_name, job.status, job.args, job.kwargs, job.priority) == (
         "t.x", "scheduled", [1], {"k": "v"}, 5)
@@ -288,7 +289,7 @@ def test_extend_keeps_the_lease_and_reports_lost_ones(bare, redis_client):
     before = redis_client.zscore(keys.active, job_id)
     batch = bare.batch()
     bare.add_extend(batch, keys, [(job_id, c.attempt), ("ghost", 1)], 120_000)
-    assert batch.run() == [["ghost"]]
+    assert batch.run() == [[["ghost"], []]]
     assert redis_client.zscore(keys.active, job_id) > before + 60_000
 
 

@@ -18,25 +18,30 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.safestring import SafeString
+from django.utils.timezone import localtime
 from django.views import View
 
 from ..connection import get_broker
 from ..engine import Broker, DelayQConnectionError, DelayQError, Queue
 from ..engine.backlog import Backlog, backlogs
 from ..engine.errors import CommandRefused
-from ..engine.jobhash import from_ms
+from ..engine.jobhash import from_ms, to_int
 from ..engine.keyed import KeyLoad
 from ..engine.keys import validate_queue_name
+from ..engine.schedules import registered_schedules
 from ..engine.stats import QueueStats, queue_stats
 from ..engine.status import PURGEABLE, STATUSES
 from ..engine.workers import any_alive, live_workers
 from ..mirror.consumer import GROUP
 from ..models import Job
-from ..task import registry
+from ..runtime.schedule import Schedule
 from .charts import lateness_chart, quantile, throughput_chart
-from .display import when
+from .display import job_link, when
 
 logger = logging.getLogger(__name__)
+
+#: The periodic tasks listed: those a worker scheduled in the last day.
+SCHEDULES_SEEN_MS = 86_400_000
 
 REDIS_DOWN = "Redis is unreachable, so live queue state cannot be shown. Try again shortly."
 #: What reading the live state may raise: Redis unreachable or refusing
@@ -131,22 +136,31 @@ def mirror_state(broker: Broker, names: list[str]) -> MirrorState:
 
 
 def periodic_schedules(broker: Broker) -> list[dict[str, Any]]:
-    """Each periodic task: its schedule, next occurrence, and last run the mirror saw."""
-    tasks = [t for t in registry.tasks() if t.schedule is not None]
-    if not tasks:
+    """Each periodic task a worker schedules (as recorded in Redis in the last
+    :data:`SCHEDULES_SEEN_MS`): its schedule, next occurrence, and last run the mirror
+    saw."""
+    defs = registered_schedules(broker)
+    if not defs:
         return []
     with broker.read_errors():
         now_ms = broker.server_time_ms()
     rows = []
-    for task in tasks:
-        assert task.schedule is not None
-        last = (Job.objects.filter(task_name=task.name, job_id__startswith="cron:",
+    for name, d in sorted(defs.items()):
+        if now_ms - to_int(d.get("seen_ms")) > SCHEDULES_SEEN_MS:
+            continue  # no worker has run it for a day: removed from the code
+        try:
+            schedule = Schedule(cron=d.get("cron"), tz=str(d.get("tz") or "UTC"),
+                                every_ms=to_int(d.get("every_ms"), None))
+            upcoming = when(from_ms(schedule.next_after(now_ms)))
+        except (ValueError, TypeError, ImportError):
+            continue
+        last = (Job.objects.filter(task_name=name, job_id__startswith="cron:",
                                    started_at__isnull=False)
                 .order_by("-started_at").only("job_id", "status", "started_at", "queue")
                 .first())
-        rows.append({"task": task.name, "queue": task.queue_name,
-                     "schedule": task.schedule.describe(),
-                     "next": when(from_ms(task.schedule.next_after(now_ms))),
+        rows.append({"task": name, "queue": str(d.get("queue", "")),
+                     "schedule": schedule.describe(),
+                     "next": upcoming,
                      "last": when(last.started_at) if last else "never",
                      "last_status": last.status if last else "",
                      "last_pk": last.pk if last else None})
@@ -252,6 +266,10 @@ class QueuesDataView(_AdminView):
                     "queues": ", ".join(w.queues), "concurrency": w.concurrency,
                     "busy": w.busy, "processed": w.processed, "failed": w.failed,
                     "heartbeat": when(w.heartbeat), "started": when(w.started),
+                    "heartbeat_time": localtime(w.heartbeat).strftime("%H:%M:%S")
+                    if w.heartbeat else "-",
+                    "running": [{"id": job_id, "url": job_link(queue, job_id, None)}
+                                for queue, job_id in w.running],
                     "ago": round(w.seconds_ago, 1)} for w in data["workers"]]
         return JsonResponse({"queues": [q.as_json() for q in data["queues"]],
                              "workers": workers, "warnings": data["warnings"],

@@ -111,26 +111,33 @@ def job_label(job_id: str, task_name: str = "") -> SafeString:
 
 def attempts_table(log: Any) -> SafeString | str:
     """The mirrored attempt log as a table; a failed attempt's traceback folded in its
-    row. An entry that cannot be read shows what could be."""
+    row. An entry that cannot be read shows what could be. Where the numbering starts
+    again (a manual retry resets the attempts), a row says so."""
     entries = attempt_entries(log)
     if not entries:
         return "-"
     rows = []
+    previous = 0
     for e in entries:
+        if e["attempt"] and previous and e["attempt"] <= previous:
+            rows.append(format_html('<tr class="dq-retry-mark"><td colspan="8">retried by '
+                                    "hand: attempts counted again from {}</td></tr>",
+                                    e["attempt"]))
+        previous = e["attempt"] or previous
         start, end = e["started_at"], e["finished_at"]
         duration = (end - start).total_seconds() if start and end else None
         tb = e["traceback"]
-        rows.append((e["attempt"] or "", e["worker"] or "-", when(start), when(end),
-                     seconds(duration), e["outcome"] or "-", e["error"] or "-",
-                     format_html('<details class="dq-tb"><summary>traceback</summary>'
-                                 '<pre class="dq-pre">{}</pre></details>', tb) if tb else "-"))
-    body = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-                                "<td>{}</td><td class=\"dq-error-cell\">{}</td>"
-                                "<td class=\"dq-tb-cell\">{}</td></tr>", rows)
+        rows.append(format_html(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+            '<td class="dq-error-cell">{}</td><td class="dq-tb-cell">{}</td></tr>',
+            e["attempt"] or "", e["worker"] or "-", when(start), when(end),
+            seconds(duration), e["outcome"] or "-", e["error"] or "-",
+            format_html('<details class="dq-tb"><summary>traceback</summary>'
+                        '<pre class="dq-pre">{}</pre></details>', tb) if tb else "-"))
     return format_html('<table class="dq-attempts"><thead><tr><th>#</th><th>worker</th>'
                        "<th>started</th><th>ended</th><th>duration</th><th>outcome</th>"
                        "<th>error</th><th>traceback (its end)</th></tr></thead><tbody>{}"
-                       "</tbody></table>", body)
+                       "</tbody></table>", format_html_join("", "{}", ((r,) for r in rows)))
 
 
 def job_link(queue: str, job_id: str, pk: int | None) -> str:

@@ -9,10 +9,9 @@ shows the live Redis state next to the mirrored one. Acting needs the
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import (
@@ -27,13 +26,21 @@ from django.utils.functional import lazy
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ..engine import DelayQConnectionError, InvalidJobState, JobNotFound
+from ..engine import DelayQConnectionError, JobNotFound
 from ..engine import Job as EngineJob
-from ..engine.status import CANCELLABLE, PENDING, RETRYABLE
-from ..mirror.consumer import refresh_rows
 from ..models import Job, QueuesDashboard
 from ..workflows.view import workflow
-from . import dashboard
+from . import dashboard, live
+from .actions import (
+    JOB_OPERATIONS,
+    ReadOnlyPages,
+    abort,
+    act,
+    cancel,
+    operations_for,
+    retry,
+    run_now,
+)
 from .display import (
     attempts_table,
     job_label,
@@ -50,74 +57,31 @@ from .display import (
 
 logger = logging.getLogger(__name__)
 
-#: Most jobs one admin action touches (each is one Redis round trip or two).
-MAX_ACTION_JOBS = 500
-REDIS_DOWN = "Redis is unreachable; nothing was changed. Try again in a moment."
-
-
-def _run_now(job: EngineJob) -> str:
-    if job.status in PENDING:
-        job.reschedule(delay=0)
-        return "moved to now"
-    if job.status in RETRYABLE:
-        job.retry()
-        return "retried"
-    raise InvalidJobState(job.id, job.status, "run now", (*PENDING, *RETRYABLE))
-
-
-def _retry(job: EngineJob) -> str:
-    job.retry()
-    return "retried"
-
-
-def _cancel(job: EngineJob) -> str:
-    if job.cancel():
-        return "cancelled"
-    raise InvalidJobState(job.id, job.status, "cancelled", CANCELLABLE)
-
-
-#: The buttons of the job page: operation -> (verb, what it does to the engine's Job).
-JOB_OPERATIONS: dict[str, tuple[str, Callable[[EngineJob], str]]] = {
-    "retry": ("retried", _retry),
-    "cancel": ("cancelled", _cancel),
-    "run-now": ("run now", _run_now),
-}
-#: The statuses each operation applies to (the job page shows only those buttons).
-APPLIES_TO = {
-    "retry": tuple(RETRYABLE),
-    "cancel": tuple(CANCELLABLE),
-    "run-now": (*PENDING, *RETRYABLE),
-}
-
-
-def operations_for(status: str) -> list[str]:
-    """The job page's buttons for a job in ``status``."""
-    return [op for op in JOB_OPERATIONS if status in APPLIES_TO[op]]
-
-
 def has_attempt_log() -> bool:
     """Whether the mirrored model keeps each attempt (``attempt_log``)."""
     return any(f.name == "attempt_log" for f in Job._meta.get_fields())
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(ReadOnlyPages):
     list_display = ("job_display", "task_display", "queue", "status_display",
-                    "attempts_display", "run_at_display", "duration_column", "error_column",
-                    "args_column")
+                    "attempts_display", "progress_column", "run_at_display", "started_column",
+                    "worker_column", "duration_column", "error_column", "args_column")
     list_display_links = ("job_display",)
     list_filter = ("status", "queue", "task_name")
-    search_fields = ("=job_id", "task_name")
+    #: An argument value is found in the arguments' JSON text.
+    search_fields = ("=job_id", "task_name", "args", "kwargs")
     date_hierarchy = "run_at"
     ordering = ("-run_at",)
     list_per_page = 50
     show_full_result_count = False
-    actions = ("retry_jobs", "cancel_jobs", "run_jobs_now")
+    actions = ("retry_jobs", "cancel_jobs", "run_jobs_now", "abort_jobs")
     fieldsets = (
         (None, {"fields": ("job_id", "queue", "task_name", "status_display", "priority",
                            "attempts_display", "worker", "progress_display")}),
         ("Arguments", {"fields": ("args_display", "kwargs_display")}),
-        ("Outcome", {"fields": ("result_display", "error", "traceback_display")}),
+        ("Outcome", {"fields": ("result_display", "error", "aborted_by_display",
+                                "traceback_display")}),
         ("Timings", {"fields": ("enqueued_at_display", "run_at_full", "started_at_display",
                                 "finished_at_full", "duration_display", "lateness_display")}),
         ("Attempts", {"fields": ("attempts_log_display",)}),
@@ -152,15 +116,18 @@ class JobAdmin(admin.ModelAdmin):
         except dashboard.READ_ERRORS as exc:  # never a 500 for a warning
             warnings = [dashboard.unavailable(exc)]
         return super().changelist_view(request, {"title": "Jobs", "dq_warnings": warnings,
+                                                 "dq_poll_ms": live.POLL_MS,
                                                  **(extra_context or {})})
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
         row = self.get_object(request, object_id)
         operations: list[str] = []
+        status = "" if row is None else _live_status(row)
         if row is not None and self.has_change_permission(request):
-            operations = operations_for(_live_status(row))
+            operations = operations_for(status)
         extra_context = {**(extra_context or {}), "title": "Job", "show_save": False,
+                         "dq_poll_ms": live.POLL_MS, "dq_live_status": status,
                          "job_operations": operations,
                          "show_save_and_continue": False, "show_save_and_add_another": False,
                          "show_delete": False}
@@ -189,6 +156,18 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="duration")
     def duration_column(self, obj: Job) -> str:
         return seconds(obj.duration)
+
+    @admin.display(description="progress")
+    def progress_column(self, obj: Job) -> SafeString | str:
+        return live.progress_cell(obj)
+
+    @admin.display(description=lazy(zoned_header, str)("started"), ordering="started_at")
+    def started_column(self, obj: Job) -> SafeString | str:
+        return live.started_cell(obj)
+
+    @admin.display(description="worker", ordering="worker")
+    def worker_column(self, obj: Job) -> SafeString | str:
+        return live.worker_cell(obj)
 
     @admin.display(description="error")
     def error_column(self, obj: Job) -> SafeString | str:
@@ -248,6 +227,10 @@ class JobAdmin(admin.ModelAdmin):
     def result_display(self, obj: Job) -> SafeString:
         return pretty_json(obj.result)
 
+    @admin.display(description="aborted by")
+    def aborted_by_display(self, obj: Job) -> str:
+        return obj.aborted_by or "-"
+
     @admin.display(description="traceback")
     def traceback_display(self, obj: Job) -> SafeString | str:
         return format_html('<pre class="dq-pre">{}</pre>', obj.traceback) if obj.traceback else "-"
@@ -298,6 +281,7 @@ class JobAdmin(admin.ModelAdmin):
             ("finished at", when(obj.finished_at), when(live.finished_at)),
             ("worker", obj.worker or "-", live.worker or "-"),
             ("error", obj.error or "-", live.error or "-"),
+            ("aborted by", obj.aborted_by or "-", live.aborted_by or "-"),
             ("progress", progress_bar(obj.progress, obj.progress_message),
              progress_bar(live.progress, live.progress_message)),
             ("position in queue", "", "-" if position is None else position),
@@ -315,58 +299,23 @@ class JobAdmin(admin.ModelAdmin):
 
     # -- actions ------------------------------------------------------------------------
 
-    def _act(self, request: HttpRequest, queryset: QuerySet[Job], verb: str,
-             operation: Callable[[EngineJob], str]) -> None:
-        """Run ``operation`` on each selected job in Redis and report each outcome."""
-        rows = list(queryset.order_by("queue", "job_id")[:MAX_ACTION_JOBS + 1])
-        if len(rows) > MAX_ACTION_JOBS:
-            self.message_user(request, f"Select at most {MAX_ACTION_JOBS} jobs per action.",
-                              messages.ERROR)
-            return
-        done: dict[str, list[str]] = {}
-        changed: dict[str, list[str]] = {}  # queue -> ids of the jobs changed
-        refused: list[str] = []
-        for row in rows:
-            try:
-                job = EngineJob.fetch(row.job_id, row.queue)
-                what = operation(job)
-            except JobNotFound:
-                refused.append(f"{row.job_id}: not in Redis any more")
-                continue
-            except InvalidJobState as exc:
-                refused.append(f"{row.job_id}: is {exc.reason}")
-                continue
-            except DelayQConnectionError:
-                self.message_user(request, REDIS_DOWN, messages.ERROR)
-                break
-            done.setdefault(what, []).append(row.job_id)
-            changed.setdefault(row.queue, []).append(row.job_id)
-        for queue, job_ids in changed.items():
-            try:
-                refresh_rows(queue, job_ids)  # the list shows the change before the events
-            except DelayQConnectionError:
-                break  # the events bring the rows up to date later
-        for what, ids in done.items():
-            self.message_user(request, f"{len(ids)} job(s) {what}: {', '.join(ids)}",
-                              messages.SUCCESS)
-        if refused:
-            self.message_user(request, f"{len(refused)} job(s) not {verb}: {'; '.join(refused)}",
-                              messages.WARNING)
-        logger.info("admin action=%s user=%s jobs=%d changed=%d", verb, request.user.pk,
-                    len(rows), sum(len(v) for v in done.values()))
-
     @admin.action(description="Retry selected failed or cancelled jobs", permissions=["change"])
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._act(request, queryset, "retried", _retry)
+        act(self, request, queryset, "retried", retry)
 
     @admin.action(description="Cancel selected jobs that have not started",
                   permissions=["change"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._act(request, queryset, "cancelled", _cancel)
+        act(self, request, queryset, "cancelled", cancel)
 
     @admin.action(description="Run selected jobs now", permissions=["change"])
     def run_jobs_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._act(request, queryset, "run now", _run_now)
+        act(self, request, queryset, "run now", run_now)
+
+    @admin.action(description="Abort selected jobs (running ones are stopped)",
+                  permissions=["change"])
+    def abort_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        act(self, request, queryset, "aborted", abort)
 
     # -- the queues dashboard ----------------------------------------------------------
 
@@ -380,6 +329,8 @@ class JobAdmin(admin.ModelAdmin):
             path("queues/<str:queue>/<str:operation>/",
                  view(dashboard.QueueControlView.as_view(model_admin=self)),
                  name="django_delayq_queue_control"),
+            path("live/", view(lambda request: live.live_rows(request, self)),
+                 name="django_delayq_job_live"),
             path("<path:object_id>/act/<str:operation>/", view(self.job_action_view),
                  name="django_delayq_job_act"),
         ]
@@ -398,7 +349,7 @@ class JobAdmin(admin.ModelAdmin):
         if row is None:
             raise Http404("no such job")
         verb, function = JOB_OPERATIONS[operation]
-        self._act(request, Job.objects.filter(pk=row.pk), verb, function)
+        act(self, request, Job.objects.filter(pk=row.pk), verb, function)
         return HttpResponseRedirect(reverse("admin:django_delayq_job_change", args=[row.pk]))
 
 

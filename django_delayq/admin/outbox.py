@@ -14,7 +14,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.utils.functional import lazy
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -23,8 +23,8 @@ from ..connection import get_broker
 from ..models import OutboxEntry
 from ..outbox.send import send_rows, settle
 from ..task import registry
+from .actions import MAX_ACTION_JOBS, ReadOnlyPages
 from .display import pretty_json, when_short, zoned_header
-from .jobs import MAX_ACTION_JOBS
 
 
 class ParkedFilter(admin.SimpleListFilter):
@@ -43,7 +43,7 @@ class ParkedFilter(admin.SimpleListFilter):
 
 
 @admin.register(OutboxEntry)
-class OutboxEntryAdmin(admin.ModelAdmin):
+class OutboxEntryAdmin(ReadOnlyPages):
     list_display = ("job_id", "task_name", "queue", "state", "attempts", "run_at_column",
                     "created_at_column", "short_error")
     list_filter = (ParkedFilter, "queue", "task_name")
@@ -59,6 +59,11 @@ class OutboxEntryAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return super().changelist_view(request, {"title": "Jobs waiting in the outbox",
+                                                 **(extra_context or {})})
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # The change permission allows "retry now"; the page itself stays read-only.

@@ -96,7 +96,15 @@ class AttemptSerializer(serializers.Serializer):
 
 
 class LiveJobSerializer(serializers.Serializer):
-    """A job as Redis holds it now (an engine ``Job``)."""
+    """A job as Redis holds it now (an engine ``Job``). ``error`` and ``traceback`` are
+    "" when there is none, as in the mirrored row."""
+
+    def to_representation(self, instance: Any) -> Any:
+        data = super().to_representation(instance)
+        for name in ("error", "traceback"):
+            if data.get(name) is None:
+                data[name] = ""
+        return data
 
     id = serializers.CharField()
     queue = serializers.CharField()
@@ -109,8 +117,8 @@ class LiveJobSerializer(serializers.Serializer):
     attempts = serializers.IntegerField()
     max_attempts = serializers.IntegerField()
     result = serializers.JSONField(allow_null=True)
-    error = serializers.CharField(allow_null=True)
-    traceback = serializers.CharField(allow_null=True)
+    error = serializers.CharField()
+    traceback = serializers.CharField()
     worker = serializers.CharField(allow_null=True)
     enqueued_at = serializers.DateTimeField(allow_null=True)
     started_at = serializers.DateTimeField(allow_null=True)
@@ -125,6 +133,9 @@ class LiveJobSerializer(serializers.Serializer):
                                             help_text="Its concurrency key, if any.")
     waiting_for_slot = serializers.BooleanField(
         help_text="Ready, but waiting for a slot of its concurrency key (at its limit).")
+
+    aborted_by = serializers.CharField(
+        help_text="Who asked for its abort ('' when nobody did).")
     damaged = serializers.DictField(
         child=serializers.CharField(),
         help_text="Fields of the stored record that could not be read: field -> what was "
@@ -144,7 +155,7 @@ class MirroredJobSerializer(serializers.ModelSerializer):
         fields = ["job_id", "queue", "task_name", "status", "priority", "args", "kwargs",
                   "run_at", "enqueued_at", "started_at", "finished_at", "attempts",
                   "max_attempts", "worker", "result", "error", "progress", "progress_message",
-                  "updated_at"]
+                  "aborted_by", "updated_at"]
         read_only_fields = fields
 
 

@@ -43,6 +43,8 @@ urlpatterns = [
     path("jobs/", views.JobListView.as_view(), name="job-list"),
     path("jobs/<delayq_queue:queue>/<delayq_job:job_id>/cancel/", views.JobCancelView.as_view(),
          name="job-cancel"),
+    path("jobs/<delayq_queue:queue>/<delayq_job:job_id>/abort/", views.JobAbortView.as_view(),
+         name="job-abort"),
     path("jobs/<delayq_queue:queue>/<delayq_job:job_id>/retry/", views.JobRetryView.as_view(),
          name="job-retry"),
     path("jobs/<delayq_queue:queue>/<delayq_job:job_id>/reschedule/",

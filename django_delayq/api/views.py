@@ -207,8 +207,23 @@ class JobCancelView(DelayQAPIView):
         job = Job(id=job_id, queue=queue)
         if not job.cancel():
             raise Conflict(f"Job {job_id!r} is {job.status}: only a waiting, scheduled or "
-                           "ready job can be cancelled.")
+                           "ready job can be cancelled (abort/ stops a running one).")
         logger.info("job cancelled job=%s queue=%s user=%s", job_id, queue, request.user)
+        return Response(s.LiveJobSerializer(job.refresh()).data)
+
+
+class JobAbortView(DelayQAPIView):
+    @document(summary="Abort a job", request=None,
+                   responses={200: s.LiveJobSerializer, **NOT_FOUND, **CONFLICT, **ERRORS})
+    def post(self, request: Request, queue: str, job_id: str) -> Response:
+        """Stop a job: one that has not started is cancelled at once; a running one is
+        asked to stop and ends cancelled within seconds (its process replaced if it does
+        not stop by itself). 409 once it finished. ``aborted_by`` names the user."""
+        job = Job(id=job_id, queue=queue)
+        if not job.abort(by=f"{request.user.get_username()} (api)"):
+            raise Conflict(f"Job {job_id!r} is {job.status}: it finished already.")
+        logger.info("job abort asked job=%s queue=%s status=%s user=%s", job_id, queue,
+                    job.status, request.user)
         return Response(s.LiveJobSerializer(job.refresh()).data)
 
 

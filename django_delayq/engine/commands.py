@@ -233,7 +233,9 @@ class Commands:
 
     def add_extend(self, batch: Batch, keys: QueueKeys, leases: Sequence[tuple[str, int]],
                    lease_ms: int) -> int:
-        """Extend the leases ``(job_id, attempt)`` of the shard ``keys`` by ``lease_ms``."""
+        """Extend the leases ``(job_id, attempt)`` of the shard ``keys`` by ``lease_ms``;
+        the reply is (ids of the leases lost, ``[id, who, ...]`` of the jobs whose abort
+        was asked for)."""
         args: list[Any] = [lease_ms]
         for job_id, attempt in leases:
             args += [job_id, attempt]
@@ -309,16 +311,18 @@ class Commands:
                                [job_id, attempt, repr(fraction), message,
                                 self.config.events_cap, 1]))
 
-    def cancel(self, keys: QueueKeys, job_id: str) -> tuple[str, int]:
-        """Cancel a job that has not started: (its status before, '' if none; outbox
-        entries pushed for its dependants in other shards)."""
+    def cancel(self, keys: QueueKeys, job_id: str, who: str = "") -> tuple[str, int]:
+        """Cancel a job that has not started, or with ``who`` (who asks) one that runs
+        too (it is asked to stop): (its status before, '' if none; outbox entries pushed
+        for its dependants in other shards)."""
         cfg = self.config
         flow_keys, flow_args = self._flow_call(keys)
         before, pushed = run_script(
             self.client, "cancel",
             [keys.job(job_id), keys.scheduled, keys.ready, keys.cancelled, keys.events,
              *flow_keys],
-            [job_id, cfg.result_ttl_ms, cfg.keep_completed, cfg.events_cap, *flow_args],
+            [job_id, cfg.result_ttl_ms, cfg.keep_completed, cfg.events_cap, *flow_args,
+             who],
         )
         return str(before), int(pushed)
 

@@ -132,6 +132,15 @@ class JobTimeout(BaseException):
         super().__init__(*(args or ("the job ran past its time limit",)))
 
 
+class JobAborted(JobTimeout):
+    """Raised inside a job's thread when its abort was asked for (``Job.abort()``), as
+    :class:`JobTimeout` is at a time limit (whose rules it follows: a job still running a
+    grace period later has its worker process replaced). The job ends ``cancelled``."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(args or ("the job was aborted",)))
+
+
 class PartialClaimError(DelayQError, RedisError):
     """A claim over several shards failed on some of them and not on the others.
 

@@ -29,6 +29,7 @@ traceback      ``tb``  traceback of the latest failure
 progress       ``g``   fraction done, 0..1, as the task reported it
 timeout        ``o``   time limit of each attempt, ms               none
 attempt_log    ``h``   the last 25 attempts, JSON (see below)       ``[]``
+aborted_by     ``ab``  who asked for its abort (or cancel)           none
 parents        ``d``   parents waited for, JSON ``[[queue, id]]``   none
 (policy)       ``dp``  on a parent's failure: run, fail             cancel
 (results)      ``dr``  parents' results passed: one, all            none
@@ -46,8 +47,9 @@ The last four serve workflows (``lua/includes/flows.lua`` describes them and the
 
 ``attempt_log`` is a JSON array of ``{"n": attempt, "w": worker, "b": start ms,
 "f": end ms, "o": outcome, "x": error, "t": traceback}``, oldest first, capped at the
-last :data:`ATTEMPT_LOG_SIZE` attempts. ``o`` is ``completed``, ``retried``, ``failed``
-or ``reclaimed`` (the worker's lease lapsed). Only a failed attempt (``retried``,
+last :data:`ATTEMPT_LOG_SIZE` attempts. ``o`` is ``completed``, ``retried``, ``failed``,
+``aborted`` (its abort was asked for: the job ended ``cancelled``) or ``reclaimed`` (the
+worker's lease lapsed). Only a failed attempt (``retried``,
 ``failed``) has ``t``: the end of its traceback, its last :data:`ATTEMPT_TRACEBACK`
 bytes.
 
@@ -89,6 +91,8 @@ STORED: Final[Mapping[str, str]] = {
     "concurrency_key": "ck",
     "concurrency_limit": "cl",
     "waiting_for_slot": "kw",
+
+    "aborted_by": "ab",
 }
 
 #: Attempts kept in a job's ``attempt_log``.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -11,8 +11,9 @@ from redis.exceptions import ResponseError
 
 from . import flows, validation
 from .errors import InvalidJobState, JobNotFound
+from .fields import stored
 from .jobhash import from_ms, read_job_hash, reply_time
-from .status import CANCELLABLE, FINISHED, PENDING, RETRYABLE, Status
+from .status import CANCELLABLE, FINISHED, LEASED, PENDING, RETRYABLE, Status
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -66,6 +67,8 @@ class Job:
     attempt_log: list[dict[str, Any]] = field(default_factory=list)
     #: The ``(queue, id)`` jobs this one waits for or waited for (``depends_on``), in order.
     parent_refs: list[tuple[str, str]] = field(default_factory=list)
+    #: Who asked for its abort (or cancel, through :meth:`abort`); '' when nobody did.
+    aborted_by: str = ""
     #: False when ``enqueue`` found a job with this id already there (nothing added).
     created: bool = True
     #: What ``enqueue`` did: "created", "duplicate", or with a dedupe key "replaced"
@@ -137,6 +140,8 @@ class Job:
         self.parent_refs = h.parents
         self.concurrency_key, self.waiting_for_slot = h.concurrency_key, h.waiting_for_slot
 
+        self.aborted_by = h.aborted_by
+
     @classmethod
     def from_hash(cls, queue: str, job_id: str, data: dict[str, str],
                   broker: Broker | None) -> Job:
@@ -147,18 +152,37 @@ class Job:
 
     def cancel(self) -> bool:
         """Cancel the job if it has not started (a waiting one too). Returns whether it
-        was cancelled; its dependants then follow their ``on_parent_failure`` policy."""
+        was cancelled; its dependants then follow their ``on_parent_failure`` policy.
+        A running job is left running: :meth:`abort` stops it."""
+        return self._cancel("")
+
+    def abort(self, by: str = "") -> bool:
+        """Stop the job: one that has not started is cancelled at once, as by
+        :meth:`cancel`; a running one (``claimed`` or ``active``) is asked to stop, and
+        ends ``cancelled`` when its attempt ends. Its worker hears of it at its next
+        heartbeat: a task that checks ``current_job().abort_requested`` stops by itself,
+        others get :class:`~django_delayq.engine.errors.JobAborted` raised in them (an
+        async one is cancelled), and a job still running a grace period later has its
+        worker process replaced, as at a hard time limit. ``by`` says who asked (shown
+        with the job as ``aborted_by``). Returns whether the job was cancelled or asked
+        to stop (False: it had already finished)."""
+        return self._cancel(by or "unknown")
+
+    def _cancel(self, who: str) -> bool:
         broker = self._broker
         keys = broker.keys_for(self.queue, self.id)
         with broker.connection_errors():
-            before, pushed = broker.commands.cancel(keys, self.id)
+            before, pushed = broker.commands.cancel(keys, self.id, who)
         if before == "":
             raise JobNotFound(f"no job {self.id!r} in queue {self.queue!r}")
         if pushed:  # dependants in other shards: resolve them now (a worker would, later)
             flows.deliver(broker, keys)
         cancelled = before in CANCELLABLE
         self.status = Status.CANCELLED if cancelled else before
-        return cancelled
+        if cancelled or (who and before in LEASED):
+            self.aborted_by = self.aborted_by or who
+            return True
+        return False
 
     @property
     def parents(self) -> list[Job]:
@@ -282,3 +306,17 @@ def estimated_start(job: Job) -> dt.datetime | None:
         times.append(start)
     run_at = validation.run_at_ms(job.run_at) if job.run_at is not None else 0
     return from_ms(max(start, run_at, now))
+
+
+def aborts_asked(broker: Broker, jobs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """Of the ``(queue, id)`` jobs, those whose abort was asked for, with who asked (one
+    round trip): what a worker's host reads of the jobs its processes run, as no thread
+    of a frozen process can."""
+    if not jobs:
+        return {}
+    with broker.connection_errors():
+        pipe = broker.client.pipeline(transaction=False)
+        for queue, job_id in jobs:
+            pipe.hget(broker.keys_for(queue, job_id).job(job_id), stored("aborted_by"))
+        replies = pipe.execute()
+    return {job: str(who) for job, who in zip(jobs, replies, strict=True) if who}

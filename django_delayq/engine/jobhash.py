@@ -222,6 +222,8 @@ class JobHash:
     timeout: float | None
     #: The ``(queue, id)`` parents it waits (or waited) for, in order (workflows).
     parents: list[tuple[str, str]]
+    #: Who asked for its abort or cancel ('' when nobody did).
+    aborted_by: str = ""
     #: Fields that could not be read: field -> what was found there.
     damaged: dict[str, str] = field(default_factory=dict)
     #: Its concurrency key (engine/keyed.py), and whether it waits for one of its slots.
@@ -312,6 +314,8 @@ def read_job_hash(stored: dict[str, str]) -> JobHash:
         parents=parse_parents(data.get("parents")),
         concurrency_key=data.get("concurrency_key"),
         waiting_for_slot=data.get("waiting_for_slot") == "1",
+
+        aborted_by=data.get("aborted_by", ""),
     )
 
 

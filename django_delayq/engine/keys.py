@@ -248,3 +248,9 @@ class GlobalKeys:
     def schedules(self) -> str:
         """HASH task name -> the latest occurrence (ms) of that periodic task enqueued."""
         return f"{self.prefix}:schedules"
+
+    @property
+    def schedule_defs(self) -> str:
+        """HASH task name -> JSON: the schedule a worker runs the periodic task on (its
+        queue, cron and zone or period) and when a worker last said so (ms)."""
+        return f"{self.prefix}:schedule_defs"

@@ -35,6 +35,8 @@ STATUSES: Final = tuple(status.value for status in Status if status is not Statu
 PENDING: Final = (Status.SCHEDULED, Status.READY)
 #: Not started yet and may be cancelled (a waiting job too).
 CANCELLABLE: Final = (Status.WAITING, Status.SCHEDULED, Status.READY)
+#: Holding a lease (a worker runs it, or will): such a job is stopped by an abort.
+LEASED: Final = (Status.CLAIMED, Status.ACTIVE)
 #: Finished for good unless retried; listed newest first.
 FINISHED: Final = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
 #: Finished without success: such a job can be retried.

@@ -97,6 +97,8 @@ class WorkerInfo:
     lease: float | None = None
     #: Seconds its event loop of async jobs has run nothing (0: it runs, or it has none).
     loop_stalled: float = 0.0
+    #: The ``(queue, id)`` of the jobs it ran at its last heartbeat (the first 32).
+    running: list[tuple[str, str]] = field(default_factory=list)
     #: Fields of its record that could not be read: field -> what was found there.
     damaged: dict[str, str] = field(default_factory=dict)
 
@@ -160,6 +162,8 @@ def live_workers(broker: BrokerCore, limit: int = MAX_LISTED, *,
             role=info.get("role", "worker"), supervisor=info.get("supervisor") or None,
             threads=to_int(info.get("threads"), None), lease=to_float(info.get("lease")),
             loop_stalled=to_float(info.get("loop_stalled")) or 0.0,
+            running=[(queue, job_id) for queue, _, job_id in
+                     (ref.partition("/") for ref in info.get("running", "").split()) if job_id],
         ))
     return workers
 

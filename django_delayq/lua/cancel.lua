@@ -5,7 +5,10 @@
 -- include: notify_dependants
 
 -- Cancel a job that has not started: remove it from the scheduled, ready or waiting
--- set, and resolve its dependants (flows.lua). A running or finished job is left as it is.
+-- set, and resolve its dependants (flows.lua). A finished job is left as it is. A running
+-- (claimed or active) one is asked to stop when ARGV[8] names who asks: the field 'ab'
+-- holds it, the worker's heartbeat (extend.lua) hears of it, and the attempt's end
+-- (fail.lua) makes the job cancelled.
 --
 -- KEYS[1] job        HASH  the job
 -- KEYS[2] scheduled  ZSET  job ids by run_at (ms)
@@ -17,18 +20,27 @@
 -- ARGV[2] cancelled job time to live (ms)
 -- ARGV[3] most cancelled ids to keep
 -- ARGV[4] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
+-- ARGV[8] who asks ('' or absent: cancel a job that has not started only)
 -- KEYS[6..15], ARGV[5..7] the shard's keys and settings for resolving dependants
 -- (flow_ctx in flows.lua)
 --
 -- Returns {the job's status before the call ('' when there is no such job), resolutions
 -- of dependants in other shards left in the outbox}; the job was cancelled when that
--- status is 'waiting', 'scheduled' or 'ready'.
+-- status is 'waiting', 'scheduled' or 'ready', and asked to stop when it is 'claimed' or
+-- 'active' and ARGV[8] was given.
 
 local job_key, job_id = KEYS[1], ARGV[1]
 local ttl, keep, maxlen = tonumber(ARGV[2]), tonumber(ARGV[3]), events_cap(ARGV[4])
+local who = ARGV[8] or ''
 local status = redis.call('HGET', job_key, 's')
 if not status then
   return {'', 0}
+end
+if (status == 'claimed' or status == 'active') and who ~= '' then
+  if redis.call('HSETNX', job_key, 'ab', who) == 1 then
+    emit(KEYS[5], maxlen, 'aborting', job_id, now_ms(), 'by', who)
+  end
+  return {status, 0}
 end
 if status ~= 'scheduled' and status ~= 'ready' and status ~= 'waiting' then
   return {status, 0}
@@ -42,6 +54,9 @@ if status == 'waiting' then
   redis.call('DEL', job_key .. ':w', job_key .. ':r')
 end
 redis.call('HSET', job_key, 's', 'cancelled', 'f', now)
+if who ~= '' then
+  redis.call('HSET', job_key, 'ab', who)
+end
 redis.call('ZADD', KEYS[4], now, job_id)
 if ttl > 0 then
   redis.call('PEXPIRE', job_key, ttl)

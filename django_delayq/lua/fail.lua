@@ -12,7 +12,9 @@
 
 -- Record a failed attempt: retry later through the scheduled set while attempts remain,
 -- else dead-letter the job into the failed set, keeping its error and traceback. Only
--- the attempt that holds the lease may fail the job.
+-- the attempt that holds the lease may fail the job. A job whose abort was asked for
+-- (field 'ab', cancel.lua) is never retried: it ends cancelled, its dependants resolved
+-- as for a cancel.
 --
 -- KEYS[1] job        HASH  the job
 -- KEYS[2] active     ZSET  leased job ids by lease deadline (ms)
@@ -37,7 +39,7 @@
 --              frees its key's slot, retried or not
 --
 -- Returns {outcome, run_at, pushed}: outcome 'retried' (run_at is the retry time),
--- 'failed', or 'stale' (the attempt no longer holds the lease); pushed counts the
+-- 'failed', 'cancelled' (aborted), or 'stale' (the attempt no longer holds the lease); pushed counts the
 -- resolutions of dependants in other shards left in the outbox by a failure for good.
 
 local job_key, active, scheduled, failed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -46,7 +48,7 @@ local retry_delay, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
 local keep, maxlen = tonumber(ARGV[7]), events_cap(ARGV[8])
 local now = now_ms()
 
-local f = redis.call('HMGET', job_key, 's', 'n', 'm', 'w', 'b', 'dc', 'ck')
+local f = redis.call('HMGET', job_key, 's', 'n', 'm', 'w', 'b', 'dc', 'ck', 'ab')
 if not is_leased(f[1]) or f[2] ~= attempt or redis.call('ZREM', active, job_id) == 0 then
   return {'stale', 0}
 end
@@ -60,6 +62,24 @@ if f[1] == 'claimed' then  -- failed before the note of its start landed
 end
 if started and not f[5] then
   redis.call('HSET', job_key, 'b', started)
+end
+
+if f[8] then  -- aborted: over, as a cancel is
+  local flow = flow_ctx(8, 10)
+  log_attempt(job_key, attempt, f[4], started, now, 'aborted', ARGV[3], ARGV[4])
+  redis.call('HSET', job_key, 's', 'cancelled')
+  redis.call('ZADD', flow.cancelled, now, job_id)
+  if ttl > 0 then
+    redis.call('PEXPIRE', job_key, ttl)
+  end
+  trim_finished(flow.cancelled, flow.prefix, now, ttl, keep)
+  emit(KEYS[6], maxlen, 'cancelled', job_id, now, 'attempt', attempt, 'error', ARGV[3],
+    'by', f[8])
+  local pushed = 0
+  if f[6] then
+    pushed = notify_dependants(flow, job_id, 'cancelled', 'null', now)
+  end
+  return {'cancelled', 0, pushed}
 end
 
 if retry_delay >= 0 and tonumber(f[2]) < (tonumber(f[3]) or 1) then

@@ -169,6 +169,7 @@ def row_from_hash(queue: str, job_id: str, data: dict[str, str]) -> Row:
         # Only the well-formed pairs are kept: never the stored text as it is.
         "parents": _storable(parents) if parents else parents,
         "damaged": {storable_text(k): storable_text(v) for k, v in damaged.items()} or None,
+        "aborted_by": storable_text(h.aborted_by[:200]),
     }
 
 
@@ -222,6 +223,8 @@ def apply_event(row: Job, event: Event) -> None:
     elif kind == "unblocked":  # its last parent ended (workflows): due now or later
         scheduled = f.get("status") == Status.SCHEDULED
         row.status = JobStatus.SCHEDULED if scheduled else JobStatus.READY
+    elif kind == "aborting":  # asked to stop; its attempt's end says how it ended
+        pass
     elif kind in ("purged", "orphaned"):
         row.status = JobStatus.PURGED
         row.finished_at = row.finished_at or at

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from ..engine.backoff import backoff_delay
 from .deadlines import KILL_MARGIN, Board, Posted
 from .worker.exit_codes import EXIT_RESTART
+from .worker.timelimits import HARD_LIMIT_GRACE as ABORT_GRACE
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -134,6 +135,10 @@ class Child:
     #: limit then, for its host to fail.
     killed_for: str | None = None
     overrun: list[Posted] = field(default_factory=list)
+    #: The ``(queue, id)`` of its running jobs whose abort its host saw asked for, and
+    #: when (monotonic): killed past that and :data:`ABORT_GRACE` plus the margin even
+    #: if the process never heard of it (a process holding the GIL hears nothing).
+    aborts: dict[tuple[str, str], float] = field(default_factory=dict)
     #: Called with it, its process's pid and exit code when that process is gone
     #: (however it ended), before a new one starts in its slot.
     on_exit: list[Callable[[Child, int, int], None]] = field(default_factory=list)
@@ -286,6 +291,7 @@ class Children:
                 logger.exception("after the exit of %s pid=%d owner=%s", child.label, pid,
                                  self.name)
         child.overrun = []
+        child.aborts.clear()
         return pid, code
 
     def _reap(self, now: float) -> None:
@@ -360,13 +366,19 @@ class Children:
             board, pid = child.board, child.pid
             if board is None or pid is None or child.killed_for is not None:
                 continue
-            overrun = [p for p in board.posted() if now >= p.hard_at + KILL_MARGIN]
+            overrun = [p for p in board.posted() if now >= min(
+                p.hard_at, child.aborts.get((p.queue, p.job_id), math.inf) + ABORT_GRACE)
+                + KILL_MARGIN]
             stamp = board.last_stamp(pid)
             if overrun:
                 first = overrun[0]
+                asked = child.aborts.get((first.queue, first.job_id))
                 why = (f"job {first.job_id} of queue {first.queue} runs "
                        f"{now - first.hard_at:.1f}s past its time limit of "
-                       f"{first.timeout:g}s plus grace: C code holding the GIL?")
+                       f"{first.timeout:g}s plus grace: C code holding the GIL?"
+                       if asked is None and not first.aborted_by else
+                       f"job {first.job_id} of queue {first.queue} still runs past its "
+                       f"abort's grace: C code holding the GIL?")
             elif stamp is not None and now - stamp >= child.frozen_after:
                 why = (f"no Python ran in it for {now - stamp:.0f}s: C code holding the "
                        f"GIL, or a deadlock?")

@@ -31,6 +31,22 @@ class RunningJob:
     #: ``task_finished`` from here, so the signal never contradicts the stored result.
     on_finished: list[Callable[[Any], None]] = field(default_factory=list)
     _progress: ProgressReporter | None = field(default=None, repr=False, compare=False)
+    #: Who asked for its abort, as the worker last heard (None: nobody).
+    _abort_by: Callable[[], str | None] | None = field(default=None, repr=False,
+                                                       compare=False)
+
+    @property
+    def abort_requested(self) -> bool:
+        """Whether ``Job.abort()`` asked this job to stop (the worker hears of it at its
+        next heartbeat). A task that checks it and returns (or raises) stops cleanly;
+        it ends ``cancelled`` either way. One that does not check gets
+        :class:`~django_delayq.engine.errors.JobAborted` raised in it."""
+        return self.aborted_by is not None
+
+    @property
+    def aborted_by(self) -> str | None:
+        """Who asked for this job's abort (None: nobody, as far as the worker knows)."""
+        return None if self._abort_by is None else self._abort_by()
 
     def set_progress(self, fraction: float, message: str = "") -> bool:
         """Report how far the job is: ``fraction`` from 0 to 1, and a short message.
@@ -60,12 +76,14 @@ def current_job() -> RunningJob | None:
 
 @contextmanager
 def running(job: ClaimedJob, worker: str, broker: Broker | None,
-            on_finished: list[Callable[[Any], None]] | None = None) -> Iterator[RunningJob]:
+            on_finished: list[Callable[[Any], None]] | None = None,
+            abort_by: Callable[[], str | None] | None = None) -> Iterator[RunningJob]:
     """Mark ``job`` as the current job of this thread (or task, on an event loop) for
     the duration of the block; its progress goes through ``broker``; hooks the job adds
-    go to ``on_finished``."""
+    go to ``on_finished``; ``abort_by`` says who asked for its abort."""
     value = RunningJob(job, worker, broker=broker,
-                       on_finished=[] if on_finished is None else on_finished)
+                       on_finished=[] if on_finished is None else on_finished,
+                       _abort_by=abort_by)
     token = _current.set(value)
     try:
         yield value

@@ -54,8 +54,9 @@ _MAGIC = b"DQB1"
 _HEADER = struct.Struct("<4sId")  # magic, the writer's pid, its last stamp
 _SEQ = struct.Struct("<I")
 # seq, attempt, hard limit at (inf: no limit), time limit (s; 0: none), retry delay
-# (ms), start (ms, Redis clock), queue, job id (the lengths are the engine's limits)
-_RECORD = struct.Struct("<IIddiq64s128s")
+# (ms), start (ms, Redis clock), queue, job id (the lengths are the engine's limits),
+# who asked for its abort (its start; empty: nobody)
+_RECORD = struct.Struct("<IIddiq64s128s24s")
 _SLOT = 256
 _HEADER_SIZE = 64
 
@@ -71,6 +72,9 @@ class Posted:
     timeout: float
     retry_delay_ms: int
     started_ms: int
+    #: Who asked for its abort (the start of it; '' when nobody did): ``hard_at`` is
+    #: then the end of the abort's grace.
+    aborted_by: str = ""
 
 
 class Board:
@@ -133,9 +137,18 @@ class Board:
         seq = _SEQ.unpack_from(self._map, offset)[0]
         _SEQ.pack_into(self._map, offset, seq + 1)
         _RECORD.pack_into(self._map, offset, seq + 1, attempt, hard_at, timeout,
-                          retry_delay_ms, started_ms, queue.encode(), job_id.encode())
+                          retry_delay_ms, started_ms, queue.encode(), job_id.encode(), b"")
         _SEQ.pack_into(self._map, offset, seq + 2)
         return slot
+
+    def abort(self, slot: int, hard_at: float, by: str) -> None:
+        """The job of ``slot`` was asked to stop: its hard limit is ``hard_at`` now."""
+        offset = _HEADER_SIZE + slot * _SLOT
+        seq, *values = _RECORD.unpack_from(self._map, offset)
+        values[1], values[-1] = hard_at, (by or "?").encode()[:24]
+        _SEQ.pack_into(self._map, offset, seq + 1)
+        _RECORD.pack_into(self._map, offset, seq + 1, *values)
+        _SEQ.pack_into(self._map, offset, seq + 2)
 
     def clear(self, slot: int) -> None:
         """The job of ``slot`` is over (or no longer this process's to end)."""
@@ -167,10 +180,11 @@ class Board:
             before = _SEQ.unpack_from(self._map, offset)[0]
             if before % 2:
                 continue
-            seq, attempt, hard_at, timeout, delay, started_ms, queue, job_id = \
+            seq, attempt, hard_at, timeout, delay, started_ms, queue, job_id, by = \
                 _RECORD.unpack_from(self._map, offset)
             if seq != before or _SEQ.unpack_from(self._map, offset)[0] != before or not hard_at:
                 continue
             found.append(Posted(queue.rstrip(b"\0").decode(), job_id.rstrip(b"\0").decode(),
-                                attempt, hard_at, timeout, delay, started_ms))
+                                attempt, hard_at, timeout, delay, started_ms,
+                                by.rstrip(b"\0").decode(errors="replace")))
         return found

@@ -31,8 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..engine import Broker, JobTimeout
+from ..engine import Broker, JobAborted, JobTimeout
 from ..engine.backoff import backoff_delay
+from ..engine.job import aborts_asked
 from ..engine.workers import forget, record_alive
 from .backoff import CALL_FAILED
 from .children import Child, Children
@@ -128,6 +129,7 @@ class Host:
                 return 0.0
         if now >= self._next_beat:
             self._record_alive()
+            self._note_aborts(now)
             self._next_beat = now + HEARTBEAT
         return max(0.0, self._next_beat - time.monotonic())
 
@@ -174,18 +176,47 @@ class Host:
                 logger.warning("service %s did not stop within %.0fs host=%s",
                                running.service.name, SERVICE_STOP, self.name)
 
+    def _note_aborts(self, now: float) -> None:
+        """With each heartbeat: note which jobs the worker processes run were asked to
+        stop (``Job.abort()``), so that one whose process never hears of it (it holds
+        the GIL) is killed at the abort's grace all the same (:mod:`.children`)."""
+        running = {(p.queue, p.job_id): child for child in self.children.running()
+                   if child.board is not None for p in child.board.posted()}
+        try:
+            asked = aborts_asked(self.broker, list(running))
+        except CALL_FAILED as exc:
+            logger.warning("could not read the aborts asked for host=%s error=%s",
+                           self.name, exc)
+            return
+        for job in asked:
+            running[job].aborts.setdefault(job, now)
+
     def _hand_back(self, child: Child, pid: int, code: int) -> None:
         """Settle what the ended worker process of ``child`` held, before the next one
-        starts: fail the jobs it was killed for (their time limit), and hand the others
-        back now rather than when their leases lapse; those it had not started go back
-        unattempted. A process that stopped cleanly holds nothing: nothing is found."""
+        starts: fail the jobs it was killed for (their time limit, or their abort: those
+        end cancelled), and hand the others back now rather than when their leases
+        lapse; those it had not started go back unattempted. A process that stopped
+        cleanly holds nothing: nothing is found."""
         if child.worker is None or not self._shards:
             return
         overrun = {(p.queue, p.job_id) for p in child.overrun}
+        posted_jobs = [] if child.board is None else child.board.posted()
+        try:
+            asked = aborts_asked(self.broker, [(p.queue, p.job_id) for p in posted_jobs])
+        except CALL_FAILED:
+            asked = {}
         batch = self.broker.batch()
-        for posted in [] if child.board is None else child.board.posted():
+        for posted in posted_jobs:
             keys = self.broker.keys_for(posted.queue, posted.job_id)
-            if (posted.queue, posted.job_id) in overrun:
+            who = asked.get((posted.queue, posted.job_id))
+            if who is not None:  # fail.lua ends it cancelled
+                error = describe(JobAborted(
+                    f"aborted by {who}; it did not stop within the grace (C code holding "
+                    f"the GIL, or a frozen process): its worker process was killed and "
+                    f"replaced"))
+                self.broker.add_fail(batch, keys, posted.job_id, posted.attempt, error, "",
+                                     -1, posted.started_ms)
+            elif (posted.queue, posted.job_id) in overrun:
                 error = describe(JobTimeout(
                     f"the job ran past its time limit of {posted.timeout:g}s and its "
                     f"worker process did not end it (C code holding the GIL, or a frozen "

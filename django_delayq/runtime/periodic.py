@@ -17,7 +17,7 @@ import threading
 from collections.abc import Sequence
 
 from ..engine import Broker, EnqueueRequest
-from ..engine.schedules import advance_schedule, schedule_marks
+from ..engine.schedules import advance_schedule, register_schedules, schedule_marks
 from .backoff import CALL_FAILED
 from .registry import Runnable
 from .schedule import occurrence_id, plan
@@ -31,6 +31,11 @@ def schedule_due(broker: Broker, tasks: Sequence[Runnable], *, lookahead_ms: int
     new jobs this call added (0 when another worker was first)."""
     added = 0
     now_ms = broker.server_time_ms()
+    # what the admin lists: the schedules workers run, not those the web process knows
+    register_schedules(broker, {t.name: {
+        "queue": t.queue_name, "cron": t.schedule.cron, "tz": t.schedule.tz,
+        "every_ms": t.schedule.every_ms, "seen_ms": now_ms}
+        for t in tasks if t.schedule is not None})
     marks = schedule_marks(broker, [t.name for t in tasks])
     for task, mark in zip(tasks, marks, strict=True):
         schedule = task.schedule

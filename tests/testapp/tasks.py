@@ -262,6 +262,21 @@ def sleeps(seconds: float) -> float:
     return seconds
 
 
+@task(max_attempts=3)
+def stops_when_aborted(tag: str) -> str:
+    """Work in steps until ``current_job().abort_requested``, then note it and return."""
+    from django_delayq.current import current_job
+
+    _note("stops_when_aborted", tag=tag)
+    job = current_job()
+    assert job is not None
+    deadline = time.monotonic() + 300
+    while not job.abort_requested and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _note("abort_noticed", tag=tag, by=job.aborted_by)
+    return "stopped"
+
+
 @task(max_attempts=1)
 def spin(tag: str, gate: str) -> int:
     """CPU-bound: note the start, then compute (holding the GIL) until ``gate`` exists."""

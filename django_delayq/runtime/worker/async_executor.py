@@ -50,7 +50,7 @@ from ...engine import Broker, ClaimedJob, UnknownTask, encode_result
 from ...engine.errors import JobTimeout
 from ..current import running
 from ..registry import TaskRegistry, is_async
-from .execution import after_job, fail_held, finished
+from .execution import aborted, after_job, fail_held, finished
 from .ledger import Lease, Ledger
 from .middleware import IDLE, Middleware
 from .outcome import CorruptPayload, Outcome, decode_arguments, failure
@@ -224,6 +224,9 @@ class AsyncExecutor:
                 raise  # the task is being closed (its loop is gone): no await, no outcome
             except BaseException as exc:  # whatever a coroutine raises, its job gets an outcome
                 outcome = failure(job, exc, retry=True)
+            finally:
+                lease.cancel = None
+        outcome = aborted(lease, outcome)
         outcome.started_ms = lease.started_ms
         outcome.finished_ms = lease.started_ms + int((time.perf_counter() - began) * 1000)
         after_job(self.after_job, job)
@@ -253,8 +256,13 @@ class AsyncExecutor:
         except BaseException as exc:  # the job did not run: retried
             return failure(job, exc, retry=True)
         outcome: Outcome | None = None
+        me = asyncio.current_task()
+        if me is not None:  # how an abort stops it (Ledger.interrupt)
+            lease.cancel = functools.partial(asyncio.get_running_loop().call_soon_threadsafe,
+                                             me.cancel)
         try:
-            with running(job, self.name, self.broker, lease.on_finished):
+            with running(job, self.name, self.broker, lease.on_finished,
+                         lambda: lease.abort_by):
                 async with asyncio.timeout(limit) as scope:
                     coroutine: Coroutine[Any, Any, Any] = task.func(*args, **kwargs)
                     value = await coroutine
@@ -267,6 +275,8 @@ class AsyncExecutor:
                 raise  # thrown in by the close of a task its stopped loop left behind
             outcome = failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
         except BaseException as exc:  # KeyboardInterrupt, CancelledError... fail the job
+            if isinstance(exc, asyncio.CancelledError) and lease.interrupted and me:
+                me.uncancel()  # the abort's own cancellation: consumed here
             outcome = failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
         if outcome is None:
             try:

@@ -13,10 +13,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from ...engine import Broker, ClaimedJob, UnknownTask, encode_result
+from ...engine import Broker, ClaimedJob, JobAborted, UnknownTask, encode_result
 from ..current import running
 from ..registry import TaskRegistry
-from .ledger import Ledger
+from .ledger import Lease, Ledger
 from .middleware import Middleware
 from .outcome import CorruptPayload, Outcome, decode_arguments, describe, failure
 
@@ -25,7 +25,8 @@ logger = logging.getLogger("django_delayq.worker")
 
 def execute(job: ClaimedJob, tasks: TaskRegistry, worker: str, broker: Broker,
             middleware: Sequence[Middleware], *, idle: bool,
-            on_finished: list[Callable[[Outcome], None]] | None = None) -> Outcome:
+            on_finished: list[Callable[[Outcome], None]] | None = None,
+            abort_by: Callable[[], str | None] | None = None) -> Outcome:
     """Run ``job`` between its ``middleware``'s hooks. What the task adds to its
     ``on_finished`` hooks goes to ``on_finished``: the caller calls them
     (:func:`finished`) once the outcome is final.
@@ -41,7 +42,7 @@ def execute(job: ClaimedJob, tasks: TaskRegistry, worker: str, broker: Broker,
     except BaseException as exc:  # the job did not run: retried
         outcome = failure(job, exc, retry=True)
     else:
-        outcome = _run(job, tasks, worker, broker, hooks)
+        outcome = _run(job, tasks, worker, broker, hooks, abort_by)
     for each in reversed(middleware):
         try:
             each.after_job(job, outcome)
@@ -51,7 +52,8 @@ def execute(job: ClaimedJob, tasks: TaskRegistry, worker: str, broker: Broker,
 
 
 def _run(job: ClaimedJob, tasks: TaskRegistry, worker: str, broker: Broker,
-         on_finished: list[Callable[[Outcome], None]]) -> Outcome:
+         on_finished: list[Callable[[Outcome], None]],
+         abort_by: Callable[[], str | None] | None) -> Outcome:
     if not job.task:
         return failure(job, CorruptPayload("the job has no task name"), retry=False)
     try:
@@ -62,7 +64,7 @@ def _run(job: ClaimedJob, tasks: TaskRegistry, worker: str, broker: Broker,
         args, kwargs = decode_arguments(job)
     except CorruptPayload as exc:
         return failure(job, exc, retry=False)
-    with running(job, worker, broker, on_finished):
+    with running(job, worker, broker, on_finished, abort_by):
         try:
             value = task.func(*args, **kwargs)
         except BaseException as exc:  # every failure of a task is the job's
@@ -72,6 +74,27 @@ def _run(job: ClaimedJob, tasks: TaskRegistry, worker: str, broker: Broker,
     except BaseException as exc:  # a value whose encoding raises anything
         return failure(job, exc, retry=False)
     return Outcome(job, True, result_json=result_json)
+
+
+#: How the errors of a job stopped by its abort begin: JobAborted raised in it, or its
+#: task cancelled on the loop.
+_STOPPED = (describe(JobAborted()).split(":")[0], "asyncio.exceptions.CancelledError",
+            "builtins.GeneratorExit")
+
+
+def aborted(lease: Lease, outcome: Outcome) -> Outcome:
+    """The outcome of a job whose abort was asked for: one that returned (it checked
+    ``abort_requested``) or was stopped by the abort fails with :class:`JobAborted`
+    naming who asked, never retried (the engine makes it ``cancelled``); a failure of
+    its own stands."""
+    if lease.abort_by is None:
+        return outcome
+    if outcome.ok:
+        return failure(outcome.job, JobAborted(f"aborted by {lease.abort_by}"), retry=False)
+    if outcome.error.startswith(_STOPPED):
+        outcome.error = describe(JobAborted(f"aborted by {lease.abort_by}"))
+    outcome.retry_delay_ms = -1
+    return outcome
 
 
 def finished(hooks: list[Callable[[Outcome], None]], outcome: Outcome) -> None:

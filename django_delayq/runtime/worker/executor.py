@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from ...engine import Broker, ClaimedJob, JobTimeout
 from ..registry import TaskRegistry
 from .async_executor import AsyncExecutor
-from .execution import after_job, execute, fail_held, finished
+from .execution import aborted, after_job, execute, fail_held, finished
 from .ledger import Ledger
 from .middleware import IDLE, Middleware
 from .outcome import Outcome, failure
@@ -146,11 +146,12 @@ class Executor:
         try:
             idle = last_done is None or began - last_done > IDLE
             outcome = execute(job, self.tasks, self.name, self.broker,
-                              self.middleware, idle=idle, on_finished=lease.on_finished)
+                              self.middleware, idle=idle, on_finished=lease.on_finished,
+                              abort_by=lambda: lease.abort_by)
         except BaseException as exc:  # raised outside the task (a late JobTimeout)
             outcome = failure(job, exc, retry=True)
-        if limit is not None:
-            self._shield(job, me)
+        outcome = aborted(lease, outcome)
+        self._shield(job, me)  # an abort may come to any job
         outcome.started_ms = lease.started_ms
         outcome.finished_ms = lease.started_ms + int((time.perf_counter() - began) * 1000)
         after_job(self.after_job, job)

@@ -3,7 +3,9 @@ workers, and records this worker as alive, in one round trip every ``lease / 3``
 
 It renews only what :meth:`Ledger.renewable` lists: a job no live thread runs (its
 thread died, or it overran its time limit plus the grace) is left to lapse, so another
-worker reclaims it.
+worker reclaims it. The same reply names the held jobs whose abort was asked for
+(``Job.abort()``): the ledger notes them (:meth:`Ledger.request_abort`) and the watchdog
+stops them.
 """
 
 from __future__ import annotations
@@ -59,10 +61,16 @@ class Heartbeat:
                          for keys in self.shards]
         replies = batch.run()
         for keys, index in extend_calls:
-            lost = self.ledger.lost(keys, replies[index])
+            lost_ids, asked = replies[index]
+            lost = self.ledger.lost(keys, lost_ids)
             if lost:
                 logger.warning("lease lost for %d jobs queue=%s jobs=%s worker=%s", len(lost),
                                keys.queue, ",".join(lost[:10]), self.name)
+            aborting = self.ledger.request_abort(keys, zip(asked[::2], asked[1::2],
+                                                           strict=True))
+            if aborting:
+                logger.warning("abort asked for queue=%s jobs=%s worker=%s", keys.queue,
+                               ",".join(aborting[:10]), self.name)
         undelivered, unlinked = [], []
         for keys, index in reclaim_calls:
             returned, dead, outbox, to_link, _ = replies[index]

@@ -37,6 +37,10 @@ Key = tuple[QueueKeys, str]
 THREADS = "threads"
 LOOP = "loop"
 
+#: Seconds a job asked to stop (``Job.abort()``) has to see ``abort_requested`` and stop
+#: by itself before JobAborted is raised in it (or it is cancelled, on the loop).
+ABORT_NOTICE = 1.0
+
 
 @dataclass(slots=True)
 class Lease:
@@ -73,6 +77,12 @@ class Lease:
     #: The engine said another attempt owns the job now: not renewed any more (its
     #: outcome is still sent, and ignored as stale).
     lost: bool = False
+    #: Who asked for its abort (None: nobody): its limit is then now, its hard limit
+    #: ``grace`` seconds later (:meth:`Ledger.request_abort`).
+    abort_by: str | None = None
+    grace: float = 0.0
+    #: Cancels an async job's task on its loop (set while its coroutine runs).
+    cancel: Callable[[], Any] | None = None
     #: Called with the job's final outcome by whoever ends it (its thread, or the
     #: watchdog at the hard limit): the Tasks backend's ``task_finished``.
     on_finished: list[Callable[[Any], None]] = field(default_factory=list)
@@ -191,6 +201,7 @@ class Ledger:
             lease.state, lease.thread, lease.began = RUNNING, thread, now
             lease.on_loop = on_loop
             lease.started_ms = job.started_at_ms + int((now - lease.claimed) * 1000)
+            lease.grace = grace
             if timeout is not None:
                 lease.timeout, lease.limit_at = timeout, now + timeout
                 lease.renew_until = now + timeout + grace
@@ -200,7 +211,36 @@ class Ledger:
                     job.queue, job.id, job.attempt, started_ms=lease.started_ms,
                     hard_at=math.inf if lease.renew_until is None else lease.renew_until,
                     timeout=timeout or 0.0, retry_delay_ms=int(retry_delay * 1000))
+            if lease.abort_by is not None:  # asked while it waited: stopped at once
+                self._aim_abort(lease, now)
             return lease
+
+    def request_abort(self, keys: QueueKeys, asked: Iterable[tuple[str, str]]) -> list[str]:
+        """Note the ``(job id, who asked)`` aborts the engine reports; the ids newly
+        noted. A running job's limit becomes :data:`ABORT_NOTICE` seconds from now (the
+        watchdog then raises JobAborted in it, or cancels it on its loop) and its hard
+        limit a grace period later, on the board too, so that its host ends it if
+        nothing else can; a buffered one is stopped so as it starts."""
+        noted: list[str] = []
+        now = time.monotonic()
+        with self.lock:
+            for job_id, who in asked:
+                lease = self._leases.get((keys, job_id))
+                if lease is None or lease.state == FINISHED or lease.abort_by is not None:
+                    continue
+                lease.abort_by = who
+                noted.append(job_id)
+                if lease.state == RUNNING:
+                    self._aim_abort(lease, now)
+        return noted
+
+    def _aim_abort(self, lease: Lease, now: float) -> None:
+        """Make ``lease``'s limit :data:`ABORT_NOTICE` from now and its hard limit a grace
+        later (under the lock)."""
+        lease.limit_at = min(now + ABORT_NOTICE, lease.limit_at or math.inf)
+        lease.renew_until = min(lease.limit_at + lease.grace, lease.renew_until or math.inf)
+        if lease.slot is not None and self.board is not None:
+            self.board.abort(lease.slot, lease.renew_until, lease.abort_by or "")
 
     def shield(self, job: ClaimedJob) -> bool:
         """From now on no JobTimeout is raised in ``job``'s thread (its task is over).
@@ -214,12 +254,19 @@ class Ledger:
 
     def interrupt(self, lease: Lease, raise_in: Callable[[threading.Thread], None]) -> bool:
         """Call ``raise_in(thread)`` for a running, unshielded lease of a thread of its
-        own (not the event loop's), once."""
+        own, once; an aborted async job's task is cancelled instead (the loop thread is
+        shared: a time limit there is the coroutine's own ``asyncio.timeout``)."""
         with self.lock:
             thread = lease.thread
-            if (lease.state != RUNNING or lease.shielded or lease.interrupted or lease.on_loop
+            if (lease.state != RUNNING or lease.shielded or lease.interrupted
                     or thread is None or self._leases.get(key(lease.job)) is not lease):
                 return False
+            if lease.on_loop:
+                if lease.abort_by is None or lease.cancel is None:
+                    return False
+                lease.interrupted = True
+                lease.cancel()
+                return True
             lease.interrupted = True
             raise_in(thread)
             return True

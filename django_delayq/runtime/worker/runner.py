@@ -51,6 +51,9 @@ from .timelimits import HARD_LIMIT_GRACE, Watchdog
 
 logger = logging.getLogger("django_delayq.worker")
 
+#: Running jobs a worker's record names (the admin's workers table shows them).
+MAX_RUNNING_LISTED = 32
+
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerOptions:
@@ -394,6 +397,9 @@ class Worker:
         return {"queues": ",".join(self.queues), "concurrency": self.concurrency,
                 "processed": self.processed, "failed": self.failed,
                 "retried": self.acker.retried, "busy": self.ledger.busy,
+                # the job each thread (or loop slot) runs, for the admin's workers table
+                "running": " ".join(f"{lease.job.queue}/{lease.job.id}"
+                                    for lease in self.ledger.running()[:MAX_RUNNING_LISTED]),
                 # delayq_health: a worker with no live executor thread is not healthy
                 # (before run() starts them, the threads about to start), nor one whose
                 # event loop stalled

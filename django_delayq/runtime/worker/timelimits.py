@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ...engine import ClaimedJob, JobTimeout
+from ...engine import ClaimedJob, JobAborted, JobTimeout
 from ..registry import TaskRegistry, timeout_seconds
 from .execution import finished
 from .ledger import Lease, Ledger
@@ -42,11 +42,16 @@ HARD_LIMIT_GRACE = 5.0
 TICK = 0.1
 
 
-def raise_in(thread: threading.Thread) -> None:
-    """Raise :class:`JobTimeout` in ``thread`` at its next Python bytecode."""
+def raise_in(thread: threading.Thread, exc: type[JobTimeout] = JobTimeout) -> None:
+    """Raise ``exc`` (:class:`JobTimeout`) in ``thread`` at its next Python bytecode."""
     if thread.ident is not None:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
-                                                   ctypes.py_object(JobTimeout))
+                                                   ctypes.py_object(exc))
+
+
+def raise_aborted(thread: threading.Thread) -> None:
+    """Raise :class:`JobAborted` in ``thread`` at its next Python bytecode."""
+    raise_in(thread, JobAborted)
 
 
 def clear_pending(thread: threading.Thread) -> None:
@@ -111,12 +116,19 @@ class Watchdog:
         for lease in self.ledger.running():
             if lease.limit_at is None or lease.shielded:
                 continue
+            aborted = lease.abort_by is not None
             if (now >= lease.limit_at and not lease.interrupted
-                    and self.ledger.interrupt(lease, raise_in)):
-                logger.warning("job over its time limit, JobTimeout raised in it job=%s "
-                               "queue=%s task=%s timeout=%ss worker=%s", lease.job.id,
-                               lease.job.queue, lease.job.task, lease.timeout, self.name)
-            hard_at = lease.limit_at + self.grace
+                    and self.ledger.interrupt(lease, raise_aborted if aborted else raise_in)):
+                if aborted:
+                    logger.warning("job aborted, JobAborted raised in it job=%s queue=%s "
+                                   "task=%s by=%s worker=%s", lease.job.id, lease.job.queue,
+                                   lease.job.task, lease.abort_by, self.name)
+                else:
+                    logger.warning("job over its time limit, JobTimeout raised in it job=%s "
+                                   "queue=%s task=%s timeout=%ss worker=%s", lease.job.id,
+                                   lease.job.queue, lease.job.task, lease.timeout, self.name)
+            hard_at = lease.renew_until if aborted and lease.renew_until else \
+                lease.limit_at + self.grace
             if now >= hard_at:
                 self._hard_limit(lease)
                 continue
@@ -128,7 +140,7 @@ class Watchdog:
         if thread is None or not self.ledger.abandon(lease.job):
             return
         job = lease.job
-        logger.error("job still running %.1fs after its time limit: failing it, and "
+        logger.error("job still running %.1fs after its time limit or abort: failing it, and "
                      "stopping this worker to be restarted job=%s queue=%s task=%s "
                      "thread=%s worker=%s", self.grace, job.id, job.queue, job.task,
                      thread.name, self.name)
@@ -136,6 +148,9 @@ class Watchdog:
                else "blocked in C code, or it caught JobTimeout")
         exc = JobTimeout(f"the job ran past its time limit of {lease.timeout}s and did not "
                          f"stop within {self.grace}s ({why}); its worker process was replaced")
+        if lease.abort_by is not None:
+            exc = JobAborted(f"aborted by {lease.abort_by}; it did not stop within "
+                             f"{lease.grace:g}s ({why}): its worker process was replaced")
         outcome = failure(job, exc, retry=True, delay=lease.retry_delay)
         outcome.started_ms = lease.started_ms
         outcome.finished_ms = lease.started_ms + int((time.monotonic() - lease.began) * 1000)

@@ -1,0 +1,128 @@
+"""Stopping a running job (``Job.abort()``) through real ``runworker`` processes: a task
+that checks ``current_job().abort_requested`` stops by itself, one that does not gets
+JobAborted raised in it, an async one is cancelled, one holding the GIL has its process
+killed and replaced; each ends ``cancelled`` with who asked, and the worker goes on."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+
+from django_delayq import Job, JobAborted, JobTimeout, Queue
+from django_delayq.engine.status import Status
+from tests.conftest import ran, wait_until, worker_pids
+from tests.testapp import tasks
+
+#: Short leases: the heartbeat (a third of the lease) brings the abort within a second.
+FAST = ("--lease", "3")
+
+
+def started(client: Any, job: Job, timeout: float = 90) -> None:
+    wait_until(lambda: job.refresh().status in (Status.CLAIMED, Status.ACTIVE),
+               timeout=timeout, message=f"job {job.id} to start (status {job.status})")
+
+
+def ends_cancelled(job: Job, out: Any, timeout: float = 90) -> Job:
+    wait_until(lambda: job.refresh().status == Status.CANCELLED, timeout=timeout,
+               message=f"job {job.id} to end cancelled (status {job.status}, "
+                       f"error {job.error}):\n{out.text}")
+    return job
+
+
+def test_a_pending_job_is_cancelled_at_once_with_who_asked(redis_client):
+    job = tasks.record.using(delay=600).enqueue("later")
+    assert job.abort(by="alice") is True
+    job.refresh()
+    assert (job.status, job.aborted_by) == (Status.CANCELLED, "alice")
+    assert job.abort(by="bob") is False  # over: nothing to stop
+    assert job.refresh().aborted_by == "alice"
+
+
+@pytest.mark.parametrize("processes", ["1", "2"], ids=["one-process", "pool"])
+def test_a_cooperative_job_stops_by_itself_and_ends_cancelled(processes, redis_client,
+                                                              spawned):
+    job = tasks.stops_when_aborted.enqueue("coop")
+    proc, out = spawned("default", "-c", "2", "--processes", processes, *FAST)
+    started(redis_client, job)
+    assert job.abort(by="alice") is True
+    ends_cancelled(job, out)
+    assert job.aborted_by == "alice"
+    assert job.error == "django_delayq.engine.errors.JobAborted: aborted by alice"
+    assert job.attempts == 1, "never retried, though it has attempts left"
+    assert job.attempt_log[-1]["outcome"] == "aborted"
+    noticed = [r for r in ran(redis_client) if r["task"] == "abort_noticed"]
+    assert noticed == [{**noticed[0], "tag": "coop", "by": "alice"}]
+    worker_pids(out, int(processes))
+    assert "killed" not in out.text, "a cooperative stop replaces no process"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+
+
+@pytest.mark.parametrize("processes", ["1", "2"], ids=["one-process", "pool"])
+def test_jobs_that_do_not_check_get_job_aborted_and_the_others_run_on(processes,
+                                                                      redis_client, spawned):
+    """Many long jobs, half of them aborted: those end cancelled through JobAborted, the
+    others complete, and no process is replaced."""
+    jobs = [tasks.sleeps.enqueue(3.0) for _ in range(8)]
+    proc, out = spawned("default", "-c", "4", "--processes", processes, *FAST)
+    wait_until(lambda: sum(j.refresh().status == Status.ACTIVE for j in jobs) >= 4,
+               timeout=60, message=f"four jobs to run:\n{out.text}")
+    aborted = [j for j in jobs if j.status == Status.ACTIVE]
+    for job in aborted:
+        assert job.abort(by="ops") is True
+    for job in aborted:
+        ends_cancelled(job, out)
+        assert job.error.startswith("django_delayq.engine.errors.JobAborted"), job.error
+        assert job.aborted_by == "ops"
+    others = [j for j in jobs if j not in aborted]
+    wait_until(lambda: all(j.refresh().status == Status.COMPLETED for j in others),
+               timeout=90, message=f"the other jobs to complete:\n{out.text}")
+    assert Queue("default").counts()["active"] == 0
+    assert "killed" not in out.text
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+
+
+def test_an_async_job_is_cancelled(redis_client, spawned):
+    job = tasks.async_overrun.enqueue("a1")
+    after = tasks.async_add.enqueue(1, 2)
+    proc, out = spawned(tasks.ASYNC, "-c", "1", *FAST)
+    started(redis_client, job)
+    job.abort(by="carol")
+    ends_cancelled(job, out)
+    assert job.error == "django_delayq.engine.errors.JobAborted: aborted by carol"
+    wait_until(lambda: after.refresh().status == Status.COMPLETED, timeout=60,
+               message=f"the next async job to run:\n{out.text}")
+    assert "killed" not in out.text
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+
+
+@pytest.mark.parametrize("processes", ["1", "2"], ids=["one-process", "pool"])
+def test_a_job_holding_the_gil_has_its_process_replaced(processes, redis_client, spawned):
+    """No thread of its process runs, so it never hears of the abort: its host, which
+    reads the aborts with its heartbeat, kills it after the grace and the margin."""
+    job = tasks.holds_gil_unlimited.enqueue("gil")
+    proc, out = spawned("default", "-c", "1", "--processes", processes, "--lease", "60")
+    started(redis_client, job)
+    job.abort(by="dave")
+    ends_cancelled(job, out)
+    assert job.aborted_by == "dave"
+    assert job.error.startswith("django_delayq.engine.errors.JobAborted: aborted by dave; "
+                                "it did not stop within the grace"), job.error
+    assert "killed and replaced" in job.error
+    after = tasks.record.enqueue("after")
+    wait_until(lambda: after.refresh().status == Status.COMPLETED, timeout=90,
+               message=f"a job after it to run on the replacement:\n{out.text}")
+    worker_pids(out, int(processes) + 1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+
+
+def test_job_aborted_is_a_job_timeout():
+    """Code that lets a time limit through (``except JobTimeout: raise``) lets an abort
+    through too."""
+    assert issubclass(JobAborted, JobTimeout)
+    assert not issubclass(JobAborted, Exception)
