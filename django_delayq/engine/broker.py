@@ -12,14 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from . import flows, validation
 from .bulk import BulkEnqueue, Outgoing
 from .claims import ClaimResult
 from .core import BrokerCore
 from .errors import NotReplicated, PartialClaimError
-from .failover import FAILOVER
+from .failover import CALL_FAILED, FAILOVER
 from .fields import stored
 from .keys import QueueKeys
 from .requests import BulkResult, EnqueueRequest, EnqueueResult
@@ -158,7 +156,7 @@ class Broker(BrokerCore):
                 results = self.run_claims(batch, [keys for keys, _ in plain])
             except PartialClaimError as exc:
                 results, failure = exc.results, exc.__cause__ or exc
-            except RedisError as exc:
+            except CALL_FAILED as exc:
                 failure = exc
         for queue, shards in reserving.items():
             try:
@@ -167,7 +165,7 @@ class Broker(BrokerCore):
             except PartialClaimError as exc:
                 results += exc.results
                 failure = failure or exc.__cause__ or exc
-            except RedisError as exc:
+            except CALL_FAILED as exc:
                 failure = failure or exc
         if failure is not None:
             if results:

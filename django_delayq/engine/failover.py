@@ -25,6 +25,7 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.sentinel import MasterNotFoundError
 
 from .errors import DelayQConnectionError, DelayQError, NotReplicated
 
@@ -59,6 +60,9 @@ logger = logging.getLogger(__name__)
 
 def describe(client: Any) -> str:
     """The Redis address of ``client`` for error messages, never with its password."""
+    seeds = vars(client).get("seeds") if hasattr(client, "__dict__") else None
+    if isinstance(seeds, str):  # a Cluster client (engine/urls.py), made or not
+        return seeds
     try:
         pool = client.connection_pool
         kw = pool.connection_kwargs
@@ -80,6 +84,10 @@ def describe(client: Any) -> str:
 
 def unreachable(client: Any, exc: Exception) -> DelayQConnectionError:
     """The error a caller sees for ``exc`` of :data:`FAILOVER`, with ``client``'s address."""
+    if type(exc) is RedisClusterException:  # what redis-py raises when no node answers
+        return DelayQConnectionError(
+            f"the Redis Cluster at {describe(client)} is unreachable: no node answered "
+            f"({exc})")
     if isinstance(exc, ClusterError | TryAgainError | RedisClusterException):
         return DelayQConnectionError(
             f"the Redis Cluster at {describe(client)} did not serve the call (a "
@@ -89,6 +97,10 @@ def unreachable(client: Any, exc: Exception) -> DelayQConnectionError:
         return DelayQConnectionError(
             f"Redis at {describe(client)} is a replica now (a failover demoted "
             f"it) and refused the write: {exc}")
+    if isinstance(exc, MasterNotFoundError):  # its message lists each sentinel's client
+        return DelayQConnectionError(
+            f"Redis at {describe(client)} is unreachable: no sentinel named its primary "
+            f"(the sentinels are down or unreachable, or none knows the service)")
     return DelayQConnectionError(f"Redis at {describe(client)} is unreachable: {exc}")
 
 

@@ -20,9 +20,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from .core import BrokerCore
+from .failover import CALL_FAILED
 from .jobhash import read_times, to_float, to_int
 
 #: Most workers :func:`live_workers` lists (newest heartbeats first).
@@ -67,7 +66,7 @@ def forget(broker: BrokerCore, name: str) -> None:
         pipe.zrem(keys.hosts, name)
         pipe.delete(keys.worker(name))
         pipe.execute()
-    except RedisError:
+    except CALL_FAILED:
         pass
 
 
