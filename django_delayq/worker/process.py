@@ -8,7 +8,8 @@ with the host's options until a stop, and exits with the worker's code
 internal entry point: the host's command line is the one to use.
 
 Signals: Ctrl-C in a terminal reaches the whole process group; the process ignores it,
-and its host passes the stop on. SIGTERM is a warm stop, a second SIGTERM exits at once.
+and its host passes the stop on. SIGTERM (or SIGHUP) is a warm stop, a second one exits
+at once.
 If the host disappears (SIGKILL, the OOM killer), the process stops warmly by itself.
 """
 
@@ -21,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import IO, Any
@@ -93,12 +95,26 @@ def run_worker_process(spec: ProcessSpec) -> None:
     exit_now(worker.run())
 
 
-def install_stop_signals(request_stop: Any) -> list[int]:
-    """First SIGTERM (or SIGINT, where not ignored): ``request_stop()``; second: exit at
-    once with :data:`EXIT_FORCED`. Returns the list each signal is appended to."""
-    received: list[int] = []
+#: The signals that ask for a warm stop (a second one: a cold stop). SIGHUP too: a closed
+#: terminal or a process manager sends it, and nothing here reloads on it.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def on_stop_signals(handler: Callable[[int, FrameType | None], Any]) -> None:
+    """Call ``handler(signum, frame)`` on each of :data:`STOP_SIGNALS` that is not ignored
+    (a process started under ``nohup`` keeps ignoring SIGHUP). Only the main thread can
+    install handlers: elsewhere (a command called from a test's thread) nothing is."""
     if threading.current_thread() is not threading.main_thread():
-        return received
+        return
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, handler)
+
+
+def install_stop_signals(request_stop: Any) -> list[int]:
+    """First stop signal: ``request_stop()``; second: exit at once with
+    :data:`EXIT_FORCED`. Returns the list each signal is appended to."""
+    received: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         received.append(signum)
@@ -108,9 +124,7 @@ def install_stop_signals(request_stop: Any) -> list[int]:
             exit_now(EXIT_FORCED)
         request_stop()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, on_signal)
+    on_stop_signals(on_signal)
     return received
 
 

@@ -3,15 +3,12 @@
 Reads each queue shard's events stream through the lake's own consumer group and writes
 date-partitioned Parquet files under ``LAKE`` (a local path or a filesystem URL PyArrow
 can write), acknowledging entries once their file is durable. ``--burst`` exports what
-the streams hold, then exits. SIGTERM/SIGINT stop it after the batch in hand. See
+the streams hold, then exits. SIGTERM/SIGINT/SIGHUP stop it after the batch in hand. See
 docs/lake.md.
 """
 
 from __future__ import annotations
 
-import signal
-import threading
-from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -19,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_delayq.conf import conf
 from django_delayq.connection import get_broker
 from django_delayq.engine.keys import validate_queue_name
-from django_delayq.worker.process import configure_logging
+from django_delayq.worker.process import configure_logging, on_stop_signals
 
 
 class Command(BaseCommand):
@@ -70,12 +67,7 @@ class Command(BaseCommand):
                                 queues=options["queues"] or None)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        if threading.current_thread() is threading.main_thread():
-            def on_signal(signum: int, frame: FrameType | None) -> None:
-                exporter.request_stop()
-
-            signal.signal(signal.SIGTERM, on_signal)
-            signal.signal(signal.SIGINT, on_signal)
+        on_stop_signals(lambda signum, frame: exporter.request_stop())
         exporter.run(burst=options["burst"])
         if options["verbosity"]:
             self.stdout.write(

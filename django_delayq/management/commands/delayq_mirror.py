@@ -4,16 +4,13 @@ Every ``runworker`` mirrors on a thread of its own process (its host); this comm
 runs the mirror alone (``--burst``: mirror what the streams hold, then exit), with the
 outbox relay (unless ``DELAYQ["OUTBOX"]["RELAY"]`` is False) and the lake export (when
 ``DELAYQ["LAKE_PATH"]`` is set) beside it, in the same kind of host
-(:mod:`django_delayq.runtime.host`). A first SIGTERM/SIGINT stops it after the batch in
+(:mod:`django_delayq.runtime.host`). A first SIGTERM/SIGINT/SIGHUP stops it after the batch in
 hand is written and acknowledged, then it mirrors what is left (at most 5 seconds); a
 second stops it at once. Without the Job table (no ``migrate`` yet) it says so and exits 0.
 """
 
 from __future__ import annotations
 
-import signal
-import threading
-from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -23,7 +20,7 @@ from django_delayq.engine.keys import validate_queue_name
 from django_delayq.mirror import Mirror, table_exists
 from django_delayq.runtime.host import Host
 from django_delayq.services import SinkService, host_services
-from django_delayq.worker.process import configure_logging
+from django_delayq.worker.process import configure_logging, on_stop_signals
 
 
 class Command(BaseCommand):
@@ -65,12 +62,7 @@ class Command(BaseCommand):
             host = Host(broker=get_broker(), name=mirror.name,
                         services=[SinkService("mirror", mirror),
                                   *host_services(mirror.name, mirror=False)])
-            if threading.current_thread() is threading.main_thread():
-                def on_signal(signum: int, frame: FrameType | None) -> None:
-                    host.request_stop()
-
-                signal.signal(signal.SIGTERM, on_signal)
-                signal.signal(signal.SIGINT, on_signal)
+            on_stop_signals(lambda signum, frame: host.request_stop())
             host.run()
             count = mirror.mirrored
         if options["verbosity"]:

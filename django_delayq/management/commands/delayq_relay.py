@@ -2,17 +2,14 @@
 
 ``runworker`` and ``delayq_mirror`` run the same relay on a thread by default
 (``DELAYQ["OUTBOX"]["RELAY"]``); this command runs it alone. ``--burst`` sends what is
-waiting and exits. Exit codes: 0 after a clean stop (SIGTERM/SIGINT, or ``--burst``
+waiting and exits. Exit codes: 0 after a clean stop (SIGTERM/SIGINT/SIGHUP, or ``--burst``
 done); 1 when ``--burst`` gave up after 3 failed rounds in a row (Redis or the database
 unreachable: the rows stay and are sent by the next run).
 """
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
-from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -20,7 +17,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from django_delayq.outbox import Relay
 from django_delayq.task import registry
-from django_delayq.worker.process import configure_logging
+from django_delayq.worker.process import configure_logging, on_stop_signals
 
 
 class Command(BaseCommand):
@@ -42,12 +39,7 @@ class Command(BaseCommand):
             raise CommandError("--chunk-size must be at least 1")
         relay = Relay(using=options["database"], chunk_size=options["chunk_size"],
                       known_tasks=registry)
-        if threading.current_thread() is threading.main_thread():
-            def on_signal(signum: int, frame: FrameType | None) -> None:
-                relay.request_stop()
-
-            signal.signal(signal.SIGTERM, on_signal)
-            signal.signal(signal.SIGINT, on_signal)
+        on_stop_signals(lambda signum, frame: relay.request_stop())
         relay.run(burst=options["burst"])
         if options["verbosity"]:
             self.stdout.write(f"Relayed {relay.sent} rows ({relay.added} new jobs, "

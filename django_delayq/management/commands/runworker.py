@@ -9,7 +9,7 @@ threads (:mod:`django_delayq.services`: the model mirror unless ``--no-mirror``,
 outbox relay, the lake export, the periodic scheduler).
 
 Exit codes (:mod:`django_delayq.runtime.worker.exit_codes`): 0 after a clean stop (first
-SIGTERM/SIGINT, or ``--burst`` done); 1 when stopped by a second signal, or when running
+SIGTERM/SIGINT/SIGHUP, or ``--burst`` done); 1 when stopped by a second signal, or when running
 jobs outlived the grace period and were handed back. Bad arguments exit 1 with a
 ``CommandError``.
 """
@@ -19,12 +19,9 @@ from __future__ import annotations
 import logging
 import math
 import os
-import signal
 import socket
 import sys
-import threading
 import uuid
-from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -37,7 +34,12 @@ from django_delayq.runtime.deadlines import Board, frozen_after
 from django_delayq.runtime.host import Host
 from django_delayq.services import host_services
 from django_delayq.task import registry
-from django_delayq.worker.process import ProcessSpec, command, configure_logging
+from django_delayq.worker.process import (
+    ProcessSpec,
+    command,
+    configure_logging,
+    on_stop_signals,
+)
 
 
 class Command(BaseCommand):
@@ -133,12 +135,7 @@ class Command(BaseCommand):
                     stop_within=grace,
                     info={"queues": ",".join(served),
                           "concurrency": options["concurrency"] or conf.CONCURRENCY})
-        if threading.current_thread() is threading.main_thread():
-            def on_signal(signum: int, frame: FrameType | None) -> None:
-                host.request_stop()
-
-            signal.signal(signal.SIGTERM, on_signal)
-            signal.signal(signal.SIGINT, on_signal)
+        on_stop_signals(lambda signum, frame: host.request_stop())
         code = host.run()
         if code:
             sys.exit(code)
