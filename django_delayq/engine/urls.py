@@ -32,6 +32,8 @@ from redis.connection import parse_url
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
+from .failover import watch_switches
+
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
@@ -251,7 +253,9 @@ def sentinel_client(parsed: ParsedURL, **kwargs: Any) -> Any:
         sentinel_options["username"] = parsed.query["sentinel_username"]
     sentinel = Sentinel(parsed.hosts,  # type: ignore[no-untyped-call]
                         sentinel_kwargs=sentinel_options)
-    return sentinel.master_for(parsed.service, **options)  # type: ignore[no-untyped-call]
+    client = sentinel.master_for(parsed.service, **options)  # type: ignore[no-untyped-call]
+    watch_switches(client)
+    return client
 
 
 def sentinel_url_from_cache(location: str, options: dict[str, Any]) -> str | None:
