@@ -106,7 +106,7 @@ class JobAdmin(admin.ModelAdmin):
                     "attempts_display", "run_at_display", "duration_column", "error_column",
                     "args_column")
     list_display_links = ("job_display",)
-    list_filter = ("status", "queue", "task_name")
+    list_filter = ("status", "queue", "task_name", "missing_at")
     search_fields = ("=job_id", "task_name")
     date_hierarchy = "run_at"
     ordering = ("-run_at",)
@@ -170,7 +170,7 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_display(self, obj: Job) -> SafeString:
-        return status_badge(obj.status)
+        return status_badge(obj.status, missing_at=obj.missing_at)
 
     @admin.display(description="job", ordering="job_id")
     def job_display(self, obj: Job) -> SafeString:

@@ -124,7 +124,7 @@ class MirroredJobSerializer(serializers.ModelSerializer):
         fields = ["job_id", "queue", "task_name", "status", "priority", "args", "kwargs",
                   "run_at", "enqueued_at", "started_at", "finished_at", "attempts",
                   "max_attempts", "worker", "result", "error", "progress", "progress_message",
-                  "updated_at"]
+                  "updated_at", "missing_at"]
         read_only_fields = fields
 
 
