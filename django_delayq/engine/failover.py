@@ -178,7 +178,8 @@ def watch_switches(client: Any) -> None:
     answers, and the next ones connect to the primary the sentinels name. A sentinel
     that fails hands over to the next; the thread ends once the client is gone."""
     pool = client.connection_pool
-    service, sentinels = pool.service_name, list(pool.sentinel_manager.sentinels)
+    manager = pool.sentinel_manager
+    service, sentinels = pool.service_name, list(manager.sentinels)
     ref = weakref.ref(client)
 
     def follow() -> None:
@@ -196,6 +197,11 @@ def watch_switches(client: Any) -> None:
                         if data.split(" ", 1)[0] == service and (live := ref()) is not None:
                             logger.warning("the sentinels switched the primary of %s, "
                                            "reconnecting: %s", service, data)
+                            # Asked first from now on: the others may name the old
+                            # primary a little longer, and redis-py takes the first
+                            # answer when it connects again.
+                            manager.sentinels[:] = [sentinel, *(
+                                s for s in manager.sentinels if s is not sentinel)]
                             drop_demoted(live)
                             del live
             except (RedisError, OSError, ValueError):
