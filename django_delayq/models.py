@@ -62,6 +62,12 @@ class Job(models.Model):
     last_event_ms = models.BigIntegerField(default=0, db_default=0, editable=False)
     last_event_seq = models.BigIntegerField(default=0, db_default=0, editable=False)
     updated_at = models.DateTimeField("mirrored at", auto_now=True)
+    #: Set by the mirror's reconciliation when Redis no longer holds this unfinished job
+    #: (lost in a failover, its key removed by hand); cleared by any later event of it.
+    missing_at = models.DateTimeField(
+        "gone from Redis at", null=True, blank=True,
+        help_text="when the mirror found this unfinished job gone from Redis (lost in a "
+                  "failover, or deleted by hand): its status is the last one mirrored")
 
     class Meta:
         verbose_name = "job"

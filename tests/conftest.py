@@ -327,10 +327,10 @@ def pid_alive(pid: int) -> bool:
 
 
 def stop_during_a_job(proc: subprocess.Popen[str], out: OutputReader, client: Any, *,
-                      stopping: str, gate: str) -> list[str]:
+                      stopping: str, gate: str, signum: int = signal.SIGTERM) -> list[str]:
     """SIGTERM ``proc``, open ``gate`` (the job it runs then ends during the warm stop) once
     it logs ``stopping``, and return its output lines once it has exited 0."""
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     out.wait_for(stopping)
     client.set(gate, 1)
     assert proc.wait(timeout=60) == 0, out.text

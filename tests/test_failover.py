@@ -372,11 +372,30 @@ def check_promises(measured: dict[int, Measured]) -> None:
     assert measured[1].orphan_rows == []
 
 
-def test_sentinel_primary_killed_under_load(mirror_db, workers, fault_report):
-    """One SIGKILL, two sets of producers (2,500 jobs each), each on its own queue:
-    MIN_REPLICAS=1 (nothing that returned may be lost) and MIN_REPLICAS=0 (the loss is
-    counted)."""
-    timeline = Timeline("sentinel")
+def demote_by_sentinel(timeline: Timeline, group: RedisSentinelGroup) -> None:
+    """``SENTINEL FAILOVER``: the primary stays up, a replica is promoted, and the old
+    primary goes on taking writes until a sentinel turns it into a replica (seconds
+    later), when it drops what it took meanwhile."""
+    timeline.killed_at = time.time()
+    with redis.Redis(port=group.sentinels[0].port, socket_timeout=5) as sentinel:
+        sentinel.execute_command("SENTINEL FAILOVER", group.service)
+
+
+def demoted(server: RedisServer) -> bool:
+    """Whether ``server`` is a replica in sync with its primary (what it took as a
+    primary after the switch is gone by then)."""
+    with redis.Redis(port=server.port, decode_responses=True, socket_timeout=5) as client:
+        info = client.info("replication")
+    return info.get("role") == "slave" and info.get("master_link_status") == "up"
+
+
+@pytest.mark.parametrize("kind", ["kill", "failover"])
+def test_sentinel_primary_killed_under_load(mirror_db, workers, fault_report, kind):
+    """One SIGKILL of the primary (``kill``) or one ``SENTINEL FAILOVER`` (``failover``,
+    the old primary alive), two sets of producers (2,500 jobs each), each on its own
+    queue: MIN_REPLICAS=1 (nothing that returned may be lost) and MIN_REPLICAS=0 (the
+    loss is counted)."""
+    timeline = Timeline(f"sentinel-{kind}")
     # Two replicas: after the failover one is left to confirm MIN_REPLICAS=1 writes.
     with RedisSentinelGroup(replicas=2) as group:
         url = group.url()
@@ -393,19 +412,27 @@ def test_sentinel_primary_killed_under_load(mirror_db, workers, fault_report):
         durable.progress.wait(timeout=120)
         fast.progress.wait(timeout=120)
         old = group.primary
-        timeline.kill(old)
-        timeline.note(f"primary {old.port} SIGKILLed; replicas "
-                      f"{[r.port for r in group.replicas]}", timeline.killed_at)
+        if kind == "kill":
+            timeline.kill(old)
+        else:
+            demote_by_sentinel(timeline, group)
+        timeline.note(f"primary {old.port} {'SIGKILLed' if kind == 'kill' else 'failed over'}"
+                      f"; replicas {[r.port for r in group.replicas]}", timeline.killed_at)
         new = group.wait_failover(old.port)
         timeline.note(f"every sentinel names {new.port} the primary")
         for producers in (durable, fast):
             producers.join()
+        if kind == "failover":
+            wait_until(lambda: demoted(old), timeout=90, interval=0.2,
+                       message="the old primary a replica of the new one")
+            timeline.note(f"old primary {old.port} a replica in sync")
         outs = [o for _, o in procs]
         measured = {n: settle(client, p, mirror_db, outs) for n, p in ((1, durable), (0, fast))}
         for proc, out in procs:
             assert proc.poll() is None, f"the worker must resume by itself:\n{out.text}"
         note_sentinel_events(timeline, group)
-        report(fault_report, "Sentinel primary SIGKILLed under load", timeline,
+        report(fault_report, "Sentinel primary SIGKILLed under load" if kind == "kill"
+               else "SENTINEL FAILOVER under load", timeline,
                [(1, durable, measured[1]), (0, fast, measured[0])])
         for proc, _ in procs:
             proc.terminate()

@@ -130,4 +130,24 @@ def test_redis_unreachable_is_exit_4(settings: Any):
     connection.reset()
     code, out = health()
     assert code == 4
-    assert "Redis is unreachable" in out
+    assert "is unreachable" in out
+
+
+def test_a_dead_worker_process_on_this_host_is_exit_1_at_once(broker):
+    """Its record still has a fresh heartbeat, but its pid is gone: unhealthy at once."""
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    record_alive(broker, "dead-here", 60, {"queues": "default", "threads": 4, "lease": 30,
+                                            "pid": ended.pid})
+    code, out = health("--worker", "dead-here")
+    assert code == 1, out
+    assert f"its process (pid {ended.pid}) on this host is gone" in out
+
+
+def test_a_worker_of_another_host_is_judged_by_its_heartbeat(broker):
+    record_alive(broker, "elsewhere", 60, {"queues": "default", "threads": 4, "lease": 30,
+                                            "pid": 999_999_999, "host": "another-host"})
+    assert health("--worker", "elsewhere")[0] == 0
+    code, out = health("--worker", "elsewhere", "--stale-after", "0.001")
+    assert code == 1
+    assert "no heartbeat for" in out

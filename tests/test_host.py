@@ -5,6 +5,7 @@ its table, and is left alone by other mirrors while it drains."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sqlite3
 import subprocess
@@ -121,3 +122,40 @@ def test_other_mirrors_leave_a_stopping_host_s_mirror_alone_while_it_drains(
     assert proc.wait(timeout=60) == 0, out.text
     assert sqlite_rows(db)[second.id] == "completed"
     assert consumers_gone(broker, [mirror_consumer("draining")]) == {"draining/mirror"}
+
+
+def test_sighup_is_a_warm_stop_that_leaves_no_worker_record(broker, spawned):
+    """SIGHUP (a closed terminal, a process manager) stops a pool as SIGTERM does: the
+    running job finishes, exit 0, and no record of the host or its workers is left."""
+    from django_delayq.engine.workers import live_workers
+
+    jobs = [tasks.record.enqueue(f"h{i}") for i in range(20)]
+    last = tasks.gated.enqueue("last", gate="gate:hup")
+    proc, out = spawned("default", "--processes", "2", "-c", "2")
+    wait_until(lambda: last.refresh().status == "active"
+               and all(j.refresh().status == "completed" for j in jobs), timeout=60,
+               message=f"the jobs run, the last one running:\n{out.text}")
+    assert {w.role for w in live_workers(broker)} == {"supervisor", "worker"}
+    stop_during_a_job(proc, out, broker.client, stopping="host stopping", gate="gate:hup",
+                      signum=signal.SIGHUP)
+    assert last.refresh().status == "completed"
+    assert live_workers(broker, include_dead=True) == []
+
+
+def test_sighup_to_a_worker_process_is_a_warm_stop(broker, spawned):
+    """A worker process SIGHUPed on its own stops warmly (exit 0, its job finished) and
+    its host starts another."""
+    job = tasks.gated.enqueue("running", gate="gate:hup1")
+    proc, out = spawned("default", "-c", "1")
+    (worker,) = worker_pids(out)
+    wait_until(lambda: job.refresh().status == "active", timeout=60,
+               message=f"the job running:\n{out.text}")
+    os.kill(worker, signal.SIGHUP)
+    out.wait_for("worker stopping")
+    broker.client.set("gate:hup1", 1)
+    out.wait_for(f"worker-0 died pid={worker} code=0", timeout=60)
+    assert job.refresh().status == "completed"
+    wait_until(lambda: len(worker_pids(out, 2)) == 2, timeout=60,
+               message=f"another worker process:\n{out.text}")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text

@@ -196,6 +196,41 @@ def test_a_claim_and_an_ack_of_several_jobs_write_one_entry_each(broker, redis_c
 
 
 @pytest.mark.django_db
+def test_rows_of_jobs_gone_from_redis_are_marked_and_shown_so(redis_client, admin_client):
+    """A job lost in a failover (here: its keys deleted) leaves a row that would say
+    "scheduled" for ever: the reconciliation marks it, the admin and the API show it,
+    and an event of the job (enqueued again with its id) clears the mark."""
+    lost, kept = (tasks.record.using(delay=3600).enqueue(tag) for tag in ("lost", "kept"))
+    done = tasks.record.enqueue("done")
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: done.refresh().status == "completed", message="a job run")
+    mirror = mirror_all()
+    keys = get_broker().keys_for("default", lost.id)
+    redis_client.delete(keys.job(lost.id))
+    redis_client.zrem(keys.scheduled, lost.id)
+    redis_client.delete(get_broker().keys_for("default", done.id).job(done.id))
+    assert mirror.reconcile(quiet_for=3600) == 0, "rows written within quiet_for wait"
+    assert mirror.reconcile(quiet_for=0) == 1
+    rows = {row.job_id: row for row in Job.objects.all()}
+    assert rows[lost.id].missing_at is not None
+    assert rows[lost.id].status == "scheduled", "the last status mirrored stays"
+    assert rows[kept.id].missing_at is None
+    assert rows[done.id].missing_at is None, "a finished job may expire"
+    page = admin_client.get("/admin/django_delayq/job/?missing_at__isnull=False")
+    assert page.status_code == 200
+    assert b"gone from Redis" in page.content
+    assert lost.id.encode() in page.content
+    assert kept.id.encode() not in page.content
+    body = admin_client.get("/api/delayq/jobs/?queue=default").json()
+    shown = {job["job_id"]: job["missing_at"] for job in body["results"]}
+    assert shown[lost.id] is not None
+    assert shown[kept.id] is None
+    tasks.record.using(job_id=lost.id, delay=3600).enqueue("lost")
+    mirror_all()
+    assert Job.objects.get(job_id=lost.id).missing_at is None
+
+
+@pytest.mark.django_db
 def test_purged_jobs_are_marked_purged(redis_client):
     job = tasks.record.using(delay=3600).enqueue("p")
     mirror_all()

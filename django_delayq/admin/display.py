@@ -36,14 +36,21 @@ STATUS_COLOURS = {
 PERIODIC_ID = re.compile(r"^cron:(?P<task>.+):(?P<ms>\d{10,16})$")
 
 
-def status_badge(status: str) -> SafeString:
-    """A coloured badge for a job status (unknown statuses render grey)."""
+def status_badge(status: str, *, missing_at: Any = None) -> SafeString:
+    """A coloured badge for a job status (unknown statuses render grey); for a row whose
+    job the mirror found gone from Redis (``missing_at``), a second badge says so."""
     background, colour = STATUS_COLOURS.get(status, ("#757575", "#fff"))
     label = JobStatus(status).label if status in JobStatus.values else status
-    return format_html(
+    badge = format_html(
         '<span class="dq-badge dq-status-{}" style="background:{};color:{};padding:2px 8px;'
         'border-radius:9px;font-size:11px;font-weight:600;white-space:nowrap">{}</span>',
         status, background, colour, label)
+    if missing_at is None:
+        return badge
+    return format_html('{} <span class="dq-badge dq-missing" title="{}" style="background:'
+                       '#b71c1c;color:#fff;padding:2px 8px;border-radius:9px;font-size:11px;'
+                       'white-space:nowrap">gone from Redis</span>', badge,
+                       f"found gone from Redis at {missing_at:%Y-%m-%d %H:%M:%S %Z}")
 
 
 def pretty_json(value: Any) -> SafeString:

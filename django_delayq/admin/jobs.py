@@ -68,7 +68,7 @@ class JobAdmin(ReadOnlyPages):
                     "attempts_display", "progress_column", "run_at_display", "started_column",
                     "worker_column", "duration_column", "error_column", "args_column")
     list_display_links = ("job_display",)
-    list_filter = ("status", "queue", "task_name")
+    list_filter = ("status", "queue", "task_name", "missing_at")
     #: An argument value is found in the arguments' JSON text.
     search_fields = ("=job_id", "task_name", "args", "kwargs")
     date_hierarchy = "run_at"
@@ -137,7 +137,7 @@ class JobAdmin(ReadOnlyPages):
 
     @admin.display(description="status", ordering="status")
     def status_display(self, obj: Job) -> SafeString:
-        return status_badge(obj.status)
+        return status_badge(obj.status, missing_at=obj.missing_at)
 
     @admin.display(description="job", ordering="job_id")
     def job_display(self, obj: Job) -> SafeString:

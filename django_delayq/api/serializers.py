@@ -155,7 +155,7 @@ class MirroredJobSerializer(serializers.ModelSerializer):
         fields = ["job_id", "queue", "task_name", "status", "priority", "args", "kwargs",
                   "run_at", "enqueued_at", "started_at", "finished_at", "attempts",
                   "max_attempts", "worker", "result", "error", "progress", "progress_message",
-                  "aborted_by", "updated_at"]
+                  "aborted_by", "updated_at", "missing_at"]
         read_only_fields = fields
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from . import flows, validation
 from .bulk import BulkEnqueue, Outgoing
 from .claims import ClaimResult
@@ -166,7 +164,7 @@ class Broker(BrokerCore):
                 results = self.run_claims(batch, [keys for keys, _ in plain])
             except PartialClaimError as exc:
                 results, failure = exc.results, exc.__cause__ or exc
-            except RedisError as exc:
+            except CALL_FAILED as exc:
                 failure = exc
         for queue, shards in reserving.items():
             try:
@@ -175,7 +173,7 @@ class Broker(BrokerCore):
             except PartialClaimError as exc:
                 results += exc.results
                 failure = failure or exc.__cause__ or exc
-            except RedisError as exc:
+            except CALL_FAILED as exc:
                 failure = failure or exc
         if failure is not None:
             if results:

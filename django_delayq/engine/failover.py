@@ -11,7 +11,9 @@ job and cannot add it twice: that is what makes retrying through a failover safe
 from __future__ import annotations
 
 import logging
+import threading
 import time
+import weakref
 from typing import Any
 
 from redis.exceptions import (
@@ -25,7 +27,9 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.sentinel import MasterNotFoundError
 
+from .backoff import backoff_delay
 from .errors import DelayQConnectionError, DelayQError, NotReplicated
 
 #: redis-py errors that mean Redis did not serve a call, not that the call was wrong.
@@ -59,6 +63,9 @@ logger = logging.getLogger(__name__)
 
 def describe(client: Any) -> str:
     """The Redis address of ``client`` for error messages, never with its password."""
+    seeds = vars(client).get("seeds") if hasattr(client, "__dict__") else None
+    if isinstance(seeds, str):  # a Cluster client (engine/urls.py), made or not
+        return seeds
     try:
         pool = client.connection_pool
         kw = pool.connection_kwargs
@@ -80,6 +87,10 @@ def describe(client: Any) -> str:
 
 def unreachable(client: Any, exc: Exception) -> DelayQConnectionError:
     """The error a caller sees for ``exc`` of :data:`FAILOVER`, with ``client``'s address."""
+    if type(exc) is RedisClusterException:  # what redis-py raises when no node answers
+        return DelayQConnectionError(
+            f"the Redis Cluster at {describe(client)} is unreachable: no node answered "
+            f"({exc})")
     if isinstance(exc, ClusterError | TryAgainError | RedisClusterException):
         return DelayQConnectionError(
             f"the Redis Cluster at {describe(client)} did not serve the call (a "
@@ -89,6 +100,10 @@ def unreachable(client: Any, exc: Exception) -> DelayQConnectionError:
         return DelayQConnectionError(
             f"Redis at {describe(client)} is a replica now (a failover demoted "
             f"it) and refused the write: {exc}")
+    if isinstance(exc, MasterNotFoundError):  # its message lists each sentinel's client
+        return DelayQConnectionError(
+            f"Redis at {describe(client)} is unreachable: no sentinel named its primary "
+            f"(the sentinels are down or unreachable, or none knows the service)")
     return DelayQConnectionError(f"Redis at {describe(client)} is unreachable: {exc}")
 
 
@@ -103,6 +118,97 @@ def retry_or_raise(client: Any, retry_ms: int, exc: Exception, deadline: float |
     logger.debug("Redis unavailable, retrying the enqueue error=%s", exc)
     time.sleep(min(FAILOVER_INTERVAL, max(0.0, deadline - now)))
     return deadline
+
+
+class PrimaryMoved(RedisConnectionError):
+    """Replicas confirmed a write (``WAIT``) on a primary that the sentinels no longer
+    all name, or that one of them is failing over: the write may be dropped when that
+    primary is demoted. It is sent again (its job ids make that safe) once every
+    connection to it is closed."""
+
+
+def drop_demoted(client: Any, pinned: Any = None) -> None:
+    """Close every connection of ``client`` (and its ``pinned`` ones), so the next call
+    connects again and reaches the primary as it is named now: after ``READONLY`` (a
+    managed service moved its address to a new primary) or :class:`PrimaryMoved`."""
+    if pinned is not None:
+        pinned.close()
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        pool.disconnect()
+
+
+def follow_primary(client: Any, pinned: Any = None) -> None:
+    """After a write replicas confirmed, on a Sentinel client: raise
+    :class:`PrimaryMoved` (its connections closed) unless every sentinel that answers
+    names the primary the client last connected to, with no failover under way.
+
+    Why: ``SENTINEL FAILOVER`` (or a failover while the old primary still answers)
+    promotes a replica at once, but the old primary takes writes until a sentinel
+    demotes it seconds later, and then drops them; its other replicas confirm its
+    ``WAIT`` meanwhile. Asking the sentinels after the ``WAIT`` closes that gap: a
+    sentinel names the new primary (or says a failover is under way) from the moment
+    the promoted replica acts as one. Costs one round trip per sentinel, for durable
+    writes (``MIN_REPLICAS``) on a Sentinel URL only. With no sentinel answering, the
+    write stands on its ``WAIT`` alone.
+    """
+    pool = getattr(client, "connection_pool", None)
+    manager = getattr(pool, "sentinel_manager", None)
+    if pool is None or manager is None:
+        return
+    known = getattr(getattr(pool, "proxy", None), "master_address", None)
+    for sentinel in manager.sentinels:
+        try:
+            state = sentinel.sentinel_master(pool.service_name)
+        except (RedisConnectionError, RedisTimeoutError, ResponseError):
+            continue
+        named = (str(state["ip"]), int(state["port"]))
+        if "failover_in_progress" in str(state.get("flags", "")) or (
+                known is not None and named != (str(known[0]), int(known[1]))):
+            drop_demoted(client, pinned)
+            raise PrimaryMoved(f"the sentinels name another primary than {known[0]}:"
+                               f"{known[1]} or fail it over" if known else
+                               "a sentinel is failing the primary over")
+
+
+def watch_switches(client: Any) -> None:
+    """Follow the sentinels' ``+switch-master`` messages for ``client``'s service on a
+    daemon thread: each closes every connection of the client (pinned ones included:
+    they count as in use), so no call goes on reaching a demoted primary that still
+    answers, and the next ones connect to the primary the sentinels name. A sentinel
+    that fails hands over to the next; the thread ends once the client is gone."""
+    pool = client.connection_pool
+    manager = pool.sentinel_manager
+    service, sentinels = pool.service_name, list(manager.sentinels)
+    ref = weakref.ref(client)
+
+    def follow() -> None:
+        failures = 0
+        while ref() is not None:
+            sentinel = sentinels[failures % len(sentinels)]
+            try:
+                with sentinel.pubsub(ignore_subscribe_messages=True) as pubsub:
+                    pubsub.subscribe("+switch-master")
+                    failures = 0
+                    while (live := ref()) is not None:
+                        del live
+                        message = pubsub.get_message(timeout=1.0)
+                        data = str((message or {}).get("data") or "")
+                        if data.split(" ", 1)[0] == service and (live := ref()) is not None:
+                            logger.warning("the sentinels switched the primary of %s, "
+                                           "reconnecting: %s", service, data)
+                            # Asked first from now on: the others may name the old
+                            # primary a little longer, and redis-py takes the first
+                            # answer when it connects again.
+                            manager.sentinels[:] = [sentinel, *(
+                                s for s in manager.sentinels if s is not sentinel)]
+                            drop_demoted(live)
+                            del live
+            except (RedisError, OSError, ValueError):
+                failures += 1
+                time.sleep(backoff_delay(failures, first=0.1, cap=5.0))
+
+    threading.Thread(target=follow, name=f"delayq-sentinel-{service}", daemon=True).start()
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -14,11 +14,10 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
-from redis.exceptions import RedisError
-
 from .claims import ClaimResult
 from .core import BrokerCore
 from .errors import PartialClaimError
+from .failover import CALL_FAILED
 from .keys import QueueKeys
 
 
@@ -83,7 +82,7 @@ def claim_reserved(
                                  reserved=True)
                 try:
                     (result,) = broker.run_claims(batch, [keys])
-                except RedisError as exc:
+                except CALL_FAILED as exc:
                     if results:  # never drop the answers (and jobs) already in hand
                         raise PartialClaimError(results, 1) from exc
                     raise

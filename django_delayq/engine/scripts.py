@@ -26,6 +26,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ReadOnlyError
 
 from .cluster_wait import send_and_wait
+from .failover import drop_demoted, follow_primary
 from .pinned import PinnedConnections
 
 
@@ -104,18 +105,6 @@ def run_script(
         raise
 
 
-def drop_demoted(client: Any, pinned: PinnedConnections | None = None) -> None:
-    """After ``READONLY``: the connections reach a primary that a failover demoted (a
-    managed service moved its address to the new one). Close them, so the next call
-    connects again and reaches the new primary. A Sentinel client never gets here:
-    redis-py turns READONLY into a connection error and asks the sentinels."""
-    if pinned is not None:
-        pinned.close()
-    pool = getattr(client, "connection_pool", None)
-    if pool is not None:
-        pool.disconnect()
-
-
 def wait_command(replicas: int, timeout_ms: int) -> tuple[Any, ...]:
     """Redis ``WAIT``: block until ``replicas`` replicas have this connection's writes."""
     return ("WAIT", replicas, timeout_ms)
@@ -154,6 +143,7 @@ def call_and_wait(
             drop_demoted(client, pinned)
         if isinstance(result, Exception):
             raise result
+    follow_primary(client, pinned)
     return reply, int(confirmed)
 
 
@@ -236,6 +226,7 @@ class Batch:
             confirmed = results.pop()
             if isinstance(confirmed, Exception):
                 raise confirmed
+            follow_primary(self._client)
             self._confirm([int(confirmed)])
         return results
 

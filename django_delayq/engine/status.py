@@ -39,6 +39,8 @@ CANCELLABLE: Final = (Status.WAITING, Status.SCHEDULED, Status.READY)
 LEASED: Final = (Status.CLAIMED, Status.ACTIVE)
 #: Finished for good unless retried; listed newest first.
 FINISHED: Final = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
+#: The statuses of a job Redis must still hold (a finished one may expire).
+UNFINISHED: Final = tuple(status for status in Status if status not in FINISHED)
 #: Finished without success: such a job can be retried.
 RETRYABLE: Final = (Status.FAILED, Status.CANCELLED)
 #: A job written to the transactional outbox and not yet in Redis (no job hash holds it:

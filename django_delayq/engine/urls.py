@@ -19,6 +19,7 @@ The ``rediss+`` forms use TLS, to the sentinels too. Query options (``ssl_cert_r
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,8 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import parse_url
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
+
+from .failover import watch_switches
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
@@ -191,8 +194,46 @@ def client_from_url(url: str, **kwargs: Any) -> Any:
         parsed = parse_multi_host(url)
         seeds = [ClusterNode(host, port)  # type: ignore[no-untyped-call]
                  for host, port in parsed.hosts[1:]]
-        return RedisCluster.from_url(parsed.one_host_url(), startup_nodes=seeds, **kwargs)
+        return LazyRedisCluster(redact(url), url=parsed.one_host_url(), startup_nodes=seeds,
+                                **kwargs)
     return redis.Redis.from_url(url, **kwargs)
+
+
+class LazyRedisCluster(RedisCluster):
+    """A ``RedisCluster`` that reads the cluster's slots at its first use, not as it is
+    made (redis-py's reads them in its constructor, so that a cluster with no seed
+    reachable made the making of a client fail, where a client of one server connects
+    at its first call). Made this way, a client is made whatever state the cluster is
+    in, and a cluster with no node answering fails the calls: ``RedisClusterException``,
+    which the engine words as :class:`DelayQConnectionError` and the runtime's loops
+    retry, as for any Redis not answering. Thread-safe: one thread reads the slots."""
+
+    def __init__(self, seeds: str, **options: Any) -> None:
+        """``seeds``: its URL without a password (for error messages); ``options``:
+        ``RedisCluster``'s (``url=``, ``startup_nodes=``...)."""
+        self.__dict__.update(seeds=seeds, _lazy_options=options,
+                             _lazy_lock=threading.RLock(), _lazy_state="new")
+
+    def __getattr__(self, name: str) -> Any:
+        """Called for the attributes redis-py's constructor sets: runs it on the first."""
+        if name.startswith("_lazy_") or self._lazy_state == "made":
+            raise AttributeError(name)  # really missing
+        with self._lazy_lock:  # another thread making it: wait for it
+            if self._lazy_state == "making":  # asked by the constructor, on this thread
+                raise AttributeError(name)
+            if self._lazy_state == "new":
+                self.__dict__["_lazy_state"] = "making"
+                try:
+                    RedisCluster.__init__(self, **self._lazy_options)
+                    self.__dict__["_lazy_state"] = "made"
+                finally:
+                    if self._lazy_state == "making":  # failed: try again at the next call
+                        self.__dict__["_lazy_state"] = "new"
+        return object.__getattribute__(self, name)
+
+    def close(self) -> None:
+        if self._lazy_state == "made":
+            super().close()
 
 
 def sentinel_client(parsed: ParsedURL, **kwargs: Any) -> Any:
@@ -212,7 +253,9 @@ def sentinel_client(parsed: ParsedURL, **kwargs: Any) -> Any:
         sentinel_options["username"] = parsed.query["sentinel_username"]
     sentinel = Sentinel(parsed.hosts,  # type: ignore[no-untyped-call]
                         sentinel_kwargs=sentinel_options)
-    return sentinel.master_for(parsed.service, **options)  # type: ignore[no-untyped-call]
+    client = sentinel.master_for(parsed.service, **options)  # type: ignore[no-untyped-call]
+    watch_switches(client)
+    return client
 
 
 def sentinel_url_from_cache(location: str, options: dict[str, Any]) -> str | None:

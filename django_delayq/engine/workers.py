@@ -20,9 +20,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from .core import BrokerCore
+from .failover import CALL_FAILED
 from .jobhash import read_times, to_float, to_int
 
 #: Most workers :func:`live_workers` lists (newest heartbeats first).
@@ -67,7 +66,7 @@ def forget(broker: BrokerCore, name: str) -> None:
         pipe.zrem(keys.hosts, name)
         pipe.delete(keys.worker(name))
         pipe.execute()
-    except RedisError:
+    except CALL_FAILED:
         pass
 
 
@@ -192,6 +191,13 @@ def _pid_running(pid: int) -> bool:
         return True
 
 
+def process_ended(host: str, pid: int | None) -> bool:
+    """Whether process ``pid`` of ``host`` has ended; False for a process of another host
+    (there only a heartbeat tells)."""
+    return (pid is not None and pid > 0 and host == socket.gethostname()
+            and not _pid_running(pid))
+
+
 def consumers_gone(broker: BrokerCore, consumers: list[str]) -> set[str]:
     """The mirror consumers of ``consumers`` that are certainly no longer alive.
 
@@ -202,7 +208,6 @@ def consumers_gone(broker: BrokerCore, consumers: list[str]) -> set[str]:
     and its process has ended. Anything else is taken for alive. Taking for gone a
     consumer that is alive costs nothing but a repeated, idempotent write.
     """
-    host = socket.gethostname()
     workers = [c.removesuffix(MIRROR_SUFFIX) for c in consumers if c.endswith(MIRROR_SUFFIX)]
     gone: set[str] = set()
     if workers:
@@ -216,15 +221,13 @@ def consumers_gone(broker: BrokerCore, consumers: list[str]) -> set[str]:
         for name, beat, (on_host, pid) in zip(workers, replies[0::2], replies[1::2],
                                                strict=True):
             if (beat is None or not is_alive(beat, now_ms) or on_host is None
-                    or (on_host == host and str(pid).isdigit()
-                        and not _pid_running(int(pid)))):
+                    or process_ended(on_host, to_int(pid, None))):
                 gone.add(mirror_consumer(name))
     for consumer in consumers:
         if consumer.endswith(MIRROR_SUFFIX):
             continue
         on_host, _, rest = consumer.partition(":")
         pid = rest.partition(":")[0]
-        if on_host == host and pid.isdigit() and int(pid) != os.getpid() and not _pid_running(
-                int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and process_ended(on_host, int(pid)):
             gone.add(consumer)
     return gone

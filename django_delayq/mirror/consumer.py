@@ -32,6 +32,8 @@ from ..conf import conf
 from ..connection import get_broker
 from ..engine import Broker, DelayQError
 from ..engine.keys import QueueKeys
+from ..engine.queue import missing_jobs
+from ..engine.status import UNFINISHED
 from ..engine.streams import StreamBatch
 from ..engine.workers import consumers_gone
 from ..models import Job
@@ -42,6 +44,12 @@ from .table import NO_POSITION
 
 #: The consumer group every mirror reads through.
 GROUP = "delayq-mirror"
+#: Seconds between two reconciliations with Redis (:meth:`Mirror.reconcile`), how long
+#: a row must have gone without an event to be checked, and rows checked per round: a
+#: job gone from Redis is marked within about a minute and a half of its last event.
+RECONCILE_INTERVAL = 30.0
+RECONCILE_AFTER = 60.0
+RECONCILE_CHUNK = 2_000
 #: Errors that stop a batch to be written again later (nothing is skipped for them):
 #: Redis or the database is away. Any other error of one event skips that event alone.
 STALLS = (OperationalError, InterfaceError, DelayQError)
@@ -62,7 +70,8 @@ class Mirror(StreamConsumer):
     def __init__(self, *, broker: Broker | None = None, name: str | None = None,
                  batch_size: int | None = None, block: float = 1.0,
                  claim_idle: float | None = None, queues: Iterable[str] | None = None,
-                 refresh_interval: float = 10.0, prune_interval: float = 300.0) -> None:
+                 refresh_interval: float = 10.0, prune_interval: float = 300.0,
+                 reconcile_interval: float = RECONCILE_INTERVAL) -> None:
         table.check_database()
         broker = broker or get_broker(socket_timeout=block + conf.SOCKET_TIMEOUT)
         super().__init__(broker, name=name, batch_size=batch_size or conf.MIRROR_BATCH_SIZE,
@@ -72,6 +81,8 @@ class Mirror(StreamConsumer):
                          refresh_interval=refresh_interval,
                          consumers_gone=partial(consumers_gone, broker))
         self.prune_interval = prune_interval
+        self.reconcile_interval = reconcile_interval
+        self._reconciled_at = 0.0
         self.skipped = 0  # garbled entries acknowledged without a write
         self._pruned_at = 0.0
 
@@ -94,6 +105,34 @@ class Mirror(StreamConsumer):
         if now - self._pruned_at >= self.prune_interval:
             self._pruned_at = now
             self.prune()
+        if now - self._reconciled_at >= self.reconcile_interval:
+            self._reconciled_at = now
+            self.reconcile()
+
+    def reconcile(self, *, quiet_for: float = RECONCILE_AFTER) -> int:
+        """Mark the rows of unfinished jobs that Redis no longer holds (``missing_at``):
+        lost in a failover, or their keys deleted by hand. Only rows no event changed for
+        ``quiet_for`` seconds are checked (a job's last events may still be on their way),
+        :data:`RECONCILE_CHUNK` at a time; a later event of the job clears the mark.
+        Returns how many rows were marked."""
+        now = timezone.now()
+        quiet = now - dt.timedelta(seconds=quiet_for)
+        candidates = Job.objects.filter(status__in=UNFINISHED, missing_at__isnull=True,
+                                        updated_at__lt=quiet)
+        if self.fixed_queues:
+            candidates = candidates.filter(queue__in=self.fixed_queues)
+        by_queue: dict[str, list[str]] = {}
+        for queue, job_id in candidates.values_list("queue", "job_id")[:RECONCILE_CHUNK]:
+            by_queue.setdefault(queue, []).append(job_id)
+        marked = 0
+        for queue, job_ids in by_queue.items():
+            gone = missing_jobs(self.broker, queue, job_ids)
+            if gone:  # rows written meanwhile are left alone: their job may be back
+                marked += Job.objects.filter(queue=queue, job_id__in=gone,
+                                             updated_at__lt=quiet).update(missing_at=now)
+        if marked:
+            logger.warning("mirror marked rows of jobs gone from Redis count=%d", marked)
+        return marked
 
     def apply(self, keys: QueueKeys, entries: list[tuple[str, dict[str, str]]]) -> None:
         """Write the rows of ``entries`` (not acknowledged here).

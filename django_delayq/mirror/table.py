@@ -86,7 +86,7 @@ def position_fields(position: Position, now: dt.datetime) -> Row:
     """The values that say which position a row is as of, and when it was written."""
     ms, seq = position
     return {"last_event_id": f"{ms}-{seq}", "last_event_ms": ms, "last_event_seq": seq,
-            "updated_at": now}
+            "updated_at": now, "missing_at": None}
 
 
 def row_of(job: Job) -> Row:

@@ -4,9 +4,10 @@ A worker is healthy while its heartbeat is recent, it has at least one live thre
 to run jobs (a supervisor: at least one live worker process) and its event loop of async
 jobs, if it has one, is not stalled. Recent means three of its
 heartbeat intervals and a second, never more than the workers alive allow
-(:data:`~django_delayq.engine.workers.ALIVE_MS`). A record that stopped being renewed
-stays in the registry until its TTL, so a dead worker is reported as stale for a while,
-then as missing.
+(:data:`~django_delayq.engine.workers.ALIVE_MS`). A worker that stops removes its record;
+one killed leaves it, renewed by nobody, until its TTL: a check on the worker's own host
+sees at once that its process is gone (its pid), a check elsewhere once its heartbeat
+is stale; then it is missing.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..engine import Broker
-from ..engine.workers import ALIVE_MS, WorkerInfo, live_workers
+from ..engine.workers import ALIVE_MS, WorkerInfo, live_workers, process_ended
 from .host import HEARTBEAT as HOST_HEARTBEAT
 
 
@@ -58,7 +59,9 @@ def _health(info: WorkerInfo, stale_after: float | None, default_lease: float) -
     limit = stale_after if stale_after is not None else min(
         3 * heartbeat_interval(info, default_lease) + 1, ALIVE_MS / 1000)
     problem = ""
-    if info.seconds_ago > limit:
+    if process_ended(info.host, info.pid):
+        problem = f"its process (pid {info.pid}) on this host is gone"
+    elif info.seconds_ago > limit:
         problem = f"no heartbeat for {info.seconds_ago:.1f}s (limit {limit:.1f}s)"
     elif info.threads == 0:
         problem = "no live worker process" if info.role == "supervisor" else "no live thread"

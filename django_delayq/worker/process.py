@@ -8,7 +8,8 @@ with the host's options until a stop, and exits with the worker's code
 internal entry point: the host's command line is the one to use.
 
 Signals: Ctrl-C in a terminal reaches the whole process group; the process ignores it,
-and its host passes the stop on. SIGTERM is a warm stop, a second SIGTERM exits at once.
+and its host passes the stop on. SIGTERM (or SIGHUP) is a warm stop, a second one exits
+at once.
 If the host disappears (SIGKILL, the OOM killer), the process stops warmly by itself.
 """
 
@@ -94,12 +95,26 @@ def run_worker_process(spec: ProcessSpec) -> None:
     exit_now(worker.run())
 
 
-def install_stop_signals(request_stop: Any) -> list[int]:
-    """First SIGTERM (or SIGINT, where not ignored): ``request_stop()``; second: exit at
-    once with :data:`EXIT_FORCED`. Returns the list each signal is appended to."""
-    received: list[int] = []
+#: The signals that ask for a warm stop (a second one: a cold stop). SIGHUP too: a closed
+#: terminal or a process manager sends it, and nothing here reloads on it.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def on_stop_signals(handler: Callable[[int, FrameType | None], Any]) -> None:
+    """Call ``handler(signum, frame)`` on each of :data:`STOP_SIGNALS` that is not ignored
+    (a process started under ``nohup`` keeps ignoring SIGHUP). Only the main thread can
+    install handlers: elsewhere (a command called from a test's thread) nothing is."""
     if threading.current_thread() is not threading.main_thread():
-        return received
+        return
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, handler)
+
+
+def install_stop_signals(request_stop: Any) -> list[int]:
+    """First stop signal: ``request_stop()``; second: exit at once with
+    :data:`EXIT_FORCED`. Returns the list each signal is appended to."""
+    received: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         received.append(signum)
@@ -109,24 +124,14 @@ def install_stop_signals(request_stop: Any) -> list[int]:
             exit_now(EXIT_FORCED)
         request_stop()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, on_signal)
+    on_stop_signals(on_signal)
     return received
 
 
 def forward_stop_signals(request_stop: Callable[[], None]) -> None:
-    """SIGTERM and SIGINT call ``request_stop()``, each time they come (a host takes the
-    second call as its cold stop): a command's own loop. Only from the main thread, the
-    one Python lets set a handler (a test may run a command in another)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        request_stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    """Each of :data:`STOP_SIGNALS` calls ``request_stop()``, each time it comes (a host
+    takes the second call as its cold stop): a command's own loop."""
+    on_stop_signals(lambda signum, frame: request_stop())
 
 
 def exit_now(code: int) -> None:

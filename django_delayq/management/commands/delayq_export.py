@@ -3,7 +3,7 @@
 Reads each queue shard's events stream through the lake's own consumer group and writes
 date-partitioned Parquet files under ``LAKE`` (a local path or a filesystem URL PyArrow
 can write), acknowledging entries once their file is durable. ``--burst`` exports what
-the streams hold, then exits. SIGTERM/SIGINT stop it after the batch in hand. See
+the streams hold, then exits. SIGTERM/SIGINT/SIGHUP stop it after the batch in hand. See
 docs/lake.md.
 """
 

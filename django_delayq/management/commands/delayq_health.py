@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -24,6 +25,8 @@ EXIT_UNHEALTHY = 1
 EXIT_USAGE = 2
 EXIT_NO_WORKER = 3
 EXIT_REDIS = 4
+#: Seconds to wait for Redis (``--timeout``).
+DEFAULT_TIMEOUT = 5.0
 
 
 class Command(BaseCommand):
@@ -35,6 +38,9 @@ class Command(BaseCommand):
                             help="a worker's name (runworker --name); a supervisor's "
                                  "name covers its worker processes")
         parser.add_argument("--queue", default=None, help="the workers serving this queue")
+        parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                            help="seconds to wait for Redis before exiting 4 (default "
+                                 f"{DEFAULT_TIMEOUT:g})")
         parser.add_argument("--stale-after", type=float, default=None,
                             help="seconds without a heartbeat after which a worker is "
                                  "dead (default: three of its heartbeat intervals + 1 s, "
@@ -50,16 +56,32 @@ class Command(BaseCommand):
         if stale_after is not None and not (math.isfinite(stale_after) and stale_after > 0):
             raise CommandError("--stale-after must be a number of seconds above 0",
                                returncode=EXIT_USAGE)
-        try:
-            found = check_workers(get_broker(), default_lease=conf.LEASE,
-                                  worker=options["worker"], queue=options["queue"],
-                                  stale_after=stale_after)
-        except DelayQConnectionError as exc:
-            self.stderr.write(f"Redis is unreachable: {exc}")
+        timeout = options["timeout"]
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise CommandError("--timeout must be a number of seconds above 0",
+                               returncode=EXIT_USAGE)
+        # On a thread of its own: a client retries a refused connection with backoff
+        # (through every sentinel, for a Sentinel URL), which a probe cannot wait for.
+        answer: list[Any] = []
+
+        def check() -> None:
+            try:
+                answer.append(check_workers(get_broker(), default_lease=conf.LEASE,
+                                            worker=options["worker"], queue=options["queue"],
+                                            stale_after=stale_after))
+            except (DelayQConnectionError, CommandRefused) as exc:  # or an ACL refused
+                answer.append(exc)
+
+        thread = threading.Thread(target=check, name="delayq-health", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if not answer:
+            self.stderr.write(f"Redis did not answer within {timeout:g}s.")
             sys.exit(EXIT_REDIS)
-        except CommandRefused as exc:  # an ACL without a command it reads with
-            self.stderr.write(f"Redis refused the read: {exc}")
+        if isinstance(answer[0], Exception):
+            self.stderr.write(" ".join(str(answer[0]).split()))  # one line
             sys.exit(EXIT_REDIS)
+        found = answer[0]
         verbose = options["verbosity"] > 0
         if not found:
             if verbose:

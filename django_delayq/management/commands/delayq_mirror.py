@@ -4,7 +4,7 @@ Every ``runworker`` mirrors on a thread of its own process (its host); this comm
 runs the mirror alone (``--burst``: mirror what the streams hold, then exit), with the
 outbox relay (unless ``DELAYQ["OUTBOX"]["RELAY"]`` is False) and the lake export (when
 ``DELAYQ["LAKE_PATH"]`` is set) beside it, in the same kind of host
-(:mod:`django_delayq.runtime.host`). A first SIGTERM/SIGINT stops it after the batch in
+(:mod:`django_delayq.runtime.host`). A first SIGTERM/SIGINT/SIGHUP stops it after the batch in
 hand is written and acknowledged, then it mirrors what is left (at most 5 seconds); a
 second stops it at once. Without the Job table (no ``migrate`` yet) it says so and exits 0.
 """

@@ -2,7 +2,7 @@
 
 ``runworker`` and ``delayq_mirror`` run the same relay on a thread by default
 (``DELAYQ["OUTBOX"]["RELAY"]``); this command runs it alone. ``--burst`` sends what is
-waiting and exits. Exit codes: 0 after a clean stop (SIGTERM/SIGINT, or ``--burst``
+waiting and exits. Exit codes: 0 after a clean stop (SIGTERM/SIGINT/SIGHUP, or ``--burst``
 done); 1 when ``--burst`` gave up after 3 failed rounds in a row (Redis or the database
 unreachable: the rows stay and are sent by the next run).
 """

@@ -9,7 +9,7 @@ threads (:mod:`django_delayq.services`: the model mirror unless ``--no-mirror``,
 outbox relay, the lake export, the periodic scheduler).
 
 Exit codes (:mod:`django_delayq.runtime.worker.exit_codes`): 0 after a clean stop (first
-SIGTERM/SIGINT, or ``--burst`` done); 1 when stopped by a second signal, or when running
+SIGTERM/SIGINT/SIGHUP, or ``--burst`` done); 1 when stopped by a second signal, or when running
 jobs outlived the grace period and were handed back. Bad arguments exit 1 with a
 ``CommandError``.
 """

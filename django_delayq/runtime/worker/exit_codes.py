@@ -4,7 +4,7 @@ that defines them, for supervisors (the process pool, systemd, Kubernetes) to re
 =============  ====  ==================================================================
 name           code  meaning
 =============  ====  ==================================================================
-EXIT_OK        0     clean stop: a stop was asked (first SIGTERM/SIGINT, or
+EXIT_OK        0     clean stop: a stop was asked (first SIGTERM/SIGINT/SIGHUP, or
                      :meth:`Worker.request_stop`) and every running job finished, or
                      ``--burst`` ran out of due work
 EXIT_FORCED    1     forced stop: a second signal, or running jobs outlived the grace
