@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .errors import warn_once
 from .job import Job, default_broker
 from .jobhash import reply_time
 from .status import FINISHED, PURGEABLE, STATUSES, Status
@@ -81,8 +82,8 @@ class Queue:
             try:
                 queues.append(cls(name, broker=b))
             except ValueError as exc:
-                logger.warning("skipping a bad name in the queues set key=%s error=%s",
-                               b.global_keys.queues, exc)
+                warn_once(logger, f"queue:{name}", "skipping a bad name in the queues set "
+                          "key=%s error=%s", b.global_keys.queues, exc)
         return queues
 
     @classmethod

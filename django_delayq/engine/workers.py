@@ -15,6 +15,7 @@ in ``supervisor``.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import socket
 from dataclasses import dataclass, field
@@ -23,7 +24,10 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from .core import BrokerCore
+from .errors import warn_once
 from .jobhash import read_times, to_float, to_int
+
+logger = logging.getLogger("django_delayq.engine")
 
 #: Most workers :func:`live_workers` lists (newest heartbeats first).
 MAX_LISTED = 1_000
@@ -141,9 +145,14 @@ def live_workers(broker: BrokerCore, limit: int = MAX_LISTED, *,
         pipe = broker.client.pipeline(transaction=False)
         for name, _ in entries:
             pipe.hgetall(keys.worker(name))
-        infos = pipe.execute() if entries else []
+        infos = pipe.execute(raise_on_error=False) if entries else []
     workers = []
     for (name, beat), info in zip(entries, infos, strict=True):
+        if isinstance(info, Exception):
+            # A record that is not a hash (written by hand): skipped, named once.
+            warn_once(logger, f"worker:{name}", "skipping a damaged worker record "
+                      "worker=%s error=%s", name, info)
+            continue
         if not info:
             continue  # its hash expired: the worker is gone
         # A damaged time reads as None and is named in ``damaged``, never raised.
@@ -208,12 +217,13 @@ def consumers_gone(broker: BrokerCore, consumers: list[str]) -> set[str]:
         for name in workers:
             pipe.zscore(keys.workers, name)
             pipe.hmget(keys.worker(name), "host", "pid")
-        replies = pipe.execute()
-        for name, beat, (on_host, pid) in zip(workers, replies[0::2], replies[1::2],
-                                               strict=True):
+        replies = pipe.execute(raise_on_error=False)
+        for name, beat, record in zip(workers, replies[0::2], replies[1::2], strict=True):
+            # A damaged record (not a hash) says nothing of a live worker: gone.
+            on_host, pid = (None, "") if isinstance(record, Exception) else record
             if (beat is None or not is_alive(beat, now_ms) or on_host is None
                     or (on_host == host and str(pid).isdigit()
-                        and not _pid_running(int(pid)))):
+                        and not _pid_running(int(str(pid))))):
                 gone.add(mirror_consumer(name))
     for consumer in consumers:
         if consumer.endswith(MIRROR_SUFFIX):
