@@ -419,7 +419,18 @@ def _call(task: Task, result: TaskResult, args: tuple[Any, ...], kwargs: dict[st
         value = task.func(TaskContext(task_result=result), *args, **kwargs)
     else:
         value = task.func(*args, **kwargs)
-    return normalize_json(value)
+    return _normalized_result(value)
+
+
+def _normalized_result(value: Any) -> Any:
+    """``value`` through ``normalize_json``; a value JSON has no type for raises Django's
+    ``TypeError`` (``Unsupported type``) saying, as Django's backends do, that the return
+    value "is not JSON serializable"."""
+    try:
+        return normalize_json(value)
+    except TypeError as exc:
+        raise TypeError(f"{exc}: the return value ({type(value).__name__}) is not JSON "
+                        "serializable") from None
 
 
 def _runner(task: Task) -> Callable[..., Any]:
@@ -468,7 +479,7 @@ def _normalizing(run: Callable[..., Any]) -> Callable[..., Any]:
     :func:`_call` does for sync tasks."""
 
     async def normalized(*args: Any, **kwargs: Any) -> Any:
-        return normalize_json(await run(*args, **kwargs))
+        return _normalized_result(await run(*args, **kwargs))
 
     return normalized
 
