@@ -50,16 +50,13 @@ def record_alive(broker: BrokerCore, name: str, ttl: int, info: dict[str, Any]) 
     pipe.hsetnx(keys.worker(name), "started", now_ms)
     pipe.expire(keys.worker(name), ttl)
     pipe.zremrangebyscore(keys.workers, "-inf", now_ms - ttl * 1000)
+    served = [q for q in str(record.get("queues", "")).split(",") if q]
+    if served:  # the queues a worker serves stay known while it runs
+        pipe.sadd(keys.queues, *served)
     if record["role"] == "supervisor":
         pipe.zadd(keys.hosts, {name: now_ms})
         pipe.zremrangebyscore(keys.hosts, "-inf", now_ms - ttl * 1000)
     pipe.execute()
-
-
-def register_queues(broker: BrokerCore, queues: list[str]) -> None:
-    """Add ``queues`` to the set of known queues (the dashboard, the API and the metrics
-    list them)."""
-    broker.client.sadd(broker.global_keys.queues, *queues)
 
 
 def forget(broker: BrokerCore, name: str) -> None:
@@ -122,6 +119,20 @@ def count_alive(broker: BrokerCore) -> int:
         pipe.zcount(keys.hosts, oldest, "+inf")
         everyone, hosts = pipe.execute()
     return max(0, int(everyone) - int(hosts))
+
+
+def served_queues(broker: BrokerCore) -> set[str]:
+    """The queues some worker alive serves (as its record says), in two round trips
+    whatever the number of queues."""
+    keys = broker.global_keys
+    with broker.read_errors():
+        oldest = broker.recent_server_time_ms() - ALIVE_MS
+        names = broker.client.zrangebyscore(keys.workers, oldest, "+inf")
+        pipe = broker.client.pipeline(transaction=False)
+        for name in names:
+            pipe.hget(keys.worker(name), "queues")
+        replies = pipe.execute(raise_on_error=False) if names else []
+    return {q for r in replies if isinstance(r, str) for q in r.split(",") if q}
 
 
 def any_alive(broker: BrokerCore) -> bool:
