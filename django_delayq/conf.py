@@ -305,6 +305,10 @@ class DelayQSettings:
                                      "permission classes of the REST API (dotted paths); the "
                                      "default needs `view_job` to read, `add_job` to enqueue, "
                                      "`change_job` for other writes")
+    API_ANY_QUEUE = Setting(False, bool, "E140", boolean,
+                            "whether the API's enqueue takes any queue name; `False`: only "
+                            "the declared queues (`QUEUES`, `DEFAULT_QUEUE` and those of "
+                            "registered tasks), others answer 400")
     MAX_ATTEMPTS = Setting(3, int, "E008", number(minimum=1, integer=True),
                            "attempts per job, the first run included", unit="runs")
     # A retry waits min(RETRY_BACKOFF_MAX, RETRY_BACKOFF * 2 ** (attempt - 1)), jittered

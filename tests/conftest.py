@@ -149,6 +149,30 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, interval: fl
         time.sleep(interval)
 
 
+@contextmanager
+def round_trips() -> Iterator[list[str]]:
+    """Record the round trips this thread makes to Redis inside the block (a worker
+    thread's are not counted): each write of commands (one command, or a whole
+    pipeline) to any connection is one; the list holds the start of each."""
+    from redis.connection import AbstractConnection
+
+    sent: list[str] = []
+    original = AbstractConnection.send_packed_command
+    me = threading.get_ident()
+
+    def counted(self: Any, command: Any, check_health: bool = True) -> None:
+        if threading.get_ident() == me:
+            first = command[0] if isinstance(command, list) and command else command
+            sent.append(" ".join(bytes(first)[:80].decode(errors="replace").split()))
+        original(self, command, check_health)
+
+    AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+    try:
+        yield sent
+    finally:
+        AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
+
+
 def ran(client: Any) -> list[dict[str, Any]]:
     """What the test tasks noted, in order."""
     return [json.loads(x) for x in client.lrange("test:ran", 0, -1)]

@@ -17,7 +17,7 @@ from django_delayq.engine.fields import stored
 from django_delayq.engine.keys import GlobalKeys, QueueKeys
 from django_delayq.mirror import Mirror
 from django_delayq.models import Job
-from tests.conftest import wait_until, worker_thread
+from tests.conftest import round_trips, wait_until, worker_thread
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -367,6 +367,54 @@ def test_pause_resume_and_purge_with_confirmation(admin_client):
     assert Queue("default").counts()["scheduled"] == 0
     with pytest.raises(Exception, match="no job"):
         jobs[0].refresh()
+
+
+def test_purge_can_forget_a_queue(admin_client):
+    """A queue named by hand (no declared queue, no registered task) is forgotten once
+    empty: the dashboard and Queue.all() stop listing it; an enqueue makes it known again."""
+    tasks.record.using(queue="adhoc", delay=3600).enqueue("x")
+    assert "adhoc" in [q.name for q in Queue.all()]
+    response = admin_client.post(control("adhoc", "purge"), {"confirm": "yes", "forget": "yes"},
+                                 follow=True)
+    assert "Queue adhoc purged and forgotten: 1 job(s) deleted" in response.content.decode()
+    assert "adhoc" not in [q.name for q in Queue.all()]
+    assert 'id="queue-adhoc"' not in admin_client.get(reverse(DASHBOARD)).content.decode()
+    assert admin_client.post(control("adhoc", "pause")).status_code == 404
+    # A queue still holding a running job is kept.
+    job = tasks.record.using(queue="busy").enqueue("y")
+    Queue("busy").broker.claim("busy", 1, "w-1")
+    assert EngineJob.fetch(job.id, "busy").status in ("claimed", "active")
+    assert Queue("busy").purge(forget=True) == 0
+    assert Queue.seen("busy")
+    assert Queue("busy").forget() is False
+
+
+def test_the_dashboard_pages_5000_queues_in_the_round_trips_of_a_few(admin_client):
+    tasks.record.enqueue("x")
+    tasks.record.using(queue="lonely").enqueue("y")
+    broker = Queue("default").broker
+    with worker_thread(queues=["default"]):
+        admin_client.get(reverse(DASHBOARD))  # the clock read, sessions warmed
+        with round_trips() as few:
+            page = admin_client.get(reverse(DASHBOARD)).content.decode()
+        lonely = page[page.index('id="queue-lonely"'):]
+        assert 'data-unserved="1"' in lonely[:400]
+        assert "no worker" in lonely
+        assert 'data-unserved="0"' in page[page.index('id="queue-default"'):][:400]
+        assert "No live worker serves 1 queue(s) with jobs waiting: lonely" in page
+        broker.client.sadd(broker.global_keys.queues, *(f"q{i:04}" for i in range(5_000)))
+        with round_trips() as many:
+            page = admin_client.get(reverse(DASHBOARD)).content.decode()
+        assert page.count('<tr id="queue-') == 100
+        assert "page 1 of 51" in page
+        assert 'href="?page=2"' in page
+        assert 'id="queue-lonely"' in page  # names in order: default, lonely, q0000...
+        last = admin_client.get(reverse(DASHBOARD), {"page": "51"}).content.decode()
+        assert last.count('<tr id="queue-') == 2
+        assert 'id="queue-q4999"' in last
+        data = admin_client.get(reverse("admin:django_delayq_queues_data"), {"page": "1"})
+        assert {q["name"]: q["unserved"] for q in data.json()["queues"]}["lonely"] is True
+    assert len(few) <= len(many) <= len(few) + 1, (few, many)
 
 
 def test_unknown_queue_and_operation_are_404(admin_client):

@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 
 from django_delayq import Job, Queue
 from django_delayq.models import Job as MirroredJob
-from tests.conftest import system_checks, wait_until, worker_thread
+from tests.conftest import round_trips, system_checks, wait_until, worker_thread
 from tests.testapp.tasks import always_fails, gated, record
 
 pytestmark = pytest.mark.django_db
@@ -145,7 +145,8 @@ def test_queue_list_has_live_counts(staff: APIClient) -> None:
     soon = record.using(delay=600).enqueue("later")
     Queue("default").pause()
     body = staff.get(f"{API}/queues/").json()
-    by_name = {q["name"]: q for q in body}
+    assert (body["count"], body["next"], body["previous"]) == (7, None, None)
+    by_name = {q["name"]: q for q in body["results"]}
     assert set(by_name) == {"async", "default", "other", "soak_async", "soak_async_sync",
                             "soak_mixed", "soak_sync"}  # registered tasks' queues
     default = by_name["default"]
@@ -154,6 +155,25 @@ def test_queue_list_has_live_counts(staff: APIClient) -> None:
     assert default["paused"] is True
     assert dt.datetime.fromisoformat(default["next_due"]) == soon.run_at
     assert by_name["other"]["paused"] is False
+
+
+def test_queue_list_is_paginated_and_costs_the_round_trips_of_a_few_queues(
+        staff: APIClient, broker: Any) -> None:
+    record.enqueue("x")
+    staff.get(f"{API}/queues/")  # the clock read, sessions warmed
+    with round_trips() as few:
+        assert staff.get(f"{API}/queues/").json()["count"] == 7
+    broker.client.sadd(broker.global_keys.queues, *(f"q{i:04}" for i in range(5_000)))
+    with round_trips() as many:
+        body = staff.get(f"{API}/queues/").json()
+    assert body["count"] == 5_007
+    assert len(body["results"]) == 100
+    assert body["next"].endswith("/queues/?limit=100&offset=100")
+    assert len(few) <= len(many) <= len(few) + 1, (few, many)
+    last = staff.get(f"{API}/queues/", {"limit": 1000, "offset": 5_000}).json()
+    assert [q["name"] for q in last["results"]] == [
+        "q4997", "q4998", "q4999", "soak_async", "soak_async_sync", "soak_mixed", "soak_sync"]
+    assert len(staff.get(f"{API}/queues/", {"limit": 5_000}).json()["results"]) == 1_000
 
 
 def test_queue_detail_pause_and_resume(staff: APIClient) -> None:
@@ -351,10 +371,33 @@ def test_enqueue(staff: APIClient) -> None:
                                            "args": ["o"], "delay": 30}, format="json")
     assert response.status_code == 201
     assert response.json()["queue"] == "other"
+
+
+def test_enqueue_into_an_undeclared_queue_is_refused_and_writes_nothing(
+        staff: APIClient, settings: Any, redis_client: Any) -> None:
+    before = sorted(redis_client.keys("*"))
     response = staff.post(f"{API}/jobs/", {"task": RECORD, "args": ["q"], "queue": "emails"},
                           format="json")
-    assert response.json()["queue"] == "emails"
+    assert response.status_code == 400, response.content
+    (message,) = response.json()["queue"]
+    assert "No queue named 'emails' is declared" in message
+    assert "API_ANY_QUEUE" in message
+    assert sorted(redis_client.keys("*")) == before  # no job, no queue name, no stream
+    assert "emails" not in [q["name"] for q in staff.get(f"{API}/queues/").json()["results"]]
+
+    # Declared in QUEUES: accepted.
+    settings.DELAYQ = {**settings.DELAYQ, "QUEUES": {"emails": {}}}
+    response = staff.post(f"{API}/jobs/", {"task": RECORD, "args": ["q"], "queue": "emails"},
+                          format="json")
+    assert response.status_code == 201, response.content
     assert Queue("emails").counts()["ready"] == 1
+
+    # Opened by the setting: any valid name.
+    settings.DELAYQ = {**settings.DELAYQ, "API_ANY_QUEUE": True}
+    response = staff.post(f"{API}/jobs/", {"task": RECORD, "args": ["q"], "queue": "adhoc"},
+                          format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["queue"] == "adhoc"
 
 
 @pytest.mark.parametrize(("body", "field", "text"), [

@@ -3,10 +3,12 @@ reader, and a job key of the wrong type is failed with a reason, never dropped."
 
 from __future__ import annotations
 
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.urls import reverse
 from rest_framework.test import APIClient
 
@@ -116,7 +118,39 @@ def test_a_bad_name_in_the_queues_set_breaks_no_reader(api, client):
     get_broker().client.sadd(get_broker().global_keys.queues, "no/such queue")
     response = api.get("/api/delayq/queues/")
     assert response.status_code == 200
-    assert "default" in [q["name"] for q in response.json()]
+    assert "default" in [q["name"] for q in response.json()["results"]]
     assert "no/such queue" not in str(response.json())
     client.force_login(User.objects.get(username="root"))
     assert client.get(reverse("admin:django_delayq_queues")).status_code == 200
+
+
+def test_a_worker_record_of_the_wrong_type_is_skipped_with_one_log_line(api, client, caplog):
+    broker = get_broker()
+    gk = broker.global_keys
+    broker.client.zadd(gk.workers, {"x": broker.server_time_ms()})
+    broker.client.set(gk.worker("x"), "junk")
+    with caplog.at_level("WARNING", logger="django_delayq"):
+        for _ in range(3):
+            response = api.get("/api/delayq/workers/")
+            assert response.status_code == 200, response.content
+            assert response.json() == []
+    assert sum("damaged worker record" in r.getMessage() for r in caplog.records) == 1
+    client.force_login(User.objects.get(username="root"))
+    page = client.get(reverse("admin:django_delayq_queues"))
+    assert page.status_code == 200
+    assert "Redis is unreachable" not in page.content.decode()
+    assert "Live queue state is unavailable" not in page.content.decode()
+    out, err = StringIO(), StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command("delayq_health", stdout=out, stderr=err)
+    assert exited.value.code == 3, (out.getvalue(), err.getvalue())  # no worker, not Redis
+    assert "No worker matches" in err.getvalue()
+
+
+def test_a_bad_queue_name_is_logged_once_not_on_every_request(api, caplog):
+    record.enqueue("x")
+    get_broker().client.sadd(get_broker().global_keys.queues, "bad name once")
+    with caplog.at_level("WARNING", logger="django_delayq"):
+        for _ in range(3):
+            assert api.get("/api/delayq/queues/").status_code == 200
+    assert sum("bad name" in r.getMessage() for r in caplog.records) == 1

@@ -219,6 +219,7 @@ def test_complex_return_value(run_jobs: Any, tasks_log: Callable[[], list[str]])
     assert result._return_value is None
     assert result.errors[0].exception_class is TypeError
     assert "Unsupported type" in result.errors[0].traceback
+    assert "is not JSON serializable" in result.errors[0].traceback
 
 
 def test_complex_return_value_async(run_jobs: Any) -> None:
@@ -229,6 +230,7 @@ def test_complex_return_value_async(run_jobs: Any) -> None:
     assert result.status == TaskResultStatus.FAILED
     assert result.errors[0].exception_class is TypeError
     assert "Unsupported type" in result.errors[0].traceback
+    assert "is not JSON serializable" in result.errors[0].traceback
 
 
 def test_result(run_jobs: Any) -> None:

@@ -12,10 +12,10 @@ from django.test import Client, override_settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_delayq import Queue
-from django_delayq.engine.stats import HISTOGRAM_MS, queue_stats
+from django_delayq.engine.stats import HISTOGRAM_MS
 from django_delayq.metrics import queue_names
 from django_delayq.mirror import Mirror
-from tests.conftest import ran, wait_until, worker_thread
+from tests.conftest import ran, round_trips, wait_until, worker_thread
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -48,8 +48,12 @@ def test_figures_after_a_known_run(client, broker):
         alive = scrape(client)
     assert failing.status == "failed"
     assert value(alive, "delayq_workers_alive") == 1
+    # The worker serves "default" only: every other queue shows as unserved.
+    assert value(alive, "delayq_queue_unserved", queue="default") == 0
+    assert value(alive, "delayq_queue_unserved", queue="other") == 1
 
     m = scrape(client)
+    assert value(m, "delayq_queue_unserved", queue="default") == 1  # its worker stopped
     d = {"queue": "default"}
     assert value(m, "delayq_jobs_enqueued_total", **d) == 5
     assert value(m, "delayq_jobs_started_total", **d) == 5  # 3 + the failing job twice
@@ -90,7 +94,7 @@ def test_histogram_buckets_follow_the_scripts(broker, redis_client):
     upper = ([*HISTOGRAM_MS, float("inf")])[index - 1]
     lower = ([0, *HISTOGRAM_MS])[index - 1]
     assert lower <= duration_ms <= upper
-    assert queue_stats(broker, ["default"])["default"].duration.count == 1
+    assert Queue("default", broker=broker).summary().stats.duration.count == 1
 
 
 def test_redis_down_is_a_503_without_the_url(client):
@@ -129,12 +133,34 @@ def test_a_scrape_sends_as_many_commands_at_10_jobs_as_at_10000(client, broker, 
     at_10000 = commands_of_a_scrape(client, redis_client)
     assert at_10000 == at_10
     # A few per queue (one shard each): its 7 status sets and its jobs waiting for a
-    # key's slot, its stats, whether it is paused, its busiest keys (2), its stream and
-    # the mirror's group; and 3 for the queues and the workers.
-    assert sum(at_10.values()) <= 14 * len(queue_names(broker)) + 3, at_10
+    # key's slot, its stats, whether it is paused, its next due job, its busiest keys (2),
+    # its stream and the mirror's group; and 4 for the queues and the workers.
+    assert sum(at_10.values()) <= 15 * len(queue_names(broker)) + 4, at_10
     m = scrape(client)
     assert value(m, "delayq_jobs", queue="default", status="ready") == 5000
     assert value(m, "delayq_jobs", queue="default", status="scheduled") == 5000
+
+
+def test_a_scrape_of_5000_queues_costs_the_round_trips_of_a_few(client, broker):
+    """Pipelined: the round trips of a scrape do not grow with the number of queues."""
+    tasks.record.enqueue("x")
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: Queue("default").counts()["completed"] == 1, message="the job")
+        scrape(client)  # scripts loaded, the clock read
+        with round_trips() as few:
+            scrape(client)
+        names = [f"q{i:04}" for i in range(5_000)]
+        broker.client.sadd(broker.global_keys.queues, *names)
+        tasks.record.using(queue="q0042", delay=60).enqueue("y")
+        with round_trips() as many:
+            m = scrape(client)
+    assert len(queue_names(broker)) > 5_000
+    assert value(m, "delayq_jobs", queue="q0042", status="scheduled") == 1
+    assert value(m, "delayq_queue_unserved", queue="q0042") == 1
+    assert value(m, "delayq_queue_unserved", queue="default") == 0
+    # The clock's offset may be read again in between (once a minute): one more.
+    assert len(few) <= len(many) <= len(few) + 1, (few, many)
+    assert len(many) <= 10, many
 
 
 def test_multiprocess_mode_with_the_pool_and_a_dead_child(client, redis_client, spawned,

@@ -144,6 +144,24 @@ def test_a_chain_of_100_steps_passes_each_result_on(spawned, redis_client):
     assert Job.fetch(jobs[-1].id).result == 100
 
 
+def test_a_burst_worker_finishes_the_cross_queue_chains_its_queues_hold(redis_client):
+    """Each step of these chains lands in another queue, released by the step before
+    (through the cross-slot outbox), and in another lane of the worker (an async def
+    step on the event loop, a plain one on a thread): ``runworker --burst`` serving the
+    queues exits 0 only once every step ran."""
+    steps = [tasks.flow_step, tasks.flow_step.using(queue="other"), tasks.async_flow_step]
+    chains = [chain(*[steps[i % 3].bind(*(() if i else (0,)), tag=f"c{c}s{i}")
+                      for i in range(8)], pass_results=True).enqueue() for c in range(5)]
+    assert {j.queue for j in chains[0]} == {"default", "other", "async"}
+    done = subprocess.run([sys.executable, "-m", "django", "runworker", "default", "other",
+                           "async", "--burst", "-c", "2"], cwd=ROOT, env=worker_env(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [status(steps[-1]) for steps in chains] == ["completed"] * 5, done.stderr
+    assert [Job.fetch(steps[-1].id, steps[-1].queue).result for steps in chains] == [8] * 5
+    assert len(notes(redis_client, "flow_step")) == 40
+
+
 @pytest.mark.slow
 def test_a_group_of_10000_members_calls_its_callback_exactly_once(spawned, redis_client):
     n = 10_000
@@ -327,7 +345,7 @@ def test_waiting_jobs_in_the_mirror_admin_and_api(admin_client, redis_client):
                                              "task": tasks.record.name,
                                              "status": "scheduled", "parents": [],
                                              "more": 0}]
-    counts = admin_client.get("/api/delayq/queues/").json()
+    counts = admin_client.get("/api/delayq/queues/").json()["results"]
     assert {q["name"]: q["counts"]["waiting"] for q in counts}["other"] == 1
     cancelled = admin_client.post(f"/api/delayq/jobs/other/{child.id}/cancel/")
     assert cancelled.status_code == 200

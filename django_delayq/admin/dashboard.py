@@ -26,11 +26,11 @@ from ..engine import Broker, DelayQConnectionError, DelayQError, Queue
 from ..engine.backlog import Backlog, backlogs
 from ..engine.errors import CommandRefused
 from ..engine.jobhash import from_ms, to_int
-from ..engine.keyed import KeyLoad
+from ..engine.keyed import KeyLoad, key_loads
 from ..engine.keys import validate_queue_name
+from ..engine.overview import QueueSummary, summaries
 from ..engine.schedules import registered_schedules
-from ..engine.stats import QueueStats, queue_stats
-from ..engine.status import PURGEABLE, STATUSES
+from ..engine.status import PENDING, PURGEABLE, STATUSES, Status
 from ..engine.workers import any_alive, live_workers
 from ..mirror.consumer import GROUP
 from ..models import Job
@@ -50,6 +50,8 @@ READ_ERRORS = (DelayQError, ValueError)
 OPERATIONS = ("pause", "resume", "purge")
 #: A mirror whose consumer has not read for longer than this (ms) counts as stopped.
 MIRROR_IDLE_MS = 60_000
+#: Queues the dashboard shows per page (``?page=N``).
+QUEUES_PER_PAGE = 100
 
 
 @dataclass
@@ -69,6 +71,8 @@ class QueueState:
     skipped_reasons: list[str] = field(default_factory=list)
     #: The busiest concurrency keys (docs/flow-control.md).
     keys: KeyLoad = field(default_factory=KeyLoad)
+    #: Whether no live worker serves the queue (its jobs wait until one does).
+    unserved: bool = False
     purgeable: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -86,6 +90,11 @@ class QueueState:
                  *(waiting[i] if i < len(waiting) else ("", "")))
                 for i in range(max(len(active), len(waiting)))]
 
+    @property
+    def waiting_unserved(self) -> bool:
+        """Jobs due or scheduled that no live worker will run."""
+        return self.unserved and any(self.counts[s] for s in (*PENDING, Status.ACTIVE))
+
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "counts": self.counts, "paused": self.paused,
                 "next_due": when(self.next_due) if self.next_due else "-",
@@ -93,20 +102,23 @@ class QueueState:
                 "failed_last_hour": self.failed_last_hour, "chart": str(self.chart),
                 "lateness_chart": str(self.lateness_chart),
                 "lateness_p50": self.lateness_p50, "lateness_p95": self.lateness_p95,
-                "skipped": self.skipped, "skipped_reasons": self.skipped_reasons}
+                "skipped": self.skipped, "skipped_reasons": self.skipped_reasons,
+                "unserved": self.unserved}
 
 
-def queue_state(queue: Queue, stats: QueueStats | None = None) -> QueueState:
-    summary = queue.summary()
-    skipped, reasons = queue.skipped_events()
-    stats = stats or queue_stats(queue.broker, [queue.name])[queue.name]
+def queue_state(summary: QueueSummary, served: set[str] | None = None,
+                keys: KeyLoad | None = None) -> QueueState:
+    """What the dashboard shows of a queue read with ``detail`` (``served``: the queues
+    some live worker serves; None: not asked; ``keys``: its busiest concurrency keys)."""
+    lateness = summary.stats.lateness
     return QueueState(
         name=summary.name, counts=summary.counts, paused=summary.paused,
         next_due=summary.next_due, completed_last_hour=summary.completed_recently,
         failed_last_hour=summary.failed_recently, chart=throughput_chart(summary.throughput),
-        lateness_chart=lateness_chart(stats.lateness),
-        lateness_p50=quantile(stats.lateness, 0.5), lateness_p95=quantile(stats.lateness, 0.95),
-        skipped=skipped, skipped_reasons=reasons, keys=queue.key_load())
+        lateness_chart=lateness_chart(lateness), lateness_p50=quantile(lateness, 0.5),
+        lateness_p95=quantile(lateness, 0.95), skipped=summary.skipped,
+        skipped_reasons=summary.skipped_reasons, keys=keys or KeyLoad(),
+        unserved=served is not None and summary.name not in served)
 
 
 @dataclass
@@ -205,17 +217,35 @@ def unavailable(exc: Exception) -> str:
     return f"Live queue state is unavailable: Redis refused a read ({refusal[:200]})."
 
 
-def snapshot() -> dict[str, Any]:
-    """Everything the dashboard shows, read live (raises the engine's errors)."""
+def snapshot(page: int = 1) -> dict[str, Any]:
+    """Everything the dashboard shows, read live (raises the engine's errors): the
+    queues of one ``page`` (:data:`QUEUES_PER_PAGE` each), in a fixed number of round
+    trips whatever the number of queues."""
     broker = get_broker()
-    queues = Queue.all(broker=broker)
-    names = [q.name for q in queues]
-    stats = queue_stats(broker, names)
+    names = [q.name for q in Queue.all(broker=broker)]
+    pages = max(1, -(-len(names) // QUEUES_PER_PAGE))
+    page = min(max(1, page), pages)
+    shown = names[(page - 1) * QUEUES_PER_PAGE:page * QUEUES_PER_PAGE]
     workers = live_workers(broker)
+    served = {q for w in workers for q in w.queues}
+    queues = [queue_state(s, served, keys) for s, keys in
+              zip(summaries(broker, shown, detail=True), key_loads(broker, shown), strict=True)]
     mirror = mirror_state(broker, names)
-    return {"queues": [queue_state(q, stats[q.name]) for q in queues], "workers": workers,
-            "mirror": mirror, "warnings": warnings_for(bool(workers), mirror),
-            "periodic": periodic_schedules(broker)}
+    warnings = warnings_for(bool(workers), mirror)
+    stranded = [q.name for q in queues if q.waiting_unserved]
+    if workers and stranded:
+        warnings.append(f"No live worker serves {len(stranded)} queue(s) with jobs waiting: "
+                        f"{', '.join(stranded[:10])}{' ...' if len(stranded) > 10 else ''} "
+                        "(runworker QUEUE... names the queues a worker serves).")
+    return {"queues": queues, "workers": workers, "mirror": mirror, "warnings": warnings,
+            "periodic": periodic_schedules(broker), "page": page, "pages": pages,
+            "queue_count": len(names)}
+
+
+def page_of(request: HttpRequest) -> int:
+    """The page of queues a request asks for (``?page=N``; 1 when absent or bad)."""
+    value = request.GET.get("page", "1")
+    return int(value) if value.isdigit() and 0 < len(value) < 7 else 1
 
 
 class _AdminView(View):
@@ -242,9 +272,10 @@ class QueuesView(_AdminView):
     def get(self, request: HttpRequest) -> HttpResponse:
         self.require(request, change=False)
         error = ""
-        data: dict[str, Any] = {"queues": [], "workers": [], "warnings": [], "periodic": []}
+        data: dict[str, Any] = {"queues": [], "workers": [], "warnings": [], "periodic": [],
+                                "page": 1, "pages": 1}
         try:
-            data = snapshot()
+            data = snapshot(page_of(request))
         except READ_ERRORS as exc:
             error = unavailable(exc)
         return TemplateResponse(request, "admin/django_delayq/queues.html", self.context(
@@ -257,7 +288,7 @@ class QueuesDataView(_AdminView):
     def get(self, request: HttpRequest) -> HttpResponse:
         self.require(request, change=False)
         try:
-            data = snapshot()
+            data = snapshot(page_of(request))
         except READ_ERRORS as exc:
             return JsonResponse({"error": unavailable(exc)}, status=503)
         workers = [{"name": w.name, "host": w.host, "pid": w.pid,
@@ -298,7 +329,7 @@ class QueueControlView(_AdminView):
         if operation != "purge":
             return HttpResponse("use POST", status=405, headers={"Allow": "POST"})
         try:
-            state = queue_state(self._queue(queue))
+            state = queue_state(self._queue(queue).summary())
         except DelayQConnectionError:
             messages.error(request, REDIS_DOWN)
             return self._back()
@@ -322,9 +353,11 @@ class QueueControlView(_AdminView):
                 return HttpResponseRedirect(
                     reverse("admin:django_delayq_queue_control", args=[queue, "purge"]))
             else:
-                removed = target.purge()
-                messages.success(request, f"Queue {queue} purged: {removed} job(s) deleted "
-                                          "(running jobs were left alone).")
+                forget = request.POST.get("forget") == "yes"
+                removed = target.purge(forget=forget)
+                gone = " and forgotten" if forget and not Queue.seen(queue) else ""
+                messages.success(request, f"Queue {queue} purged{gone}: {removed} job(s) "
+                                          "deleted (running jobs were left alone).")
         except DelayQConnectionError:
             messages.error(request, REDIS_DOWN)
             return self._back()

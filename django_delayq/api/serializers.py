@@ -9,6 +9,7 @@ from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from ..conf import conf
 from ..engine import validation
 from ..engine.fields import ATTEMPT_TRACEBACK
 from ..engine.jobhash import attempt_entries
@@ -41,6 +42,15 @@ class QueueSerializer(serializers.Serializer):
     next_due = serializers.DateTimeField(allow_null=True,
                                          help_text="run_at of the earliest scheduled job.")
     shards = serializers.IntegerField()
+
+
+class QueuePageSerializer(serializers.Serializer):
+    """One page of the queue list (``limit`` and ``offset`` choose it)."""
+
+    count = serializers.IntegerField(help_text="Queues in all.")
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = QueueSerializer(many=True)
 
 
 class ThroughputSerializer(serializers.Serializer):
@@ -322,6 +332,12 @@ def _priority_field() -> serializers.IntegerField:
         help_text=f"{MIN_PRIORITY} to {MAX_PRIORITY}, higher runs first.")
 
 
+def declared_queues() -> set[str]:
+    """The queues the project declares: those of ``DELAYQ["QUEUES"]``, the default
+    queue and the queues of registered tasks."""
+    return {*conf.QUEUES, conf.DEFAULT_QUEUE, *registry.queues()}
+
+
 class EnqueueSerializer(serializers.Serializer):
     """Enqueue a job of a registered task."""
 
@@ -344,9 +360,15 @@ class EnqueueSerializer(serializers.Serializer):
 
     def validate_queue(self, value: str) -> str:
         try:
-            return validate_queue_name(value)
+            name = validate_queue_name(value)
         except ValueError as exc:
             raise serializers.ValidationError(str(exc)) from None
+        if not conf.API_ANY_QUEUE and name not in declared_queues():
+            raise serializers.ValidationError(
+                f"No queue named {name!r} is declared: use a queue of DELAYQ['QUEUES'], "
+                "DELAYQ['DEFAULT_QUEUE'] or a registered task's queue (DELAYQ"
+                "['API_ANY_QUEUE'] = True lets the API enqueue into any queue).")
+        return name
 
     def validate_job_id(self, value: str) -> str:
         try:

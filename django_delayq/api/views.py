@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.generics import GenericAPIView
@@ -22,6 +22,8 @@ from rest_framework.response import Response
 
 from ..connection import get_broker
 from ..engine import Job, JobNotFound, Queue
+from ..engine.keyed import KeyLoad
+from ..engine.overview import QueueSummary, summaries
 from ..engine.status import PENDING
 from ..engine.workers import live_workers
 from ..models import Job as MirroredJob
@@ -56,33 +58,44 @@ def known_queue(name: str) -> Queue:
     return Queue(name, broker=broker)
 
 
-def queue_data(queue: Queue, *, detail: bool = False) -> dict[str, Any]:
-    summary = queue.summary(throughput=detail)
+def queue_data(summary: QueueSummary, *, keys: KeyLoad | None = None) -> dict[str, Any]:
+    """A queue as the API shows it; with its busiest concurrency ``keys``, the detail of
+    one queue (throughput, skipped events, tasks, keys)."""
     data: dict[str, Any] = {
         "name": summary.name, "counts": summary.counts, "paused": summary.paused,
         "next_due": summary.next_due, "shards": summary.shards,
     }
-    if detail:
-        skipped, reasons = queue.skipped_events()
-        data["mirror_skipped"] = {"count": skipped, "last": reasons}
-        data["tasks"] = [t.name for t in registry.tasks() if t.queue_name == queue.name]
+    if keys is not None:
+        data["mirror_skipped"] = {"count": summary.skipped, "last": summary.skipped_reasons}
+        data["tasks"] = [t.name for t in registry.tasks() if t.queue_name == summary.name]
         data["throughput"] = [{"minute": m, "completed": c, "failed": f}
                               for m, c, f in summary.throughput]
-        load = queue.key_load()
-        data["keys"] = {"active": [{"key": k, "jobs": n} for k, n in load.active],
-                        "waiting": [{"key": k, "jobs": n} for k, n in load.waiting],
-                        "waiting_total": load.waiting_total}
+        data["keys"] = {"active": [{"key": k, "jobs": n} for k, n in keys.active],
+                        "waiting": [{"key": k, "jobs": n} for k, n in keys.waiting],
+                        "waiting_total": keys.waiting_total}
     return data
 
 
+class QueuePagination(LimitOffsetPagination):
+    default_limit = 100
+    max_limit = 1_000
+
+
 class QueueListView(DelayQAPIView):
-    @document(summary="List queues", responses={200: s.QueueSerializer(many=True), **ERRORS})
+    @document(summary="List queues", operation_id="queues_list", parameters=[
+        OpenApiParameter("limit", int, description="Queues per page (default 100, at most "
+                                                   "1,000)."),
+        OpenApiParameter("offset", int, description="Queues to skip, by name.")],
+              responses={200: s.QueuePageSerializer, **ERRORS})
     def get(self, request: Request) -> Response:
-        """Every queue seen in Redis or used by a registered task, with live counts."""
+        """Every queue seen in Redis or used by a registered task, by name, with live
+        counts; paginated (``limit``, ``offset``), each page read in one round trip."""
         broker = get_broker()
-        names = {q.name for q in Queue.all(broker=broker)} | set(registry.queues())
-        data = [queue_data(Queue(name, broker=broker)) for name in sorted(names)]
-        return Response(s.QueueSerializer(data, many=True).data)
+        names = sorted({q.name for q in Queue.all(broker=broker)} | set(registry.queues()))
+        pages = QueuePagination()
+        page = pages.paginate_queryset(names, request, view=self) or []
+        data = [queue_data(summary) for summary in summaries(broker, page)]
+        return pages.get_paginated_response(s.QueueSerializer(data, many=True).data)
 
 
 class QueueDetailView(DelayQAPIView):
@@ -90,8 +103,9 @@ class QueueDetailView(DelayQAPIView):
                    responses={200: s.QueueDetailSerializer, **NOT_FOUND, **ERRORS})
     def get(self, request: Request, queue: str) -> Response:
         """Live counts, pause state, next due time, tasks and throughput of one queue."""
-        return Response(s.QueueDetailSerializer(queue_data(known_queue(queue),
-                                                           detail=True)).data)
+        found = known_queue(queue)
+        return Response(s.QueueDetailSerializer(queue_data(found.summary(),
+                                                           keys=found.key_load())).data)
 
 
 class QueuePauseView(DelayQAPIView):
@@ -102,7 +116,7 @@ class QueuePauseView(DelayQAPIView):
         q = known_queue(queue)
         q.pause()
         logger.info("queue paused queue=%s user=%s", queue, request.user)
-        return Response(s.QueueSerializer(queue_data(q)).data)
+        return Response(s.QueueSerializer(queue_data(q.summary(detail=False))).data)
 
 
 class QueueResumeView(DelayQAPIView):
@@ -113,7 +127,7 @@ class QueueResumeView(DelayQAPIView):
         q = known_queue(queue)
         q.resume()
         logger.info("queue resumed queue=%s user=%s", queue, request.user)
-        return Response(s.QueueSerializer(queue_data(q)).data)
+        return Response(s.QueueSerializer(queue_data(q.summary(detail=False))).data)
 
 
 # -- jobs ----------------------------------------------------------------------------

@@ -22,6 +22,17 @@ def _invoke(task: Task, result: TaskResult, args: tuple[Any, ...],
     return task.func(*args, **kwargs)
 
 
+def returned(value: Any) -> Any:
+    """``value`` through ``normalize_json``; a value JSON has no type for raises Django's
+    ``TypeError`` (``Unsupported type``) saying, as Django's backends do, that the return
+    value "is not JSON serializable"."""
+    try:
+        return normalize_json(value)
+    except TypeError as exc:
+        raise TypeError(f"{exc}: the return value ({type(value).__name__}) is not JSON "
+                        "serializable") from None
+
+
 def make_runner(task: Task) -> Callable[..., Any]:
     """The function a delayq worker calls for ``task``: the task's own, with its context
     (``takes_context``) and the Tasks signals ``task_started``/``task_finished``. Its
@@ -40,12 +51,12 @@ def make_runner(task: Task) -> Callable[..., Any]:
             running.on_finished.append(
                 functools.partial(send_finished, sender, result, raised=raised))
             try:
-                return normalize_json(_invoke(task, result, args, kwargs))
+                return returned(_invoke(task, result, args, kwargs))
             except BaseException as exc:
                 raised.append(exc)
                 raise
         try:
-            value = normalize_json(_invoke(task, result, args, kwargs))
+            value = returned(_invoke(task, result, args, kwargs))
         except Exception as exc:
             mark_failed(result, running, exc)
             task_finished.send(sender, task_result=result)
@@ -61,9 +72,9 @@ def make_runner(task: Task) -> Callable[..., Any]:
         await task_started.asend(sender, task_result=result)
         if running is not None:
             running.on_finished.append(functools.partial(send_finished, sender, result))
-            return normalize_json(await _invoke(task, result, args, kwargs))
+            return returned(await _invoke(task, result, args, kwargs))
         try:
-            value = normalize_json(await _invoke(task, result, args, kwargs))
+            value = returned(await _invoke(task, result, args, kwargs))
         except Exception as exc:
             mark_failed(result, running, exc)
             await task_finished.asend(sender, task_result=result)

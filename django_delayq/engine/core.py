@@ -36,6 +36,8 @@ from .scripts import Batch, is_cluster_client
 
 #: Seconds after which :meth:`BrokerCore.recent_server_time_ms` reads the clock again.
 CLOCK_READ_EVERY = 60.0
+#: Seconds after which an enqueue adds its queue to the known set again (one SADD).
+REMEMBER_EVERY = 60.0
 
 
 def _options_key(task: Any, priority: Any, max_attempts: Any) -> tuple[str, int, int] | None:
@@ -54,7 +56,8 @@ class BrokerCore:
         self.client = client
         self.config = config or EngineConfig()
         self.global_keys = GlobalKeys(self.config.prefix)
-        self._known_queues: set[str] = set()
+        #: Queue name -> when (monotonic s) this process last added it to the known set.
+        self._known_queues: dict[str, float] = {}
         self.is_cluster = is_cluster_client(client)
         self._shard_keys: dict[str, list[QueueKeys]] = {}
         # Single script calls skip redis-py's per-call pool checkout (see pinned.py).
@@ -220,10 +223,18 @@ class BrokerCore:
         return retry_or_raise(self.client, self.config.failover_retry_ms, exc, deadline)
 
     def remember_queue(self, queue: str) -> None:
-        """Add ``queue`` to the set of known queues (once per process and queue)."""
-        if queue not in self._known_queues:
+        """Add ``queue`` to the set of known queues (once per process, queue and
+        :data:`REMEMBER_EVERY` seconds, so a queue forgotten while this process still
+        enqueues into it is known again within that time)."""
+        now = time.monotonic()
+        if now - self._known_queues.get(queue, -REMEMBER_EVERY) >= REMEMBER_EVERY:
             self.client.sadd(self.global_keys.queues, queue)
-            self._known_queues.add(queue)
+            self._known_queues[queue] = now
+
+    def forget_queue(self, queue: str) -> None:
+        """Remove ``queue`` from the set of known queues (see :meth:`Queue.forget`)."""
+        self.client.srem(self.global_keys.queues, queue)
+        self._known_queues.pop(queue, None)
 
     # -- claims -------------------------------------------------------------------
 

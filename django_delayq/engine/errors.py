@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -156,3 +157,19 @@ class PartialClaimError(DelayQError, RedisError):
         leased = sum(len(r.jobs) for r in results)
         super().__init__(f"the claim failed on {failed} shard(s); {leased} job(s) leased "
                          "from the others are in .results")
+
+
+#: Damaged records already logged by :func:`warn_once` (bounded: cleared when full).
+_WARNED: set[str] = set()
+_WARNED_MAX = 10_000
+
+
+def warn_once(logger: logging.Logger, key: str, message: str, *args: object) -> None:
+    """Log ``message`` at WARNING the first time this process meets ``key`` (a damaged
+    record, a bad name): each is named once, not on every read of it."""
+    if key in _WARNED:
+        return
+    if len(_WARNED) >= _WARNED_MAX:
+        _WARNED.clear()
+    _WARNED.add(key)
+    logger.warning(message, *args)

@@ -172,13 +172,28 @@ class KeyLoad:
 
 def key_load(broker: BrokerCore, queue: str, top: int = 10) -> KeyLoad:
     """Read the :class:`KeyLoad` of ``queue`` over its shards (one round trip)."""
-    shards = broker.shards(queue)
+    return key_loads(broker, [queue], top)[0]
+
+
+def key_loads(broker: BrokerCore, queues: list[str], top: int = 10) -> list[KeyLoad]:
+    """The :class:`KeyLoad` of each of ``queues``, in their order, in one round trip
+    whatever their number (a scrape of every queue)."""
     with broker.read_errors():
         pipe = broker.client.pipeline(transaction=False)
-        for keys in shards:
-            pipe.zrevrange(keys.key_active, 0, top - 1, withscores=True)
-            pipe.zrevrange(keys.key_waiting, 0, top, withscores=True)
-        replies = pipe.execute()
+        for queue in queues:
+            for keys in broker.shards(queue):
+                pipe.zrevrange(keys.key_active, 0, top - 1, withscores=True)
+                pipe.zrevrange(keys.key_waiting, 0, top, withscores=True)
+        replies = pipe.execute() if queues else []
+    loads, at = [], 0
+    for queue in queues:
+        shards = 2 * broker.shard_count(queue)
+        loads.append(_load(replies[at:at + shards], top))
+        at += shards
+    return loads
+
+
+def _load(replies: list[Any], top: int) -> KeyLoad:
     active: dict[str, int] = {}
     waiting: dict[str, int] = {}
     total = 0

@@ -4,47 +4,18 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import keyed
+from .errors import warn_once
 from .job import Job, default_broker
-from .jobhash import reply_time
-from .status import FINISHED, PURGEABLE, STATUSES, Status
+from .overview import QueueSummary, summaries
+from .status import FINISHED, PURGEABLE, Status
 
 if TYPE_CHECKING:
     from .broker import Broker
 
 logger = logging.getLogger("django_delayq.engine")
-
-#: How many reasons of skipped events (by the mirror, the lake export) are kept per shard.
-SKIPS_KEPT = 10
-
-
-#: Minutes of throughput a queue summary covers.
-SUMMARY_MINUTES = 60
-
-
-@dataclass(slots=True)
-class QueueSummary:
-    """What the dashboard and the API show of a queue, read by :meth:`Queue.summary`."""
-
-    name: str
-    counts: dict[str, int]
-    paused: bool
-    next_due: dt.datetime | None
-    shards: int
-    #: (minute, completed, failed) for the last :data:`SUMMARY_MINUTES`, oldest first.
-    throughput: list[tuple[dt.datetime, int, int]] = field(default_factory=list)
-
-    @property
-    def completed_recently(self) -> int:
-        return sum(completed for _, completed, _ in self.throughput)
-
-    @property
-    def failed_recently(self) -> int:
-        return sum(failed for _, _, failed in self.throughput)
-
 
 class Queue:
     """A named queue. Pausing stops every worker's claims; enqueuing still works."""
@@ -82,8 +53,8 @@ class Queue:
             try:
                 queues.append(cls(name, broker=b))
             except ValueError as exc:
-                logger.warning("skipping a bad name in the queues set key=%s error=%s",
-                               b.global_keys.queues, exc)
+                warn_once(logger, f"queue:{name}", "skipping a bad name in the queues set "
+                          "key=%s error=%s", b.global_keys.queues, exc)
         return queues
 
     @classmethod
@@ -96,33 +67,17 @@ class Queue:
     def counts(self) -> dict[str, int]:
         """Jobs per status (completed/failed/cancelled: those still kept; ready includes
         the jobs waiting for a slot of their concurrency key)."""
-        broker = self.broker
-        shards = broker.shards(self.name)
-        with broker.read_errors():
-            pipe = broker.client.pipeline(transaction=False)
-            for keys in shards:
-                for status in STATUSES:
-                    pipe.zcard(keys.status_set(status))
-                pipe.zscore(keys.key_waiting, keyed.TOTAL)  # ready, parked for a slot
-            replies = pipe.execute()
-        counts = dict.fromkeys(STATUSES, 0)
-        per_shard = len(STATUSES) + 1
-        for i, n in enumerate(replies):
-            status = STATUSES[i % per_shard] if i % per_shard < len(STATUSES) else Status.READY
-            counts[status] += int(n or 0)
-        return counts
+        return self.summary(detail=False).counts
 
     def key_load(self, top: int = 10) -> keyed.KeyLoad:
         """The busiest concurrency keys: jobs holding a slot and jobs waiting for one."""
         return keyed.key_load(self.broker, self.name, top)
 
-    def summary(self, *, throughput: bool = True) -> QueueSummary:
-        """Counts, pause state, next due time, shards and (with ``throughput``) the jobs
-        finished per minute of the last :data:`SUMMARY_MINUTES`."""
-        return QueueSummary(
-            name=self.name, counts=self.counts(), paused=self.is_paused,
-            next_due=self.next_due(), shards=self.broker.shard_count(self.name),
-            throughput=self.throughput(SUMMARY_MINUTES) if throughput else [])
+    def summary(self, *, detail: bool = True) -> QueueSummary:
+        """Counts, pause state, next due time, shards and stats; with ``detail``, the jobs
+        finished per minute of the last hour and the skipped events (one round trip:
+        :func:`~django_delayq.engine.overview.summaries`)."""
+        return summaries(self.broker, [self.name], detail=detail)[0]
 
     def pause(self) -> None:
         """Stop every worker from claiming from this queue, at its next claim."""
@@ -151,16 +106,12 @@ class Queue:
 
     def next_due(self) -> dt.datetime | None:
         """The run_at of the earliest scheduled job, or None."""
-        broker = self.broker
-        with broker.read_errors():
-            pipe = broker.client.pipeline(transaction=False)
-            for keys in broker.shards(self.name):
-                pipe.zrange(keys.scheduled, 0, 0, withscores=True)
-            heads = [r[0][1] for r in pipe.execute() if r]
-        return reply_time(int(min(heads))) if heads else None
+        return self.summary(detail=False).next_due
 
-    def purge(self, statuses: tuple[str, ...] = PURGEABLE) -> int:
-        """Delete every job of ``statuses`` (never running ones). Returns how many."""
+    def purge(self, statuses: tuple[str, ...] = PURGEABLE, *, forget: bool = False) -> int:
+        """Delete every job of ``statuses`` (never running ones). Returns how many.
+
+        With ``forget``, then :meth:`forget` the queue."""
         broker = self.broker
         removed = 0
         for status in statuses:
@@ -174,7 +125,23 @@ class Queue:
                     removed += n
                     if n == 0:
                         break
+        if forget:
+            self.forget()
         return removed
+
+    def forget(self) -> bool:
+        """Remove the queue from the set of known queues, so the dashboard, the API and
+        the metrics stop listing it, unless it still holds jobs (running ones, or any
+        :meth:`purge` left). Returns whether it was forgotten.
+
+        A queue is known again as soon as a job is enqueued into it or a worker serving
+        it beats; a declared queue (``QUEUES``, a registered task's) is listed anyway.
+        Its events stream is left to be read and trimmed as usual."""
+        if any(self.counts().values()):
+            return False
+        with self.broker.connection_errors():
+            self.broker.forget_queue(self.name)
+        return True
 
     def jobs(self, status: str = Status.READY, offset: int = 0, limit: int = 50) -> list[Job]:
         """Jobs of one status in queue order (finished ones newest first)."""
@@ -202,35 +169,12 @@ class Queue:
         """Events the model mirror or the lake export skipped as unusable: how many, and
         the newest reasons (each with its time, who skipped it and the stream id, newest
         first), over every shard."""
-        broker = self.broker
-        with broker.read_errors():
-            pipe = broker.client.pipeline(transaction=False)
-            for keys in broker.shards(self.name):
-                pipe.get(keys.skipped)
-                pipe.lrange(keys.skipped_log, 0, SKIPS_KEPT - 1)
-            replies = pipe.execute()
-        counts, logs = replies[0::2], replies[1::2]
-        count = sum(int(n) for n in counts if n and n.isdigit())
-        reasons = sorted((r for log in logs for r in log), reverse=True)
-        return count, reasons[:SKIPS_KEPT]
+        summary = self.summary()
+        return summary.skipped, summary.skipped_reasons
 
     def throughput(self, minutes: int = 60) -> list[tuple[dt.datetime, int, int]]:
         """(minute, completed, failed) for each of the last ``minutes`` minutes."""
-        broker = self.broker
-        with broker.read_errors():
-            now_minute = broker.server_time_ms() // 60_000
-            pipe = broker.client.pipeline(transaction=False)
-            for keys in broker.shards(self.name):
-                pipe.hgetall(keys.stats)
-            merged: dict[str, int] = {}
-            for stats in pipe.execute():
-                for k, v in stats.items():
-                    merged[k] = merged.get(k, 0) + int(v)
-        return [
-            (dt.datetime.fromtimestamp(m * 60, tz=dt.UTC), merged.get(f"c:{m}", 0),
-             merged.get(f"f:{m}", 0))
-            for m in range(now_minute - minutes + 1, now_minute + 1)
-        ]
+        return summaries(self.broker, [self.name], detail=True, minutes=minutes)[0].throughput
 
 
 def _listed(queue: str, job_id: str, data: dict[str, str] | Exception, broker: Broker) -> Job:

@@ -5,16 +5,13 @@ Each shard's stats HASH (``{dq:Q}:stats``) holds, next to its per-minute counter
 dead-lettered (failed for good), ``r`` failed attempts retried, and two histograms
 (bucket fields ``NAME:i``, sum ``NAME:sum``, in ms): ``hd`` the run time of completed
 jobs, ``hl`` the start lateness of every start (its count is the number of jobs
-started). Reading a queue is one HGETALL per shard, whatever the number of jobs.
+started). Reading a queue is one HGETALL per shard, whatever the number of jobs
+(:func:`~django_delayq.engine.overview.summaries` reads them).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .broker import Broker
 
 #: Upper bounds (ms) of the histogram buckets; ``lua/includes/histogram.lua`` repeats them.
 HISTOGRAM_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000)
@@ -76,19 +73,3 @@ class QueueStats:
                 histogram.sum_ms += number
             elif index.isdigit() and 1 <= int(index) <= len(histogram.buckets):
                 histogram.buckets[int(index) - 1] += number
-
-
-def queue_stats(broker: Broker, queues: list[str]) -> dict[str, QueueStats]:
-    """The stats of each queue in ``queues``: one pipelined HGETALL per shard."""
-    with broker.read_errors():
-        pipe = broker.client.pipeline(transaction=False)
-        order = []
-        for queue in queues:
-            for keys in broker.shards(queue):
-                pipe.hgetall(keys.stats)
-                order.append(queue)
-        replies = pipe.execute() if order else []
-    stats = {queue: QueueStats() for queue in queues}
-    for queue, stored in zip(order, replies, strict=True):
-        stats[queue].add(stored)
-    return stats

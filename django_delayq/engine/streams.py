@@ -30,7 +30,8 @@ from redis.exceptions import ResponseError
 from .errors import DelayQError
 from .keys import QueueKeys
 from .markers import WAKE_TTL_MS
-from .queue import SKIPS_KEPT, Queue
+from .overview import SKIPS_KEPT
+from .queue import Queue
 
 if TYPE_CHECKING:
     from .broker import Broker

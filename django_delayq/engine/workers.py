@@ -15,14 +15,18 @@ in ``supervisor``.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import socket
 from dataclasses import dataclass, field
 from typing import Any
 
 from .core import BrokerCore
+from .errors import warn_once
 from .failover import CALL_FAILED
 from .jobhash import read_times, to_float, to_int
+
+logger = logging.getLogger("django_delayq.engine")
 
 #: Most workers :func:`live_workers` lists (newest heartbeats first).
 MAX_LISTED = 1_000
@@ -45,16 +49,13 @@ def record_alive(broker: BrokerCore, name: str, ttl: int, info: dict[str, Any]) 
     pipe.hsetnx(keys.worker(name), "started", now_ms)
     pipe.expire(keys.worker(name), ttl)
     pipe.zremrangebyscore(keys.workers, "-inf", now_ms - ttl * 1000)
+    served = [q for q in str(record.get("queues", "")).split(",") if q]
+    if served:  # the queues a worker serves stay known while it runs
+        pipe.sadd(keys.queues, *served)
     if record["role"] == "supervisor":
         pipe.zadd(keys.hosts, {name: now_ms})
         pipe.zremrangebyscore(keys.hosts, "-inf", now_ms - ttl * 1000)
     pipe.execute()
-
-
-def register_queues(broker: BrokerCore, queues: list[str]) -> None:
-    """Add ``queues`` to the set of known queues (the dashboard, the API and the metrics
-    list them)."""
-    broker.client.sadd(broker.global_keys.queues, *queues)
 
 
 def forget(broker: BrokerCore, name: str) -> None:
@@ -121,6 +122,20 @@ def count_alive(broker: BrokerCore) -> int:
     return max(0, int(everyone) - int(hosts))
 
 
+def served_queues(broker: BrokerCore) -> set[str]:
+    """The queues some worker alive serves (as its record says), in two round trips
+    whatever the number of queues."""
+    keys = broker.global_keys
+    with broker.read_errors():
+        oldest = broker.recent_server_time_ms() - ALIVE_MS
+        names = broker.client.zrangebyscore(keys.workers, oldest, "+inf")
+        pipe = broker.client.pipeline(transaction=False)
+        for name in names:
+            pipe.hget(keys.worker(name), "queues")
+        replies = pipe.execute(raise_on_error=False) if names else []
+    return {q for r in replies if isinstance(r, str) for q in r.split(",") if q}
+
+
 def any_alive(broker: BrokerCore) -> bool:
     """Whether a worker process is alive."""
     return count_alive(broker) > 0
@@ -142,9 +157,14 @@ def live_workers(broker: BrokerCore, limit: int = MAX_LISTED, *,
         pipe = broker.client.pipeline(transaction=False)
         for name, _ in entries:
             pipe.hgetall(keys.worker(name))
-        infos = pipe.execute() if entries else []
+        infos = pipe.execute(raise_on_error=False) if entries else []
     workers = []
     for (name, beat), info in zip(entries, infos, strict=True):
+        if isinstance(info, Exception):
+            # A record that is not a hash (written by hand): skipped, named once.
+            warn_once(logger, f"worker:{name}", "skipping a damaged worker record "
+                      "worker=%s error=%s", name, info)
+            continue
         if not info:
             continue  # its hash expired: the worker is gone
         # A damaged time reads as None and is named in ``damaged``, never raised.
@@ -217,9 +237,10 @@ def consumers_gone(broker: BrokerCore, consumers: list[str]) -> set[str]:
         for name in workers:
             pipe.zscore(keys.workers, name)
             pipe.hmget(keys.worker(name), "host", "pid")
-        replies = pipe.execute()
-        for name, beat, (on_host, pid) in zip(workers, replies[0::2], replies[1::2],
-                                               strict=True):
+        replies = pipe.execute(raise_on_error=False)
+        for name, beat, record in zip(workers, replies[0::2], replies[1::2], strict=True):
+            # A damaged record (not a hash) says nothing of a live worker: gone.
+            on_host, pid = (None, "") if isinstance(record, Exception) else record
             if (beat is None or not is_alive(beat, now_ms) or on_host is None
                     or process_ended(on_host, to_int(pid, None))):
                 gone.add(mirror_consumer(name))

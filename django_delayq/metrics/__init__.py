@@ -4,7 +4,8 @@ Mount the view: ``path("metrics/delayq/", include("django_delayq.metrics.urls"))
 use :func:`metrics_view` in your own URL. Every figure comes from counters the Lua
 scripts keep (:mod:`django_delayq.engine.stats`), the status sets' sizes and the events
 streams, so a scrape costs a few commands per queue shard, whatever the number of jobs,
-and any web process answers the same figures. With ``PROMETHEUS_MULTIPROC_DIR`` set
+sent in a fixed number of round trips (pipelined) whatever the number of queues, and any
+web process answers the same figures. With ``PROMETHEUS_MULTIPROC_DIR`` set
 (prometheus_client's multiprocess mode), the view also serves the metrics your own code
 records in every process of the host (worker pool processes included).
 """
@@ -33,8 +34,10 @@ from django.http import HttpRequest, HttpResponse
 from ..connection import get_broker
 from ..engine import Broker, DelayQConnectionError, Queue
 from ..engine.backlog import backlogs
-from ..engine.stats import Histogram, queue_stats
-from ..engine.workers import count_alive
+from ..engine.keyed import key_loads
+from ..engine.overview import summaries
+from ..engine.stats import Histogram
+from ..engine.workers import count_alive, served_queues
 from ..mirror.consumer import GROUP
 from ..task import registry
 
@@ -62,11 +65,15 @@ class DelayQCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         broker = self._broker or get_broker()
         names = queue_names(broker)
-        stats = queue_stats(broker, names)
+        read = summaries(broker, names)
+        served = served_queues(broker)
         jobs = GaugeMetricFamily("delayq_jobs", "Jobs per queue and status now (finished "
                                  "ones: those still kept).", labels=["queue", "status"])
         paused = GaugeMetricFamily("delayq_queue_paused", "1 while the queue is paused.",
                                    labels=["queue"])
+        unserved = GaugeMetricFamily("delayq_queue_unserved", "1 while no live worker serves "
+                                     "the queue: its jobs wait until one does.",
+                                     labels=["queue"])
         lag = GaugeMetricFamily("delayq_mirror_lag_events", "Events of the queue the model "
                                 "mirror has not applied yet (pending, and after the last "
                                 "one delivered to it).", labels=["queue"])
@@ -80,12 +87,13 @@ class DelayQCollector(Collector):
         running = GaugeMetricFamily("delayq_key_active_jobs", "Jobs running, for the "
                                     f"{TOP_KEYS} concurrency keys with the most.",
                                     labels=["queue", "key"])
-        for name in names:
-            queue = Queue(name, broker=broker)
-            for status, n in queue.counts().items():
+        loads = key_loads(broker, names, TOP_KEYS)
+        for summary, load in zip(read, loads, strict=True):
+            name = summary.name
+            for status, n in summary.counts.items():
                 jobs.add_metric([name, status], n)
-            paused.add_metric([name], int(queue.is_paused))
-            load = queue.key_load(TOP_KEYS)
+            paused.add_metric([name], int(summary.paused))
+            unserved.add_metric([name], int(name not in served))
             slots.add_metric([name, ""], load.waiting_total)
             for key, n in load.waiting:
                 slots.add_metric([name, key], n)
@@ -96,6 +104,7 @@ class DelayQCollector(Collector):
             capped.add_metric([name], int(backlog.capped))
         yield jobs
         yield paused
+        yield unserved
         yield slots
         yield running
         yield lag
@@ -106,13 +115,13 @@ class DelayQCollector(Collector):
                   ("retried", "Failed attempts that were retried.")]
         for attr, doc in totals:
             family = CounterMetricFamily(f"delayq_jobs_{attr}", doc, labels=["queue"])
-            for name in names:
-                family.add_metric([name], getattr(stats[name], attr))
+            for summary in read:
+                family.add_metric([summary.name], getattr(summary.stats, attr))
             yield family
         yield _histogram("delayq_job_duration", "Run time of completed jobs.",
-                         {n: stats[n].duration for n in names})
+                         {q.name: q.stats.duration for q in read})
         yield _histogram("delayq_job_start_lateness", "Time from run_at to the start of "
-                         "each attempt.", {n: stats[n].lateness for n in names})
+                         "each attempt.", {q.name: q.stats.lateness for q in read})
         yield GaugeMetricFamily("delayq_workers_alive", "Workers with a heartbeat in the "
                                 "last 30 seconds.", value=count_alive(broker))
 

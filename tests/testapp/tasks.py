@@ -397,6 +397,14 @@ async def async_add(a: int, b: int) -> dict[str, object]:
     return {"sum": a + b, "in_loop": asyncio.get_running_loop().is_running()}
 
 
+@task(queue=ASYNC)
+async def async_flow_step(acc: int, tag: str = "") -> int:
+    """:func:`flow_step` on the event loop: note it ran with ``acc``, return acc + 1."""
+    await asyncio.sleep(0)
+    _note("flow_step", acc=acc, tag=tag)
+    return acc + 1
+
+
 @task(max_attempts=1)
 def reports_progress(calls: int, upto: float, message: str = "") -> int:
     """Report progress ``calls`` times in a tight loop up to ``upto``; return the writes."""

@@ -59,7 +59,7 @@ class Fetcher:
         ledger: Ledger,
         deliver: Callable[[ClaimedJob], None],
         stop: threading.Event,
-        on_burst_done: Callable[[], None],
+        on_burst_done: Callable[[str, int], bool],
         lane: str = THREADS,
         min_batch: int = 1,
         ack_room: int = 0,
@@ -103,6 +103,8 @@ class Fetcher:
         #: Shards asked for a job that gave none since a claim last got one: a burst is
         #: over once every shard is among them (a round may ask some shards for none).
         self._found_empty: set[QueueKeys] = set()
+        #: The ledger's settles when the shards in ``_found_empty`` began to be asked.
+        self._swept_after = -1
         #: The marker a stop sets to end this fetcher's idle wait (:meth:`wake`).
         self._wake_key = markers.wake_key(self.shards[0].tag, f"{name}/{lane}")
         self.watch: MarkerWatch | None = None
@@ -210,15 +212,24 @@ class Fetcher:
                 continue
             if self.burst:
                 with ledger.changed:
-                    # done once no lane holds a job, acks included: an ack can make a
-                    # dependant (or a retry without backoff) due, in any lane's queue
+                    # done once no lane holds a job, acks included, and every lane found
+                    # its shards empty after the last ack: an ack can make a dependant
+                    # (or a retry without backoff) due, in any lane's queue
                     if ledger.held_count:
                         ledger.changed.wait(timeout=0.5)
                         continue
+                    settles = ledger.settles
+                if self._swept_after != settles:
+                    self._found_empty.clear()  # found empty before that ack: ask again
+                    self._swept_after = settles
+                    continue
                 if not self._found_empty.issuperset(self.shards):
                     continue  # the next rounds ask the shards not asked yet
-                self._on_burst_done()
-                break
+                if self._on_burst_done(self.lane, settles):
+                    break
+                with ledger.changed:  # another lane still runs jobs: wait for its acks
+                    ledger.changed.wait(timeout=0.5)
+                continue
             try:
                 self._wait_for_work(wait)
             except CALL_FAILED as exc:

@@ -143,6 +143,10 @@ class Ledger:
         """Leases of ``lane`` held (what its fetcher counts against its capacity)."""
         return self._held_in[lane]
 
+    #: Calls of :meth:`settle` so far: a burst's lanes look again at their queues after
+    #: each (an ack can release a dependant, or a retry, into any lane's queue).
+    settles: int = 0
+
     @property
     def held_count(self) -> int:
         """Leases held: buffered, running, and finished with their ack on its way (what
@@ -316,6 +320,7 @@ class Ledger:
     def settle(self, jobs: Iterable[ClaimedJob]) -> None:
         """Forget ``jobs``: their acks landed, or they were handed back."""
         with self.lock:
+            self.settles += 1
             for job in jobs:
                 k = key(job)
                 if k not in self._leases:

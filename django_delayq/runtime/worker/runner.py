@@ -35,7 +35,6 @@ from typing import Any
 
 from ...engine import Broker, ClaimedJob
 from ...engine.workers import forget as forget_worker
-from ...engine.workers import register_queues
 from ..backoff import CALL_FAILED
 from ..deadlines import Board
 from ..registry import TaskRegistry, is_async
@@ -155,7 +154,8 @@ class Worker:
         lanes = [(THREADS, [q for q in self.queues if q not in loop_queues],
                   self.concurrency, options.prefetch, 1, 0),
                  (LOOP, loop_queues, slots, 0, max(1, slots // 2), slots)]
-        self._burst_lanes = 0
+        #: Per lane, the ledger's settles when its fetcher last found its queues empty.
+        self._burst_idle: dict[str, int] = {}
         self.fetchers = [
             Fetcher(broker=self.broker, blocking_broker=blocking_broker, queues=lane_queues,
                     name=self.name, lease_ms=self.lease_ms,
@@ -214,14 +214,19 @@ class Worker:
         self._restart = True
         self.request_stop()
 
-    def _burst_lane_done(self) -> None:
-        """A lane's fetcher found nothing left to claim: a burst ends with the last."""
+    def _burst_lane_done(self, lane: str, settles: int) -> bool:
+        """``lane``'s fetcher found its queues empty after the ledger's ``settles``-th
+        settle, with no job held: the burst ends (True) once every lane has, after the
+        same last settle; until then the lane waits and looks again."""
         with self.ledger.lock:
-            self._burst_lanes += 1
-            last = self._burst_lanes == len(self.fetchers)
-        if last:
+            self._burst_idle[lane] = settles
+            done = (not self.ledger.held_count
+                    and all(self._burst_idle.get(f.lane) == self.ledger.settles
+                            for f in self.fetchers))
+        if done:
             logger.info("burst done worker=%s", self.name)
             self.request_stop()
+        return done
 
     def _loop_stalled(self, stalled_for: float) -> None:
         """The event loop ran nothing for ``stalled_for`` seconds: hand back the jobs
@@ -376,8 +381,8 @@ class Worker:
         forget_worker(self.broker, self.name)
 
     def _register_queues(self) -> None:
+        """Record this worker alive, and the queues it serves as known."""
         try:
-            register_queues(self.broker, self.queues)
             self.heartbeat.record_alive()
         except CALL_FAILED as exc:
             logger.warning("could not register worker worker=%s error=%s", self.name, exc)
