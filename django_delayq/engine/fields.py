@@ -15,7 +15,7 @@ args           ``a``   positional arguments, JSON
 kwargs         ``k``   keyword arguments, JSON                      ``{}``
 priority       ``p``   priority, -100..100 (higher runs first)      ``0``
 status         ``s``   scheduled, ready, active, completed, ...
-run_at         ``r``   when it may start, ms                      enqueued_at
+run_at         ``r``   when it may start (is due), ms             enqueued_at
 enqueued_at    ``e``   when it was enqueued, ms
 max_attempts   ``m``   runs allowed, the first included             ``1``
 attempts       ``n``   runs started so far                          ``0``
