@@ -158,10 +158,12 @@ def test_an_encoded_job_names_the_enqueue_scripts_values_and_is_what_it_stores(
 
 
 def test_every_field_is_stored_short_and_read_back_by_its_name(bare, redis_client):
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     job_id = bare.enqueue("q", "t.x", [1], {"k": "v"}, priority=5, max_attempts=3,
-                          timeout=5).job_id
+                          timeout=5, traceparent=traceparent).job_id
     keys = QueueKeys("t", "q")
     (c,) = claim_all(bare, "q")
+    assert c.traceparent == traceparent
     batch = bare.batch()
     bare.add_fail(batch, keys, job_id, c.attempt, "ValueError: one", "tb one", 3_600_000,
                   c.started_at_ms)

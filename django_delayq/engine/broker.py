@@ -52,6 +52,7 @@ class Broker(BrokerCore):
         depends_on: Sequence[Any] | None = None,
         on_parent_failure: str = "cancel",
         pass_results: str = "",
+        traceparent: str = "",
     ) -> EnqueueResult:
         """Enqueue one job in one round trip. A job whose id exists is not added twice.
 
@@ -61,7 +62,7 @@ class Broker(BrokerCore):
         """
         deps = flows.dependencies(depends_on, queue, on_parent_failure, pass_results)
         job = self._encode(task, args, kwargs or {}, run_at, delay, priority, job_id,
-                           max_attempts, timeout, arg_names, None, None)
+                           max_attempts, timeout, arg_names, None, None, traceparent)
         if deps is not None:
             validation.validate_queue_name(queue)
             flows.check_parents_exist(self, deps.parents)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class EncodedJob(NamedTuple):
-    """One job as the enqueue script takes it: its 9 ARGV values, in ``enqueue.lua``'s
+    """One job as the enqueue script takes it: its 10 ARGV values, in ``enqueue.lua``'s
     order. ``Broker.encode_request`` builds it (every check passed), the outbox stores
     its values, :meth:`Commands.enqueue` sends it."""
 
@@ -40,6 +40,8 @@ class EncodedJob(NamedTuple):
     max_attempts: int
     #: Time limit of each attempt, ms ('' for none: the worker's default).
     timeout_ms: int | str
+    #: W3C trace context of the enqueue ('' for none).
+    traceparent: str = ""
 
 
 def _enqueue_script(waits: Sequence[Any]) -> str:

@@ -33,6 +33,7 @@ parents        ``d``   parents waited for, JSON ``[[queue, id]]``   none
 (policy)       ``dp``  on a parent's failure: run, fail             cancel
 (results)      ``dr``  parents' results passed: one, all            none
 (linked)       ``dc``  '1' once a dependant waits for this job      none
+traceparent    ``tp``  W3C trace context of the enqueue             none
 =============  ======  ===========================================  =======
 
 The last four serve workflows (``lua/includes/flows.lua`` describes them and the keys
@@ -80,6 +81,7 @@ STORED: Final[Mapping[str, str]] = {
     "timeout": "o",
     "attempt_log": "h",
     "parents": "d",
+    "traceparent": "tp",
 }
 
 #: Attempts kept in a job's ``attempt_log``.

@@ -46,6 +46,8 @@ class EnqueueRequest:
     on_parent_failure: str = "cancel"
     #: '' (nothing), 'one' or 'all' of the parents' results, as the first argument.
     pass_results: str = ""
+    #: W3C trace context of the code that enqueues ('' for none), stored with the job.
+    traceparent: str = ""
 
 
 @dataclass(slots=True)

@@ -26,9 +26,9 @@
 --
 -- ARGV[1] events stream max length (0: no events)
 -- ARGV[2] m: how many of the jobs wait for parents
--- ARGV[3..2+9n] per job, 9 values: id, task, args JSON, kwargs JSON, priority,
+-- ARGV[3..2+10n] per job, 10 values: id, task, args JSON, kwargs JSON, priority,
 --           run_at ms ('' for none), delay ms ('' for none), max attempts,
---           time limit ms ('' for none)
+--           time limit ms ('' for none), W3C traceparent ('' for none)
 -- then per waiting job, 5 values: its index among the jobs (1-based), its parents JSON
 --           ([[queue, id], ...]), its policy ('' cancel, 'run', 'fail'), what it
 --           receives of their results ('' nothing, 'one', 'all'), and the indexes
@@ -57,13 +57,13 @@ local maxlen = tonumber(ARGV[1])
 local now = now_ms()
 local scheduled, ready, marker, events, seq_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local m = tonumber(ARGV[2])
-local n = (#ARGV - 2 - 5 * m - (m > 0 and 3 or 0)) / 9
+local n = (#ARGV - 2 - 5 * m - (m > 0 and 3 or 0)) / 10
 local waits = {}  -- job index -> the ARGV index of its 5 flow values
 for j = 1, m do
-  local at = 3 + 9 * n + (j - 1) * 5
+  local at = 3 + 10 * n + (j - 1) * 5
   waits[tonumber(ARGV[at])] = at
 end
-local flow = m > 0 and flow_ctx(7 + n, 3 + 9 * n + 5 * m) or nil
+local flow = m > 0 and flow_ctx(7 + n, 3 + 10 * n + 5 * m) or nil
 local waiting_pairs = {}
 -- per new job that waits: {its reply index, id, ARGV index of its flow values, index}
 local new_waiting = {}
@@ -93,7 +93,7 @@ local added = {}  -- job id -> its reply index, for an id given twice in one cal
 local seq = nil  -- the FIFO number of the last ready job
 local earliest = nil  -- the earliest run_at among the scheduled jobs added
 for i = 1, n do
-  local a = 2 + (i - 1) * 9
+  local a = 2 + (i - 1) * 10
   local job_id = ARGV[a + 1]
   local found = existing[i]
   local twin = added[job_id]
@@ -132,6 +132,10 @@ for i = 1, n do
     if ARGV[a + 9] ~= '' then
       fields[#fields + 1] = 'o'
       fields[#fields + 1] = ARGV[a + 9]
+    end
+    if ARGV[a + 10] ~= '' then
+      fields[#fields + 1] = 'tp'
+      fields[#fields + 1] = ARGV[a + 10]
     end
     local status
     local wait = waits[i]

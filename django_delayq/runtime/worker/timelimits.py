@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 
 from ...engine import ClaimedJob, JobTimeout
+from ..logfields import log
 from ..registry import TaskRegistry, timeout_seconds
 from .execution import finished
 from .ledger import Lease, Ledger
@@ -113,9 +114,9 @@ class Watchdog:
                 continue
             if (now >= lease.limit_at and not lease.interrupted
                     and self.ledger.interrupt(lease, raise_in)):
-                logger.warning("job over its time limit, JobTimeout raised in it job=%s "
-                               "queue=%s task=%s timeout=%ss worker=%s", lease.job.id,
-                               lease.job.queue, lease.job.task, lease.timeout, self.name)
+                log(logger, logging.WARNING, "job over its time limit, JobTimeout raised in it",
+                    job=lease.job.id, queue=lease.job.queue, task=lease.job.task,
+                    timeout_s=lease.timeout, worker=self.name)
             hard_at = lease.limit_at + self.grace
             if now >= hard_at:
                 self._hard_limit(lease)
@@ -128,10 +129,9 @@ class Watchdog:
         if thread is None or not self.ledger.abandon(lease.job):
             return
         job = lease.job
-        logger.error("job still running %.1fs after its time limit: failing it, and "
-                     "stopping this worker to be restarted job=%s queue=%s task=%s "
-                     "thread=%s worker=%s", self.grace, job.id, job.queue, job.task,
-                     thread.name, self.name)
+        log(logger, logging.ERROR, f"job still running {self.grace:.1f}s after its time "
+            "limit: failing it, and stopping this worker to be restarted", job=job.id,
+            queue=job.queue, task=job.task, thread_name=thread.name, worker=self.name)
         why = ("it blocked the event loop, or swallowed the cancellation" if lease.on_loop
                else "blocked in C code, or it caught JobTimeout")
         exc = JobTimeout(f"the job ran past its time limit of {lease.timeout}s and did not "
