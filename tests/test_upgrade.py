@@ -20,10 +20,15 @@ from typing import Any
 import pytest
 
 from django_delayq import Job
+from django_delayq.engine.fields import FORMAT
+from django_delayq.mirror import Mirror
+from django_delayq.models import Job as JobRow
 from tests.conftest import ROOT, kill_with_children, sqlite_rows, wait_until, worker_env
+from tests.testapp import tasks
 
 #: The previous release, 0.1.0 (CHANGELOG.md).
 PREVIOUS = "c779230"
+PREVIOUS_VERSION = "0.1.0"
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
@@ -148,3 +153,28 @@ def test_jobs_of_the_previous_release_run_here_and_back(previous: Path, tmp_path
         all_ran(new_jobs, db)
     finally:
         kill_with_children(old_worker)
+
+
+def test_a_job_or_event_of_a_newer_format_is_never_misread(broker: Any, redis_client: Any,
+                                                           caplog: Any) -> None:
+    job = tasks.record.enqueue("format")
+    keys = broker.keys_for("default", job.id)
+    assert redis_client.hget(keys.job(job.id), "fv") is None  # format 1 stores none
+    assert Job.fetch(job.id).damaged == {}
+    redis_client.hset(keys.job(job.id), "fv", FORMAT + 1)
+    assert Job.fetch(job.id).damaged == {"format": f"{FORMAT + 1} (this version reads 1)"}
+    redis_client.xadd(keys.events, {"event": "enqueued", "job": "from-the-future", "ts": 1,
+                                    "fv": FORMAT + 1})
+    Mirror(block=0.1).run(burst=True)
+    assert not JobRow.objects.filter(job_id="from-the-future").exists()
+    assert "event format 2 is newer than this version reads (1)" in caplog.text
+
+
+def test_the_package_and_its_metadata_name_one_version() -> None:
+    import tomllib
+
+    import django_delayq
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["version"] == django_delayq.__version__
+    assert f"[{PREVIOUS_VERSION}]" in (ROOT / "CHANGELOG.md").read_text()

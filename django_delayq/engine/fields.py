@@ -34,6 +34,7 @@ parents        ``d``   parents waited for, JSON ``[[queue, id]]``   none
 (results)      ``dr``  parents' results passed: one, all            none
 (linked)       ``dc``  '1' once a dependant waits for this job      none
 traceparent    ``tp``  W3C trace context of the enqueue             none
+format         ``fv``  the hash's format version (:data:`FORMAT`)   ``1``
 =============  ======  ===========================================  =======
 
 The last four serve workflows (``lua/includes/flows.lua`` describes them and the keys
@@ -82,7 +83,16 @@ STORED: Final[Mapping[str, str]] = {
     "attempt_log": "h",
     "parents": "d",
     "traceparent": "tp",
+    "format": "fv",
 }
+
+#: The format of the job hashes and events this code writes, and the newest it reads.
+#: Every release so far writes format 1, which stores no ``fv`` (the default): a field
+#: added with a default (``tp``) keeps the format, as readers of the same format ignore
+#: it. A release that changes what an existing field means writes ``fv`` with the next
+#: number, and says in CHANGELOG.md's upgrade section which releases may run beside it.
+#: A reader meeting a newer format notes the job as damaged rather than misread it.
+FORMAT = 1
 
 #: Attempts kept in a job's ``attempt_log``.
 ATTEMPT_LOG_SIZE = 25
@@ -98,6 +108,7 @@ DEFAULTS: Final[Mapping[str, str]] = {
     "priority": "0",
     "max_attempts": "1",
     "attempts": "0",
+    "format": "1",
 }
 
 
