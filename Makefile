@@ -18,7 +18,7 @@ XDIST ?= $(if $(REDIS_URL),,-n 2 --dist loadgroup)
 $(STAMP): $(DEPS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -q -e '.[api,tasks,cron,spark,django-redis,metrics]' -r requirements-dev.txt
+	$(BIN)/python -m pip install -q -e '.[api,tasks,cron,spark,django-redis,metrics,otel]' -r requirements-dev.txt
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

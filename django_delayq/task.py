@@ -22,13 +22,22 @@ from django.db import transaction
 from .conf import conf
 from .connection import get_broker
 from .eager import run_eagerly
-from .engine import BulkResult, EnqueueRequest, EnqueueResult, Job, UnknownTask, validation
+from .engine import (
+    Broker,
+    BulkResult,
+    EnqueueRequest,
+    EnqueueResult,
+    Job,
+    UnknownTask,
+    validation,
+)
 from .engine.fastpaths import arg_shape, positional_names, signature
 from .engine.flows import dependencies, parent_ref
 from .engine.jobhash import reply_time
 from .flow_control import FlowControl, KeySource
 from .jobspec import JobSpec as JobSpec  # public here too, where Task.bind makes it
 from .jobspec import requests_of
+from .runtime import tracing
 from .runtime.registry import DuplicateTaskName
 from .runtime.registry import registry as registry  # where @task registers, public here
 from .runtime.schedule import Schedule
@@ -258,15 +267,14 @@ class Task(Generic[P, T]):
             return run_eagerly(self, args, kwargs, positional_names(self.func))
         broker = get_broker()
         queue, max_attempts = self.queue_name, self.attempts_allowed
-        keys, job_id, delay = self.flow.resolve(args, kwargs) if self.flow else (None, None, None)
-        res = broker.enqueue(
-            queue, self.name, args, kwargs, run_at=None if delay else self.run_at,
-            delay=delay or self.delay, keyed=keys,
-            priority=self.priority, job_id=job_id or self.job_id, max_attempts=max_attempts,
-            arg_names=positional_names(self.func)[1 if self.pass_results else 0:],
-            timeout=self.timeout, depends_on=self.depends_on,
-            on_parent_failure=self.on_parent_failure, pass_results=self.pass_results,
-        )
+        resolved = self.flow.resolve(args, kwargs) if self.flow else (None, None, None)
+        keys = resolved[0]
+        if tracing.ENABLED:
+            with tracing.sending(queue, self.name) as span:
+                res = self._send(broker, args, kwargs, span.traceparent, resolved)
+                span.sent(res.job_id)
+        else:
+            res = self._send(broker, args, kwargs, "", resolved)
         # Every input was checked before the write, so these times are in range; were
         # one not (a damaged existing job), the job is still returned, not an error.
         enqueued_at = reply_time(res.enqueued_at_ms)
@@ -280,6 +288,22 @@ class Task(Generic[P, T]):
             concurrency_key=keys.concurrency_key or None if keys else None,
             parent_refs=[parent_ref(p, queue) for p in self.depends_on]
             if self.depends_on else [],
+        )
+
+    def _send(self, broker: Broker, args: Sequence[Any], kwargs: dict[str, Any],
+              traceparent: str, resolved: tuple[Any, str | None, Any]) -> EnqueueResult:
+        """The enqueue call of :meth:`enqueue`, with its flow-control keys, job id and
+        delay as :meth:`FlowControl.resolve` gave them."""
+        keys, job_id, delay = resolved
+        return broker.enqueue(
+            self.queue_name, self.name, args, kwargs,
+            run_at=None if delay else self.run_at, delay=delay or self.delay, keyed=keys,
+            priority=self.priority, job_id=job_id or self.job_id,
+            max_attempts=self.attempts_allowed,
+            arg_names=positional_names(self.func)[1 if self.pass_results else 0:],
+            timeout=self.timeout, depends_on=self.depends_on,
+            on_parent_failure=self.on_parent_failure, pass_results=self.pass_results,
+            traceparent=traceparent,
         )
 
     def _with_results(self, args: Sequence[Any]) -> Sequence[Any]:

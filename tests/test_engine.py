@@ -158,10 +158,12 @@ def test_an_encoded_job_names_the_enqueue_scripts_values_and_is_what_it_stores(
 
 
 def test_every_field_is_stored_short_and_read_back_by_its_name(bare, redis_client):
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     job_id = bare.enqueue("q", "t.x", [1], {"k": "v"}, priority=5, max_attempts=3,
-                          timeout=5).job_id
+                          timeout=5, traceparent=traceparent).job_id
     keys = QueueKeys("t", "q")
     (c,) = claim_all(bare, "q")
+    assert c.traceparent == traceparent
     batch = bare.batch()
     bare.add_fail(batch, keys, job_id, c.attempt, "ValueError: one", "tb one", 3_600_000,
                   c.started_at_ms)
@@ -169,11 +171,12 @@ def test_every_field_is_stored_short_and_read_back_by_its_name(bare, redis_clien
     raw = redis_client.hgetall(keys.job(job_id))
     # Not written by this run: the result (it failed) and progress (only a task sets it).
     # Nor parents (it has none), nor aborted_by (nobody aborted it), nor a concurrency key
-    # (test_keyed.py).
+    # (test_keyed.py), nor a trace context (none here), nor the format (format 1 stores
+    # none).
     assert set(raw) == set(STORED.values()) - {
         stored("result"), stored("progress"), stored("progress_message"), stored("parents"),
         stored("aborted_by"), stored("concurrency_key"), stored("concurrency_limit"),
-        stored("waiting_for_slot")}
+        stored("waiting_for_slot"), stored("traceparent"), stored("format")}
     job = Job.fetch(job_id, "q", broker=bare)
     assert (job.task_name, job.status, job.args, job.kwargs, job.priority) == (
         "t.x", "scheduled", [1], {"k": "v"}, 5)

@@ -281,7 +281,7 @@ def test_one_line_per_finished_job_and_a_summary_that_counts_jobs(redis_client, 
     failed = [x for x in lines if f"job failed job={bad.id}" in x]
     assert len(failed) == 1, proc.stderr  # errors show at every verbosity
     assert f"task={tasks.returns_unjsonable.name} queue=default attempt=1/1" in failed[0]
-    assert "error=builtins.TypeError" in failed[0]
+    assert 'error="builtins.TypeError' in failed[0]
     if verbosity == "0":
         assert completed == []
         assert "worker stopped" not in proc.stderr

@@ -131,7 +131,7 @@ def test_the_plain_enqueue_leaves_out_the_workflow_definitions_only():
     # loop over the jobs that wait.
     uses = [line.strip() for line in code(body).splitlines() if identifiers(line) & left_out]
     assert uses == [
-        "local flow = m > 0 and flow_ctx(7 + n, 4 + 9 * n + 5 * m) or nil",
+        "local flow = m > 0 and flow_ctx(7 + n, 4 + 10 * n + 5 * m) or nil",
         "local outcome, result = link_parent(flow.prefix, parent_id, '' .. p .. '' .. job_id)",
         "resolve_dependant(flow, job_id, p, outcome, result, parent_id, now)",
     ]

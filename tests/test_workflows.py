@@ -12,10 +12,14 @@ import threading
 from typing import Any
 
 import pytest
+from django.urls import reverse
 
 from django_delayq import Job, Queue, chain, group
+from django_delayq.mirror import Mirror
+from django_delayq.models import Job as JobRow
 from django_delayq.worker import Worker
 from tests.conftest import ROOT, kill_with_children, ran, wait_until, worker_env, worker_thread
+from tests.test_metrics import scrape, value
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -126,6 +130,28 @@ def test_a_child_never_starts_before_its_delayed_parents_run_at(spawned, redis_c
     slow_run_at = int(Job.fetch(slow.id).run_at.timestamp() * 1000)
     assert by_tag["c"]["redis_ms"] >= by_tag["p1"]["redis_ms"] >= slow_run_at
     assert by_tag["c"]["head"] == [11, 21]  # both results, in the parents' order
+
+
+def test_a_steps_start_lateness_counts_from_its_release_not_its_enqueue(
+        spawned, client, admin_client):
+    _, out = spawned("default", "-c", "2")
+    out.wait_for("worker started", timeout=60)  # the parent starts on time too
+    parent, child = chain(tasks.sleeps.bind(5), tasks.take_anything.bind()).enqueue()
+    wait_until(lambda: status(child) == "completed", timeout=60, message="the chain ran")
+    live = Job.fetch(child.id)
+    assert live.started_at - live.run_at < dt.timedelta(seconds=0.1)
+    assert live.run_at >= Job.fetch(parent.id).finished_at - dt.timedelta(milliseconds=1)
+    Mirror(block=0.1).run(burst=True)
+    row = JobRow.objects.get(job_id=child.id)
+    assert row.lateness is not None
+    assert 0 <= row.lateness < 0.1
+    page = admin_client.get(reverse("admin:django_delayq_job_change", args=[row.pk]))
+    assert f"{row.lateness:.3f} s" in page.content.decode()
+    m = scrape(client)
+    d = {"queue": "default"}
+    # both starts, the parent's and the child's, within the 100 ms bucket
+    assert value(m, "delayq_job_start_lateness_seconds_count", **d) == 2
+    assert value(m, "delayq_job_start_lateness_seconds_bucket", le="0.1", **d) == 2
 
 
 # -- chains, groups, diamonds -----------------------------------------------------------

@@ -52,6 +52,7 @@ class Broker(BrokerCore):
         on_parent_failure: str = "cancel",
         pass_results: str = "",
         keyed: KeyedOptions | None = None,
+        traceparent: str = "",
     ) -> EnqueueResult:
         """Enqueue one job in one round trip. A job whose id exists is not added twice.
 
@@ -63,7 +64,7 @@ class Broker(BrokerCore):
         """
         deps = flows.dependencies(depends_on, queue, on_parent_failure, pass_results)
         job = self._encode(task, args, kwargs or {}, run_at, delay, priority, job_id,
-                           max_attempts, timeout, arg_names, None, None, keyed,
+                           max_attempts, timeout, arg_names, None, None, traceparent, keyed,
                            self.shard_count(queue) if keyed is not None else 1)
         if deps is not None:
             validation.validate_queue_name(queue)

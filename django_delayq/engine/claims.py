@@ -13,7 +13,7 @@ from .keys import QueueKeys
 
 #: Values before the jobs in the claim script's reply, and per job (see lua/claim.lua).
 CLAIM_HEADER = 5
-CLAIM_FIELDS = 10
+CLAIM_FIELDS = 11
 
 
 @dataclass(slots=True)
@@ -33,6 +33,8 @@ class ClaimedJob:
     started_at_ms: int
     #: The job's own time limit per attempt, ms (0: none set on the job).
     timeout_ms: int = 0
+    #: The W3C ``traceparent`` stored with the job at its enqueue ('' for none).
+    traceparent: str = ""
 
     @property
     def queue(self) -> str:
@@ -59,7 +61,7 @@ def parse_claim(keys: QueueKeys, reply: list[Any]) -> ClaimResult:
     jobs = [
         ClaimedJob(keys, reply[i], reply[i + 1], reply[i + 2], reply[i + 3],
                    int(reply[i + 4]), int(reply[i + 5]), int(reply[i + 6]),
-                   int(reply[i + 7]), int(reply[i + 8]), now, int(reply[i + 9]))
+                   int(reply[i + 7]), int(reply[i + 8]), now, int(reply[i + 9]), reply[i + 10])
         for i in range(CLAIM_HEADER, len(reply), CLAIM_FIELDS)
     ]
     return ClaimResult(keys, now, None if next_due < 0 else next_due, bool(paused), orphans,

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 class EncodedJob(NamedTuple):
-    """One job as the enqueue script takes it: its 9 ARGV values, in ``enqueue.lua``'s
+    """One job as the enqueue script takes it: its 10 ARGV values, in ``enqueue.lua``'s
     order, and its keys (flow control; sent apart, only for jobs that have them).
     ``Broker.encode_request`` builds it (every check passed), the outbox stores its
     values, :meth:`Commands.enqueue` sends it."""
@@ -42,6 +42,8 @@ class EncodedJob(NamedTuple):
     max_attempts: int
     #: Time limit of each attempt, ms ('' for none: the worker's default).
     timeout_ms: int | str
+    #: W3C trace context of the enqueue ('' for none).
+    traceparent: str = ""
     #: Concurrency and dedupe keys (engine/keyed.py), or None.
     keyed: KeyedOptions | None = None
 
@@ -75,7 +77,7 @@ class Commands:
         keyed: list[Any] = []
         args: list[Any] = [self.config.events_cap, len(waits), 0]
         for index, job in enumerate(jobs, 1):
-            args += job[:9]
+            args += job[:10]
             if job.keyed is not None:
                 keyed += keyed_values(index, job.keyed)
         if waits:

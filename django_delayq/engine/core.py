@@ -162,13 +162,13 @@ class BrokerCore:
         return self._encode(request.task, request.args, request.kwargs, request.run_at,
                             request.delay, request.priority, request.job_id,
                             request.max_attempts, request.timeout, arg_names, checked, ids,
-                            request.keyed, shards)
+                            request.traceparent, request.keyed, shards)
 
     def _encode(self, task: str, args: Sequence[Any], kwargs: dict[str, Any], run_at: Any,
                 delay: Any, priority: int, job_id: str | None, max_attempts: int,
                 timeout: Any, arg_names: Sequence[str],
                 checked: set[tuple[str, int, int]] | None,
-                ids: Iterator[str] | None,
+                ids: Iterator[str] | None, traceparent: str = "",
                 keyed: keyed_options.KeyedOptions | None = None,
                 shards: int = 1) -> EncodedJob:
         """:meth:`encode_request` of the request's fields (a single enqueue builds none)."""
@@ -196,7 +196,7 @@ class BrokerCore:
         # a bulk call (the fields are in order, as EncodedJob(...) would take them).
         return tuple.__new__(EncodedJob, (job_id, task, args_json, kwargs_json, priority,
                                           run_at_ms, delay_ms, max_attempts, timeout_ms,
-                                          keyed))
+                                          traceparent, keyed))
 
     @staticmethod
     def _keyed_job_id(keyed: keyed_options.KeyedOptions, job_id: str | None,

@@ -15,7 +15,7 @@ args           ``a``   positional arguments, JSON
 kwargs         ``k``   keyword arguments, JSON                      ``{}``
 priority       ``p``   priority, -100..100 (higher runs first)      ``0``
 status         ``s``   scheduled, ready, active, completed, ...
-run_at         ``r``   when it may start, ms                      enqueued_at
+run_at         ``r``   when it may start (is due), ms             enqueued_at
 enqueued_at    ``e``   when it was enqueued, ms
 max_attempts   ``m``   runs allowed, the first included             ``1``
 attempts       ``n``   runs started so far                          ``0``
@@ -40,6 +40,8 @@ concurrency_   ``cl``  at most this many of the key's jobs leased   none
 limit
 waiting_for_   ``kw``  '1' while parked: its key is at its limit    none
 slot
+traceparent    ``tp``  W3C trace context of the enqueue             none
+format         ``fv``  the hash's format version (:data:`FORMAT`)   ``1``
 =============  ======  ===========================================  =======
 
 The last four serve workflows (``lua/includes/flows.lua`` describes them and the keys
@@ -91,9 +93,18 @@ STORED: Final[Mapping[str, str]] = {
     "concurrency_key": "ck",
     "concurrency_limit": "cl",
     "waiting_for_slot": "kw",
-
     "aborted_by": "ab",
+    "traceparent": "tp",
+    "format": "fv",
 }
+
+#: The format of the job hashes and events this code writes, and the newest it reads.
+#: Every release so far writes format 1, which stores no ``fv`` (the default): a field
+#: added with a default (``tp``) keeps the format, as readers of the same format ignore
+#: it. A release that changes what an existing field means writes ``fv`` with the next
+#: number, and says in CHANGELOG.md's upgrade section which releases may run beside it.
+#: A reader meeting a newer format notes the job as damaged rather than misread it.
+FORMAT = 1
 
 #: Attempts kept in a job's ``attempt_log``.
 ATTEMPT_LOG_SIZE = 25
@@ -109,6 +120,7 @@ DEFAULTS: Final[Mapping[str, str]] = {
     "priority": "0",
     "max_attempts": "1",
     "attempts": "0",
+    "format": "1",
 }
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from . import validation
 from .codec import decode
-from .fields import logical
+from .fields import FORMAT, logical
 from .status import JOB_STATUSES
 
 if TYPE_CHECKING:
@@ -289,6 +289,8 @@ def read_job_hash(stored: dict[str, str]) -> JobHash:
         read.damaged["task"] = "(missing)"
     if status not in JOB_STATUSES:
         read.damaged["status"] = status[:80] or "(missing)"
+    if to_int(data.get("format", "1")) > FORMAT:
+        read.damaged["format"] = f"{data['format'][:20]} (this version reads {FORMAT})"
     return JobHash(
         text=data,
         task=task,

@@ -50,7 +50,8 @@ class EnqueueRequest:
     pass_results: str = ""
     #: Concurrency and dedupe keys (:func:`.keyed.encode` checks and builds them).
     keyed: KeyedOptions | None = None
-
+    #: W3C trace context of the code that enqueues ('' for none), stored with the job.
+    traceparent: str = ""
 
 @dataclass(slots=True)
 class EnqueueResult:

@@ -41,9 +41,9 @@
 --
 -- Returns {now ms, next due run_at ms (-1: none scheduled), paused (0/1),
 --          orphan ids dropped (ids with no job hash), ms until the window lets the
---          next job start (-1: not limited), then per claimed job 10 values:
+--          next job start (-1: not limited), then per claimed job 11 values:
 --          id, task, args, kwargs, attempt, max_attempts, priority, run_at, enqueued_at,
---          time limit ms (0: none)}
+--          time limit ms (0: none), W3C traceparent ('' for none)}
 
 local scheduled, ready, active, marker = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local events, seq_key, job_prefix = KEYS[5], KEYS[6], KEYS[8]
@@ -131,7 +131,7 @@ if want > 0 then
       local job_id = popped[i]
       local job_key = job_prefix .. job_id
       local f = redis.pcall('HMGET', job_key, 't', 'a', 'k', 'm', 'p', 'r', 'e', 'n', 'o',
-        'ck', 'cl', 'q')
+        'ck', 'cl', 'q', 'tp')
       if f['err'] then
         fail_damaged(job_key, job_id, f['err'])
       elseif not (f[1] or redis.call('EXISTS', job_key) == 1) then
@@ -163,6 +163,7 @@ if want > 0 then
         lateness[#lateness + 1] = now - out[#out]
         out[#out + 1] = tonumber(f[7]) or now
         out[#out + 1] = tonumber(f[9]) or 0
+        out[#out + 1] = f[13] or ''
       end
     end
   end

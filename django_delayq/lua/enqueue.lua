@@ -33,9 +33,9 @@
 -- ARGV[1] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- ARGV[2] m: how many of the jobs wait for parents
 -- ARGV[3] f: how many of the jobs have a concurrency or dedupe key
--- ARGV[4..3+9n] per job, 9 values: id, task, args JSON, kwargs JSON, priority,
+-- ARGV[4..3+10n] per job, 10 values: id, task, args JSON, kwargs JSON, priority,
 --           run_at ms ('' for none), delay ms ('' for none), max attempts,
---           time limit ms ('' for none)
+--           time limit ms ('' for none), W3C traceparent ('' for none)
 -- then per waiting job, 5 values: its index among the jobs (1-based), its parents JSON
 --           ([[queue, id], ...]), its policy ('' cancel, 'run', 'fail'), what it
 --           receives of their results ('' nothing, 'one', 'all'), and the indexes
@@ -78,20 +78,20 @@ local maxlen = events_cap(ARGV[1])
 local now = now_ms()
 local scheduled, ready, marker, events, seq_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local m, nf = tonumber(ARGV[2]), tonumber(ARGV[3])
-local n = (#ARGV - 3 - 5 * m - (m > 0 and 3 or 0) - 6 * nf) / 9
+local n = (#ARGV - 3 - 5 * m - (m > 0 and 3 or 0) - 6 * nf) / 10
 local waits = {}  -- job index -> the ARGV index of its 5 flow values
 for j = 1, m do
-  local at = 4 + 9 * n + (j - 1) * 5
+  local at = 4 + 10 * n + (j - 1) * 5
   waits[tonumber(ARGV[at])] = at
 end
 local keyed = {}  -- job index -> the ARGV index of its 6 keyed values
 for j = 1, nf do
-  local at = 4 + 9 * n + 5 * m + (m > 0 and 3 or 0) + (j - 1) * 6
+  local at = 4 + 10 * n + 5 * m + (m > 0 and 3 or 0) + (j - 1) * 6
   keyed[tonumber(ARGV[at])] = at
 end
 local turns, dedupe_prefix, job_prefix = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
 local floors = {}  -- fair_turn's floor of each priority in this call
-local flow = m > 0 and flow_ctx(7 + n, 4 + 9 * n + 5 * m) or nil
+local flow = m > 0 and flow_ctx(7 + n, 4 + 10 * n + 5 * m) or nil
 local waiting_pairs = {}
 -- per new job that waits: {its reply index, id, ARGV index of its flow values, index}
 local new_waiting = {}
@@ -156,7 +156,7 @@ local function dedupe(rec, mode, window, a, now)
 end
 
 for i = 1, n do
-  local a = 3 + (i - 1) * 9
+  local a = 3 + (i - 1) * 10
   local job_id = ARGV[a + 1]
   local found = existing[i]
   local twin = added[job_id]
@@ -205,6 +205,10 @@ for i = 1, n do
     if ARGV[a + 9] ~= '' then
       fields[#fields + 1] = 'o'
       fields[#fields + 1] = ARGV[a + 9]
+    end
+    if ARGV[a + 10] ~= '' then
+      fields[#fields + 1] = 'tp'
+      fields[#fields + 1] = ARGV[a + 10]
     end
     local ck = kx and ARGV[kx + 1] ~= '' and ARGV[kx + 1] or nil
     if ck then

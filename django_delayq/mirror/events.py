@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.fields import stored
+from ..engine.fields import FORMAT, stored
 from ..engine.jobhash import checked_ms, from_ms, read_job_hash, strict_json, to_fraction
 from ..engine.keys import QueueKeys, split_job_ids, validate_job_id
 from ..engine.status import JOB_STATUSES, Status
@@ -91,6 +91,9 @@ def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None,
         checked_ms(fields.get("ts"))  # a time every reader can represent (ValueError if not)
         if not event:
             raise ValueError("empty event")
+        if int(fields.get("fv", "1")) > FORMAT:  # absent: format 1, every release so far
+            raise ValueError(f"event format {fields['fv']} is newer than this version "
+                             f"reads ({FORMAT})")
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         logger.warning("skipping garbled event stream=%s id=%s fields=%r error=%s",
                        keys.events, entry_id, fields, exc)

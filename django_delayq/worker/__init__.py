@@ -23,6 +23,7 @@ from ..runtime.worker.outcome import CorruptPayload, Outcome
 from ..runtime.worker.runner import WorkerOptions
 from ..runtime.worker.timelimits import HARD_LIMIT_GRACE
 from .connections import DatabaseConnections
+from .hooks import JobSignals, job_middleware
 
 __all__ = ["EXIT_FORCED", "EXIT_OK", "EXIT_RESTART", "CorruptPayload", "Outcome", "Worker",
            "WorkerOptions", "worker_options"]
@@ -58,7 +59,11 @@ class Worker(runner.Worker):
             broker = get_broker()
             blocking_broker = blocking_broker or get_broker(
                 socket_timeout=settings.block_timeout + conf.SOCKET_TIMEOUT)
+        around = job_middleware()
         super().__init__(list(queues or tasks.queues() or [conf.DEFAULT_QUEUE]),
                          options=settings, broker=broker,
                          blocking_broker=blocking_broker or broker, tasks=tasks, name=name,
-                         middleware=[DatabaseConnections()], board=board)
+                         middleware=[DatabaseConnections(), *around], board=board)
+        for each in around:  # the name is chosen above when none is given
+            if isinstance(each, JobSignals):
+                each.worker = self.name

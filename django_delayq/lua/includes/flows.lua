@@ -63,7 +63,9 @@ local function finish_waiting(k, job_id, status, err, now)
 end
 
 -- Release a waiting job whose parents are all resolved: its arguments take the parents'
--- results (dr), then it is placed by its own run_at.
+-- results (dr), then it is placed by its own run_at, or now when that has passed: a job
+-- is due from its release, so its start lateness (start - run_at) does not count the wait
+-- for its parents.
 local function release_waiting(k, job_id, now)
   local job_key = k.prefix .. job_id
   local f = redis.call('HMGET', job_key, 'p', 'r', 'e', 'a', 'dr', 'd')
@@ -91,7 +93,7 @@ local function release_waiting(k, job_id, now)
   end
   redis.call('DEL', job_key .. ':w', job_key .. ':r')
   redis.call('ZREM', k.waiting, job_id)
-  local run_at = tonumber(f[2] or f[3]) or now
+  local run_at = math.max(tonumber(f[2] or f[3]) or now, now)
   local status = place_job(k, job_key, job_id, tonumber(f[1]) or 0, run_at, now)
   emit(k.events, k.maxlen, 'unblocked', job_id, now, 'status', status, 'run_at', run_at)
 end

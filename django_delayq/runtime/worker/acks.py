@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from ...engine import AckRefused, Broker, ClaimedJob, QueueKeys, flows
 from ..backoff import CALL_FAILED, FIRST_BACKOFF, MAX_BACKOFF, SHARD_BACKOFF, Backoff
+from ..logfields import log
 from .ledger import Ledger
 from .outcome import Outcome, failure
 
@@ -120,14 +121,14 @@ def payload_size(o: Outcome) -> int:
     return len(o.result_json) + len(o.error) + len(o.traceback)
 
 
-def log_finished(o: Outcome, fate: str) -> None:
-    """The one line of a finished job (INFO; WARNING when it failed)."""
+def log_finished(o: Outcome, fate: str, worker: str) -> None:
+    """The one record of a finished job (INFO; WARNING when retried, ERROR when failed)."""
     job = o.job
     level = {"completed": logging.INFO, "failed": logging.ERROR}.get(fate, logging.WARNING)
-    logger.log(level,
-               "job %s job=%s task=%s queue=%s attempt=%d/%d duration_ms=%d%s", fate, job.id,
-               job.task, job.queue, job.attempt, job.max_attempts,
-               max(0, o.finished_ms - o.started_ms), f" error={o.error}" if o.error else "")
+    log(logger, level, f"job {fate}", job=job.id, task=job.task, queue=job.queue,
+        attempt=job.attempt, max_attempts=job.max_attempts,
+        duration_ms=max(0, o.finished_ms - o.started_ms), outcome=fate, worker=worker,
+        error=o.error or None)
 
 
 class Acker:
@@ -312,7 +313,7 @@ class Acker:
             verbose = logger.isEnabledFor(logging.INFO)
             for o in landed:
                 if verbose or not o.ok:
-                    log_finished(o, sent.fates.get(id(o), "stale"))
+                    log_finished(o, sent.fates.get(id(o), "stale"), self.name)
         if sent.error is None:
             return
         if len(sent.unsent) == len(outcomes):

@@ -49,6 +49,7 @@ from asgiref.sync import sync_to_async
 from ...engine import Broker, ClaimedJob, UnknownTask, encode_result
 from ...engine.errors import JobTimeout
 from ..current import running
+from ..logfields import log
 from ..registry import TaskRegistry, is_async
 from .execution import aborted, after_job, fail_held, finished
 from .ledger import Lease, Ledger
@@ -159,8 +160,8 @@ class AsyncExecutor:
             if error is None:
                 return
             exc = error
-        logger.error("async job run failed job=%s worker=%s", job.id, self.name,
-                     exc_info=exc)
+        log(logger, logging.ERROR, "async job run failed", exc_info=exc, job=job.id,
+            queue=job.queue, task=job.task, worker=self.name)
         fail_held(self.ledger, self._report, job, exc)
 
     def stop(self, *, wait: bool = True) -> None:

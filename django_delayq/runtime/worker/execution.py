@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from ...engine import Broker, ClaimedJob, JobAborted, UnknownTask, encode_result
 from ..current import running
+from ..logfields import log
 from ..registry import TaskRegistry
 from .ledger import Lease, Ledger
 from .middleware import Middleware
@@ -132,8 +133,8 @@ def fail_held(ledger: Ledger, report: Callable[[Outcome], None], job: ClaimedJob
     lease = ledger.abandon(job, buffered=True)
     if lease is None:
         return False
-    logger.error("job run failed outside its task, failing it job=%s queue=%s task=%s "
-                 "error=%s", job.id, job.queue, job.task, describe(exc))
+    log(logger, logging.ERROR, "job run failed outside its task, failing it", job=job.id,
+        queue=job.queue, task=job.task, error=describe(exc))
     outcome = failure(job, exc, retry=True)
     if lease.began:
         outcome.started_ms = lease.started_ms

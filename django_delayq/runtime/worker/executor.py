@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ...engine import Broker, ClaimedJob, JobTimeout
+from ..logfields import log
 from ..registry import TaskRegistry
 from .async_executor import AsyncExecutor
 from .execution import aborted, after_job, execute, fail_held, finished
@@ -131,7 +132,8 @@ class Executor:
             try:
                 last_done = self._run_one(job, me, last_done)
             except BaseException as exc:  # this thread must go on
-                logger.exception("executor error job=%s worker=%s", job.id, self.name)
+                log(logger, logging.ERROR, "executor error", exc_info=True, job=job.id,
+                    queue=job.queue, task=job.task, worker=self.name)
                 fail_held(self.ledger, self._report, job, exc)
 
     def _run_one(self, job: ClaimedJob, me: threading.Thread, last_done: float | None) -> float:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...engine import ClaimedJob
+from ..logfields import log
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -33,6 +34,8 @@ class Outcome:
     error: str = ""
     traceback: str = ""
     retry_delay_ms: int = -1
+    #: What the task raised (signals and traces report it; never sent to Redis).
+    exception: BaseException | None = None
     #: Start and end of the run (Redis clock, estimated; 0 when unknown).
     started_ms: int = 0
     finished_ms: int = 0
@@ -85,9 +88,10 @@ def failure(job: ClaimedJob, exc: BaseException, *, retry: bool, delay: float = 
     error = describe(exc)
     tb = format_traceback(exc)
     outcome = Outcome(job, False, error=error[:MAX_ERROR], traceback=tb[-MAX_TRACEBACK:],
-                      retry_delay_ms=int(delay * 1000) if retry else -1)
-    # The job's line (its fate and error) is logged once its ack lands; the traceback,
+                      retry_delay_ms=int(delay * 1000) if retry else -1, exception=exc)
+    # The job's record (its fate and error) is logged once its ack lands; the traceback,
     # kept with the job, shows here at -v 2.
-    logger.debug("job attempt failed job=%s queue=%s task=%s attempt=%d/%d error=%s\n%s",
-                 job.id, job.queue, job.task, job.attempt, job.max_attempts, error, tb)
+    log(logger, logging.DEBUG, "job attempt failed", exc_info=exc, job=job.id,
+        queue=job.queue, task=job.task, attempt=job.attempt, max_attempts=job.max_attempts,
+        error=error)
     return outcome

@@ -37,6 +37,7 @@ from ...engine import Broker, ClaimedJob
 from ...engine.workers import forget as forget_worker
 from ..backoff import CALL_FAILED
 from ..deadlines import Board
+from ..logfields import log
 from ..registry import TaskRegistry, is_async
 from .acks import Acker, by_shard
 from .async_executor import AsyncExecutor
@@ -285,8 +286,8 @@ class Worker:
         ``runworker`` whose mirror process, consuming under this worker's name, still
         writes what is left: until then other mirrors must not take its events over).
         """
-        logger.info("worker started worker=%s queues=%s concurrency=%d", self.name,
-                    ",".join(self.queues), self.concurrency)
+        log(logger, logging.INFO, "worker started", worker=self.name,
+            queues=",".join(self.queues), concurrency=self.concurrency)
         self._register_queues()
         if self.burst:
             # A burst run may end before its first heartbeat: reclaim dead workers' expired
@@ -323,10 +324,9 @@ class Worker:
         else:
             self.forget()
         counts = self.acker
-        logger.info("worker stopped worker=%s jobs=%d completed=%d retried=%d failed=%d "
-                    "exit_code=%d", self.name,
-                    counts.completed + counts.retried + counts.failed,
-                    counts.completed, counts.retried, counts.failed, code)
+        log(logger, logging.INFO, "worker stopped", worker=self.name,
+            jobs=counts.completed + counts.retried + counts.failed, completed=counts.completed,
+            retried=counts.retried, failed=counts.failed, exit_code=code)
         return code
 
     def _shutdown(self) -> int:

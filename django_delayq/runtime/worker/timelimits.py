@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 
 from ...engine import ClaimedJob, JobAborted, JobTimeout
+from ..logfields import log
 from ..registry import TaskRegistry, timeout_seconds
 from .execution import finished
 from .ledger import Lease, Ledger
@@ -120,13 +121,13 @@ class Watchdog:
             if (now >= lease.limit_at and not lease.interrupted
                     and self.ledger.interrupt(lease, raise_aborted if aborted else raise_in)):
                 if aborted:
-                    logger.warning("job aborted, JobAborted raised in it job=%s queue=%s "
-                                   "task=%s by=%s worker=%s", lease.job.id, lease.job.queue,
-                                   lease.job.task, lease.abort_by, self.name)
+                    log(logger, logging.WARNING, "job aborted, JobAborted raised in it",
+                        job=lease.job.id, queue=lease.job.queue, task=lease.job.task,
+                        by=lease.abort_by, worker=self.name)
                 else:
-                    logger.warning("job over its time limit, JobTimeout raised in it job=%s "
-                                   "queue=%s task=%s timeout=%ss worker=%s", lease.job.id,
-                                   lease.job.queue, lease.job.task, lease.timeout, self.name)
+                    log(logger, logging.WARNING, "job over its time limit, JobTimeout raised "
+                        "in it", job=lease.job.id, queue=lease.job.queue, task=lease.job.task,
+                        timeout_s=lease.timeout, worker=self.name)
             hard_at = lease.renew_until if aborted and lease.renew_until else \
                 lease.limit_at + self.grace
             if now >= hard_at:
@@ -140,10 +141,10 @@ class Watchdog:
         if thread is None or not self.ledger.abandon(lease.job):
             return
         job = lease.job
-        logger.error("job still running %.1fs after its time limit or abort: failing it, and "
-                     "stopping this worker to be restarted job=%s queue=%s task=%s "
-                     "thread=%s worker=%s", self.grace, job.id, job.queue, job.task,
-                     thread.name, self.name)
+        log(logger, logging.ERROR, f"job still running {self.grace:.1f}s after its time "
+            "limit or abort: failing it, and stopping this worker to be restarted",
+            job=job.id, queue=job.queue, task=job.task, thread_name=thread.name,
+            worker=self.name)
         why = ("it blocked the event loop, or swallowed the cancellation" if lease.on_loop
                else "blocked in C code, or it caught JobTimeout")
         exc = JobTimeout(f"the job ran past its time limit of {lease.timeout}s and did not "

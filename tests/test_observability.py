@@ -1,0 +1,224 @@
+"""Structured logs, signals and traces (docs/observability.md), through real workers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from django_delayq import Job, signals
+from django_delayq.connection import get_broker
+from django_delayq.runtime import tracing
+from django_delayq.runtime.logfields import Pairs, log, quote
+from tests.conftest import ROOT, wait_until, worker_env, worker_thread
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db
+
+FORGED = "bad address\nqueue=fake job=other"
+
+
+def run_burst(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "runworker", "default", "--burst"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def json_records(stderr: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+
+
+# -- logs ----------------------------------------------------------------------------
+
+
+def test_a_failed_jobs_record_is_one_json_line_whose_fields_cannot_be_forged(redis_client):
+    bad = tasks.raises_value_error.enqueue(FORGED)
+    good = tasks.record.enqueue("fine")
+    proc = run_burst(worker_env(DJANGO_SETTINGS_MODULE="tests.settings_observed"))
+    records = json_records(proc.stderr)
+    assert records, proc.stderr
+    for line in proc.stderr.splitlines():  # every record of the package is one JSON line
+        if "django_delayq" in line:
+            assert line.startswith("{"), line
+    failed = [r for r in records if r["message"].startswith("job failed")]
+    assert len(failed) == 1, proc.stderr
+    record = failed[0]
+    assert (record["job"], record["queue"], record["task"]) == (
+        bad.id, "default", tasks.raises_value_error.name)
+    assert (record["attempt"], record["max_attempts"], record["outcome"]) == (1, 1, "failed")
+    assert record["level"] == "ERROR"
+    assert record["error"] == f"builtins.ValueError: {FORGED}"
+    assert isinstance(record["duration_ms"], int)
+    assert record["worker"]
+    # the text holds the error as one quoted value: no key of it is read as the record's
+    assert "\n" not in record["message"]
+    assert 'error="builtins.ValueError: bad address\\nqueue=fake job=other"' in \
+        record["message"]
+    assert not [r for r in records if r.get("job") == "other" or r.get("queue") == "fake"]
+    completed = [r for r in records if r["message"].startswith("job completed")]
+    assert [(r["job"], r["outcome"], r["attempt"]) for r in completed] == [
+        (good.id, "completed", 1)]
+    assert "error" not in completed[0]["message"]
+
+
+@pytest.mark.parametrize(("value", "written"), [
+    ("plain-word_1.2:3/x", "plain-word_1.2:3/x"),
+    ("two words", '"two words"'),
+    ("a\nb", '"a\\nb"'),
+    ("k=v", '"k=v"'),
+    ('say "hi"', '"say \\"hi\\""'),
+    ("back\\slash", '"back\\\\slash"'),
+    ("", '""'),
+    ("line\u2028sep\u0085", '"line\\u2028sep\\u0085"'),
+    ("\r", '"\\r"'),
+    ("café", '"café"'),
+    (3, "3"),
+])
+def test_each_value_is_a_word_or_a_quoted_string_on_one_line(value, written):
+    assert quote(value) == written
+
+
+def test_a_record_carries_its_fields_as_extra_and_builds_its_text_only_when_shown(caplog):
+    logger = logging.getLogger("django_delayq.test")
+    with caplog.at_level(logging.INFO, logger="django_delayq.test"):
+        log(logger, logging.DEBUG, "not shown", job="j")
+        log(logger, logging.WARNING, "job retried", job="j1", attempt=2, max_attempts=5,
+            error=None, worker="w")
+    (record,) = caplog.records
+    assert (record.job, record.attempt, record.max_attempts, record.worker) == (
+        "j1", 2, 5, "w")
+    assert isinstance(record.args[1], Pairs)
+    assert record.getMessage() == "job retried job=j1 attempt=2/5 worker=w"
+    assert record.funcName.startswith("test_a_record_carries")  # the caller, not log()
+
+
+def test_a_field_named_as_a_record_attribute_is_renamed_in_extra(caplog):
+    logger = logging.getLogger("django_delayq.test")
+    with caplog.at_level(logging.INFO, logger="django_delayq.test"):
+        log(logger, logging.ERROR, "job still running", job="j", thread="t-1", name="n")
+    (record,) = caplog.records
+    assert (record.delayq_thread, record.delayq_name, record.name) == (
+        "t-1", "n", "django_delayq.test")
+    assert record.getMessage() == "job still running job=j thread=t-1 name=n"
+
+
+# -- signals -------------------------------------------------------------------------
+
+
+def test_signals_around_each_attempt_on_a_worker(redis_client):
+    seen: list[tuple[str, str, int, str]] = []
+
+    def receiver(name: str) -> Any:
+        def on(sender: str, job: Any, worker: str, **kwargs: Any) -> None:
+            exception = kwargs.get("exception")
+            seen.append((name, job.id, job.attempt,
+                         "" if exception is None else type(exception).__name__))
+            assert sender == job.task
+            assert worker
+            if name != "started":
+                assert kwargs["outcome"].job is job
+        return on
+
+    receivers = {name: receiver(name) for name in ("started", "finished", "retried", "failed")}
+    for name, on in receivers.items():
+        getattr(signals, f"job_{name}").connect(on)
+    try:
+        done = tasks.record.enqueue("signals")
+        retried = tasks.always_fails.using(max_attempts=2).enqueue("signals")
+        coroutine = tasks.async_add.enqueue(1, 2)
+        with worker_thread(queues=["default", "async"]):
+            wait_until(lambda: all(Job.fetch(j.id, j.queue).is_finished
+                                   for j in (done, retried, coroutine)),
+                       message="the jobs to finish")
+    finally:
+        for name, on in receivers.items():
+            getattr(signals, f"job_{name}").disconnect(on)
+    by_job: dict[str, list[tuple[str, int, str]]] = {}
+    for name, job_id, attempt, exception in seen:
+        by_job.setdefault(job_id, []).append((name, attempt, exception))
+    assert by_job[done.id] == [("started", 1, ""), ("finished", 1, "")]
+    assert by_job[coroutine.id] == [("started", 1, ""), ("finished", 1, "")]
+    assert by_job[retried.id] == [("started", 1, ""), ("retried", 1, "RuntimeError"),
+                                  ("started", 2, ""), ("failed", 2, "RuntimeError")]
+
+
+def test_a_receiver_that_raises_changes_nothing_for_the_job(redis_client, caplog):
+    def broken(**kwargs: Any) -> None:
+        raise RuntimeError("receiver bug")
+
+    signals.job_finished.connect(broken)
+    try:
+        job = tasks.record.enqueue("receiver")
+        with worker_thread(queues=["default"]):
+            wait_until(lambda: Job.fetch(job.id).is_finished, message="the job to finish")
+    finally:
+        signals.job_finished.disconnect(broken)
+    assert Job.fetch(job.id).status == "completed"
+    assert "signal receiver failed" in caplog.text
+
+
+# -- traces --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def spans(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """An in-memory exporter of the tracers got during the test (the global provider
+    can be set once per process: the other tests keep running untraced)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer", lambda name, *args, **kwargs:
+                        provider.get_tracer(name, *args, **kwargs))
+    yield exporter
+    provider.shutdown()
+
+
+def consumer_spans(path: Any) -> list[dict[str, Any]]:
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [s for s in map(json.loads, lines) if s["kind"] == "SpanKind.CONSUMER"]
+
+
+def test_the_enqueue_and_each_attempt_are_spans_of_one_trace(spans, tmp_path, redis_client,
+                                                             spawned):
+    assert tracing.ENABLED
+    tracer = trace.get_tracer("tests")
+    with tracer.start_as_current_span("POST /orders/") as request:
+        job = tasks.always_fails.using(max_attempts=2).enqueue("traced")
+    (enqueue,) = [s for s in spans.get_finished_spans() if s.kind is SpanKind.PRODUCER]
+    assert enqueue.name == "send default"
+    assert enqueue.parent.span_id == request.get_span_context().span_id
+    assert dict(enqueue.attributes) == {
+        "messaging.system": "django_delayq", "messaging.operation.type": "send",
+        "messaging.operation.name": "send", "messaging.destination.name": "default",
+        "messaging.message.id": job.id, "delayq.task": tasks.always_fails.name}
+    trace_id = enqueue.context.trace_id
+    stored = redis_client.hget(get_broker().keys_for("default", job.id).job(job.id), "tp")
+    assert stored.startswith(f"00-{trace_id:032x}-{enqueue.context.span_id:016x}-")
+
+    written = tmp_path / "spans.jsonl"
+    spawned("default", env={"DJANGO_SETTINGS_MODULE": "tests.settings_observed",
+                            "DELAYQ_TEST_SPANS": str(written)})
+    wait_until(lambda: len(consumer_spans(written)) == 2, timeout=60,
+               message="both attempts' spans")
+    attempts = consumer_spans(written)
+    assert [s["attributes"]["delayq.attempt"] for s in attempts] == [1, 2]
+    for span in attempts:
+        assert span["name"] == "process default"
+        assert int(span["context"]["trace_id"], 16) == trace_id  # the request's trace
+        assert int(span["parent_id"], 16) == enqueue.context.span_id
+        assert span["attributes"]["messaging.message.id"] == job.id
+        assert span["attributes"]["messaging.operation.type"] == "process"
+        assert span["status"]["status_code"] == "ERROR"
+        assert span["events"][0]["name"] == "exception"
+    assert [s["attributes"]["delayq.outcome"] for s in attempts] == ["retried", "failed"]
