@@ -52,7 +52,8 @@ class Job(models.Model):
     #: found there), which the row holds as their defaults; null when none was damaged.
     damaged = models.JSONField(null=True, blank=True)
     #: Who asked for its abort or cancel through ``Job.abort()`` ('' when nobody did).
-    aborted_by = models.CharField("aborted by", max_length=200, blank=True, default="")
+    aborted_by = models.CharField("aborted by", max_length=200, blank=True, default="",
+                                  db_default="")
     #: The position in its queue shard's events stream (an entry id) the row is in step
     #: with: the job's state once every entry up to it was written. A write of an older
     #: position never replaces a newer one (``mirror/table.py``).

@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='aborted_by',
-            field=models.CharField(blank=True, default='', max_length=200, verbose_name='aborted by'),
+            field=models.CharField(blank=True, db_default='', default='', max_length=200, verbose_name='aborted by'),
         ),
     ]
