@@ -319,6 +319,8 @@ CHECK_CASES: dict[str, Any] = {
     "E082": {"MAX_MEMORY_PER_CHILD": "1G"},
     "E083": {"ASYNC_CONCURRENCY": 0},
     "E084": {"TIMEOUT": -1},
+    "E088": {"MAX_PROCESSES": 0},
+    "E089": {"MAX_CONCURRENCY": 0},
     "E090": {"OUTBOX": {"CHUNK_SIZE": 0}},
 }
 

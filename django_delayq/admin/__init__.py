@@ -5,7 +5,8 @@
 - :mod:`.outbox`: the jobs waiting in the transactional outbox, parked ones with their error.
 """
 
+from .dashboard import QueuesDashboardAdmin
 from .jobs import JobAdmin
 from .outbox import OutboxEntryAdmin
 
-__all__ = ["JobAdmin", "OutboxEntryAdmin"]
+__all__ = ["JobAdmin", "OutboxEntryAdmin", "QueuesDashboardAdmin"]

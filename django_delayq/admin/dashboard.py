@@ -33,7 +33,7 @@ from ..engine.schedules import registered_schedules
 from ..engine.status import PENDING, PURGEABLE, STATUSES, Status
 from ..engine.workers import any_alive, live_workers
 from ..mirror.consumer import GROUP
-from ..models import Job
+from ..models import Job, QueuesDashboard
 from ..runtime.schedule import Schedule
 from .charts import lateness_chart, quantile, throughput_chart
 from .display import job_link, when
@@ -364,3 +364,31 @@ class QueueControlView(_AdminView):
         logger.info("admin queue operation=%s queue=%s user=%s", operation, queue,
                     request.user.pk)
         return self._back()
+
+
+@admin.register(QueuesDashboard)
+class QueuesDashboardAdmin(admin.ModelAdmin):
+    """The admin index's "Queues dashboard" entry: its list is the dashboard. Seen by
+    whoever may view jobs."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("django_delayq.view_job") or request.user.has_perm(
+            "django_delayq.change_job")
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return HttpResponseRedirect(reverse("admin:django_delayq_queues"))

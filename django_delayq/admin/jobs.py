@@ -1,4 +1,4 @@
-"""The Django admin: the mirrored job list and job page, actions, and the queues dashboard.
+"""The Django admin: the mirrored job list and job page, and their actions.
 
 Rows are the mirror's copy (history and search); every action goes through the engine's
 :class:`~django_delayq.engine.job.Job` on Redis, the source of truth, and the job page
@@ -28,7 +28,7 @@ from django.utils.safestring import SafeString
 
 from ..engine import DelayQConnectionError, JobNotFound
 from ..engine import Job as EngineJob
-from ..models import Job, QueuesDashboard
+from ..models import Job
 from ..workflows.view import workflow
 from . import dashboard, live
 from .actions import (
@@ -378,31 +378,3 @@ def _live_status(row: Job) -> str:
         return ""
     except (DelayQConnectionError, ValueError):
         return row.status
-
-
-@admin.register(QueuesDashboard)
-class QueuesDashboardAdmin(admin.ModelAdmin):
-    """The admin index's "Queues dashboard" entry: its list is the dashboard. Seen by
-    whoever may view jobs."""
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm("django_delayq.view_job") or request.user.has_perm(
-            "django_delayq.change_job")
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def changelist_view(self, request: HttpRequest,
-                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        return HttpResponseRedirect(reverse("admin:django_delayq_queues"))

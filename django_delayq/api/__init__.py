@@ -8,11 +8,11 @@ the OpenAPI schema is at
 
 from __future__ import annotations
 
+from ..engine.errors import ExtraMissing
+
 try:
     import drf_spectacular  # noqa: F401
     import rest_framework  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "django_delayq.api needs Django REST framework and drf-spectacular: "
-        "pip install 'django-delayq[api]'"
-    ) from exc
+    raise ExtraMissing("django_delayq.api", "Django REST framework and drf-spectacular",
+                       "api") from exc

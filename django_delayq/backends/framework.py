@@ -3,6 +3,8 @@ Django 6, the ``django-tasks`` package on Django 5.2 (the ``tasks`` extra)."""
 
 from __future__ import annotations
 
+from ..engine.errors import ExtraMissing
+
 try:  # Django 6+
     from django.tasks import TaskContext, TaskResult, TaskResultStatus
     from django.tasks.backends.base import BaseTaskBackend
@@ -24,10 +26,8 @@ except ImportError:
         except ImportError:  # django-tasks < 0.13 names it InvalidTaskError
             from django_tasks.exceptions import InvalidTaskError as InvalidTask
     except ImportError as exc:
-        raise ImportError(
-            "django_delayq.backends needs Django's Tasks framework: use Django 6, or on "
-            "Django 5.2 pip install 'django-delayq[tasks]' (the django-tasks package)"
-        ) from exc
+        raise ExtraMissing("django_delayq.backends on Django 5.2", "the django-tasks package",
+                           "tasks", " (Django 6 has the Tasks framework built in)") from exc
 
 __all__ = ["BaseTaskBackend", "InvalidTask", "Task", "TaskContext", "TaskError",
            "TaskResult", "TaskResultDoesNotExist", "TaskResultStatus", "normalize_json",

@@ -145,14 +145,12 @@ def send_finished(sender: type, result: TaskResult, outcome: Any, *,
     """
     error = raised.pop() if raised else None
     if outcome.ok:
-        status = TaskResultStatus.SUCCESSFUL
-        object.__setattr__(result, "_return_value", json.loads(outcome.result_json))
+        finish(result, json.loads(outcome.result_json))
     else:
-        status = TaskResultStatus.FAILED if outcome.final else TaskResultStatus.READY
         result.errors.append(TaskError(exception_class_path=_error_class_path(outcome.error),
                                        traceback=outcome.traceback or outcome.error))
-    object.__setattr__(result, "status", status)
-    object.__setattr__(result, "finished_at", timezone.now())
+        finish(result, status=TaskResultStatus.FAILED if outcome.final
+               else TaskResultStatus.READY)
     if error is None or outcome.ok:
         task_finished.send(sender, task_result=result)
         return
@@ -162,19 +160,19 @@ def send_finished(sender: type, result: TaskResult, outcome: Any, *,
         task_finished.send(sender, task_result=result)
 
 
-def mark_failed(result: TaskResult, running: RunningJob | None, exc: Exception) -> None:
-    """Mark ``result`` as failed by ``exc`` (READY again while attempts remain)."""
-    last = running is None or running.job.attempt >= running.job.max_attempts
-    status = TaskResultStatus.FAILED if last else TaskResultStatus.READY
+def finish(result: TaskResult, value: Any = None,
+           status: TaskResultStatus = TaskResultStatus.SUCCESSFUL) -> None:
+    """Mark ``result`` finished now with ``status``; SUCCESSFUL, it returned ``value``."""
     object.__setattr__(result, "status", status)
     object.__setattr__(result, "finished_at", timezone.now())
+    if status == TaskResultStatus.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", value)
+
+
+def fail(result: TaskResult, exc: Exception) -> None:
+    """Mark ``result`` failed by ``exc``: a task called outside a worker has no retry."""
     result.errors.append(TaskError(
         exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
         traceback="".join(traceback.format_exception(exc))))
-
-
-def mark_succeeded(result: TaskResult, value: Any) -> None:
-    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-    object.__setattr__(result, "finished_at", timezone.now())
-    object.__setattr__(result, "_return_value", value)
+    finish(result, status=TaskResultStatus.FAILED)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..runtime.current import RunningJob, current_job
 from .framework import Task, TaskContext, TaskResult, normalize_json, task_finished, task_started
-from .results import mark_failed, mark_succeeded, running_result, send_finished
+from .results import fail, finish, running_result, send_finished
 
 
 def _invoke(task: Task, result: TaskResult, args: tuple[Any, ...],
@@ -58,10 +58,10 @@ def make_runner(task: Task) -> Callable[..., Any]:
         try:
             value = returned(_invoke(task, result, args, kwargs))
         except Exception as exc:
-            mark_failed(result, running, exc)
+            fail(result, exc)
             task_finished.send(sender, task_result=result)
             raise
-        mark_succeeded(result, value)
+        finish(result, value)
         task_finished.send(sender, task_result=result)
         return value
 
@@ -76,10 +76,10 @@ def make_runner(task: Task) -> Callable[..., Any]:
         try:
             value = returned(await _invoke(task, result, args, kwargs))
         except Exception as exc:
-            mark_failed(result, running, exc)
+            fail(result, exc)
             await task_finished.asend(sender, task_result=result)
             raise
-        mark_succeeded(result, value)
+        finish(result, value)
         await task_finished.asend(sender, task_result=result)
         return value
 

@@ -16,6 +16,14 @@ class DelayQError(Exception):
     """Base class of every django-delayq error."""
 
 
+class ExtraMissing(DelayQError, ImportError):
+    """An optional dependency is not installed: the message says which extra of
+    django-delayq brings it."""
+
+    def __init__(self, what: str, needs: str, extra: str, note: str = "") -> None:
+        super().__init__(f"{what} needs {needs}: pip install 'django-delayq[{extra}]'{note}")
+
+
 class DelayQConnectionError(DelayQError, ConnectionError):
     """Redis could not be reached (or answered too slowly) for a queue operation."""
 

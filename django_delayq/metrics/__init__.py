@@ -16,6 +16,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from ..engine.errors import ExtraMissing
+
 try:
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
     from prometheus_client.core import (
@@ -26,8 +28,7 @@ try:
     )
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("django_delayq.metrics needs prometheus_client: "
-                      "pip install 'django-delayq[metrics]'") from exc
+    raise ExtraMissing("django_delayq.metrics", "prometheus_client", "metrics") from exc
 
 from django.http import HttpRequest, HttpResponse
 

@@ -10,6 +10,7 @@ import zoneinfo
 from dataclasses import dataclass
 from typing import Any
 
+from ..engine.errors import ExtraMissing
 from ..engine.keys import JOB_ID_RE
 
 MISSED_POLICIES = ("latest", "all", "skip")
@@ -19,9 +20,7 @@ def _croniter() -> Any:
     try:
         from croniter import croniter
     except ImportError as exc:
-        raise ImportError(
-            "@task(cron=...) needs croniter: pip install 'django-delayq[cron]'"
-        ) from exc
+        raise ExtraMissing("@task(cron=...)", "croniter", "cron") from exc
     return croniter
 
 

@@ -13,13 +13,13 @@ it per queue and task. See docs/spark.md.
 
 from __future__ import annotations
 
+from ..engine.errors import ExtraMissing
+
 try:
     import pyspark  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "django_delayq.spark needs PySpark: pip install 'django-delayq[spark]' "
-        "(and a Java 17+ runtime)"
-    ) from exc
+    raise ExtraMissing("django_delayq.spark", "PySpark", "spark",
+                       " (and a Java 17+ runtime)") from exc
 
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
