@@ -332,6 +332,20 @@ def mirror(data: dict[str, Any]) -> Lines:
 
 
 #: The results file of each stand-alone script, its title and its section.
+def scrape(data: dict[str, Any]) -> Lines:
+    lines = ["One call of the Prometheus metrics view, each queue holding a ready and a "
+             f"scheduled job, median of {data['repeat']} after a warm-up "
+             "(`python -m bench.scrape`; **baseline**: the code before queue reads were "
+             "pipelined).", "",
+             *_header("code", "queues", "round trips", "Redis commands", "scrape ms",
+                      "response bytes")]
+    for row in data["rows"]:
+        lines.append(_row(row["code"], n(row["queues"]), n(row["round_trips"]),
+                          n(row["commands"]), n(row["scrape_ms"], "{:,.1f}"),
+                          n(row["bytes"])))
+    return lines
+
+
 SCRIPTS: dict[str, tuple[str, Callable[[dict[str, Any]], Lines]]] = {
     "shards": ("Sharded queue on a Redis Cluster", shards),
     "workflows": ("Workflows: a group and its callback, against Celery's chord", workflows),
@@ -340,6 +354,7 @@ SCRIPTS: dict[str, tuple[str, Callable[[dict[str, Any]], Lines]]] = {
     "spark_bulk": ("Bulk scheduling from Spark", spark_bulk),
     "bulk_enqueue": ("Bulk enqueue against single enqueues", bulk_enqueue),
     "mirror": ("The model mirror's CPU per job", mirror),
+    "scrape": ("A metrics scrape with many queues", scrape),
 }
 
 

@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 from django_delayq import Job, Queue
 from django_delayq.connection import get_broker
 from django_delayq.engine.fields import stored
+from django_delayq.engine.workers import record_alive
 from django_delayq.mirror import Mirror
 from django_delayq.models import Job as MirroredJob
 from tests.testapp.tasks import record
@@ -145,6 +146,12 @@ def test_a_worker_record_of_the_wrong_type_is_skipped_with_one_log_line(api, cli
         call_command("delayq_health", stdout=out, stderr=err)
     assert exited.value.code == 3, (out.getvalue(), err.getvalue())  # no worker, not Redis
     assert "No worker matches" in err.getvalue()
+    # Next to a sound worker, the damaged record changes nothing of its health.
+    record_alive(broker, "w-ok", 60, {"queues": "default", "threads": 4, "lease": 30})
+    call_command("delayq_health", stdout=out, stderr=err)  # exit code 0: returns
+    assert "worker w-ok" in out.getvalue()
+    assert "UNHEALTHY" not in out.getvalue()
+    assert [w["name"] for w in api.get("/api/delayq/workers/").json()] == ["w-ok"]
 
 
 def test_a_bad_queue_name_is_logged_once_not_on_every_request(api, caplog):

@@ -72,6 +72,7 @@ def test_every_results_file_gets_its_section(latest: dict[str, Any]) -> None:
     assert "`enqueue_dataframe` on a standalone cluster" in md
     assert "| SQLite 3.40.1 | backlog | " in md
     assert "| PostgreSQL 15.20 | in step | " in md
+    assert "| current | 5,000 | 5 | " in md  # a scrape's round trips with 5,000 queues
 
 
 def test_django_delayq_rows_beside_the_tuned_worker(latest: dict[str, Any]) -> None:

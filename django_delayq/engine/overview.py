@@ -12,7 +12,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .jobhash import reply_time
+from .jobhash import reply_time, to_int
 from .keyed import TOTAL
 from .stats import QueueStats
 from .status import STATUSES, Status
@@ -106,9 +106,9 @@ def _summary(name: str, shards: int, replies: list[Any], per_shard: int,
         if now_minute is not None:
             for key, value in stored.items():
                 if key[:2] in ("c:", "f:"):
-                    merged[key] = merged.get(key, 0) + _int(value)
+                    merged[key] = merged.get(key, 0) + to_int(value)
             count, log = shard[len(STATUSES) + 4:]
-            skipped += _int(count)
+            skipped += to_int(count)
             reasons.extend(log)
     throughput = [] if now_minute is None else [
         (dt.datetime.fromtimestamp(m * 60, tz=dt.UTC), merged.get(f"c:{m}", 0),
@@ -120,10 +120,3 @@ def _summary(name: str, shards: int, replies: list[Any], per_shard: int,
         stats=stats, throughput=throughput, skipped=skipped,
         skipped_reasons=sorted(reasons, reverse=True)[:SKIPS_KEPT])
 
-
-def _int(value: Any) -> int:
-    """A stored counter (None or damaged: 0)."""
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0
