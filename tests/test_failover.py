@@ -479,12 +479,14 @@ def test_an_enqueue_that_finds_its_job_there_still_writes_for_its_wait_to_cover(
         client.close()
 
 
+@pytest.mark.parametrize("kind", ["kill", "failover"])
 def test_cluster_primary_killed_under_load_and_a_process_started_after_it_connects(
-        mirror_db, workers, fault_report):
+        mirror_db, workers, fault_report, kind):
     """The same on a 3-primary, 3-replica Cluster, both queues in 3 shards: the primary
-    killed serves a shard of each."""
+    killed (or handed over by ``CLUSTER FAILOVER`` sent to its replica) serves a shard
+    of each."""
     db = mirror_db
-    timeline = Timeline("cluster")
+    timeline = Timeline(f"cluster-{kind}")
     try:
         cluster = RedisCluster(replicas=1, node_timeout_ms=1000).start()
     except (RuntimeError, OSError) as exc:
@@ -516,13 +518,20 @@ def test_cluster_primary_killed_under_load_and_a_process_started_after_it_connec
         killed = next(n for n in cluster.nodes if n.port == old_port)
         replica_ports = [r.port for r in cluster.replicas_of(old_port)]
         with ClusterWatch(timeline, cluster, old_port, served):
-            timeline.kill(killed)
-            timeline.note(f"primary {old_port} SIGKILLed, serving {sorted(served)}; its "
+            if kind == "kill":
+                timeline.kill(killed)
+            else:  # the replica takes over once it has the primary's every write
+                timeline.killed_at = time.time()
+                with redis.Redis(port=replica_ports[0], socket_timeout=5) as replica:
+                    replica.execute_command("CLUSTER FAILOVER")
+            how = "SIGKILLed" if kind == "kill" else "failed over"
+            timeline.note(f"primary {old_port} {how}, serving {sorted(served)}; its "
                           f"replica {replica_ports}", timeline.killed_at)
             new_port = cluster.wait_failover(next(iter(served.values())), old_port)
             timeline.note(f"port {new_port} serves the slots, cluster_state ok everywhere")
-            killed.start()  # rejoins as a replica of the node that took over
-            timeline.note(f"port {old_port} restarted")
+            if kind == "kill":
+                killed.start()  # rejoins as a replica of the node that took over
+                timeline.note(f"port {old_port} restarted")
             # A process started now, with a dead node first among its seeds, connects.
             seeds = [free_port(), *(p for p in cluster.ports if p != old_port)]
             late_url = "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in seeds) + "/0"
@@ -534,7 +543,8 @@ def test_cluster_primary_killed_under_load_and_a_process_started_after_it_connec
         measured = {n: settle(client, p, db, outs) for n, p in ((1, durable), (0, fast))}
         for proc, out in [*procs, late]:
             assert proc.poll() is None, f"the worker must resume by itself:\n{out.text}"
-        report(fault_report, "Cluster primary SIGKILLed under load", timeline,
+        report(fault_report, "Cluster primary SIGKILLed under load" if kind == "kill"
+               else "CLUSTER FAILOVER under load", timeline,
                [(1, durable, measured[1]), (0, fast, measured[0])],
                lambda p, job_id: p.broker.keys_for(p.queue, job_id).scheduled
                in served.values())

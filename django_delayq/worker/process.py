@@ -100,15 +100,19 @@ def run_worker_process(spec: ProcessSpec) -> None:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def on_stop_signals(handler: Callable[[int, FrameType | None], Any]) -> None:
-    """Call ``handler(signum, frame)`` on each of :data:`STOP_SIGNALS` that is not ignored
-    (a process started under ``nohup`` keeps ignoring SIGHUP). Only the main thread can
-    install handlers: elsewhere (a command called from a test's thread) nothing is."""
+def on_stop_signals(handler: Callable[[int, FrameType | None], Any], *,
+                    sigint: bool = True) -> None:
+    """Call ``handler(signum, frame)`` on each of :data:`STOP_SIGNALS` (SIGINT unless
+    ``sigint`` is False; SIGHUP unless it is ignored: a process started under ``nohup``
+    keeps ignoring it). Only the main thread can install handlers: elsewhere (a command
+    called from a test's thread) nothing is."""
     if threading.current_thread() is not threading.main_thread():
         return
     for signum in STOP_SIGNALS:
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            signal.signal(signum, handler)
+        if (signum == signal.SIGINT and not sigint) or (
+                signum == signal.SIGHUP and signal.getsignal(signum) is signal.SIG_IGN):
+            continue
+        signal.signal(signum, handler)
 
 
 def install_stop_signals(request_stop: Any) -> list[int]:
@@ -124,7 +128,7 @@ def install_stop_signals(request_stop: Any) -> list[int]:
             exit_now(EXIT_FORCED)
         request_stop()
 
-    on_stop_signals(on_signal)
+    on_stop_signals(on_signal, sigint=signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
     return received
 
 
