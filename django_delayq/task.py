@@ -164,6 +164,7 @@ class Task(Generic[P, T]):
         dedupe_key: KeySource | None = None,
         dedupe: str | None = None,
         dedupe_window: float | dt.timedelta | None = None,
+        key_rate_limit: str | None = None,
     ) -> Task[P, T]:
         """A copy of this task with other enqueue options (``run_at`` replaces ``delay``;
         ``database`` is the alias :meth:`enqueue_in_transaction` writes to).
@@ -175,36 +176,25 @@ class Task(Generic[P, T]):
         parents' results as the first argument. See docs/workflows.md.
 
         ``concurrency_key`` (a string, or a callable of the task's arguments) with
-        ``concurrency_limit``: at most that many of the key's jobs run at once.
+        ``concurrency_limit``: at most that many of the key's jobs run at once;
+        ``key_rate_limit`` ("10/m"): at most so many of them start per period.
         ``dedupe_key`` with ``dedupe`` ("exists", "throttle", "debounce", "keep_last")
         and ``dedupe_window``: see docs/flow-control.md.
         """
-        changes: dict[str, Any] = {}
-        if queue is not None:
-            changes["queue"] = queue
-        if priority is not None:
-            changes["priority"] = priority
+        given = {"queue": queue, "priority": priority, "job_id": job_id,
+                 "max_attempts": max_attempts, "timeout": timeout, "database": database,
+                 "on_parent_failure": on_parent_failure, "pass_results": pass_results}
+        changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         if delay is not None:
             changes["delay"], changes["run_at"] = delay, None
         if run_at is not None:
             changes["run_at"], changes["delay"] = run_at, None
-        if job_id is not None:
-            changes["job_id"] = job_id
-        if max_attempts is not None:
-            changes["max_attempts"] = max_attempts
-        if timeout is not None:
-            changes["timeout"] = timeout
-        if database is not None:
-            changes["database"] = database
         if depends_on is not None:
             changes["depends_on"] = tuple(depends_on)
-        if on_parent_failure is not None:
-            changes["on_parent_failure"] = on_parent_failure
-        if pass_results is not None:
-            changes["pass_results"] = pass_results
         flow = (self.flow or FlowControl()).merged(
             concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
-            dedupe_key=dedupe_key, dedupe=dedupe, dedupe_window=dedupe_window)
+            dedupe_key=dedupe_key, dedupe=dedupe, dedupe_window=dedupe_window,
+            key_rate_limit=key_rate_limit)
         if flow != self.flow:
             changes["flow"] = flow
         return dataclasses.replace(self, **changes)
@@ -391,6 +381,7 @@ def task(
     every: float | dt.timedelta | None = None,
     concurrency_key: KeySource | None = None,
     concurrency_limit: int | None = None,
+    key_rate_limit: str | None = None,
 ) -> Callable[[Callable[P, T]], Task[P, T]]: ...
 
 
@@ -411,6 +402,7 @@ def task(
     every: float | dt.timedelta | None = None,
     concurrency_key: KeySource | None = None,
     concurrency_limit: int | None = None,
+    key_rate_limit: str | None = None,
 ) -> Task[P, T] | Callable[[Callable[P, T]], Task[P, T]]:
     """Declare a task; use bare (``@task``) or with options (``@task(queue="emails")``).
 
@@ -420,7 +412,7 @@ def task(
     timedelta or seconds) makes it periodic: workers serving its queue enqueue each
     occurrence once, with no arguments. ``concurrency_key`` (a string, or a callable of
     the arguments) with ``concurrency_limit``: at most that many of a key's jobs run at
-    once (docs/flow-control.md).
+    once, ``key_rate_limit`` ("10/m") at most so many start per period (docs/flow-control.md).
     """
 
     def decorate(func: Callable[P, T]) -> Task[P, T]:
@@ -437,7 +429,8 @@ def task(
             max_attempts=max_attempts, retry_backoff=retry_backoff,
             retry_backoff_max=retry_backoff_max, timeout=timeout, cron=cron, tz=tz,
             every=every, flow=FlowControl().merged(concurrency_key=concurrency_key,
-                                                   concurrency_limit=concurrency_limit),
+                                                   concurrency_limit=concurrency_limit,
+                                                   key_rate_limit=key_rate_limit),
         )
         try:
             registry.register(t)

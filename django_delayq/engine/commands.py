@@ -85,7 +85,7 @@ class Commands:
             script_keys += [*flow_keys, keys.flow_linking]
             args += flow_args
         if keyed:
-            args[2] = len(keyed) // 6
+            args[2] = len(keyed) // 8
             args += keyed
             script_keys += [keys.key_turns, keys.dedupe_prefix, keys.job_prefix]
         return script_keys, args
@@ -116,7 +116,8 @@ class Commands:
     def _keyed_keys(keys: QueueKeys) -> list[str]:
         """The concurrency-key keys of a shard, as ``keyed_ctx`` (lua/includes/keyed_ctx.lua)
         takes them."""
-        return [keys.key_active, keys.key_waiting, keys.key_turns, keys.park_prefix]
+        return [keys.key_active, keys.key_waiting, keys.key_turns, keys.park_prefix,
+                keys.key_rate_prefix]
 
     # -- workflows (lua/includes/flows.lua) -----------------------------------------
 

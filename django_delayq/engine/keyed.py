@@ -32,6 +32,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import validation
+from .limits import parse_rate
 
 if TYPE_CHECKING:
     from .core import BrokerCore
@@ -64,6 +65,9 @@ class KeyedOptions(NamedTuple):
     #: '' (none: "exists" becomes the job id), 'throttle', 'debounce' or 'keep_last'.
     dedupe_mode: str = ""
     window_ms: int = 0
+    #: Per-key start rate: at most ``rate_limit`` starts of the key per ``rate_period_ms``.
+    rate_limit: int = 0
+    rate_period_ms: int = 0
 
 
 def check_key(key: Any, what: str) -> str:
@@ -92,20 +96,27 @@ def check_mode(mode: Any) -> str:
 
 
 def encode(concurrency_key: str | None, concurrency_limit: int | None,
-           dedupe_key: str | None, dedupe: str | None, window: Any) -> KeyedOptions | None:
+           dedupe_key: str | None, dedupe: str | None, window: Any,
+           key_rate_limit: str | None = None) -> KeyedOptions | None:
     """Check a job's flow-control options and return them as the script takes them
-    (None when the job has none). ``dedupe="exists"`` is not here: it is the job id."""
+    (None when the job has none). ``dedupe="exists"`` is not here: it is the job id.
+    ``key_rate_limit`` ("10/m", as a queue's ``rate_limit``) limits the starts of the
+    concurrency key; without a ``concurrency_limit`` the key's concurrency is not limited."""
     if concurrency_key is None and dedupe_key is None:
-        if concurrency_limit is not None or dedupe is not None or window is not None:
-            raise ValueError("concurrency_limit needs a concurrency_key, and dedupe or "
-                             "dedupe_window a dedupe_key")
+        if concurrency_limit is not None or dedupe is not None or window is not None or \
+                key_rate_limit is not None:
+            raise ValueError("concurrency_limit and key_rate_limit need a concurrency_key, "
+                             "and dedupe or dedupe_window a dedupe_key")
         return None
     ck = "" if concurrency_key is None else check_key(concurrency_key, "concurrency_key")
-    limit = 0
+    limit, rate = 0, None
     if ck:
-        limit = check_limit(1 if concurrency_limit is None else concurrency_limit)
-    elif concurrency_limit is not None:
-        raise ValueError("concurrency_limit needs a concurrency_key")
+        if key_rate_limit is not None:
+            rate = parse_rate(key_rate_limit)
+        default = MAX_LIMIT if rate is not None else 1
+        limit = check_limit(default if concurrency_limit is None else concurrency_limit)
+    elif concurrency_limit is not None or key_rate_limit is not None:
+        raise ValueError("concurrency_limit and key_rate_limit need a concurrency_key")
     dk, mode, window_ms = "", "", 0
     if dedupe_key is not None:
         dk = check_key(dedupe_key, "dedupe_key")
@@ -125,7 +136,8 @@ def encode(concurrency_key: str | None, concurrency_limit: int | None,
         raise ValueError("dedupe and dedupe_window need a dedupe_key")
     if not ck and not mode:
         return None
-    return KeyedOptions(ck, limit, dk, mode, window_ms)
+    return KeyedOptions(ck, limit, dk, mode, window_ms, *(
+        (rate.limit, rate.period_ms) if rate is not None else (0, 0)))
 
 
 def exists_job_id(dedupe_key: str) -> str:
@@ -152,7 +164,7 @@ def id_in_shard(key: str, shards: int, ids: Iterator[str]) -> str:
 
 
 def keyed_values(index: int, options: KeyedOptions) -> list[Any]:
-    """The 6 ARGV values of one keyed job of an enqueue call (``index`` 1-based)."""
+    """The 8 ARGV values of one keyed job of an enqueue call (``index`` 1-based)."""
     return [index, *options]
 
 
