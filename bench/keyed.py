@@ -84,10 +84,27 @@ def enqueue_rows(broker: Broker, jobs: int) -> dict[str, int]:
     return {name: sorted(found)[len(found) // 2] for name, found in rates.items()}
 
 
-def plain_rows(broker: Broker, jobs: int) -> dict[str, int]:
+def script_usec(client: redis.Redis) -> int:
+    """Microseconds Redis spent in script calls so far (INFO commandstats)."""
+    stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("usec", 0))
+               for name in ("evalsha", "eval"))
+
+
+def plain_rows(broker: Broker, jobs: int) -> dict[str, float]:
+    """The rows without keys; with the time Redis spent in the scripts per job (less
+    moved by other processes than a rate)."""
     broker.enqueue("warm", "bench.noop", [0])
-    return {"claim_no_keys_per_s": claim_rate(broker, "plain", jobs, None, 0),
-            "enqueue_plain_per_s": enqueue_rate(broker, jobs // 4)}
+    broker.enqueue_many("plain", requests(jobs, None, 0))
+    before = script_usec(broker.client)
+    rate = drain(broker, "plain")
+    claim_us = (script_usec(broker.client) - before) / jobs
+    before = script_usec(broker.client)
+    enqueue = enqueue_rate(broker, jobs // 4)
+    enqueue_us = (script_usec(broker.client) - before) / (jobs // 4)
+    return {"claim_no_keys_per_s": round(rate), "enqueue_plain_per_s": enqueue,
+            "claim_ack_redis_us_per_job": round(claim_us, 2),
+            "enqueue_redis_us_per_job": round(enqueue_us, 2)}
 
 
 def bytes_per_key(client: redis.Redis, broker: Broker, keys: int) -> dict[str, float]:
@@ -151,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     if opts.baseline:
         # Each checkout's rows without keys in a process of its own, alternating, the
         # median of each: a loaded machine moves both alike.
-        runs: dict[str, list[dict[str, int]]] = {"this": [], "baseline": []}
+        runs: dict[str, list[dict[str, float]]] = {"this": [], "baseline": []}
         for _ in range(opts.rounds):
             for name, checkout in (("this", str(Path.cwd())), ("baseline", opts.baseline)):
                 runs[name].append(plain_in(checkout, jobs))
@@ -164,13 +181,13 @@ def main(argv: list[str] | None = None) -> None:
     record.Run("keyed", opts.scale).write(opts.out, rows)
 
 
-def plain_in(checkout: str, jobs: int) -> dict[str, int]:
+def plain_in(checkout: str, jobs: int) -> dict[str, float]:
     """The rows without keys, timed with the package of ``checkout``."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([checkout, str(Path.cwd())]))
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--plain-only",
                           "--jobs", str(jobs)], env=env, cwd=checkout,
                          capture_output=True, text=True, check=True)
-    found: dict[str, int] = json.loads(out.stdout.strip().splitlines()[-1])
+    found: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return found
 
 

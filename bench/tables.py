@@ -318,7 +318,13 @@ def keyed(data: dict[str, Any]) -> Lines:
                   _row("claim + ack", n(this["claim_no_keys_per_s"]),
                        n(base["claim_no_keys_per_s"])),
                   _row("single enqueue", n(this["enqueue_plain_per_s"]),
-                       n(base["enqueue_plain_per_s"]))]
+                       n(base["enqueue_plain_per_s"])),
+                  _row("Redis µs per job, claim + ack",
+                       n(this.get("claim_ack_redis_us_per_job"), "{:,.2f}"),
+                       n(base.get("claim_ack_redis_us_per_job"), "{:,.2f}")),
+                  _row("Redis µs per job, single enqueue",
+                       n(this.get("enqueue_redis_us_per_job"), "{:,.2f}"),
+                       n(base.get("enqueue_redis_us_per_job"), "{:,.2f}"))]
     return lines
 
 
