@@ -133,7 +133,7 @@ if want > 0 then
       local job_key = job_prefix .. job_id
       local f = redis.pcall('HMGET', job_key, 't', 'a', 'k', 'm', 'p', 'r', 'e', 'n', 'o',
         'ck', 'cl', 'q', 'kr', 'kp')
-      local rate_key = f[13] and kc.rate .. f[10]
+      local rate_key = f[10] and tonumber(f[13]) and tonumber(f[14]) and kc.rate .. f[10]
       if f['err'] then
         fail_damaged(job_key, job_id, f['err'])
       elseif not (f[1] or redis.call('EXISTS', job_key) == 1) then
