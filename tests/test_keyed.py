@@ -182,3 +182,17 @@ def test_a_key_rate_limit_schedules_the_starts_over_it(broker: Any) -> None:
         assert job.run_at.timestamp() * 1000 >= res.now_ms + 1000 - 1
     assert res.next_due_ms is not None
     assert res.next_due_ms >= res.now_ms + 1000 - 1
+
+
+def test_purge_reaches_the_parked_jobs(broker: Any) -> None:
+    ids = [broker.enqueue("default", "t.a", [i], keyed=keyed("A", 1)).job_id for i in range(4)]
+    (running,) = claim(broker, 10)
+    queue = Queue("default", broker=broker)
+    assert queue.counts()["ready"] == 3
+    assert queue.purge(("ready",)) == 3
+    assert queue.counts()["ready"] == 0
+    assert queue.key_load().waiting_total == 0
+    complete(broker, [running])
+    assert claim(broker, 10) == []  # nothing parked comes back
+    assert [job_id for job_id in ids if broker.client.exists(
+        broker.keys_for("default", job_id).job(job_id))] == [running.id]

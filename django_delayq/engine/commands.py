@@ -344,10 +344,11 @@ class Commands:
         )
         return before, after
 
-    def purge(self, keys: QueueKeys, status: str, count: int) -> int:
-        """Delete up to ``count`` jobs of ``status`` on the shard ``keys``; how many went."""
+    def purge(self, keys: QueueKeys, status: str, count: int, set_key: str = "") -> int:
+        """Delete up to ``count`` jobs of ``status`` on the shard ``keys`` (or of the set
+        ``set_key`` of that shard: a concurrency key's parked jobs); how many went."""
         flow_keys, flow_args = self._flow_call(keys)
         return int(run_script(self.client, "purge",
-                              [keys.status_set(status), keys.events, keys.job_prefix,
-                               *flow_keys],
+                              [set_key or keys.status_set(status), keys.events,
+                               keys.job_prefix, *flow_keys],
                               [count, self.config.events_maxlen, *flow_args]))

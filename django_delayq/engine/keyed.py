@@ -36,6 +36,7 @@ from .limits import parse_rate
 
 if TYPE_CHECKING:
     from .core import BrokerCore
+    from .keys import QueueKeys
 
 #: The longest concurrency or dedupe key (characters).
 MAX_KEY_LENGTH = 200
@@ -207,3 +208,23 @@ def key_load(broker: BrokerCore, queue: str, top: int = 10) -> KeyLoad:
         return sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:top]
 
     return KeyLoad(busiest(active), busiest(waiting), total)
+
+
+def purge_parked(broker: BrokerCore, keys: QueueKeys) -> int:
+    """Delete the jobs of the shard ``keys`` parked for a slot of their key (ready jobs
+    outside the ready set), as ``Queue.purge`` deletes ready ones; how many went."""
+    removed = 0
+    with broker.connection_errors():
+        waiting = [key for key in broker.client.zrange(keys.key_waiting, 0, -1) if key != TOTAL]
+        for key in waiting:
+            gone = 0
+            while n := broker.commands.purge(keys, "", 500, set_key=keys.parked(key)):
+                gone += n
+            if gone:
+                pipe = broker.client.pipeline(transaction=False)
+                pipe.zincrby(keys.key_waiting, -gone, key)
+                pipe.zincrby(keys.key_waiting, -gone, TOTAL)
+                pipe.zremrangebyscore(keys.key_waiting, "-inf", 0)
+                pipe.execute()
+            removed += gone
+    return removed

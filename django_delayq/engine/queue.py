@@ -174,6 +174,8 @@ class Queue:
                     removed += n
                     if n == 0:
                         break
+                if status == Status.READY:
+                    removed += keyed.purge_parked(broker, keys)
         return removed
 
     def jobs(self, status: str = Status.READY, offset: int = 0, limit: int = 50) -> list[Job]:
