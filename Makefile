@@ -69,6 +69,7 @@ bench: $(STAMP) system-deps
 	$(BENCH_ENV) $(BIN)/python -m bench.workflows --celery bench/.venv-peers/bin/python
 	$(BENCH_ENV) $(BIN)/python -m bench.outbox
 	$(BENCH_ENV) $(BIN)/python -m bench.bulk_enqueue
+	$(BENCH_ENV) $(BIN)/python -m bench.keyed
 	$(BENCH_ENV) $(BIN)/python -m bench.spark_bulk
 	$(BENCH_ENV) $(BIN)/python -m bench.lake
 	$(BENCH_ENV) $(BIN)/python -m bench.mirror

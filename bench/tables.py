@@ -309,6 +309,40 @@ def bulk_enqueue(data: dict[str, Any]) -> Lines:
             "", f"Speed-up: {data['speed_up']:.1f}x."]
 
 
+def keyed(data: dict[str, Any]) -> Lines:
+    """Per-key flow control (`python -m bench.keyed`)."""
+    lines = [f"{n(data['jobs'])} no-op jobs per row through the engine, one process: claims "
+             "and acks of 20 (`python -m bench.keyed`).", "",
+             *_header("row", "jobs/s"),
+             _row("claim + ack, no keys", n(data["claim_no_keys_per_s"])),
+             _row("claim + ack, 1 key (never at its limit)", n(data["claim_1_key_per_s"])),
+             _row("claim + ack, 10,000 keys", n(data["claim_10000_keys_per_s"])),
+             _row("claim + ack, 1 key limited to 10 (parked, released)",
+                  n(data["claim_1_key_limit_10_per_s"])),
+             _row("single enqueue, plain", n(data["enqueue_plain_per_s"])),
+             _row("single enqueue, keyed", n(data["enqueue_keyed_per_s"])),
+             _row("single enqueue, debounced (a replacement)",
+                  n(data["enqueue_debounced_per_s"])),
+             "", f"Redis bytes per key (2 jobs each, one running, one waiting for its slot) "
+             f"over the same jobs without keys: {data['keyed_over_plain_bytes_per_key']}; a "
+             f"dedupe record: {data['dedupe_record_bytes_per_key']}."]
+    if "baseline_median" in data:
+        this, base = data["this_median"], data["baseline_median"]
+        lines += ["", "Without keys, this checkout against the baseline (medians of "
+                  "alternating runs):", "", *_header("row", "this", "baseline"),
+                  _row("claim + ack", n(this["claim_no_keys_per_s"]),
+                       n(base["claim_no_keys_per_s"])),
+                  _row("single enqueue", n(this["enqueue_plain_per_s"]),
+                       n(base["enqueue_plain_per_s"])),
+                  _row("Redis µs per job, claim + ack",
+                       n(this.get("claim_ack_redis_us_per_job"), "{:,.2f}"),
+                       n(base.get("claim_ack_redis_us_per_job"), "{:,.2f}")),
+                  _row("Redis µs per job, single enqueue",
+                       n(this.get("enqueue_redis_us_per_job"), "{:,.2f}"),
+                       n(base.get("enqueue_redis_us_per_job"), "{:,.2f}"))]
+    return lines
+
+
 def mirror(data: dict[str, Any]) -> Lines:
     lines = [f"The model mirror over the events of {n(data['jobs'])} no-op jobs (enqueued one "
              f"call each, claimed, started and completed {data['claim']} at a time), each "
@@ -353,6 +387,7 @@ SCRIPTS: dict[str, tuple[str, Callable[[dict[str, Any]], Lines]]] = {
     "lake": ("Job-history lake and Spark", lake),
     "spark_bulk": ("Bulk scheduling from Spark", spark_bulk),
     "bulk_enqueue": ("Bulk enqueue against single enqueues", bulk_enqueue),
+    "keyed": ("Per-key flow control", keyed),
     "mirror": ("The model mirror's CPU per job", mirror),
     "scrape": ("A metrics scrape with many queues", scrape),
 }

@@ -28,6 +28,8 @@ class FlowControl:
     #: "exists" (default), "throttle", "debounce" or "keep_last".
     dedupe: str | None = None
     dedupe_window: float | dt.timedelta | None = None
+    #: At most so many starts of a concurrency key per period: "10/m" (per key).
+    key_rate_limit: str | None = None
 
     def __post_init__(self) -> None:
         self._encode("k" if callable(self.concurrency_key) else self.concurrency_key,
@@ -43,7 +45,7 @@ class FlowControl:
 
     def _encode(self, concurrency_key: Any, dedupe_key: Any) -> keyed.KeyedOptions | None:
         return keyed.encode(concurrency_key, self.concurrency_limit, dedupe_key,
-                            self.dedupe, self.dedupe_window)
+                            self.dedupe, self.dedupe_window, self.key_rate_limit)
 
     def resolve(self, args: Sequence[Any], kwargs: Mapping[str, Any]
                 ) -> tuple[keyed.KeyedOptions | None, str | None, float | None]:

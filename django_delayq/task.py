@@ -65,6 +65,7 @@ class TaskOptions(_Options, total=False):
 
     concurrency_key: KeySource | None
     concurrency_limit: int | None
+    key_rate_limit: str | None
     name: str | None
     retry_backoff: float | None
     retry_backoff_max: float | None
@@ -87,11 +88,12 @@ class EnqueueOptions(_Options, total=False):
     dedupe_key: KeySource | None
     dedupe: str | None
     dedupe_window: float | dt.timedelta | None
+    key_rate_limit: str | None
 
 
 #: The options of :meth:`Task.using` that make its :class:`FlowControl`.
 FLOW_OPTIONS = ("concurrency_key", "concurrency_limit", "dedupe_key", "dedupe",
-                "dedupe_window")
+                "dedupe_window", "key_rate_limit")
 
 
 def _options(given: Mapping[str, Any], known: type, where: str) -> dict[str, Any]:
@@ -221,7 +223,8 @@ class Task(Generic[P, T]):
         parents' results as the first argument. See docs/workflows.md.
 
         ``concurrency_key`` (a string, or a callable of the task's arguments) with
-        ``concurrency_limit``: at most that many of the key's jobs run at once.
+        ``concurrency_limit``: at most that many of the key's jobs run at once;
+        ``key_rate_limit`` ("10/m"): at most so many of them start per period.
         ``dedupe_key`` with ``dedupe`` ("exists", "throttle", "debounce", "keep_last")
         and ``dedupe_window``: see docs/flow-control.md.
         """
@@ -433,13 +436,14 @@ def task(function: Callable[P, T] | None = None, /, **options: Unpack[TaskOption
     timedelta or seconds) makes it periodic: workers serving its queue enqueue each
     occurrence once, with no arguments. ``concurrency_key`` (a string, or a callable of
     the arguments) with ``concurrency_limit``: at most that many of a key's jobs run at
-    once (docs/flow-control.md).
+    once, ``key_rate_limit`` ("10/m") at most so many start per period (docs/flow-control.md).
     """
 
     fields = _options(options, TaskOptions, "@task")
     name = fields.pop("name", None)
     flow = FlowControl().merged(concurrency_key=fields.pop("concurrency_key", None),
-                                concurrency_limit=fields.pop("concurrency_limit", None))
+                                concurrency_limit=fields.pop("concurrency_limit", None),
+                                key_rate_limit=fields.pop("key_rate_limit", None))
 
     def decorate(func: Callable[P, T]) -> Task[P, T]:
         if not callable(func):

@@ -165,3 +165,34 @@ def test_bad_options_are_refused(kwargs: dict[str, Any]) -> None:
     with pytest.raises((TypeError, ValueError)):
         encode(args["concurrency_key"], args["concurrency_limit"], args["dedupe_key"],
                args["dedupe"], args["window"])
+
+
+def test_a_key_rate_limit_schedules_the_starts_over_it(broker: Any) -> None:
+    opts = encode("R", None, None, None, None, "2/s")
+    assert opts is not None
+    ids = [broker.enqueue("default", "t.r", [i], keyed=opts).job_id for i in range(5)]
+    broker.enqueue("default", "t.o", [0])
+    (res,) = broker.claim("default", 10, "w1")
+    assert sorted(j.args_json for j in res.jobs if j.task == "t.r") == ["[0]", "[1]"]
+    assert [j.task for j in res.jobs if j.task == "t.o"] == ["t.o"]  # not held back
+    later = [Job.fetch(job_id, broker=broker) for job_id in ids[2:]]
+    assert {job.status for job in later} == {"scheduled"}
+    for job in later:  # the window's next start: a second after the first two
+        assert job.run_at is not None
+        assert job.run_at.timestamp() * 1000 >= res.now_ms + 1000 - 1
+    assert res.next_due_ms is not None
+    assert res.next_due_ms >= res.now_ms + 1000 - 1
+
+
+def test_purge_reaches_the_parked_jobs(broker: Any) -> None:
+    ids = [broker.enqueue("default", "t.a", [i], keyed=keyed("A", 1)).job_id for i in range(4)]
+    (running,) = claim(broker, 10)
+    queue = Queue("default", broker=broker)
+    assert queue.counts()["ready"] == 3
+    assert queue.purge(("ready",)) == 3
+    assert queue.counts()["ready"] == 0
+    assert queue.key_load().waiting_total == 0
+    complete(broker, [running])
+    assert claim(broker, 10) == []  # nothing parked comes back
+    assert [job_id for job_id in ids if broker.client.exists(
+        broker.keys_for("default", job_id).job(job_id))] == [running.id]

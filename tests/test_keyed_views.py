@@ -1,5 +1,5 @@
 """Jobs waiting for their key's slot and the busiest keys, as the API, the admin and
-the metrics show them."""
+the metrics show them; the task options, checked before anything is written."""
 
 from __future__ import annotations
 
@@ -54,3 +54,22 @@ def test_the_metrics_count_jobs_waiting_for_a_slot_for_the_top_keys(client, park
     assert value(samples, "delayq_key_waiting_jobs", queue="default", key="") == 2
     assert value(samples, "delayq_key_waiting_jobs", queue="default", key="A") == 2
     assert value(samples, "delayq_key_active_jobs", queue="default", key="B") == 1
+
+
+def test_options_are_checked_before_anything_is_written(broker):
+    from django_delayq import Queue
+    from tests.testapp.keyed_tasks import per_tenant
+
+    with pytest.raises(TypeError):
+        per_tenant.using(concurrency_key=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="dedupe_window"):
+        per_tenant.using(dedupe_key="d", dedupe="debounce")
+    with pytest.raises(ValueError, match="concurrency_key"):
+        per_tenant.using(concurrency_key=lambda tag, *rest: "").enqueue("x:1")
+    with pytest.raises(ValueError, match="invalid concurrency_key"):
+        per_tenant.using(concurrency_key=lambda tag, *rest: "\n").enqueue("x:1")
+    with pytest.raises(ValueError, match="enqueue_in_transaction"):
+        per_tenant.enqueue_in_transaction("A:1")
+    assert sum(Queue("default").counts().values()) == 0
+    job = per_tenant.enqueue("A:1")
+    assert (job.outcome, job.concurrency_key) == ("created", "A")

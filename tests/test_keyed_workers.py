@@ -143,3 +143,19 @@ def test_debounce_runs_once_with_the_last_arguments(spawned, redis_client):
     wait_until(lambda: runs(redis_client), timeout=120, message="the digest sent")
     wait_until(lambda: drained(redis_client), timeout=60, message="nothing left to run")
     assert runs(redis_client) == [["digest:7", 999]]
+
+
+def test_a_key_with_one_job_takes_its_turn_before_a_huge_backlog(spawned, redis_client):
+    """20,000 jobs of key A, then 10 of key B: a runworker (one thread, no prefetch)
+    starts B's all within its first ~20 jobs, A's in order."""
+    fair = per_tenant.using(concurrency_limit=100_000)
+    fair.enqueue_many([(f"A:{i}",) for i in range(20_000)])
+    fair.enqueue_many([(f"B:{i}",) for i in range(10)])
+    spawned("default", "-c", "1", "--prefetch", "0")
+    wait_until(lambda: redis_client.llen(RUNS) >= 40, timeout=120, message="40 jobs run")
+    first = [tag for _, tag in runs(redis_client)[:40]]
+    b_at = [i for i, tag in enumerate(first) if tag.startswith("B:")]
+    assert len(b_at) == 10
+    assert b_at[-1] < 22, first
+    assert [tag for tag in first if tag.startswith("A:")] == [
+        f"A:{i}" for i in range(40 - 10)]

@@ -87,7 +87,7 @@ class Commands:
             script_keys += [*flow_keys, keys.flow_linking]
             args += flow_args
         if keyed:
-            args[2] = len(keyed) // 6
+            args[2] = len(keyed) // 8
             args += keyed
             script_keys += [keys.key_turns, keys.dedupe_prefix, keys.job_prefix]
         return script_keys, args
@@ -118,7 +118,8 @@ class Commands:
     def _keyed_keys(keys: QueueKeys) -> list[str]:
         """The concurrency-key keys of a shard, as ``keyed_ctx`` (lua/includes/keyed_ctx.lua)
         takes them."""
-        return [keys.key_active, keys.key_waiting, keys.key_turns, keys.park_prefix]
+        return [keys.key_active, keys.key_waiting, keys.key_turns, keys.park_prefix,
+                keys.key_rate_prefix]
 
     # -- workflows (lua/includes/flows.lua) -----------------------------------------
 
@@ -349,10 +350,11 @@ class Commands:
         )
         return before, after
 
-    def purge(self, keys: QueueKeys, status: str, count: int) -> int:
-        """Delete up to ``count`` jobs of ``status`` on the shard ``keys``; how many went."""
+    def purge(self, keys: QueueKeys, status: str, count: int, set_key: str = "") -> int:
+        """Delete up to ``count`` jobs of ``status`` on the shard ``keys`` (or of the set
+        ``set_key`` of that shard: a concurrency key's parked jobs); how many went."""
         flow_keys, flow_args = self._flow_call(keys)
         return int(run_script(self.client, "purge",
-                              [keys.status_set(status), keys.events, keys.job_prefix,
-                               *flow_keys],
+                              [set_key or keys.status_set(status), keys.events,
+                               keys.job_prefix, *flow_keys],
                               [count, self.config.events_cap, *flow_args]))

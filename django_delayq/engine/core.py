@@ -205,6 +205,8 @@ class BrokerCore:
         record live there)."""
         key = keyed_options.shard_key(keyed)
         if job_id is None:
+            if shards <= 1:
+                return new_job_id() if ids is None else next(ids)
             return keyed_options.id_in_shard(key, shards, ids or new_job_ids(8))
         job_id = validation.validate_job_id(job_id)
         if shards > 1 and zlib.crc32(job_id.encode()) % shards != zlib.crc32(

@@ -32,9 +32,11 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import validation
+from .limits import parse_rate
 
 if TYPE_CHECKING:
     from .core import BrokerCore
+    from .keys import QueueKeys
 
 #: The longest concurrency or dedupe key (characters).
 MAX_KEY_LENGTH = 200
@@ -64,6 +66,9 @@ class KeyedOptions(NamedTuple):
     #: '' (none: "exists" becomes the job id), 'throttle', 'debounce' or 'keep_last'.
     dedupe_mode: str = ""
     window_ms: int = 0
+    #: Per-key start rate: at most ``rate_limit`` starts of the key per ``rate_period_ms``.
+    rate_limit: int = 0
+    rate_period_ms: int = 0
 
 
 def check_key(key: Any, what: str) -> str:
@@ -92,20 +97,27 @@ def check_mode(mode: Any) -> str:
 
 
 def encode(concurrency_key: str | None, concurrency_limit: int | None,
-           dedupe_key: str | None, dedupe: str | None, window: Any) -> KeyedOptions | None:
+           dedupe_key: str | None, dedupe: str | None, window: Any,
+           key_rate_limit: str | None = None) -> KeyedOptions | None:
     """Check a job's flow-control options and return them as the script takes them
-    (None when the job has none). ``dedupe="exists"`` is not here: it is the job id."""
+    (None when the job has none). ``dedupe="exists"`` is not here: it is the job id.
+    ``key_rate_limit`` ("10/m", as a queue's ``rate_limit``) limits the starts of the
+    concurrency key; without a ``concurrency_limit`` the key's concurrency is not limited."""
     if concurrency_key is None and dedupe_key is None:
-        if concurrency_limit is not None or dedupe is not None or window is not None:
-            raise ValueError("concurrency_limit needs a concurrency_key, and dedupe or "
-                             "dedupe_window a dedupe_key")
+        if concurrency_limit is not None or dedupe is not None or window is not None or \
+                key_rate_limit is not None:
+            raise ValueError("concurrency_limit and key_rate_limit need a concurrency_key, "
+                             "and dedupe or dedupe_window a dedupe_key")
         return None
     ck = "" if concurrency_key is None else check_key(concurrency_key, "concurrency_key")
-    limit = 0
+    limit, rate = 0, None
     if ck:
-        limit = check_limit(1 if concurrency_limit is None else concurrency_limit)
-    elif concurrency_limit is not None:
-        raise ValueError("concurrency_limit needs a concurrency_key")
+        if key_rate_limit is not None:
+            rate = parse_rate(key_rate_limit)
+        default = MAX_LIMIT if rate is not None else 1
+        limit = check_limit(default if concurrency_limit is None else concurrency_limit)
+    elif concurrency_limit is not None or key_rate_limit is not None:
+        raise ValueError("concurrency_limit and key_rate_limit need a concurrency_key")
     dk, mode, window_ms = "", "", 0
     if dedupe_key is not None:
         dk = check_key(dedupe_key, "dedupe_key")
@@ -125,7 +137,8 @@ def encode(concurrency_key: str | None, concurrency_limit: int | None,
         raise ValueError("dedupe and dedupe_window need a dedupe_key")
     if not ck and not mode:
         return None
-    return KeyedOptions(ck, limit, dk, mode, window_ms)
+    return KeyedOptions(ck, limit, dk, mode, window_ms, *(
+        (rate.limit, rate.period_ms) if rate is not None else (0, 0)))
 
 
 def exists_job_id(dedupe_key: str) -> str:
@@ -152,7 +165,7 @@ def id_in_shard(key: str, shards: int, ids: Iterator[str]) -> str:
 
 
 def keyed_values(index: int, options: KeyedOptions) -> list[Any]:
-    """The 6 ARGV values of one keyed job of an enqueue call (``index`` 1-based)."""
+    """The 8 ARGV values of one keyed job of an enqueue call (``index`` 1-based)."""
     return [index, *options]
 
 
@@ -210,3 +223,23 @@ def _load(replies: list[Any], top: int) -> KeyLoad:
         return sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:top]
 
     return KeyLoad(busiest(active), busiest(waiting), total)
+
+
+def purge_parked(broker: BrokerCore, keys: QueueKeys) -> int:
+    """Delete the jobs of the shard ``keys`` parked for a slot of their key (ready jobs
+    outside the ready set), as ``Queue.purge`` deletes ready ones; how many went."""
+    removed = 0
+    with broker.connection_errors():
+        waiting = [key for key in broker.client.zrange(keys.key_waiting, 0, -1) if key != TOTAL]
+        for key in waiting:
+            gone = 0
+            while n := broker.commands.purge(keys, "", 500, set_key=keys.parked(key)):
+                gone += n
+            if gone:
+                pipe = broker.client.pipeline(transaction=False)
+                pipe.zincrby(keys.key_waiting, -gone, key)
+                pipe.zincrby(keys.key_waiting, -gone, TOTAL)
+                pipe.zremrangebyscore(keys.key_waiting, "-inf", 0)
+                pipe.execute()
+            removed += gone
+    return removed

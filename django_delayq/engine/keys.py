@@ -183,6 +183,12 @@ class QueueKeys:
         by ready score; the scripts derive it, like a job key)."""
         return self._key("kw:")
 
+    @cached_property
+    def key_rate_prefix(self) -> str:
+        """Prefix of each concurrency key's start-rate window (ZSET ``<prefix><key>``,
+        as a queue's ``limit``; the claim script derives it)."""
+        return self._key("kr:")
+
     def parked(self, key: str) -> str:
         return f"{self.park_prefix}{key}"
 

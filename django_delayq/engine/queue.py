@@ -125,6 +125,8 @@ class Queue:
                     removed += n
                     if n == 0:
                         break
+                if status == Status.READY:
+                    removed += keyed.purge_parked(broker, keys)
         if forget:
             self.forget()
         return removed

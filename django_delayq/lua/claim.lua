@@ -10,6 +10,7 @@
 -- include: keyed_ctx
 -- include: fair_turn
 -- include: take_slot
+-- include: schedule_job
 
 -- Claim a batch: promote due scheduled jobs, pop ready jobs by priority then FIFO, and
 -- lease them to a worker: 'claimed', until the worker says a thread started it (start.lua).
@@ -29,7 +30,7 @@
 --                          shared by its shards; unused when ARGV[6] is 0)
 -- KEYS[10] failed    ZSET  dead-lettered job ids (a job key that is not a hash goes here)
 -- KEYS[11] stats     HASH  the start-lateness histogram (its count: jobs claimed)
--- KEYS[12..15] the shard's concurrency-key keys (keyed_ctx.lua)
+-- KEYS[12..16] the shard's concurrency-key keys (keyed_ctx.lua)
 --
 -- ARGV[1] most jobs to claim
 -- ARGV[2] lease (ms)
@@ -131,12 +132,21 @@ if want > 0 then
       local job_id = popped[i]
       local job_key = job_prefix .. job_id
       local f = redis.pcall('HMGET', job_key, 't', 'a', 'k', 'm', 'p', 'r', 'e', 'n', 'o',
-        'ck', 'cl', 'q', 'tp')
+        'ck', 'cl', 'q', 'tp', 'kr', 'kp')
+      local rate_key = f[10] and tonumber(f[14]) and tonumber(f[15]) and kc.rate .. f[10]
       if f['err'] then
         fail_damaged(job_key, job_id, f['err'])
       elseif not (f[1] or redis.call('EXISTS', job_key) == 1) then
         orphans = orphans + 1
         emit(events, maxlen, 'orphaned', job_id, now)
+      elseif rate_key and limit_room(rate_key, tonumber(f[14]), tonumber(f[15]), now) == 0 then
+        -- the key's window is full: back to scheduled for its next start
+        local at = limit_next_slot(rate_key, tonumber(f[14]), tonumber(f[15]), now)
+        schedule_job(scheduled, marker, job_key, job_id, at)
+        emit(events, maxlen, 'rescheduled', job_id, now, 'run_at', at)
+        if out[2] == -1 or at < out[2] then
+          out[2] = at
+        end
       elseif not f[10] or take_slot(kc, f[10], tonumber(f[11]) or 1, job_key, job_id,
           popped[i + 1], f[12]) then
         -- A damaged hash is leased and returned like any other (missing text as '',
@@ -151,6 +161,9 @@ if want > 0 then
         attempts[#attempts + 1] = attempt
         if limit > 0 then
           limit_take(limit_key, period, now, job_id .. '@' .. now)
+        end
+        if rate_key then
+          limit_take(rate_key, tonumber(f[15]), now, job_id .. '@' .. now)
         end
         out[#out + 1] = job_id
         out[#out + 1] = f[1] or ''

@@ -25,7 +25,7 @@
 -- KEYS[4] stats      HASH  per-minute counters, totals, the duration histogram
 -- KEYS[5] job key prefix (job keys are KEYS[5] .. id; same hash tag)
 -- KEYS[6..15] the shard's keys for releasing dependants (flow_ctx in flows.lua)
--- KEYS[16..19] the shard's concurrency-key keys (keyed_ctx.lua): a completed
+-- KEYS[16..20] the shard's concurrency-key keys (keyed_ctx.lua): a completed
 --              job frees its key's slot
 --
 -- ARGV[1..3] the settings for releasing dependants (flow_ctx)

@@ -41,9 +41,10 @@
 --           receives of their results ('' nothing, 'one', 'all'), and the indexes
 --           (1-based, space-separated) of its parents in this shard; see flows.lua.
 -- then, with m > 0, the 3 settings for resolving dependants (flow_ctx in flows.lua).
--- then per keyed job, 6 values: its index among the jobs (1-based), its concurrency key
+-- then per keyed job, 8 values: its index among the jobs (1-based), its concurrency key
 --           ('' for none), that key's limit, its dedupe key ('' for none), the dedupe
---           mode ('throttle', 'debounce', 'keep_last'), the mode's window (ms).
+--           mode ('throttle', 'debounce', 'keep_last'), the mode's window (ms), the key's
+--           starts allowed per period (0: no rate) and that period (ms).
 --
 -- A keyed job is stored with its key ('ck') and limit ('cl'); one that is ready at once
 -- takes its key's next fair turn as its FIFO number (fair_turn.lua). A dedupe
@@ -78,15 +79,15 @@ local maxlen = events_cap(ARGV[1])
 local now = now_ms()
 local scheduled, ready, marker, events, seq_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local m, nf = tonumber(ARGV[2]), tonumber(ARGV[3])
-local n = (#ARGV - 3 - 5 * m - (m > 0 and 3 or 0) - 6 * nf) / 10
+local n = (#ARGV - 3 - 5 * m - (m > 0 and 3 or 0) - 8 * nf) / 10
 local waits = {}  -- job index -> the ARGV index of its 5 flow values
 for j = 1, m do
   local at = 4 + 10 * n + (j - 1) * 5
   waits[tonumber(ARGV[at])] = at
 end
-local keyed = {}  -- job index -> the ARGV index of its 6 keyed values
+local keyed = {}  -- job index -> the ARGV index of its 8 keyed values
 for j = 1, nf do
-  local at = 4 + 10 * n + 5 * m + (m > 0 and 3 or 0) + (j - 1) * 6
+  local at = 4 + 10 * n + 5 * m + (m > 0 and 3 or 0) + (j - 1) * 8
   keyed[tonumber(ARGV[at])] = at
 end
 local turns, dedupe_prefix, job_prefix = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
@@ -216,6 +217,12 @@ for i = 1, n do
       fields[#fields + 1] = ck
       fields[#fields + 1] = 'cl'
       fields[#fields + 1] = ARGV[kx + 2]
+      if ARGV[kx + 6] ~= '0' then
+        fields[#fields + 1] = 'kr'
+        fields[#fields + 1] = ARGV[kx + 6]
+        fields[#fields + 1] = 'kp'
+        fields[#fields + 1] = ARGV[kx + 7]
+      end
     end
     if kx and ARGV[kx + 4] ~= '' then
       local window, rec = tonumber(ARGV[kx + 5]), dedupe_prefix .. ARGV[kx + 3]

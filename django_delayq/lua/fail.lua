@@ -35,7 +35,7 @@
 -- ARGV[9] when the attempt started (ms; for the attempt log)
 -- KEYS[8..17], ARGV[10..12] the shard's keys and settings for resolving dependants
 -- (flow_ctx in flows.lua)
--- KEYS[18..21] the shard's concurrency-key keys (keyed_ctx.lua): the attempt
+-- KEYS[18..22] the shard's concurrency-key keys (keyed_ctx.lua): the attempt
 --              frees its key's slot, retried or not
 --
 -- Returns {outcome, run_at, pushed}: outcome 'retried' (run_at is the retry time),

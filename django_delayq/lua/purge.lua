@@ -9,7 +9,8 @@
 -- A purged job's dependants (flows.lua) are resolved as for a parent that is gone
 -- ('missing': their policy applies), and its own flow keys go with it.
 --
--- KEYS[1] the status set (waiting, scheduled, ready, completed, failed or cancelled)  ZSET
+-- KEYS[1] the status set (waiting, scheduled, ready, completed, failed or cancelled), or
+--         a concurrency key's parked jobs (keyed_ctx.lua)  ZSET
 -- KEYS[2] events     STREAM lifecycle events
 -- KEYS[3] job key prefix (job keys are KEYS[3] .. id; same hash tag)
 -- KEYS[4..13], ARGV[3..5] the shard's keys and settings for resolving dependants

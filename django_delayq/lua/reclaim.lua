@@ -36,7 +36,7 @@
 -- KEYS[18] linking   ZSET  waiting jobs whose links to parents elsewhere are not yet
 --                          confirmed, by enqueued time or the latest hand-over below
 --                          (flows.lua)
--- KEYS[19..22] the shard's concurrency-key keys (keyed_ctx.lua): each job
+-- KEYS[19..23] the shard's concurrency-key keys (keyed_ctx.lua): each job
 --              taken out of the active set frees its key's slot
 -- ARGV[8] grace (ms): how long a producer may take to confirm those links
 -- ARGV[9] a worker name, or '' (optional): see above

@@ -15,7 +15,7 @@
 -- KEYS[3] marker     ZSET  wake-up marks for idle workers
 -- KEYS[4] events     STREAM lifecycle events
 -- KEYS[5] job key prefix (job keys are KEYS[5] .. id; same hash tag)
--- KEYS[6..9] the shard's concurrency-key keys (keyed_ctx.lua)
+-- KEYS[6..10] the shard's concurrency-key keys (keyed_ctx.lua)
 --
 -- ARGV[1] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- ARGV[2] 1: the jobs never started, so their attempt is not counted; 0: it is

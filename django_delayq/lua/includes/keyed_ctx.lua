@@ -6,6 +6,9 @@
 --                  member '' (no key is empty) holds the shard's total
 --   turns    HASH  key -> the FIFO number given to its last job made ready (fair turns)
 --   park     the prefix of each key's parked jobs: ZSET <park><key>, by ready score
+--   rate     the prefix of each key's start-rate window (rate_limit.lua): ZSET <rate><key>
+--            of a job with 'kr' starts per 'kp' ms; a job the window refuses is scheduled
+--            for the window's next start instead of parked (no slot will wake it)
 -- A job the claim pops while its key is at its limit is parked (status still 'ready',
 -- field 'kw' set) instead of leased, and the claim goes on with the next job: no head
 -- of line blocking. Every script that takes a keyed job out of the active set frees its
@@ -13,8 +16,8 @@
 -- A job is parked only while its key holds at least one slot, so a parked job always
 -- has a slot freed after it: none waits for ever, and no slot leaks.
 
--- The keyed keys given as KEYS[first..first+3].
+-- The keyed keys given as KEYS[first..first+4].
 local function keyed_ctx(first)
   return {active = KEYS[first], waiting = KEYS[first + 1], turns = KEYS[first + 2],
-          park = KEYS[first + 3]}
+          park = KEYS[first + 3], rate = KEYS[first + 4]}
 end

@@ -4,13 +4,16 @@
 -- ready score kept). True if the slot is taken.
 local function take_slot(k, key, limit, job_key, job_id, score, seq)
   if (tonumber(redis.call('ZSCORE', k.active, key)) or 0) >= limit then
-    redis.call('ZADD', k.park .. key, score, job_id)
-    redis.call('ZINCRBY', k.waiting, 1, key)
-    redis.call('ZINCRBY', k.waiting, 1, '')  -- '' (no key is empty): the shard's total
+    -- counted once: a rescheduled job may be parked while still in its key's set
+    if redis.call('ZADD', k.park .. key, score, job_id) == 1 then
+      redis.call('ZINCRBY', k.waiting, 1, key)
+      redis.call('ZINCRBY', k.waiting, 1, '')  -- '' (no key is empty): the shard's total
+    end
     redis.call('HSET', job_key, 'kw', 1)
     return false
   end
   redis.call('ZINCRBY', k.active, 1, key)
+  redis.call('HDEL', job_key, 'kw')  -- set if it was parked and then rescheduled
   if seq and redis.call('HGET', k.turns, key) == seq then
     redis.call('HDEL', k.turns, key)  -- its last job: the key's turn starts afresh
   end
