@@ -38,6 +38,8 @@ def test_a_pending_job_is_cancelled_at_once_with_who_asked(redis_client):
     assert (job.status, job.aborted_by) == (Status.CANCELLED, "alice")
     assert job.abort(by="bob") is False  # over: nothing to stop
     assert job.refresh().aborted_by == "alice"
+    job.retry(delay=600)  # a new run: the abort was the last one's
+    assert (job.refresh().status, job.aborted_by) == (Status.SCHEDULED, "")
 
 
 @pytest.mark.parametrize("processes", ["1", "2"], ids=["one-process", "pool"])
