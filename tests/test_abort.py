@@ -38,6 +38,8 @@ def test_a_pending_job_is_cancelled_at_once_with_who_asked(redis_client):
     assert (job.status, job.aborted_by) == (Status.CANCELLED, "alice")
     assert job.abort(by="bob") is False  # over: nothing to stop
     assert job.refresh().aborted_by == "alice"
+    job.retry(delay=600)  # a new run: the abort was the last one's
+    assert (job.refresh().status, job.aborted_by) == (Status.SCHEDULED, "")
 
 
 @pytest.mark.parametrize("processes", ["1", "2"], ids=["one-process", "pool"])
@@ -81,6 +83,43 @@ def test_jobs_that_do_not_check_get_job_aborted_and_the_others_run_on(processes,
                timeout=90, message=f"the other jobs to complete:\n{out.text}")
     assert Queue("default").counts()["active"] == 0
     assert "killed" not in out.text
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+
+
+def test_the_dependants_of_an_aborted_job_follow_their_policy(redis_client, spawned):
+    from django_delayq import chain
+
+    cancelled = chain(tasks.sleeps.bind(600), tasks.record.bind("never")).enqueue()
+    run = chain(tasks.sleeps.bind(600), tasks.record.bind("runs"),
+                on_parent_failure="run").enqueue()
+    proc, out = spawned("default", "-c", "2", *FAST)
+    for parent in (cancelled[0], run[0]):
+        started(redis_client, parent)
+        parent.abort(by="flow")
+    for parent in (cancelled[0], run[0]):
+        ends_cancelled(parent, out)
+    wait_until(lambda: cancelled[1].refresh().status == Status.CANCELLED, timeout=60,
+               message=f"the dependant to be cancelled:\n{out.text}")
+    wait_until(lambda: run[1].refresh().status == Status.COMPLETED, timeout=60,
+               message=f"the dependant that runs anyway to run:\n{out.text}")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+
+
+def test_a_claimed_job_aborted_before_it_starts_never_runs(redis_client, spawned):
+    first = tasks.sleeps.enqueue(600)
+    second = tasks.stops_when_aborted.enqueue("buffered")
+    proc, out = spawned("default", "-c", "1", "--prefetch", "2", *FAST)
+    started(redis_client, first)
+    wait_until(lambda: second.refresh().status == Status.CLAIMED, timeout=60,
+               message=f"the second job to wait in the worker's buffer:\n{out.text}")
+    second.abort(by="early")
+    first.abort(by="early")
+    ends_cancelled(second, out)
+    ends_cancelled(first, out)
+    assert second.error == "django_delayq.engine.errors.JobAborted: aborted by early"
+    assert not [r for r in ran(redis_client) if r["task"] == "stops_when_aborted"]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, out.text
 

@@ -280,6 +280,41 @@ def test_the_abort_button_stops_a_running_job_and_the_page_says_who(admin_client
     assert "dq-act-retry" in page
 
 
+def test_search_finds_an_argument_value_and_the_live_view_serves_the_rows(admin_client):
+    wanted = tasks.take_anything.enqueue("order-77321", customer="ada@example.com")
+    other = tasks.take_anything.enqueue("order-1")
+    mirror()
+    for term in ("order-77321", "ada@example"):
+        page = admin_client.get(reverse(CHANGELIST), {"q": term}).content.decode()
+        assert wanted.id in page
+        assert other.id not in page
+    page = admin_client.get(reverse(CHANGELIST)).content.decode()
+    assert "Rows refresh every 3 seconds" in page
+    pk = Job.objects.get(job_id=wanted.id).pk
+    rows = admin_client.get(reverse("admin:django_delayq_job_live"),
+                            {"pk": [pk], "live": "1"}).json()["rows"]
+    assert rows[str(pk)]["status"] == "ready"
+    assert rows[str(pk)]["live"]["status"] == "ready"
+    assert "dq-status-ready" in rows[str(pk)]["cells"]["status_display"]
+
+
+def test_a_manual_retry_is_marked_in_the_attempts_table(admin_client):
+    job = tasks.always_fails.using(max_attempts=2).enqueue("twice")
+    run_to_end(job)
+    job.retry()
+    run_to_end(job)
+    mirror()
+    page = admin_client.get(change_url(job.id)).content.decode()
+    assert page.count('class="dq-retry-mark"') == 1
+    assert "retried by hand: attempts counted again from 1" in page
+
+
+def test_outbox_list_title(admin_client):
+    page = admin_client.get(reverse("admin:django_delayq_outboxentry_changelist")).content
+    assert b"<h1>Jobs waiting in the outbox</h1>" in page
+    assert b"to change" not in page
+
+
 def test_delayq_abort_command(redis_client, capsys):
     from django.core.management import call_command
 

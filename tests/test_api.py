@@ -286,6 +286,12 @@ def test_cancel(staff: APIClient, broker: Any) -> None:
     assert (entry["attempt"], entry["outcome"], entry["error"]) == (1, "completed", "")
 
 
+def test_live_error_is_empty_not_null_as_in_the_mirror(staff: APIClient) -> None:
+    job = record.using(delay=60).enqueue("e")
+    live = staff.get(f"{API}/jobs/default/{job.id}/").json()["live"]
+    assert (live["error"], live["traceback"], live["aborted_by"]) == ("", "", "")
+
+
 def test_abort_stops_a_running_job_and_names_the_user(staff: APIClient, broker: Any) -> None:
     running = gated.enqueue("g", "gate:never")
     with worker_thread(queues=["default"], concurrency=1, lease=3):

@@ -37,7 +37,7 @@ redis.call('ZREM', KEYS[3], job_id)
 redis.call('PERSIST', job_key)
 -- error, traceback, finished_at, started_at, worker, result; and attempts, back to its
 -- default 0
-redis.call('HDEL', job_key, 'x', 'tb', 'f', 'b', 'w', 'v', 'n')
+redis.call('HDEL', job_key, 'x', 'tb', 'f', 'b', 'w', 'v', 'n', 'ab')  -- an abort was this run's
 local k = {scheduled = KEYS[4], ready = KEYS[5], marker = KEYS[6], seq = KEYS[8]}
 local run_at = wanted_run_at(ARGV[2], ARGV[3], now)
 local after = place_job(k, job_key, job_id, tonumber(f[2]) or 0, run_at, now)

@@ -188,6 +188,8 @@ class Host:
             logger.warning("could not read the aborts asked for host=%s error=%s",
                            self.name, exc)
             return
+        for child in self.children.running():  # jobs no longer running are forgotten
+            child.aborts = {job: at for job, at in child.aborts.items() if job in asked}
         for job in asked:
             running[job].aborts.setdefault(job, now)
 

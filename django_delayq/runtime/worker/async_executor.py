@@ -47,7 +47,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from ...engine import Broker, ClaimedJob, UnknownTask, encode_result
-from ...engine.errors import JobTimeout
+from ...engine.errors import JobAborted, JobTimeout
 from ..current import running
 from ..logfields import log
 from ..registry import TaskRegistry, is_async
@@ -246,6 +246,8 @@ class AsyncExecutor:
     async def _outcome(self, job: ClaimedJob, limit: float | None, lease: Lease) -> Outcome:
         """Run ``job``'s coroutine and turn what happened into an :class:`Outcome`."""
         task = self.tasks.get(job.task)
+        if lease.abort_by is not None:  # asked to stop before it ran
+            return failure(job, JobAborted(f"aborted by {lease.abort_by}"), retry=False)
         try:
             args, kwargs = decode_arguments(job)
         except CorruptPayload as exc:

@@ -37,6 +37,8 @@ def execute(job: ClaimedJob, tasks: TaskRegistry, worker: str, broker: Broker,
     before the job fails it (retried).
     """
     hooks = [] if on_finished is None else on_finished
+    if abort_by is not None and abort_by() is not None:  # asked to stop before it ran
+        return failure(job, JobAborted(f"aborted by {abort_by()}"), retry=False)
     try:
         for each in middleware:
             each.before_job(job, idle=idle)
