@@ -72,6 +72,7 @@ bench: $(STAMP) system-deps
 	$(BENCH_ENV) $(BIN)/python -m bench.spark_bulk
 	$(BENCH_ENV) $(BIN)/python -m bench.lake
 	$(BENCH_ENV) $(BIN)/python -m bench.mirror
+	$(BENCH_ENV) $(BIN)/python -m bench.sizing
 	$(BIN)/python -m bench.report $(BENCH_OUT)
 
 ## The same end to end at a small scale, into bench/results/quick: checks that every row

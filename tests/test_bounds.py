@@ -131,3 +131,17 @@ def test_bulk_enqueues_keep_the_events_stream_under_its_byte_bound(
     assert last["event"] == "completed", last
     proc.terminate()
     assert proc.wait(timeout=60) == 0, out.text
+
+
+def test_error_max_bytes_bounds_the_error_and_traceback_kept(spawned: Any) -> None:
+    job = tasks.raises_value_error.enqueue("é" * 20_000)  # 40 KB of UTF-8
+    proc, out = spawned("default", "-c", "1", "--no-mirror",
+                        env={"DELAYQ_TEST_SETTINGS": json.dumps({"ERROR_MAX_BYTES": 1000})})
+    wait_until(lambda: job.refresh().status == "failed", timeout=60,
+               message=f"the job to fail:\n{out.text}")
+    assert job.error.startswith("builtins.ValueError: éé")
+    assert len(job.error.encode()) <= 1000
+    assert len(job.traceback.encode()) <= 1000
+    assert job.traceback.endswith("éé\n")  # its end: the frames nearest the error
+    proc.terminate()
+    assert proc.wait(timeout=60) == 0, out.text
