@@ -145,3 +145,19 @@ def test_error_max_bytes_bounds_the_error_and_traceback_kept(spawned: Any) -> No
     assert job.traceback.endswith("éé\n")  # its end: the frames nearest the error
     proc.terminate()
     assert proc.wait(timeout=60) == 0, out.text
+
+
+def test_a_large_result_under_the_bound_is_acked_on_its_own_and_kept(
+        spawned: Any, redis_client: Any) -> None:
+    """A result over LARGE_ACK (256 KiB) but under RESULT_MAX_BYTES goes in a round trip
+    of its own and lands whole, as do the quick jobs around it."""
+    quick = [tasks.record.enqueue(f"q-{i}") for i in range(4)]
+    large = tasks.returns_mib.enqueue(0.5)
+    quick += [tasks.record.enqueue(f"q-{i}") for i in range(4, 8)]
+    proc, out = spawned("default", "-c", "2", "--no-mirror")
+    for job in [*quick, large]:
+        wait_until(lambda job=job: job.refresh().status == "completed", timeout=60,
+                   message=f"{job.id} to complete:\n{out.text}")
+    assert large.result == "x" * (512 * 1024)
+    proc.terminate()
+    assert proc.wait(timeout=60) == 0, out.text
