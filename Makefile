@@ -74,6 +74,8 @@ bench: $(STAMP) system-deps
 	$(BENCH_ENV) $(BIN)/python -m bench.lake
 	$(BENCH_ENV) $(BIN)/python -m bench.mirror
 	$(BENCH_ENV) $(BIN)/python -m bench.scrape
+
+	$(BENCH_ENV) $(BIN)/python -m bench.sizing
 	$(BIN)/python -m bench.report $(BENCH_OUT)
 
 ## The same end to end at a small scale, into bench/results/quick: checks that every row

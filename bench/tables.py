@@ -365,6 +365,39 @@ def mirror(data: dict[str, Any]) -> Lines:
             "is counted apart."]
 
 
+#: The figures of bench.sizing: label, key, the settings that bound it.
+SIZES = (
+    ("a waiting (scheduled) job", "waiting", "its arguments: `MAX_PAYLOAD_BYTES`"),
+    ("a ready job", "ready", "its arguments: `MAX_PAYLOAD_BYTES`"),
+    ("a finished job", "finished", "`KEEP_COMPLETED` jobs a queue, `RESULT_TTL`; its "
+     "result: `RESULT_MAX_BYTES`"),
+    ("a failed job", "failed", "`KEEP_FAILED` jobs a queue, `FAILED_TTL`; its traceback: "
+     "20,000 bytes"),
+    ("an event, one job an entry", "event_single", "`EVENTS_MAXLEN`, `EVENTS_MAX_BYTES` a queue"),
+    ("an event, bulk entries", "event_bulk", "`EVENTS_MAXLEN`, `EVENTS_MAX_BYTES` a queue"),
+    ("a queue (its own keys)", "queue", "queues of the project; a purge forgets a queue"),
+)
+
+
+def sizing(data: dict[str, Any]) -> Lines:
+    this, before = data["this"], data.get("baseline")
+    lines = [f"Redis `used_memory` per job over {n(this['jobs'])} jobs of two small "
+             "arguments, through the engine's calls (`python -m bench.sizing`; events "
+             "measured apart, by the stream's `MEMORY USAGE`).", "",
+             *_header("Redis bytes per", "this code", *(["before"] if before else []),
+                      "bounded by")]
+    for label, key, bound in SIZES:
+        lines.append(_row(label, n(this[key]), *([n(before[key])] if before else []), bound))
+    kept = this["kept_after"]
+    row = [f"{n(kept['finished'])} jobs finished, `KEEP_COMPLETED={kept['keep_completed']}`",
+           f"{n(kept['bytes'])} ({n(kept['job_records'])} job records)"]
+    if before:
+        old = before["kept_after"]
+        row.append(f"{n(old['bytes'])} ({n(old['job_records'])} job records)")
+    lines.append(_row(*row, "`KEEP_COMPLETED`"))
+    return lines
+
+
 #: The results file of each stand-alone script, its title and its section.
 def scrape(data: dict[str, Any]) -> Lines:
     lines = ["One call of the Prometheus metrics view, each queue holding a ready and a "
@@ -390,6 +423,8 @@ SCRIPTS: dict[str, tuple[str, Callable[[dict[str, Any]], Lines]]] = {
     "keyed": ("Per-key flow control", keyed),
     "mirror": ("The model mirror's CPU per job", mirror),
     "scrape": ("A metrics scrape with many queues", scrape),
+
+    "sizing": ("Redis memory per job, event and queue", sizing),
 }
 
 

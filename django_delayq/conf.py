@@ -357,6 +357,8 @@ class DelayQSettings:
     KEEP_FAILED: EngineSetting[int] = EngineSetting("E018")
     EVENTS_MAXLEN: EngineSetting[int] = EngineSetting("E019")
     EVENTS_MAX_BYTES: EngineSetting[int] = EngineSetting("E131")
+    ERROR_MAX_BYTES: EngineSetting[int] = EngineSetting("E132")
+    PROGRESS_MAX_BYTES: EngineSetting[int] = EngineSetting("E133")
     MAX_PAYLOAD_BYTES: EngineSetting[int] = EngineSetting("E020")
     RESULT_MAX_BYTES: EngineSetting[int] = EngineSetting("E130")
     QUEUES: EngineSetting[dict[str, Any]] = EngineSetting(

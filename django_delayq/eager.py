@@ -21,7 +21,7 @@ import json
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any
 
 from asgiref.sync import async_to_sync
 
@@ -36,8 +36,8 @@ from .runtime.current import running
 class EagerProgress(ProgressReporter):
     """Progress of an eager job: kept on the job it returns, nothing written anywhere."""
 
-    def __init__(self, job: ClaimedJob) -> None:
-        super().__init__(cast(Broker, None), job, interval=0)
+    def __init__(self, job: ClaimedJob, broker: Broker) -> None:
+        super().__init__(broker, job, interval=0)  # (its config only: _write sends nothing)
         self.fraction: float | None = None
         self.message = ""
 
@@ -94,7 +94,7 @@ def run_eagerly(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         job.attempts, job.started_at = attempt, started
         try:
             with running(claimed, "eager", None) as current:
-                progress = current._progress = EagerProgress(claimed)
+                progress = current._progress = EagerProgress(claimed, broker)
                 value = run_to_end(task.func, json.loads(args_json), json.loads(kwargs_json))
             result_json = encode_result(value, limit=broker.config.result_max_bytes)
         except Exception as exc:

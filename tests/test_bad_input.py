@@ -296,6 +296,8 @@ CHECK_CASES: dict[str, Any] = {
     "E020": {"MAX_PAYLOAD_BYTES": "1MB"},
     "E130": {"RESULT_MAX_BYTES": "1MB"},
     "E131": {"EVENTS_MAX_BYTES": -1},
+    "E132": {"ERROR_MAX_BYTES": "20k"},
+    "E133": {"PROGRESS_MAX_BYTES": None},
     "E021": {"SHARDS": {"q": 2000}},
     "E022": {"REDIS_ULR": "redis://127.0.0.1:6379/0"},
     "E023": {"QUEUES": {"q": {"rate_limit": "lots"}}},

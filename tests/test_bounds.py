@@ -131,3 +131,33 @@ def test_bulk_enqueues_keep_the_events_stream_under_its_byte_bound(
     assert last["event"] == "completed", last
     proc.terminate()
     assert proc.wait(timeout=60) == 0, out.text
+
+
+def test_error_max_bytes_bounds_the_error_and_traceback_kept(spawned: Any) -> None:
+    job = tasks.raises_value_error.enqueue("é" * 20_000)  # 40 KB of UTF-8
+    proc, out = spawned("default", "-c", "1", "--no-mirror",
+                        env={"DELAYQ_TEST_SETTINGS": json.dumps({"ERROR_MAX_BYTES": 1000})})
+    wait_until(lambda: job.refresh().status == "failed", timeout=60,
+               message=f"the job to fail:\n{out.text}")
+    assert job.error.startswith("builtins.ValueError: éé")
+    assert len(job.error.encode()) <= 1000
+    assert len(job.traceback.encode()) <= 1000
+    assert job.traceback.endswith("éé\n")  # its end: the frames nearest the error
+    proc.terminate()
+    assert proc.wait(timeout=60) == 0, out.text
+
+
+def test_a_large_result_under_the_bound_is_acked_on_its_own_and_kept(
+        spawned: Any, redis_client: Any) -> None:
+    """A result over LARGE_ACK (256 KiB) but under RESULT_MAX_BYTES goes in a round trip
+    of its own and lands whole, as do the quick jobs around it."""
+    quick = [tasks.record.enqueue(f"q-{i}") for i in range(4)]
+    large = tasks.returns_mib.enqueue(0.5)
+    quick += [tasks.record.enqueue(f"q-{i}") for i in range(4, 8)]
+    proc, out = spawned("default", "-c", "2", "--no-mirror")
+    for job in [*quick, large]:
+        wait_until(lambda job=job: job.refresh().status == "completed", timeout=60,
+                   message=f"{job.id} to complete:\n{out.text}")
+    assert large.result == "x" * (512 * 1024)
+    proc.terminate()
+    assert proc.wait(timeout=60) == 0, out.text

@@ -41,6 +41,8 @@ def test_valid_settings_pass():
     ({"MAX_PAYLOAD_BYTES": -1}, "django_delayq.E020"),
     ({"RESULT_MAX_BYTES": -1}, "django_delayq.E130"),
     ({"EVENTS_MAX_BYTES": 1.5}, "django_delayq.E131"),
+    ({"ERROR_MAX_BYTES": 10}, "django_delayq.E132"),
+    ({"PROGRESS_MAX_BYTES": -1}, "django_delayq.E133"),
     ({"SHARDS": {"q": 0}}, "django_delayq.E021"),
     ({"NOT_A_SETTING": 1}, "django_delayq.E022"),
     ({"MIRROR_RETENTION": -1}, "django_delayq.E030"),
@@ -125,6 +127,7 @@ def test_every_engine_setting_reaches_its_field(settings):
     given = {"PREFIX": "other", "LEASE": 12.5, "EVENTS_MAXLEN": 7, "RESULT_TTL": 60,
              "FAILED_TTL": 120.25, "KEEP_COMPLETED": 3, "KEEP_FAILED": 4,
              "MAX_PAYLOAD_BYTES": 999, "RESULT_MAX_BYTES": 998, "EVENTS_MAX_BYTES": 997,
+             "ERROR_MAX_BYTES": 996, "PROGRESS_MAX_BYTES": 995,
              "QUEUES": {"q": {"shards": 2}}, "MIN_REPLICAS": 1,
              "MIN_REPLICAS_TIMEOUT": 0.5, "MIN_REPLICAS_ACKS": True, "FAILOVER_RETRY": 2}
     assert set(given) == set(OPTIONS), "a case for each engine setting"
@@ -135,7 +138,8 @@ def test_every_engine_setting_reaches_its_field(settings):
     expected = {"prefix": "other", "lease_ms": 12_500, "events_maxlen": 7,
                 "result_ttl_ms": 60_000, "failed_ttl_ms": 120_250, "keep_completed": 3,
                 "keep_failed": 4, "max_payload_bytes": 999, "result_max_bytes": 998,
-                "events_max_bytes": 997, "queues": {"q": {"shards": 2}},
+                "events_max_bytes": 997, "error_max_bytes": 996, "progress_max_bytes": 995,
+                "queues": {"q": {"shards": 2}},
                 "min_replicas": 1, "min_replicas_timeout_ms": 500, "min_replicas_acks": True,
                 "failover_retry_ms": 2_000}
     assert {f.name: getattr(config, f.name) for f in fields(config)

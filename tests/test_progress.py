@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from django_delayq import Job as EngineJob
 from django_delayq.current import current_job
-from django_delayq.engine.progress import MAX_MESSAGE, ProgressReporter, check_progress
+from django_delayq.engine.progress import ProgressReporter, check_progress
 from django_delayq.mirror import Mirror
 from django_delayq.models import Job
 from tests.conftest import ran, wait_until, worker_thread
@@ -93,7 +93,7 @@ def test_a_bad_fraction_fails_the_job_with_a_clear_error(fraction):
         fraction, float) or math.isfinite(fraction) else None
     if job is None:  # NaN and infinity are not JSON: check them directly
         with pytest.raises(ValueError, match="progress must be from 0 to 1"):
-            check_progress(fraction, "")
+            check_progress(fraction, "", 500)
         return
     run(job)
     assert job.status == "failed"
@@ -102,9 +102,10 @@ def test_a_bad_fraction_fails_the_job_with_a_clear_error(fraction):
 
 
 def test_messages_are_checked_and_cut():
-    assert check_progress(1, "x" * 2000) == (1.0, "x" * MAX_MESSAGE)
+    assert check_progress(1, "x" * 2000, 500) == (1.0, "x" * 500)
+    assert check_progress(1, "é" * 300, 501) == (1.0, "é" * 250)  # bytes, whole characters
     with pytest.raises(TypeError, match="message must be a str"):
-        check_progress(0.5, b"bytes")  # type: ignore[arg-type]
+        check_progress(0.5, b"bytes", 500)  # type: ignore[arg-type]
 
 
 def test_an_attempt_that_lost_its_job_writes_nothing(broker, redis_client):

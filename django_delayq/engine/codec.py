@@ -159,6 +159,18 @@ def encode_result(value: Any, *, limit: int = 0) -> str:
     return text
 
 
+def cut_utf8(text: str, limit: int, *, keep_end: bool = False) -> str:
+    """``text`` cut to at most ``limit`` bytes of UTF-8 (its end kept with ``keep_end``),
+    never in the middle of a character."""
+    if len(text) * 4 <= limit:  # (the usual case: no encoding needed)
+        return text
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    cut = data[len(data) - limit:] if keep_end else data[:limit]
+    return cut.decode("utf-8", "ignore")
+
+
 def decode(text: str | None) -> Any:
     """Decode a JSON text stored by the engine (``None`` stays ``None``)."""
     return None if text is None else json.loads(text)

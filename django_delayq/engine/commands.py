@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from redis.exceptions import ResponseError
 
+from .codec import cut_utf8
 from .keyed import KeyedOptions, keyed_values
 from .scripts import Batch, call_and_wait, is_cluster_client, run_script
 
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from .config import EngineConfig
     from .keys import QueueKeys
     from .pinned import PinnedConnections
+
+#: Most bytes of a failed attempt's error line kept (ERROR_MAX_BYTES when smaller).
+ERROR_LINE_BYTES = 2_000
 
 
 class EncodedJob(NamedTuple):
@@ -226,6 +230,8 @@ class Commands:
         (0 if unknown) goes to the attempt log if the job's own start was never noted."""
         cfg = self.config
         flow_keys, flow_args = self._flow_call(keys)
+        error = cut_utf8(error, min(ERROR_LINE_BYTES, cfg.error_max_bytes))
+        traceback = cut_utf8(traceback, cfg.error_max_bytes, keep_end=True)
         return batch.add(
             "fail",
             [keys.job(job_id), keys.active, keys.scheduled, keys.failed, keys.marker,

@@ -135,6 +135,14 @@ class EngineConfig:
                                    "largest encoded result kept; a task returning more "
                                    "fails its job (`ResultTooLarge`, not retried; 0: no "
                                    "limit)", "bytes")
+    error_max_bytes: int = option("ERROR_MAX_BYTES", 20_000, number(minimum=100, integer=True),
+                                  "most bytes of a failed attempt's traceback kept with "
+                                  "the job (its end); its error line keeps its first "
+                                  "2,000 at most", "bytes")
+    progress_max_bytes: int = option("PROGRESS_MAX_BYTES", 500, number(minimum=0, integer=True),
+                                     "most bytes of a progress message kept "
+                                     "(`set_progress(message=...)`; longer ones are cut)",
+                                     "bytes")
     #: Most due scheduled jobs promoted per claim call (not a setting).
     promote_batch: int = 1_000
     queues: Mapping[str, Mapping[str, Any]] = option(

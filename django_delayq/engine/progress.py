@@ -14,24 +14,22 @@ import math
 import time
 from typing import TYPE_CHECKING
 
+from .codec import cut_utf8
+
 if TYPE_CHECKING:
     from .broker import Broker
     from .claims import ClaimedJob
 
-#: Longest progress message kept, in characters.
-MAX_MESSAGE = 500
-
-
-def check_progress(fraction: float, message: str) -> tuple[float, str]:
+def check_progress(fraction: float, message: str, limit: int) -> tuple[float, str]:
     """``(fraction, message)`` checked: a real number in 0..1 and a string (cut to
-    :data:`MAX_MESSAGE`). Raises TypeError or ValueError otherwise."""
+    ``limit`` bytes, ``PROGRESS_MAX_BYTES``). Raises TypeError or ValueError otherwise."""
     if isinstance(fraction, bool) or not isinstance(fraction, int | float):
         raise TypeError(f"progress must be a number from 0 to 1, not {fraction!r}")
     if not math.isfinite(fraction) or not 0 <= fraction <= 1:
         raise ValueError(f"progress must be from 0 to 1, not {fraction!r}")
     if not isinstance(message, str):
         raise TypeError(f"the progress message must be a str, not {type(message).__name__}")
-    return float(fraction), message[:MAX_MESSAGE]
+    return float(fraction), cut_utf8(message, limit)
 
 
 class ProgressReporter:
@@ -49,7 +47,8 @@ class ProgressReporter:
     def report(self, fraction: float, message: str = "") -> bool:
         """Record ``fraction`` and ``message`` if they differ enough from the last write.
         Returns whether this call wrote (False too when the job lost its lease)."""
-        fraction, message = check_progress(fraction, message)
+        fraction, message = check_progress(fraction, message,
+                                           self._broker.config.progress_max_bytes)
         percent = math.floor(fraction * 100)
         now = time.monotonic()
         if self._written is not None:

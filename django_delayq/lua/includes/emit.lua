@@ -6,14 +6,15 @@ local function events_cap(value)
   return {len = tonumber(maxlen), bytes = tonumber(max_bytes)}
 end
 
--- Keep the stream within cap.bytes: if Redis's estimate of its memory (MEMORY USAGE, 16
--- nodes sampled) is over, the oldest entries go until it is a tenth under. `n`: its
+-- Keep the stream within cap.bytes. Redis's estimate of its memory (MEMORY USAGE) samples
+-- its 64 oldest nodes, which may be smaller than the newer ones: past nine tenths of the
+-- bound by that estimate, the oldest entries go until it is at eight tenths. `n`: its
 -- length, if known.
 local function trim_to_bytes(events_key, cap, n)
-  local used = redis.call('MEMORY', 'USAGE', events_key, 'SAMPLES', 16)
-  if used and used > cap.bytes then
+  local used = redis.call('MEMORY', 'USAGE', events_key, 'SAMPLES', 64)
+  if used and used > cap.bytes * 0.9 then
     n = n or redis.call('XLEN', events_key)
-    redis.call('XTRIM', events_key, 'MAXLEN', math.max(1, math.floor(n * cap.bytes * 0.9 / used)))
+    redis.call('XTRIM', events_key, 'MAXLEN', math.max(1, math.floor(n * cap.bytes * 0.8 / used)))
   end
 end
 
@@ -23,11 +24,11 @@ end
 -- ask (emit_jobs): one question per batch of jobs.
 local function trim_bytes(events_key, cap, entry_bytes)
   entry_bytes = entry_bytes * 1.25
-  if cap.bytes <= 0 or cap.len * entry_bytes <= cap.bytes then
+  if cap.bytes <= 0 or cap.len * entry_bytes <= cap.bytes * 0.9 then
     return
   end
   local n = redis.call('XLEN', events_key)
-  if n * entry_bytes > cap.bytes then
+  if n * entry_bytes > cap.bytes * 0.9 then
     trim_to_bytes(events_key, cap, n)
   end
 end

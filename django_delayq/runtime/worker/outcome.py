@@ -15,9 +15,9 @@ from ..logfields import log
 
 logger = logging.getLogger("django_delayq.worker")
 
-#: Longest error line and traceback kept with a job.
+#: Longest error line of an outcome (and its log line); what Redis keeps of it and of the
+#: traceback, ERROR_MAX_BYTES, is cut by the engine.
 MAX_ERROR = 2000
-MAX_TRACEBACK = 20000
 
 
 class CorruptPayload(ValueError):
@@ -87,7 +87,7 @@ def failure(job: ClaimedJob, exc: BaseException, *, retry: bool, delay: float = 
     """The failed :class:`Outcome` of ``job``, logged with its error and traceback."""
     error = describe(exc)
     tb = format_traceback(exc)
-    outcome = Outcome(job, False, error=error[:MAX_ERROR], traceback=tb[-MAX_TRACEBACK:],
+    outcome = Outcome(job, False, error=error[:MAX_ERROR], traceback=tb,
                       retry_delay_ms=int(delay * 1000) if retry else -1, exception=exc)
     # The job's record (its fate and error) is logged once its ack lands; the traceback,
     # kept with the job, shows here at -v 2.
