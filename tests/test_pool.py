@@ -135,8 +135,7 @@ def test_sigterm_to_the_supervisor_finishes_running_jobs_and_hands_back_the_rest
 
 
 def test_second_signal_to_the_supervisor_stops_at_once_with_code_1(redis_client, spawned):
-    for i in range(2):
-        tasks.gated.enqueue(f"n{i}", gate="gate:never")
+    jobs = [tasks.gated.enqueue(f"n{i}", gate="gate:never") for i in range(2)]
     proc, out = spawned("default", "--processes", "2", "-c", "1", "--prefetch", "0")
     wait_until(lambda: len(starts(redis_client, "gated-start")) == 2, timeout=60,
                message=f"a job running in each child:\n{out.text}")
@@ -148,7 +147,12 @@ def test_second_signal_to_the_supervisor_stops_at_once_with_code_1(redis_client,
     assert proc.wait(timeout=30) == 1, out.text
     for pid in children:
         assert not pid_alive(pid), "the supervisor stops with all of its children"
-    assert Queue("default").counts()["active"] == 2, "the jobs stay leased for a reclaim"
+    # The worker processes ended while they held the jobs: handed back at once, the
+    # attempt counted (not left leased until the lease lapses).
+    for job in jobs:
+        job.refresh()
+        assert (job.status, job.attempts) == ("ready", 1), out.text
+        assert "WorkerLost" in job.attempt_log[-1]["error"]
 
 
 def test_burst_pool_runs_what_is_due_and_exits_zero(redis_client, spawned):
@@ -286,19 +290,25 @@ def test_max_jobs_per_child_recycles_with_nothing_lost(redis_client, spawned):
 
 def test_a_recycle_lets_a_job_longer_than_the_grace_period_finish_and_runs_it_once(
         redis_client, spawned):
+    """A process claims no more than the jobs it has left before its recycle, so its last
+    jobs run to their end, however much longer than the grace period, and none is handed
+    back; the next job waits for the fresh process."""
     long = tasks.sleeps.enqueue(5)
     quick = tasks.gated.enqueue("q", gate="gate:q")
+    after = tasks.record.enqueue("after")
     proc, out = spawned("default", "-c", "2", "--prefetch", "0", "--grace-period", "0.5",
-                        "--max-jobs-per-child", "1")
+                        "--max-jobs-per-child", "2")
     wait_until(lambda: starts(redis_client, "sleeps") and starts(redis_client, "gated-start"),
                timeout=60, message=f"both jobs to start:\n{out.text}")
-    redis_client.set("gate:q", 1)  # its end reaches the limit while the long job runs on
+    assert after.refresh().status == "ready", "claimed beyond the jobs the process had left"
+    redis_client.set("gate:q", 1)
     out.wait_for("worker-0 exited to be replaced", timeout=60)
     assert "recycling worker process" in out.text
     assert "handing back" not in out.text
     for job in (long, quick):
         job.refresh()
         assert (job.status, job.attempts) == ("completed", 1)
+    wait_until(lambda: after.refresh().status == "completed", message="the next job")
     assert len(starts(redis_client, "sleeps")) == 1
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, out.text
