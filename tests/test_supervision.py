@@ -39,7 +39,7 @@ def test_a_hung_job_fails_by_its_limit_and_the_jobs_after_it_run(kind, processes
                                  "its time limit of 0.5s"), hung.error
     if kind == "holding-the-gil":  # its process ran no Python: its host killed it
         assert "the process was killed and replaced" in hung.error
-        assert "worker-0 killed pid=" in out.text or "worker-1 killed pid=" in out.text
+        out.wait_for("worker-0 killed pid=", "worker-1 killed pid=")
     wait_until(lambda: all(job.refresh().status == "completed" for job in after),
                timeout=90, message=f"the jobs after it to run:\n{out.text}")
     assert [job.attempts for job in after] == [1] * len(after), \
@@ -88,7 +88,7 @@ def test_the_jobs_of_a_killed_process_come_back_at_once_not_after_the_lease(
     assert running.attempt_log[0]["error"].startswith("WorkerLost: worker ")
     for job in buffered:
         assert (job.refresh().status, job.attempts) == ("completed", 1)
-    assert "handed_back=" in out.text
+    out.wait_for("handed_back=")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, out.text
 
@@ -118,7 +118,7 @@ def test_recycling_is_exact_whatever_the_threads_and_prefetch(redis_client, spaw
     per_pid = Counter(r["pid"] for r in starts(redis_client, "record"))
     assert sum(per_pid.values()) == 60, "each job ran once"
     assert max(per_pid.values()) <= 3, per_pid
-    assert "exit_code=75" in out.text, "the log says the code the process exits with"
+    out.wait_for("exit_code=75")  # the log says the code the process exits with
     assert "exit_code=0" not in out.text.split("host stopping")[0]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, out.text
