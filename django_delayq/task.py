@@ -13,7 +13,7 @@ import inspect
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypedDict, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Unpack, overload
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
@@ -34,9 +34,10 @@ from .engine import (
 from .engine.fastpaths import arg_shape, positional_names, signature
 from .engine.flows import dependencies, parent_ref
 from .engine.jobhash import reply_time
-from .flow_control import FlowControl, KeySource
+from .flow_control import FlowControl
 from .jobspec import JobSpec as JobSpec  # public here too, where Task.bind makes it
 from .jobspec import requests_of
+from .options import FLOW_OPTIONS, EnqueueOptions, TaskOptions, given_options
 from .runtime import tracing
 from .runtime.registry import DuplicateTaskName
 from .runtime.registry import registry as registry  # where @task registers, public here
@@ -47,63 +48,6 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-
-class _Options(TypedDict, total=False):
-    """The options of a job that both ``@task`` and ``Task.using()`` set (see
-    :class:`Task`'s fields)."""
-
-    queue: str | None
-    priority: int | None
-    delay: float | dt.timedelta | None
-    max_attempts: int | None
-    timeout: float | dt.timedelta | None
-
-
-class TaskOptions(_Options, total=False):
-    """The keyword arguments of :func:`task`."""
-
-    concurrency_key: KeySource | None
-    concurrency_limit: int | None
-    key_rate_limit: str | None
-    name: str | None
-    retry_backoff: float | None
-    retry_backoff_max: float | None
-    cron: str | None
-    tz: str | None
-    every: float | dt.timedelta | None
-
-
-class EnqueueOptions(_Options, total=False):
-    """The keyword arguments of :meth:`Task.using`."""
-
-    run_at: dt.datetime | None
-    job_id: str | None
-    database: str | None
-    depends_on: Iterable[Any] | None
-    on_parent_failure: str | None
-    pass_results: str | None
-    concurrency_key: KeySource | None
-    concurrency_limit: int | None
-    dedupe_key: KeySource | None
-    dedupe: str | None
-    dedupe_window: float | dt.timedelta | None
-    key_rate_limit: str | None
-
-
-#: The options of :meth:`Task.using` that make its :class:`FlowControl`.
-FLOW_OPTIONS = ("concurrency_key", "concurrency_limit", "dedupe_key", "dedupe",
-                "dedupe_window", "key_rate_limit")
-
-
-def _options(given: Mapping[str, Any], known: type, where: str) -> dict[str, Any]:
-    """The options ``given`` to ``where``, the ones set to None left out; ``TypeError``
-    for a name ``known`` (a TypedDict) does not declare, as for an unexpected keyword
-    argument."""
-    unknown = sorted(set(given) - known.__optional_keys__)  # type: ignore[attr-defined]
-    if unknown:
-        raise TypeError(f"{where} got unexpected keyword arguments: {', '.join(unknown)}")
-    return {key: value for key, value in given.items() if value is not None}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -228,7 +172,7 @@ class Task(Generic[P, T]):
         ``dedupe_key`` with ``dedupe`` ("exists", "throttle", "debounce", "keep_last")
         and ``dedupe_window``: see docs/flow-control.md.
         """
-        changes: dict[str, Any] = _options(options, EnqueueOptions, "using()")
+        changes: dict[str, Any] = given_options(options, EnqueueOptions, "using()")
         if "run_at" in changes:
             changes["delay"] = None
         elif "delay" in changes:
@@ -439,7 +383,7 @@ def task(function: Callable[P, T] | None = None, /, **options: Unpack[TaskOption
     once, ``key_rate_limit`` ("10/m") at most so many start per period (docs/flow-control.md).
     """
 
-    fields = _options(options, TaskOptions, "@task")
+    fields = given_options(options, TaskOptions, "@task")
     name = fields.pop("name", None)
     flow = FlowControl().merged(concurrency_key=fields.pop("concurrency_key", None),
                                 concurrency_limit=fields.pop("concurrency_limit", None),
