@@ -153,6 +153,39 @@ def test_signals_around_each_attempt_on_a_worker(redis_client):
                                   ("started", 2, ""), ("failed", 2, "RuntimeError")]
 
 
+def test_the_signal_after_an_aborted_attempt_says_it_failed_for_good(redis_client):
+    """A job whose abort was asked ends cancelled, never retried: its signal is
+    ``job_failed`` with JobAborted, whether it stopped by itself (it returned) or had
+    JobAborted raised in it, never ``job_finished`` or ``job_retried``."""
+    seen: dict[str, list[tuple[str, str]]] = {}
+
+    def receiver(name: str) -> Any:
+        def on(sender: str, job: Any, worker: str, **kwargs: Any) -> None:
+            exception = kwargs.get("exception")
+            seen.setdefault(job.id, []).append(
+                (name, "" if exception is None else type(exception).__name__))
+        return on
+
+    receivers = {name: receiver(name) for name in ("finished", "retried", "failed")}
+    for name, on in receivers.items():
+        getattr(signals, f"job_{name}").connect(on)
+    try:
+        coop = tasks.stops_when_aborted.enqueue("signals")
+        stubborn = tasks.sleeps.using(max_attempts=3).enqueue(60.0)
+        with worker_thread(queues=["default"], concurrency=2, lease=3):
+            for job in (coop, stubborn):
+                wait_until(lambda job=job: job.refresh().status == "active",
+                           message=f"job {job.id} to start")
+                assert job.abort(by="alice") is True
+            wait_until(lambda: all(j.refresh().status == "cancelled" for j in (coop, stubborn))
+                       and len(seen) == 2, message="the aborted jobs to end cancelled")
+    finally:
+        for name, on in receivers.items():
+            getattr(signals, f"job_{name}").disconnect(on)
+    assert seen[coop.id] == [("failed", "JobAborted")]
+    assert seen[stubborn.id] == [("failed", "JobAborted")]
+
+
 def test_a_receiver_that_raises_changes_nothing_for_the_job(redis_client, caplog):
     def broken(**kwargs: Any) -> None:
         raise RuntimeError("receiver bug")

@@ -58,7 +58,7 @@ OUTCOMES = {0: Outcome.DUPLICATE, 1: Outcome.CREATED, 2: Outcome.REPLACED, 3: Ou
 
 
 class KeyedOptions(NamedTuple):
-    """A job's keys as the enqueue script takes them (its 5 keyed values after the index)."""
+    """A job's keys as the enqueue script takes them (its 7 keyed values after the index)."""
 
     concurrency_key: str = ""
     concurrency_limit: int = 0

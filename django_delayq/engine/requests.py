@@ -53,6 +53,7 @@ class EnqueueRequest:
     #: W3C trace context of the code that enqueues ('' for none), stored with the job.
     traceparent: str = ""
 
+
 @dataclass(slots=True)
 class EnqueueResult:
     """What Redis said about one enqueued job."""

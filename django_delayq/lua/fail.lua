@@ -39,8 +39,9 @@
 --              frees its key's slot, retried or not
 --
 -- Returns {outcome, run_at, pushed}: outcome 'retried' (run_at is the retry time),
--- 'failed', 'cancelled' (aborted), or 'stale' (the attempt no longer holds the lease); pushed counts the
--- resolutions of dependants in other shards left in the outbox by a failure for good.
+-- 'failed', 'cancelled' (aborted), or 'stale' (the attempt no longer holds the lease);
+-- pushed counts the resolutions of dependants in other shards left in the outbox by a
+-- failure for good (or an abort).
 
 local job_key, active, scheduled, failed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local job_id, attempt = ARGV[1], ARGV[2]

@@ -227,7 +227,7 @@ class AsyncExecutor:
                 outcome = failure(job, exc, retry=True)
             finally:
                 lease.cancel = None
-        outcome = aborted(lease, outcome)
+        outcome = aborted(lease.abort_by, outcome)
         outcome.started_ms = lease.started_ms
         outcome.finished_ms = lease.started_ms + int((time.perf_counter() - began) * 1000)
         after_job(self.after_job, job)
@@ -288,6 +288,7 @@ class AsyncExecutor:
             except BaseException as exc:  # a value whose encoding raises anything
                 outcome = failure(job, exc, retry=False)
         self._last_done = time.monotonic()
+        outcome = aborted(lease.abort_by, outcome)  # what the middleware sees
         for each in reversed(self.middleware):
             try:
                 await each.after_async_job(job, outcome)

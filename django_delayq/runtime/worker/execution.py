@@ -17,7 +17,7 @@ from ...engine import Broker, ClaimedJob, JobAborted, UnknownTask, encode_result
 from ..current import running
 from ..logfields import log
 from ..registry import TaskRegistry
-from .ledger import Lease, Ledger
+from .ledger import Ledger
 from .middleware import Middleware
 from .outcome import CorruptPayload, Outcome, decode_arguments, describe, failure
 
@@ -46,6 +46,8 @@ def execute(job: ClaimedJob, tasks: TaskRegistry, worker: str, broker: Broker,
         outcome = failure(job, exc, retry=True)
     else:
         outcome = _run(job, tasks, worker, broker, hooks, abort_by)
+    if abort_by is not None:  # the middleware (signals, traces) sees what the job became
+        outcome = aborted(abort_by(), outcome)
     for each in reversed(middleware):
         try:
             each.after_job(job, outcome)
@@ -85,17 +87,17 @@ _STOPPED = (describe(JobAborted()).split(":")[0], "asyncio.exceptions.CancelledE
             "builtins.GeneratorExit")
 
 
-def aborted(lease: Lease, outcome: Outcome) -> Outcome:
-    """The outcome of a job whose abort was asked for: one that returned (it checked
-    ``abort_requested``) or was stopped by the abort fails with :class:`JobAborted`
-    naming who asked, never retried (the engine makes it ``cancelled``); a failure of
-    its own stands."""
-    if lease.abort_by is None:
+def aborted(abort_by: str | None, outcome: Outcome) -> Outcome:
+    """The outcome of a job whose abort ``abort_by`` asked for (None: nobody did): one
+    that returned (it checked ``abort_requested``) or was stopped by the abort fails with
+    :class:`JobAborted` naming who asked, never retried (the engine makes it
+    ``cancelled``); a failure of its own stands. Applying it twice changes nothing."""
+    if abort_by is None:
         return outcome
     if outcome.ok:
-        return failure(outcome.job, JobAborted(f"aborted by {lease.abort_by}"), retry=False)
+        return failure(outcome.job, JobAborted(f"aborted by {abort_by}"), retry=False)
     if outcome.error.startswith(_STOPPED):
-        outcome.error = describe(JobAborted(f"aborted by {lease.abort_by}"))
+        outcome.error = describe(JobAborted(f"aborted by {abort_by}"))
     outcome.retry_delay_ms = -1
     return outcome
 

@@ -152,7 +152,7 @@ class Executor:
                               abort_by=lambda: lease.abort_by)
         except BaseException as exc:  # raised outside the task (a late JobTimeout)
             outcome = failure(job, exc, retry=True)
-        outcome = aborted(lease, outcome)
+        outcome = aborted(lease.abort_by, outcome)
         self._shield(job, me)  # an abort may come to any job
         outcome.started_ms = lease.started_ms
         outcome.finished_ms = lease.started_ms + int((time.perf_counter() - began) * 1000)
