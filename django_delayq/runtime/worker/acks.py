@@ -153,10 +153,12 @@ class Acker:
         #: Shards backing off after refusing acks: until when (monotonic seconds).
         self._backoff_until: dict[QueueKeys, float] = {}
         #: Acked outcomes: completed jobs, failed attempts to be retried, jobs failed
-        #: for good (dead-lettered), and acks the engine ignored as stale.
+        #: for good (dead-lettered), aborted jobs (ended cancelled), and acks the engine
+        #: ignored as stale.
         self.completed = 0
         self.retried = 0
         self.failed = 0
+        self.cancelled = 0
         self.stale = 0
         #: Large acks refused so far, by ``id(outcome)``: tries failed while Redis answered.
         self._refused: dict[int, int] = {}
@@ -306,6 +308,8 @@ class Acker:
                     self.retried += 1
                 elif fate == "failed":
                     self.failed += 1
+                elif fate == "cancelled":
+                    self.cancelled += 1
                 else:
                     self.stale += 1
         # One line per finished job at INFO; failures (WARNING, ERROR) even when quiet.

@@ -325,8 +325,9 @@ class Worker:
             self.forget()
         counts = self.acker
         log(logger, logging.INFO, "worker stopped", worker=self.name,
-            jobs=counts.completed + counts.retried + counts.failed, completed=counts.completed,
-            retried=counts.retried, failed=counts.failed, exit_code=code)
+            jobs=counts.completed + counts.retried + counts.failed + counts.cancelled,
+            completed=counts.completed, retried=counts.retried, failed=counts.failed,
+            aborted=counts.cancelled, exit_code=code)
         return code
 
     def _shutdown(self) -> int:
