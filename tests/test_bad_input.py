@@ -324,6 +324,7 @@ CHECK_CASES: dict[str, Any] = {
     "E088": {"MAX_PROCESSES": 0},
     "E089": {"MAX_CONCURRENCY": 0},
     "E090": {"OUTBOX": {"CHUNK_SIZE": 0}},
+    "E140": {"API_ANY_QUEUE": "yes"},
 }
 
 
