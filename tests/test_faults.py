@@ -7,6 +7,7 @@ of the run (see ``fault_report`` in conftest.py).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -63,6 +64,11 @@ def registered(client: Any, worker: str) -> bool:
     return client.zscore(get_broker().global_keys.workers, worker) is not None
 
 
+#: The workers keep every finished job's record, so the end state of each one is read
+#: (KEEP_COMPLETED trims the records past it, 10,000 by default).
+KEEP_EVERY_RECORD = {"DELAYQ_TEST_SETTINGS": json.dumps({"KEEP_COMPLETED": 10 * CHAOS_JOBS})}
+
+
 def chaos_requests(n: int) -> list[EnqueueRequest]:
     """``n`` jobs, one in ten delayed 1-4 s so promotion happens under the kills too."""
     return [
@@ -85,7 +91,7 @@ def test_chaos_soak_sigkill_a_worker_every_second_loses_nothing(redis_client, sp
     def start() -> tuple[Any, str]:
         name = f"chaos-{next(serial)}"
         proc, _ = spawned("chaos", "-c", str(CONCURRENCY), "--prefetch", str(PREFETCH),
-                          "--lease", LEASE, "--name", name, "-v", "0")
+                          "--lease", LEASE, "--name", name, "-v", "0", env=KEEP_EVERY_RECORD)
         return proc, f"{name}-0"  # its one worker process's name
 
     slots = [start() for _ in range(CHAOS_WORKERS)]

@@ -18,7 +18,14 @@ from django_delayq.engine import EnqueueRequest
 from django_delayq.mirror import GROUP
 from django_delayq.runtime.worker.fetcher import MAX_PREFETCH
 from tests import services
-from tests.conftest import ROOT, OutputReader, kill_with_children, wait_until, worker_env
+from tests.conftest import (
+    ROOT,
+    OutputReader,
+    child_pids,
+    kill_with_children,
+    wait_until,
+    worker_env,
+)
 from tests.test_faults import held_by
 from tests.testapp.fault_tasks import count_run
 
@@ -179,10 +186,13 @@ def test_workers_and_mirrors_sigkilled_every_second_leave_every_row_right(
             done, progressed = redis_client.hlen("test:runs"), time.monotonic()
             slot = rng.randrange(3)
             proc, worker = slots[slot]
-            # Frozen, it changes nothing: what it holds now is what it can run twice.
-            os.kill(proc.pid, signal.SIGSTOP)
-            held_at_kills.append(set(held_by(redis_client, keys, worker)))
-            kill_with_children(proc)  # the worker and its mirror process
+            # Frozen, it changes nothing: what it holds now is what it can run twice. The
+            # machine dies: runworker (with its mirror) and its worker process at once.
+            (child,) = wait_until(lambda proc=proc: child_pids(proc.pid),
+                                  message="its worker process")
+            os.kill(child, signal.SIGSTOP)
+            held_at_kills.append(set(held_by(redis_client, keys, f"{worker}-0")))
+            kill_with_children(proc)
             slots[slot] = start()
         for proc, _ in slots:
             proc.terminate()
