@@ -202,7 +202,11 @@ def watch_switches(client: Any) -> None:
                             # answer when it connects again.
                             manager.sentinels[:] = [sentinel, *(
                                 s for s in manager.sentinels if s is not sentinel)]
-                            drop_demoted(live)
+                            # Idle connections only: closing one another thread is
+                            # sending on would break its call with a bare socket error.
+                            # A durable write on one still open is checked after its
+                            # WAIT (follow_primary) and sent again.
+                            live.connection_pool.disconnect(inuse_connections=False)
                             del live
             except (RedisError, OSError, ValueError):
                 failures += 1
