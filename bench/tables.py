@@ -76,47 +76,27 @@ def configurations(data: dict[str, Any], tuned_1proc: float | None) -> Lines:
         lines += ["", f"Pool / separate: {n(pool['pool_vs_separate'], '{:.2f}')}.", ""]
     limits = data.get("time_limits")
     if limits:
-        lines += [
-            f"**Time limits** (1 process of 8 threads, {n(limits['n'])} no-op jobs, "
-            f"{limits['pairs']} pairs of runs in alternating order):", "",
-            *_header("worker", "jobs/s (median)", "min", "max", "spread"),
-        ]
-        for label, key in (("no time limit", "off"), ("`--timeout 60`", "on")):
-            s = limits[key]
-            lines.append(_row(label, n(s["median"]), n(s["min"]), n(s["max"]),
-                              n(s["spread"], "{:.1%}")))
-        lines += ["", f"With / without: {n(limits['ratio'], '{:.3f}')}.", ""]
+        lines += _paired(
+            limits, f"**Time limits** (1 process of 8 threads, {n(limits['n'])} no-op jobs, "
+            f"{limits['pairs']} pairs of runs in alternating order):", "worker",
+            ("no time limit", "`--timeout 60`"), "With / without")
         lines += _measured_apart(limits)
     supervision = data.get("supervision")
     if supervision:
-        lines += [
-            f"**Supervision** (1 process of 8 threads, {n(supervision['n'])} no-op jobs, "
-            f"{supervision['pairs']} pairs of runs in alternating order): `runworker` (a "
-            "host watching its worker process's deadline board) against the same worker "
-            "process started alone, which nothing watches:", "",
-            *_header("worker", "jobs/s (median)", "min", "max", "spread"),
-        ]
-        for label, key in (("`runworker` (supervised)", "off"),
-                           ("worker process alone", "on")):
-            s = supervision[key]
-            lines.append(_row(label, n(s["median"]), n(s["min"]), n(s["max"]),
-                              n(s["spread"], "{:.1%}")))
-        lines += ["", f"Alone / supervised: {n(supervision['ratio'], '{:.3f}')}.", ""]
+        lines += _paired(
+            supervision, f"**Supervision** (1 process of 8 threads, {n(supervision['n'])} "
+            f"no-op jobs, {supervision['pairs']} pairs of runs in alternating order): "
+            "`runworker` (a host watching its worker process's deadline board) against the "
+            "same worker process started alone, which nothing watches:", "worker",
+            ("`runworker` (supervised)", "worker process alone"), "Alone / supervised")
     async_tasks = data.get("async_tasks")
     if async_tasks:
-        lines += [
-            f"**Async tasks** (1 process, {n(async_tasks['n'])} no-op jobs, "
+        lines += _paired(
+            async_tasks, f"**Async tasks** (1 process, {n(async_tasks['n'])} no-op jobs, "
             f"{async_tasks['pairs']} pairs of runs in alternating order): the no-op task "
             "as a sync function on 8 threads against the same as an `async def` task on the "
-            "worker's event loop (`DELAYQ[\"ASYNC_CONCURRENCY\"]` 10):", "",
-            *_header("task", "jobs/s (median)", "min", "max", "spread"),
-        ]
-        for label, key in (("`def noop()`, threads", "off"),
-                           ("`async def anoop()`, event loop", "on")):
-            s = async_tasks[key]
-            lines.append(_row(label, n(s["median"]), n(s["min"]), n(s["max"]),
-                              n(s["spread"], "{:.1%}")))
-        lines += ["", f"Async / sync: {n(async_tasks['ratio'], '{:.3f}')}.", ""]
+            "worker's event loop (`DELAYQ[\"ASYNC_CONCURRENCY\"]` 10):", "task",
+            ("`def noop()`, threads", "`async def anoop()`, event loop"), "Async / sync")
     defaults = data.get("defaults")
     if defaults:
         mirror = defaults["mirror"]
@@ -148,6 +128,18 @@ def configurations(data: dict[str, Any], tuned_1proc: float | None) -> Lines:
             *_measured_apart(defaults),
         ]
     return lines
+
+
+def _paired(row: dict[str, Any], title: str, what: str, labels: tuple[str, str],
+            ratio: str) -> list[str]:
+    """The table of a row measured in alternating pairs (``configurations.paired``): the
+    run without the variant ("off") and with it ("on"), then their ratio."""
+    lines = [title, "", *_header(what, "jobs/s (median)", "min", "max", "spread")]
+    for label, key in zip(labels, ("off", "on"), strict=True):
+        s = row[key]
+        lines.append(_row(label, n(s["median"]), n(s["min"]), n(s["max"]),
+                          n(s["spread"], "{:.1%}")))
+    return [*lines, "", f"{ratio}: {n(row['ratio'], '{:.3f}')}.", ""]
 
 
 def _measured_apart(block: dict[str, Any]) -> Lines:
