@@ -1,5 +1,6 @@
 -- include: now_ms
 -- include: ready_score
+-- include: turn
 -- include: slice
 -- include: call_sliced
 -- include: emit
@@ -41,12 +42,14 @@
 --           receives of their results ('' nothing, 'one', 'all'), and the indexes
 --           (1-based, space-separated) of its parents in this shard; see flows.lua.
 -- then, with m > 0, the 3 settings for resolving dependants (flow_ctx in flows.lua).
--- then per keyed job, 8 values: its index among the jobs (1-based), its concurrency key
+-- then per keyed job, 9 values: its index among the jobs (1-based), its concurrency key
 --           ('' for none), that key's limit, its dedupe key ('' for none), the dedupe
 --           mode ('throttle', 'debounce', 'keep_last'), the mode's window (ms), the key's
---           starts allowed per period (0: no rate) and that period (ms).
+--           starts allowed per period (0: no rate), that period (ms) and the weight of
+--           its turns (1..16; fair_turn.lua).
 --
--- A keyed job is stored with its key ('ck') and limit ('cl'); one that is ready at once
+-- A keyed job is stored with its key ('ck'), limit ('cl') and a weight other than 1
+-- ('cw'); one that is ready at once
 -- takes its key's next fair turn as its FIFO number (fair_turn.lua). A dedupe
 -- key names the job that stands for it (a record with a time to live): 'throttle'
 -- ignores the job while the record lives (the window); 'debounce' replaces the arguments
@@ -79,15 +82,15 @@ local maxlen = events_cap(ARGV[1])
 local now = now_ms()
 local scheduled, ready, marker, events, seq_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local m, nf = tonumber(ARGV[2]), tonumber(ARGV[3])
-local n = (#ARGV - 3 - 5 * m - (m > 0 and 3 or 0) - 8 * nf) / 10
+local n = (#ARGV - 3 - 5 * m - (m > 0 and 3 or 0) - 9 * nf) / 10
 local waits = {}  -- job index -> the ARGV index of its 5 flow values
 for j = 1, m do
   local at = 4 + 10 * n + (j - 1) * 5
   waits[tonumber(ARGV[at])] = at
 end
-local keyed = {}  -- job index -> the ARGV index of its 8 keyed values
+local keyed = {}  -- job index -> the ARGV index of its 9 keyed values
 for j = 1, nf do
-  local at = 4 + 10 * n + 5 * m + (m > 0 and 3 or 0) + (j - 1) * 8
+  local at = 4 + 10 * n + 5 * m + (m > 0 and 3 or 0) + (j - 1) * 9
   keyed[tonumber(ARGV[at])] = at
 end
 local turns, dedupe_prefix, job_prefix = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
@@ -223,6 +226,10 @@ for i = 1, n do
         fields[#fields + 1] = 'kp'
         fields[#fields + 1] = ARGV[kx + 7]
       end
+      if ARGV[kx + 8] ~= '1' then
+        fields[#fields + 1] = 'cw'
+        fields[#fields + 1] = ARGV[kx + 8]
+      end
     end
     if kx and ARGV[kx + 4] ~= '' then
       local window, rec = tonumber(ARGV[kx + 5]), dedupe_prefix .. ARGV[kx + 3]
@@ -261,12 +268,12 @@ for i = 1, n do
       status = 'ready'
       if seq == nil then
         -- one INCRBY per call: numbers for every job of the call (gaps are harmless)
-        seq = redis.call('INCRBY', seq_key, n) - n
+        seq = redis.call('INCRBY', seq_key, n * TURN) - n * TURN
       end
-      seq = seq + 1
+      seq = seq + TURN
       local turn = seq
       if ck then
-        turn = fair_turn(turns, ready, seq_key, ck, priority, floors)
+        turn = fair_turn(turns, ready, seq_key, ck, priority, floors, tonumber(ARGV[kx + 8]))
       end
       ready_pairs[#ready_pairs + 1] = ready_score(priority, turn)
       ready_pairs[#ready_pairs + 1] = job_id
