@@ -130,3 +130,14 @@ def test_a_runworker_starts_a_weight_3_key_three_times_as_often(spawned, redis_c
     for key in "AB":
         assert [tag for tag in tags if tag.startswith(key)] == [
             f"{key}:{i}" for i in range(order.count(key))]
+
+
+def test_the_heaviest_weight_is_one_fifo_number_a_job() -> None:
+    """A job of weight w moves its key TURN / w numbers on: the heaviest weight allowed
+    must still move it at least one, or two of its jobs could share a number."""
+    from django_delayq.engine import scripts
+
+    text = scripts.read_lua("includes/turn.lua")
+    (turn,) = [int(line.split("=")[1]) for line in text.splitlines()
+               if line.startswith("local TURN =")]
+    assert turn == MAX_WEIGHT
