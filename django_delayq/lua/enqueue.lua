@@ -55,8 +55,9 @@
 -- ignores the job while the record lives (the window); 'debounce' replaces the arguments
 -- of the job it names while that one is scheduled, and moves its run_at to this job's;
 -- 'keep_last' replaces the arguments of the one it names while that one has not started.
--- Else the job is added and the record names it. A call holding a dedupe mode holds
--- that one job only (engine/keyed.py checks it).
+-- Else the job is added and the record names it. A call may hold several jobs with a
+-- dedupe mode, of one key or of several: each sees what the ones before it did (a job
+-- this call added may be replaced or ignored by the next).
 --
 -- A job that waits is stored 'waiting' (its run_at kept) and linked, in this call, to
 -- its parents of this shard; a parent already finished resolves it at once. A job with
@@ -67,7 +68,8 @@
 -- a job whose parents here had all finished is already ready, scheduled or ended by its
 -- policy), run_at ms, enqueued_at ms (of the existing job for a duplicate); with a dedupe
 -- mode, added is 1 (created), 2 (replaced: the job named by the record got these
--- arguments) or 3 (ignored), and a fifth value follows: the id of the job in effect.
+-- arguments) or 3 (ignored). Then, per job with a dedupe mode in call order, one value:
+-- the id of the job in effect ('' for a job whose id existed).
 --
 -- Loaded twice (engine/scripts.py VARIANTS): as `enqueue`, and as `enqueue_plain`
 -- without the includes flows and link_parent for calls with m = 0, so every use of their
@@ -124,7 +126,8 @@ local ready_pairs, scheduled_pairs, added_ids = {}, {}, {}
 local added = {}  -- job id -> its reply index, for an id given twice in one call
 local seq = nil  -- the FIFO number of the last ready job
 local earliest = nil  -- the earliest run_at among the scheduled jobs added
-local in_effect = nil  -- with a dedupe mode, the id of the job that stands for it
+local in_effect = {}  -- per job with a dedupe mode: the id of the job that stands for it
+local scheduled_at = {}  -- job id -> the index of its run_at in scheduled_pairs
 
 -- With a dedupe mode: the reply of a job replaced or ignored through the record `rec`
 -- (4 values), or nil to add the job.
@@ -151,7 +154,12 @@ local function dedupe(rec, mode, window, a, now)
   local run_at = tonumber(f[2] or f[3]) or now
   if mode == 'debounce' then
     run_at = wanted_run_at(ARGV[a + 6], ARGV[a + 7], now)
-    redis.call('ZADD', scheduled, run_at, prev)
+    if scheduled_at[prev] then  -- added by this call: its ZADD comes at the end
+      scheduled_pairs[scheduled_at[prev]] = run_at
+      out[added[prev] + 3] = run_at
+    else
+      redis.call('ZADD', scheduled, run_at, prev)
+    end
     redis.call('HSET', prev_key, 'r', run_at)
     redis.call('PEXPIRE', rec, window + 3600000)
   end
@@ -169,11 +177,14 @@ for i = 1, n do
   if kx and ARGV[kx + 4] ~= '' and not found then
     deduped = dedupe(dedupe_prefix .. ARGV[kx + 3], ARGV[kx + 4], tonumber(ARGV[kx + 5]), a, now)
   end
+  if kx and ARGV[kx + 4] ~= '' then
+    in_effect[#in_effect + 1] = ''
+  end
   if deduped then
     for _, value in ipairs(deduped) do
       out[#out + 1] = value
     end
-    in_effect = redis.call('GET', dedupe_prefix .. ARGV[kx + 3])
+    in_effect[#in_effect] = redis.call('GET', dedupe_prefix .. ARGV[kx + 3])
   elseif found then
     out[#out + 1] = 0
     out[#out + 1] = found[1]
@@ -238,7 +249,7 @@ for i = 1, n do
         ttl = math.max(window, 86400000)
       end
       redis.call('SET', rec, job_id, 'PX', math.max(ttl, 1))
-      in_effect = job_id
+      in_effect[#in_effect] = job_id
     end
     local status
     local wait = waits[i]
@@ -283,6 +294,7 @@ for i = 1, n do
       placed_ids[#placed_ids + 1] = job_id
       status = 'scheduled'
       scheduled_pairs[#scheduled_pairs + 1] = run_at
+      scheduled_at[job_id] = #scheduled_pairs
       scheduled_pairs[#scheduled_pairs + 1] = job_id
       if earliest == nil or run_at < earliest then
         earliest = run_at
@@ -369,7 +381,7 @@ if #new_waiting > 0 then
     out[w[1] + 1] = redis.call('HGET', KEYS[5 + w[4]], 's')
   end
 end
-if in_effect then
-  out[#out + 1] = in_effect
+for _, job_id in ipairs(in_effect) do
+  out[#out + 1] = job_id
 end
 return out
