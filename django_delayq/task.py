@@ -336,7 +336,8 @@ class Task(Generic[P, T]):
         come from this task (``using()`` included). Every item of a chunk is checked
         before the chunk is sent, so a bad item raises without sending its chunk (the
         chunks before it are enqueued: the error says how many). An id that exists is
-        skipped and reported in ``BulkResult.duplicate_ids``.
+        skipped and reported in ``BulkResult.duplicate_ids``; jobs a dedupe mode replaced
+        or ignored are counted in ``replaced`` and ``ignored``.
         """
         sent = BulkResult()
         return get_broker().enqueue_many(self.queue_name, self._requests(jobs),
