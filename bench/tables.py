@@ -303,35 +303,48 @@ def bulk_enqueue(data: dict[str, Any]) -> Lines:
 
 def keyed(data: dict[str, Any]) -> Lines:
     """Per-key flow control (`python -m bench.keyed`)."""
+    us = "{:,.2f}"
+
+    def row(label: str, name: str) -> str:
+        found = data.get(name) or {}
+        return _row(label, n(found.get("per_s")), n(found.get("redis_us_per_job"), us),
+                    n(found.get("load"), us))
+
     lines = [f"{n(data['jobs'])} no-op jobs per row through the engine, one process: claims "
-             "and acks of 20 (`python -m bench.keyed`).", "",
-             *_header("row", "jobs/s"),
-             _row("claim + ack, no keys", n(data["claim_no_keys_per_s"])),
-             _row("claim + ack, 1 key (never at its limit)", n(data["claim_1_key_per_s"])),
-             _row("claim + ack, 10,000 keys", n(data["claim_10000_keys_per_s"])),
-             _row("claim + ack, 1 key limited to 10 (parked, released)",
-                  n(data["claim_1_key_limit_10_per_s"])),
-             _row("single enqueue, plain", n(data["enqueue_plain_per_s"])),
-             _row("single enqueue, keyed", n(data["enqueue_keyed_per_s"])),
-             _row("single enqueue, debounced (a replacement)",
-                  n(data["enqueue_debounced_per_s"])),
+             "and acks of 20; the claim rows alternate, medians of 3 rounds; Redis µs: "
+             "script time per job (`INFO commandstats`) (`python -m bench.keyed`).", "",
+             *_header("row", "jobs/s", "Redis µs/job", "load"),
+             row("claim + ack, no keys", "claim_no_keys"),
+             row("claim + ack, 1 key (never at its limit)", "claim_1_key"),
+             row("claim + ack, 10,000 keys", "claim_10000_keys"),
+             row("claim + ack, 2 keys weighted 3:1", "claim_2_keys_weighted_3_1"),
+             row("claim + ack, 1 key limited to 10 (parked, released)",
+                 "claim_1_key_limit_10"),
+             row("single enqueue, plain", "enqueue_plain"),
+             row("single enqueue, keyed", "enqueue_keyed"),
+             row("single enqueue, debounced (a replacement)", "enqueue_debounced"),
              "", f"Redis bytes per key (2 jobs each, one running, one waiting for its slot) "
-             f"over the same jobs without keys: {data['keyed_over_plain_bytes_per_key']}; a "
-             f"dedupe record: {data['dedupe_record_bytes_per_key']}."]
-    if "baseline_median" in data:
-        this, base = data["this_median"], data["baseline_median"]
-        lines += ["", "Without keys, this checkout against the baseline (medians of "
-                  "alternating runs):", "", *_header("row", "this", "baseline"),
-                  _row("claim + ack", n(this["claim_no_keys_per_s"]),
-                       n(base["claim_no_keys_per_s"])),
-                  _row("single enqueue", n(this["enqueue_plain_per_s"]),
-                       n(base["enqueue_plain_per_s"])),
-                  _row("Redis µs per job, claim + ack",
-                       n(this.get("claim_ack_redis_us_per_job"), "{:,.2f}"),
-                       n(base.get("claim_ack_redis_us_per_job"), "{:,.2f}")),
-                  _row("Redis µs per job, single enqueue",
-                       n(this.get("enqueue_redis_us_per_job"), "{:,.2f}"),
-                       n(base.get("enqueue_redis_us_per_job"), "{:,.2f}"))]
+             f"over the same jobs without keys: {data['keyed_over_plain_bytes_per_key']} "
+             f"(`used_memory`), {data.get('memory_usage_key_structures_bytes_per_key')} in "
+             f"the key's own structures (`MEMORY USAGE`); a dedupe record: "
+             f"{data['dedupe_record_bytes_per_key']} (`used_memory`), "
+             f"{data.get('memory_usage_dedupe_record_bytes')} (`MEMORY USAGE`)."]
+    checkouts = [name[:-len("_median")] for name in data if name.endswith("_median")]
+    if checkouts:
+        medians = [data[f"{name}_median"] for name in checkouts]
+        lines += ["", "Without keys, this checkout against the baselines (medians of "
+                  "alternating runs, each in a fresh Redis):", "",
+                  *_header("row", *checkouts)]
+        for label, key, spec in (
+                ("claim + ack, jobs/s", "claim_no_keys_per_s", "{:,.0f}"),
+                ("single enqueue, jobs/s", "enqueue_plain_per_s", "{:,.0f}"),
+                ("Redis µs per job, claim + ack", "claim_ack_redis_us_per_job", us),
+                ("Redis µs per job, single enqueue", "enqueue_redis_us_per_job", us),
+                ("Redis CPU µs per job, claim + ack", "claim_ack_redis_cpu_us_per_job", us),
+                ("Redis CPU µs per job, single enqueue", "enqueue_redis_cpu_us_per_job", us),
+                ("bytes of a ready job's hash", "ready_job_hash_bytes", "{:,.0f}"),
+                ("load average", "load", us)):
+            lines.append(_row(label, *(n(m.get(key), spec) for m in medians)))
     return lines
 
 

@@ -1,4 +1,5 @@
-"""A task's per-key flow control: its concurrency key and limit, its dedupe key and mode.
+"""A task's per-key flow control: its concurrency key, limit, rate and weight, its dedupe
+key and mode.
 
 ``@task(concurrency_key=..., concurrency_limit=N)`` and ``Task.using(concurrency_key=...,
 dedupe_key=..., dedupe=..., dedupe_window=...)`` keep them in one :class:`FlowControl`;
@@ -30,6 +31,8 @@ class FlowControl:
     dedupe_window: float | dt.timedelta | None = None
     #: At most so many starts of a concurrency key per period: "10/m" (per key).
     key_rate_limit: str | None = None
+    #: The key's share of the turns: weight 3 takes 3 turns for each 1 of a weight-1 key.
+    key_weight: int | None = None
 
     def __post_init__(self) -> None:
         self._encode("k" if callable(self.concurrency_key) else self.concurrency_key,
@@ -45,7 +48,8 @@ class FlowControl:
 
     def _encode(self, concurrency_key: Any, dedupe_key: Any) -> keyed.KeyedOptions | None:
         return keyed.encode(concurrency_key, self.concurrency_limit, dedupe_key,
-                            self.dedupe, self.dedupe_window, self.key_rate_limit)
+                            self.dedupe, self.dedupe_window, self.key_rate_limit,
+                            self.key_weight)
 
     def resolve(self, args: Sequence[Any], kwargs: Mapping[str, Any]
                 ) -> tuple[keyed.KeyedOptions | None, str | None, float | None]:

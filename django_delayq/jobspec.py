@@ -72,8 +72,10 @@ def requests_of(task: Task[Any, Any], jobs: Iterable[Any]) -> Iterator[EnqueueRe
     flow-control keys resolved."""
     for request in _plain_requests(task, jobs):
         if task.flow:
-            request.keyed, job_id, _ = task.flow.resolve(request.args, request.kwargs)
+            request.keyed, job_id, delay = task.flow.resolve(request.args, request.kwargs)
             request.job_id = job_id or request.job_id
+            if delay is not None:  # debounce: the window from now, as enqueue() does
+                request.run_at, request.delay = None, delay
         yield request
 
 

@@ -22,6 +22,7 @@ class _Options(TypedDict, total=False):
     concurrency_key: KeySource | None
     concurrency_limit: int | None
     key_rate_limit: str | None
+    key_weight: int | None
 
 
 class TaskOptions(_Options, total=False):
@@ -51,7 +52,7 @@ class EnqueueOptions(_Options, total=False):
 
 #: The options of ``Task.using()`` that make its :class:`FlowControl`.
 FLOW_OPTIONS = ("concurrency_key", "concurrency_limit", "dedupe_key", "dedupe",
-                "dedupe_window", "key_rate_limit")
+                "dedupe_window", "key_rate_limit", "key_weight")
 
 
 def given_options(given: Mapping[str, Any], known: type, where: str) -> dict[str, Any]:

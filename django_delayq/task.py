@@ -168,7 +168,9 @@ class Task(Generic[P, T]):
 
         ``concurrency_key`` (a string, or a callable of the task's arguments) with
         ``concurrency_limit``: at most that many of the key's jobs run at once;
-        ``key_rate_limit`` ("10/m"): at most so many of them start per period.
+        ``key_rate_limit`` ("10/m"): at most so many of them start per period;
+        ``key_weight`` (1 to 16): the key's jobs take that many turns for each turn of
+        a key of weight 1.
         ``dedupe_key`` with ``dedupe`` ("exists", "throttle", "debounce", "keep_last")
         and ``dedupe_window``: see docs/flow-control.md.
         """
@@ -334,7 +336,8 @@ class Task(Generic[P, T]):
         come from this task (``using()`` included). Every item of a chunk is checked
         before the chunk is sent, so a bad item raises without sending its chunk (the
         chunks before it are enqueued: the error says how many). An id that exists is
-        skipped and reported in ``BulkResult.duplicate_ids``.
+        skipped and reported in ``BulkResult.duplicate_ids``; jobs a dedupe mode replaced
+        or ignored are counted in ``replaced`` and ``ignored``.
         """
         sent = BulkResult()
         return get_broker().enqueue_many(self.queue_name, self._requests(jobs),
@@ -380,14 +383,16 @@ def task(function: Callable[P, T] | None = None, /, **options: Unpack[TaskOption
     timedelta or seconds) makes it periodic: workers serving its queue enqueue each
     occurrence once, with no arguments. ``concurrency_key`` (a string, or a callable of
     the arguments) with ``concurrency_limit``: at most that many of a key's jobs run at
-    once, ``key_rate_limit`` ("10/m") at most so many start per period (docs/flow-control.md).
+    once, ``key_rate_limit`` ("10/m") at most so many start per period, ``key_weight``
+    the key's share of the turns (docs/flow-control.md).
     """
 
     fields = given_options(options, TaskOptions, "@task")
     name = fields.pop("name", None)
     flow = FlowControl().merged(concurrency_key=fields.pop("concurrency_key", None),
                                 concurrency_limit=fields.pop("concurrency_limit", None),
-                                key_rate_limit=fields.pop("key_rate_limit", None))
+                                key_rate_limit=fields.pop("key_rate_limit", None),
+                                key_weight=fields.pop("key_weight", None))
 
     def decorate(func: Callable[P, T]) -> Task[P, T]:
         if not callable(func):

@@ -171,11 +171,11 @@ def test_every_field_is_stored_short_and_read_back_by_its_name(bare, redis_clien
     raw = redis_client.hgetall(keys.job(job_id))
     # Not written by this run: the result (it failed) and progress (only a task sets it).
     # Nor parents (it has none), nor aborted_by (nobody aborted it), nor a concurrency key
-    # (test_keyed.py), nor the format (format 1 stores none).
+    # or its weight (test_keyed*.py), nor the format (format 1 stores none).
     assert set(raw) == set(STORED.values()) - {
         stored("result"), stored("progress"), stored("progress_message"), stored("parents"),
         stored("aborted_by"), stored("concurrency_key"), stored("concurrency_limit"),
-        stored("waiting_for_slot"), stored("format")}
+        stored("waiting_for_slot"), stored("key_weight"), stored("format")}
     job = Job.fetch(job_id, "q", broker=bare)
     assert (job.task_name, job.status, job.args, job.kwargs, job.priority) == (
         "t.x", "scheduled", [1], {"k": "v"}, 5)

@@ -96,7 +96,7 @@ class Broker(BrokerCore):
         if wait is not None and confirmed < wait[0]:
             raise NotReplicated([job.job_id], confirmed, *wait)
         outcome = OUTCOMES[int(added)]
-        return EnqueueResult(reply[4] if len(reply) > 4 else job.job_id,
+        return EnqueueResult(reply[4] if len(reply) > 4 and reply[4] else job.job_id,
                              outcome is Outcome.CREATED, status, int(run_at_ms),
                              int(enqueued_at_ms), outcome)
 

@@ -19,6 +19,7 @@ from .commands import EncodedJob
 from .core import BrokerCore
 from .errors import NotReplicated
 from .failover import FAILOVER
+from .keyed import OUTCOMES
 from .keys import QueueKeys
 from .requests import BulkResult, EnqueueRequest, EnqueueResult, new_job_ids
 from .status import Status
@@ -110,6 +111,8 @@ class BulkEnqueue:
         self.queue = queue
         self.total = total
         self.results = results
+        #: A job of a dedupe mode's own id -> the id of the job in effect for it.
+        self.in_effect: dict[str, str] = {}
 
     def run(self, requests: Iterable[EnqueueRequest], chunk_size: int,
             encoded: Sequence[Outgoing] = ()) -> None:
@@ -129,9 +132,6 @@ class BulkEnqueue:
                 for request in requests:
                     job = broker.encode_request(request, checked=checked, ids=ids,
                                                 shards=shards)
-                    if job.keyed is not None and job.keyed.dedupe_mode:
-                        raise ValueError("a dedupe mode (throttle, debounce, keep_last) "
-                                         "takes one job at a time: use enqueue()")
                     deps = None
                     if request.depends_on is not None:
                         deps = flows.dependencies(request.depends_on, queue,
@@ -193,7 +193,7 @@ class BulkEnqueue:
                     if isinstance(reply, Exception):
                         failed.append((keys, reply, items))
                     else:
-                        answered[keys] = reply
+                        answered[keys] = self._rows(reply, items)
                 refusal = next((reply for _, reply, _ in failed
                                 if not isinstance(reply, FAILOVER)), None)
                 if refusal is not None:
@@ -237,23 +237,37 @@ class BulkEnqueue:
             items.append(item)
         return [(reply_rows, items)]
 
+    def _rows(self, reply: list[Any], items: list[Outgoing]) -> list[Any]:
+        """A shard's reply, 4 values a job: the ids in effect of its jobs with a dedupe
+        mode, which follow them, go to :attr:`in_effect`."""
+        rows = reply[:4 * len(items)]
+        deduped = [job.job_id for job, _ in items if job.keyed and job.keyed.dedupe_mode]
+        for job_id, effective in zip(deduped, reply[4 * len(items):], strict=True):
+            if effective and effective != job_id:
+                self.in_effect[job_id] = effective
+        return rows
+
     def _count_sent(self, sent: list[tuple[Any, list[Outgoing]]]) -> None:
         """Add the jobs of the replies ``sent`` (4 values a job) to the totals (and
         ``results``)."""
-        total, results = self.total, self.results
+        total, results, in_effect = self.total, self.results, self.in_effect
         for reply, items in sent:
-            ids = [job.job_id for job, _ in items]
-            added = reply[0::4]
+            ids = [in_effect.get(job.job_id, job.job_id) for job, _ in items]
+            added = [int(flag) for flag in reply[0::4]]
             total.job_ids += ids
-            new = sum(1 for flag in added if flag)
+            new = added.count(1)
             total.enqueued += new
-            if new < len(ids):
-                duplicates = [job_id for job_id, flag in zip(ids, added, strict=True) if not flag]
+            total.replaced += added.count(2)
+            total.ignored += added.count(3)
+            if 0 in added:
+                duplicates = [job_id for job_id, flag in zip(ids, added, strict=True)
+                              if not flag]
                 total.duplicates += len(duplicates)
                 total.duplicate_ids += duplicates
             if results is not None:
                 results += [
-                    EnqueueResult(job_id, bool(flag), status, int(run_at_ms), int(enqueued_at_ms))
+                    EnqueueResult(job_id, flag == 1, status, int(run_at_ms),
+                                  int(enqueued_at_ms), OUTCOMES[flag])
                     for job_id, flag, status, run_at_ms, enqueued_at_ms in zip(
                         ids, added, reply[1::4], reply[2::4], reply[3::4], strict=True)
                 ]
@@ -269,7 +283,7 @@ class BulkEnqueue:
         for reply, items in sent:
             for (job, deps), added, status in zip(items, reply[0::4], reply[1::4],
                                                   strict=True):
-                if added and deps is not None:
+                if int(added) == 1 and deps is not None:
                     keys = broker.keys_for(queue, job.job_id)
                     _, elsewhere = deps.split(broker, keys)
                     if elsewhere:

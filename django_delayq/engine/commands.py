@@ -91,7 +91,7 @@ class Commands:
             script_keys += [*flow_keys, keys.flow_linking]
             args += flow_args
         if keyed:
-            args[2] = len(keyed) // 8
+            args[2] = len(keyed) // 9
             args += keyed
             script_keys += [keys.key_turns, keys.dedupe_prefix, keys.job_prefix]
         return script_keys, args

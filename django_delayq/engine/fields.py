@@ -38,6 +38,7 @@ concurrency_   ``ck``  its concurrency key (engine/keyed.py)        none
 key
 concurrency_   ``cl``  at most this many of the key's jobs leased   none
 limit
+key_weight     ``cw``  turns of its key per turn of a weight-1 key  ``1``
 waiting_for_   ``kw``  '1' while parked: its key is at its limit    none
 slot
 traceparent    ``tp``  W3C trace context of the enqueue             none
@@ -92,6 +93,7 @@ STORED: Final[Mapping[str, str]] = {
     "parents": "d",
     "concurrency_key": "ck",
     "concurrency_limit": "cl",
+    "key_weight": "cw",
     "waiting_for_slot": "kw",
     "aborted_by": "ab",
     "traceparent": "tp",

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 MAX_KEY_LENGTH = 200
 #: The highest concurrency limit.
 MAX_LIMIT = 100_000
+#: The highest weight of a key's turns; also the FIFO numbers one turn spans (``TURN``
+#: in lua/includes/ready_score.lua), so a job of weight w moves its key 16/w numbers on.
+MAX_WEIGHT = 16
 DEDUPE_MODES = ("exists", "throttle", "debounce", "keep_last")
 
 
@@ -58,7 +61,7 @@ OUTCOMES = {0: Outcome.DUPLICATE, 1: Outcome.CREATED, 2: Outcome.REPLACED, 3: Ou
 
 
 class KeyedOptions(NamedTuple):
-    """A job's keys as the enqueue script takes them (its 7 keyed values after the index)."""
+    """A job's keys as the enqueue script takes them (its 8 keyed values after the index)."""
 
     concurrency_key: str = ""
     concurrency_limit: int = 0
@@ -69,6 +72,8 @@ class KeyedOptions(NamedTuple):
     #: Per-key start rate: at most ``rate_limit`` starts of the key per ``rate_period_ms``.
     rate_limit: int = 0
     rate_period_ms: int = 0
+    #: The key's jobs take this many turns for each turn of a key of weight 1.
+    weight: int = 1
 
 
 def check_key(key: Any, what: str) -> str:
@@ -90,6 +95,14 @@ def check_limit(limit: Any) -> int:
     return limit
 
 
+def check_weight(weight: Any) -> int:
+    """Return ``weight`` if it is an int from 1 to :data:`MAX_WEIGHT`."""
+    if isinstance(weight, bool) or not isinstance(weight, int) or \
+            not 1 <= weight <= MAX_WEIGHT:
+        raise ValueError(f"key_weight must be an int from 1 to {MAX_WEIGHT}, not {weight!r}")
+    return weight
+
+
 def check_mode(mode: Any) -> str:
     if mode not in DEDUPE_MODES:
         raise ValueError(f"dedupe must be one of {', '.join(DEDUPE_MODES)}, not {mode!r}")
@@ -98,26 +111,31 @@ def check_mode(mode: Any) -> str:
 
 def encode(concurrency_key: str | None, concurrency_limit: int | None,
            dedupe_key: str | None, dedupe: str | None, window: Any,
-           key_rate_limit: str | None = None) -> KeyedOptions | None:
+           key_rate_limit: str | None = None, key_weight: int | None = None,
+           ) -> KeyedOptions | None:
     """Check a job's flow-control options and return them as the script takes them
     (None when the job has none). ``dedupe="exists"`` is not here: it is the job id.
     ``key_rate_limit`` ("10/m", as a queue's ``rate_limit``) limits the starts of the
-    concurrency key; without a ``concurrency_limit`` the key's concurrency is not limited."""
+    concurrency key and ``key_weight`` weighs its turns; with either and no
+    ``concurrency_limit``, the key's concurrency is not limited."""
+    per_key = (concurrency_limit, key_rate_limit, key_weight)
     if concurrency_key is None and dedupe_key is None:
-        if concurrency_limit is not None or dedupe is not None or window is not None or \
-                key_rate_limit is not None:
-            raise ValueError("concurrency_limit and key_rate_limit need a concurrency_key, "
-                             "and dedupe or dedupe_window a dedupe_key")
+        if any(value is not None for value in (*per_key, dedupe, window)):
+            raise ValueError("concurrency_limit, key_rate_limit and key_weight need a "
+                             "concurrency_key, and dedupe or dedupe_window a dedupe_key")
         return None
     ck = "" if concurrency_key is None else check_key(concurrency_key, "concurrency_key")
-    limit, rate = 0, None
+    limit, rate, weight = 0, None, 1
     if ck:
         if key_rate_limit is not None:
             rate = parse_rate(key_rate_limit)
-        default = MAX_LIMIT if rate is not None else 1
+        if key_weight is not None:
+            weight = check_weight(key_weight)
+        default = 1 if rate is None and key_weight is None else MAX_LIMIT
         limit = check_limit(default if concurrency_limit is None else concurrency_limit)
-    elif concurrency_limit is not None or key_rate_limit is not None:
-        raise ValueError("concurrency_limit and key_rate_limit need a concurrency_key")
+    elif any(value is not None for value in per_key):
+        raise ValueError("concurrency_limit, key_rate_limit and key_weight need a "
+                         "concurrency_key")
     dk, mode, window_ms = "", "", 0
     if dedupe_key is not None:
         dk = check_key(dedupe_key, "dedupe_key")
@@ -138,7 +156,7 @@ def encode(concurrency_key: str | None, concurrency_limit: int | None,
     if not ck and not mode:
         return None
     return KeyedOptions(ck, limit, dk, mode, window_ms, *(
-        (rate.limit, rate.period_ms) if rate is not None else (0, 0)))
+        (rate.limit, rate.period_ms) if rate is not None else (0, 0)), weight)
 
 
 def exists_job_id(dedupe_key: str) -> str:
@@ -165,7 +183,7 @@ def id_in_shard(key: str, shards: int, ids: Iterator[str]) -> str:
 
 
 def keyed_values(index: int, options: KeyedOptions) -> list[Any]:
-    """The 8 ARGV values of one keyed job of an enqueue call (``index`` 1-based)."""
+    """The 9 ARGV values of one keyed job of an enqueue call (``index`` 1-based)."""
     return [index, *options]
 
 

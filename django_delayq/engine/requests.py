@@ -78,5 +78,10 @@ class BulkResult:
     job_ids: list[str] = field(default_factory=list)
     #: Ids that were not added because a job with that id exists (or came earlier).
     duplicate_ids: list[str] = field(default_factory=list)
+    #: Jobs of a dedupe key whose waiting job took their arguments instead ("debounce",
+    #: "keep_last"), and jobs a "throttle" window ignored; ``job_ids`` holds the id of
+    #: the job in effect for each.
+    replaced: int = 0
+    ignored: int = 0
     #: Round trips to Redis (one per chunk).
     chunks: int = 0

@@ -1,5 +1,6 @@
 -- include: now_ms
 -- include: ready_score
+-- include: turn
 -- include: emit
 -- include: call_sliced
 -- include: emit_jobs
@@ -73,21 +74,21 @@ end
 -- and one 'promoted' event names them all (the mirror's rows leave 'scheduled').
 local due = redis.call('ZRANGEBYSCORE', scheduled, '-inf', now, 'LIMIT', 0, promote_max)
 if #due > 0 then
-  local seq = redis.call('INCRBY', seq_key, #due) - #due
+  local seq = redis.call('INCRBY', seq_key, #due * TURN) - #due * TURN
   local promoted, to_ready, floors = {}, {}, {}
   call_sliced('ZREM', scheduled, due)
   for i = 1, #due do
     local job_id = due[i]
     local job_key = job_prefix .. job_id
-    local f = redis.pcall('HMGET', job_key, 't', 'p', 'ck')
+    local f = redis.pcall('HMGET', job_key, 't', 'p', 'ck', 'cw')
     -- A damaged hash (no task, a bad priority) is promoted too: the worker fails it
     -- with a clear error, and it cannot stop the promotion of every other job.
     if f['err'] then
       fail_damaged(job_key, job_id, f['err'])
     elseif f[1] or redis.call('EXISTS', job_key) == 1 then
-      local priority, turn = tonumber(f[2]) or 0, seq + i
+      local priority, turn = tonumber(f[2]) or 0, seq + i * TURN
       if f[3] then
-        turn = fair_turn(kc.turns, ready, seq_key, f[3], priority, floors)
+        turn = fair_turn(kc.turns, ready, seq_key, f[3], priority, floors, tonumber(f[4]) or 1)
       end
       mark_ready(job_key, turn)
       to_ready[#to_ready + 1] = ready_score(priority, turn)

@@ -1,5 +1,6 @@
 -- include: now_ms
 -- include: ready_score
+-- include: turn
 -- include: slice
 -- include: call_sliced
 -- include: emit
@@ -41,19 +42,22 @@
 --           receives of their results ('' nothing, 'one', 'all'), and the indexes
 --           (1-based, space-separated) of its parents in this shard; see flows.lua.
 -- then, with m > 0, the 3 settings for resolving dependants (flow_ctx in flows.lua).
--- then per keyed job, 8 values: its index among the jobs (1-based), its concurrency key
+-- then per keyed job, 9 values: its index among the jobs (1-based), its concurrency key
 --           ('' for none), that key's limit, its dedupe key ('' for none), the dedupe
 --           mode ('throttle', 'debounce', 'keep_last'), the mode's window (ms), the key's
---           starts allowed per period (0: no rate) and that period (ms).
+--           starts allowed per period (0: no rate), that period (ms) and the weight of
+--           its turns (1..16; fair_turn.lua).
 --
--- A keyed job is stored with its key ('ck') and limit ('cl'); one that is ready at once
+-- A keyed job is stored with its key ('ck'), limit ('cl') and a weight other than 1
+-- ('cw'); one that is ready at once
 -- takes its key's next fair turn as its FIFO number (fair_turn.lua). A dedupe
 -- key names the job that stands for it (a record with a time to live): 'throttle'
 -- ignores the job while the record lives (the window); 'debounce' replaces the arguments
 -- of the job it names while that one is scheduled, and moves its run_at to this job's;
 -- 'keep_last' replaces the arguments of the one it names while that one has not started.
--- Else the job is added and the record names it. A call holding a dedupe mode holds
--- that one job only (engine/keyed.py checks it).
+-- Else the job is added and the record names it. A call may hold several jobs with a
+-- dedupe mode, of one key or of several: each sees what the ones before it did (a job
+-- this call added may be replaced or ignored by the next).
 --
 -- A job that waits is stored 'waiting' (its run_at kept) and linked, in this call, to
 -- its parents of this shard; a parent already finished resolves it at once. A job with
@@ -64,7 +68,8 @@
 -- a job whose parents here had all finished is already ready, scheduled or ended by its
 -- policy), run_at ms, enqueued_at ms (of the existing job for a duplicate); with a dedupe
 -- mode, added is 1 (created), 2 (replaced: the job named by the record got these
--- arguments) or 3 (ignored), and a fifth value follows: the id of the job in effect.
+-- arguments) or 3 (ignored). Then, per job with a dedupe mode in call order, one value:
+-- the id of the job in effect ('' for a job whose id existed).
 --
 -- Loaded twice (engine/scripts.py VARIANTS): as `enqueue`, and as `enqueue_plain`
 -- without the includes flows and link_parent for calls with m = 0, so every use of their
@@ -79,15 +84,15 @@ local maxlen = events_cap(ARGV[1])
 local now = now_ms()
 local scheduled, ready, marker, events, seq_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local m, nf = tonumber(ARGV[2]), tonumber(ARGV[3])
-local n = (#ARGV - 3 - 5 * m - (m > 0 and 3 or 0) - 8 * nf) / 10
+local n = (#ARGV - 3 - 5 * m - (m > 0 and 3 or 0) - 9 * nf) / 10
 local waits = {}  -- job index -> the ARGV index of its 5 flow values
 for j = 1, m do
   local at = 4 + 10 * n + (j - 1) * 5
   waits[tonumber(ARGV[at])] = at
 end
-local keyed = {}  -- job index -> the ARGV index of its 8 keyed values
+local keyed = {}  -- job index -> the ARGV index of its 9 keyed values
 for j = 1, nf do
-  local at = 4 + 10 * n + 5 * m + (m > 0 and 3 or 0) + (j - 1) * 8
+  local at = 4 + 10 * n + 5 * m + (m > 0 and 3 or 0) + (j - 1) * 9
   keyed[tonumber(ARGV[at])] = at
 end
 local turns, dedupe_prefix, job_prefix = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
@@ -121,7 +126,8 @@ local ready_pairs, scheduled_pairs, added_ids = {}, {}, {}
 local added = {}  -- job id -> its reply index, for an id given twice in one call
 local seq = nil  -- the FIFO number of the last ready job
 local earliest = nil  -- the earliest run_at among the scheduled jobs added
-local in_effect = nil  -- with a dedupe mode, the id of the job that stands for it
+local in_effect = {}  -- per job with a dedupe mode: the id of the job that stands for it
+local scheduled_at = {}  -- job id -> the index of its run_at in scheduled_pairs
 
 -- With a dedupe mode: the reply of a job replaced or ignored through the record `rec`
 -- (4 values), or nil to add the job.
@@ -148,7 +154,12 @@ local function dedupe(rec, mode, window, a, now)
   local run_at = tonumber(f[2] or f[3]) or now
   if mode == 'debounce' then
     run_at = wanted_run_at(ARGV[a + 6], ARGV[a + 7], now)
-    redis.call('ZADD', scheduled, run_at, prev)
+    if scheduled_at[prev] then  -- added by this call: its ZADD comes at the end
+      scheduled_pairs[scheduled_at[prev]] = run_at
+      out[added[prev] + 3] = run_at
+    else
+      redis.call('ZADD', scheduled, run_at, prev)
+    end
     redis.call('HSET', prev_key, 'r', run_at)
     redis.call('PEXPIRE', rec, window + 3600000)
   end
@@ -166,11 +177,14 @@ for i = 1, n do
   if kx and ARGV[kx + 4] ~= '' and not found then
     deduped = dedupe(dedupe_prefix .. ARGV[kx + 3], ARGV[kx + 4], tonumber(ARGV[kx + 5]), a, now)
   end
+  if kx and ARGV[kx + 4] ~= '' then
+    in_effect[#in_effect + 1] = ''
+  end
   if deduped then
     for _, value in ipairs(deduped) do
       out[#out + 1] = value
     end
-    in_effect = redis.call('GET', dedupe_prefix .. ARGV[kx + 3])
+    in_effect[#in_effect] = redis.call('GET', dedupe_prefix .. ARGV[kx + 3])
   elseif found then
     out[#out + 1] = 0
     out[#out + 1] = found[1]
@@ -223,6 +237,10 @@ for i = 1, n do
         fields[#fields + 1] = 'kp'
         fields[#fields + 1] = ARGV[kx + 7]
       end
+      if ARGV[kx + 8] ~= '1' then
+        fields[#fields + 1] = 'cw'
+        fields[#fields + 1] = ARGV[kx + 8]
+      end
     end
     if kx and ARGV[kx + 4] ~= '' then
       local window, rec = tonumber(ARGV[kx + 5]), dedupe_prefix .. ARGV[kx + 3]
@@ -231,7 +249,7 @@ for i = 1, n do
         ttl = math.max(window, 86400000)
       end
       redis.call('SET', rec, job_id, 'PX', math.max(ttl, 1))
-      in_effect = job_id
+      in_effect[#in_effect] = job_id
     end
     local status
     local wait = waits[i]
@@ -261,12 +279,12 @@ for i = 1, n do
       status = 'ready'
       if seq == nil then
         -- one INCRBY per call: numbers for every job of the call (gaps are harmless)
-        seq = redis.call('INCRBY', seq_key, n) - n
+        seq = redis.call('INCRBY', seq_key, n * TURN) - n * TURN
       end
-      seq = seq + 1
+      seq = seq + TURN
       local turn = seq
       if ck then
-        turn = fair_turn(turns, ready, seq_key, ck, priority, floors)
+        turn = fair_turn(turns, ready, seq_key, ck, priority, floors, tonumber(ARGV[kx + 8]))
       end
       ready_pairs[#ready_pairs + 1] = ready_score(priority, turn)
       ready_pairs[#ready_pairs + 1] = job_id
@@ -276,6 +294,7 @@ for i = 1, n do
       placed_ids[#placed_ids + 1] = job_id
       status = 'scheduled'
       scheduled_pairs[#scheduled_pairs + 1] = run_at
+      scheduled_at[job_id] = #scheduled_pairs
       scheduled_pairs[#scheduled_pairs + 1] = job_id
       if earliest == nil or run_at < earliest then
         earliest = run_at
@@ -362,7 +381,7 @@ if #new_waiting > 0 then
     out[w[1] + 1] = redis.call('HGET', KEYS[5 + w[4]], 's')
   end
 end
-if in_effect then
-  out[#out + 1] = in_effect
+for _, job_id in ipairs(in_effect) do
+  out[#out + 1] = job_id
 end
 return out

@@ -14,7 +14,8 @@ local function take_slot(k, key, limit, job_key, job_id, score, seq)
   end
   redis.call('ZINCRBY', k.active, 1, key)
   redis.call('HDEL', job_key, 'kw')  -- set if it was parked and then rescheduled
-  if seq and redis.call('HGET', k.turns, key) == seq then
+  local last = tonumber(redis.call('HGET', k.turns, key))
+  if seq and last and math.floor(last) == tonumber(seq) then
     redis.call('HDEL', k.turns, key)  -- its last job: the key's turn starts afresh
   end
   return true
