@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -103,6 +104,33 @@ def run_script(
     except ReadOnlyError:
         drop_demoted(client, pinned)
         raise
+
+
+def script_command(name: str, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
+    """The EVALSHA of one script call, for a pipeline that mixes script calls with other
+    commands (:func:`execute_loading` sends it). On a cluster it is routed by its keys."""
+    return ("EVALSHA", load_script(name).sha, len(keys), *keys, *args)
+
+
+def execute_loading(client: Any, fill: Callable[[Any], None], names: Iterable[str]) -> list[Any]:
+    """Send the pipeline ``fill`` builds, whose script calls are of ``names``: when Redis
+    answers NOSCRIPT (a restart, a failover) the scripts are loaded and the pipeline is
+    sent once more. The first error any command answered is raised."""
+    for loaded in (False, True):
+        pipe = client.pipeline(transaction=False)
+        fill(pipe)
+        replies = list(pipe.execute(raise_on_error=False))
+        if not loaded and any(isinstance(r, NoScriptError) for r in replies):
+            for name in set(names):
+                client.script_load(load_script(name).source)
+            continue
+        if any(isinstance(r, ReadOnlyError) for r in replies):
+            drop_demoted(client)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        break
+    return replies
 
 
 def wait_command(replicas: int, timeout_ms: int) -> tuple[Any, ...]:
