@@ -34,6 +34,14 @@ from django_delayq.engine.fields import stored
 from django_delayq.engine.urls import client_from_url
 from django_delayq.testing import RedisServer, free_port
 from tests.conftest import ROOT, OutputReader, wait_until, worker_env
+from tests.failover_checks import (
+    HELD_DELAY,
+    Scraper,
+    bring_due,
+    held_started_before,
+    is_held,
+    mirror_lag,
+)
 from tests.servers import REPLICATION_ARGS, RedisCluster, RedisSentinelGroup
 from tests.test_mirror_faults import sqlite_rows
 from tests.testapp.fault_tasks import RUNS, count_run
@@ -69,6 +77,10 @@ class Producers:
     threads: list[threading.Thread] = field(default_factory=list)
     #: (start, end) wall-clock seconds of every call that returned, and its job ids.
     calls: list[tuple[float, float, list[str]]] = field(default_factory=list)
+    #: Ids of the jobs held past the switch (:func:`~tests.failover_checks.is_held`).
+    held: set[str] = field(default_factory=set)
+    #: When the held jobs were brought due (none may start before).
+    held_at: float = 0.0
 
     def first_return_after(self, moment: float, among: Callable[[str], bool]) -> float | None:
         """Seconds from ``moment`` until the first call started after it returned, of
@@ -78,8 +90,12 @@ class Producers:
         return min(ends) - moment if ends else None
 
     def request(self, job_id: str, i: int) -> EnqueueRequest:
-        # One job in ten is delayed 1-2 s: due ones must never start early.
-        delay = 1 + (i % 2) if i % 10 == 0 else None
+        # One job in ten is delayed 1-2 s: due ones must never start early. One in 20 is
+        # held past the switch: brought due once the failover is over.
+        delay: int | None = 1 + (i % 2) if i % 10 == 0 else None
+        if is_held(i):
+            delay = HELD_DELAY
+            self.held.add(job_id)
         return EnqueueRequest(task=count_run.name, args=[job_id], job_id=job_id,
                               max_attempts=1000, delay=delay)
 
@@ -362,12 +378,60 @@ def report(fault_report: Callable[..., None], what: str, timeline: Timeline,
     timeline.write()
 
 
-def check_promises(measured: dict[int, Measured]) -> None:
+@dataclass
+class AfterSwitch:
+    """What the checks beyond the jobs found: held jobs Redis lost or that started before
+    they were brought due, and counter series that went down between two scrapes."""
+
+    held: dict[int, int] = field(default_factory=dict)
+    held_missing: dict[int, list[str]] = field(default_factory=dict)
+    held_early: dict[int, list[str]] = field(default_factory=dict)
+    decreases: list[str] = field(default_factory=list)
+    scrapes: int = 0
+
+
+def release_held(client: Any, sets: dict[int, Producers], found: AfterSwitch) -> None:
+    """Once the failover is over: bring every acknowledged held job due (those Redis no
+    longer has are noted)."""
+    for n, producers in sets.items():
+        ids = sorted(producers.held & set(producers.returned))
+        moment, found.held_missing[n] = bring_due(producers.broker, producers.queue, ids)
+        found.held[n] = len(ids)
+        producers.held_at = moment
+
+
+def check_after_settle(client: Any, sets: dict[int, Producers], scraper: Scraper,
+                       found: AfterSwitch, timeline: Timeline) -> None:
+    """Held jobs that started early; the scrapes' decreases; the mirror-lag gauge, which
+    must read 0 now that the mirror equals Redis."""
+    for n, producers in sets.items():
+        ids = sorted(producers.held & set(producers.returned))
+        found.held_early[n] = held_started_before(client, producers.broker, producers.queue,
+                                                  ids, producers.held_at)
+        timeline.note(f"MIN_REPLICAS={n}: {found.held[n]} held jobs acknowledged, "
+                      f"{len(found.held_missing[n])} gone from Redis, "
+                      f"{len(found.held_early[n])} started before brought due")
+    broker = sets[1].broker
+    queues = [p.queue for p in sets.values()]
+    wait_until(lambda: set(mirror_lag(broker, queues).values()) == {0}, timeout=60,
+               interval=0.3, message=f"the lag gauge at 0: {mirror_lag(broker, queues)}")
+    found.scrapes, found.decreases = len(scraper.scrapes), scraper.decreases()
+    timeline.note(f"{found.scrapes} scrapes ({scraper.refused} refused), "
+                  f"{len(found.decreases)} counter decreases: {found.decreases[:5]}")
+
+
+def check_promises(measured: dict[int, Measured], found: AfterSwitch) -> None:
     """What must hold whatever the setting, and the loss MIN_REPLICAS=1 rules out."""
     for n in (1, 0):
         assert measured[n].returned == JOBS
         assert measured[n].early == [], "no job may start before its run_at"
+        assert found.held_early[n] == [], "no held job may start before it is due"
         assert measured[n].mirror_mismatch == {}
+    assert found.held[1] > 0
+    assert found.held_missing[1] == [], \
+        "MIN_REPLICAS=1: every acknowledged job held past the switch is still in Redis"
+    assert found.scrapes > 0
+    assert found.decreases == [], "counter series never go down"
     assert measured[1].lost == [], "MIN_REPLICAS=1: every enqueue that returned survives"
     assert measured[1].orphan_rows == []
 
@@ -407,6 +471,10 @@ def test_sentinel_primary_killed_under_load(mirror_db, workers, fault_report, ki
         client = client_from_url(url, decode_responses=True, socket_timeout=5)
         durable = Producers(Broker(client, engine_config(1)), "m1")
         fast = Producers(Broker(client, engine_config(0)), "m0", queue=QUEUE_0)
+        sets, found = {1: durable, 0: fast}, AfterSwitch()
+        # A web process of its own: its client is not the producers'.
+        scraper = Scraper(Broker(client_from_url(url, decode_responses=True, socket_timeout=5),
+                                 engine_config(0))).__enter__()
         for producers in (durable, fast):
             producers.start()
         durable.progress.wait(timeout=120)
@@ -426,8 +494,11 @@ def test_sentinel_primary_killed_under_load(mirror_db, workers, fault_report, ki
             wait_until(lambda: demoted(old), timeout=90, interval=0.2,
                        message="the old primary a replica of the new one")
             timeline.note(f"old primary {old.port} a replica in sync")
+        release_held(client, sets, found)
         outs = [o for _, o in procs]
         measured = {n: settle(client, p, mirror_db, outs) for n, p in ((1, durable), (0, fast))}
+        check_after_settle(client, sets, scraper, found, timeline)
+        scraper.__exit__()
         for proc, out in procs:
             assert proc.poll() is None, f"the worker must resume by itself:\n{out.text}"
         note_sentinel_events(timeline, group)
@@ -439,7 +510,7 @@ def test_sentinel_primary_killed_under_load(mirror_db, workers, fault_report, ki
         for proc, out in procs:
             assert proc.wait(timeout=60) == 0, out.text[-3000:]
         client.close()
-    check_promises(measured)
+    check_promises(measured, found)
 
 
 def test_a_demoted_primary_answering_readonly_is_dropped_and_reported():
@@ -502,6 +573,10 @@ def test_cluster_primary_killed_under_load_and_a_process_started_after_it_connec
         client = client_from_url(url, decode_responses=True, socket_timeout=5)
         durable = Producers(Broker(client, engine_config(1, queues=queues)), "c1")
         fast = Producers(Broker(client, engine_config(0, queues=queues)), "c0", queue=QUEUE_0)
+        sets, found = {1: durable, 0: fast}, AfterSwitch()
+        # A web process of its own: its client is not the producers'.
+        scraper = Scraper(Broker(client_from_url(url, decode_responses=True, socket_timeout=5),
+                                 engine_config(0))).__enter__()
         # The primary to kill serves a shard of each queue if one does, else of QUEUE.
         tags = {(q, k.shard): k.scheduled for q in (QUEUE, QUEUE_0)
                 for k in durable.broker.shards(q)}
@@ -539,8 +614,11 @@ def test_cluster_primary_killed_under_load_and_a_process_started_after_it_connec
             late[1].wait_for("worker started", timeout=60)
             for producers in (durable, fast):
                 producers.join()
+        release_held(client, sets, found)
         outs = [o for _, o in [*procs, late]]
         measured = {n: settle(client, p, db, outs) for n, p in ((1, durable), (0, fast))}
+        check_after_settle(client, sets, scraper, found, timeline)
+        scraper.__exit__()
         for proc, out in [*procs, late]:
             assert proc.poll() is None, f"the worker must resume by itself:\n{out.text}"
         report(fault_report, "Cluster primary SIGKILLed under load" if kind == "kill"
@@ -548,7 +626,7 @@ def test_cluster_primary_killed_under_load_and_a_process_started_after_it_connec
                [(1, durable, measured[1]), (0, fast, measured[0])],
                lambda p, job_id: p.broker.keys_for(p.queue, job_id).scheduled
                in served.values())
-        check_promises(measured)
+        check_promises(measured, found)
         for proc, _ in [*procs, late]:
             proc.terminate()
         for proc, out in [*procs, late]:

@@ -12,6 +12,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .failover import follow_primary
 from .jobhash import reply_time, to_int
 from .keyed import TOTAL
 from .scripts import execute_loading
@@ -60,11 +61,19 @@ class QueueSummary:
 
 
 def summaries(broker: BrokerCore, names: list[str], *, detail: bool = False,
-              minutes: int = SUMMARY_MINUTES) -> list[QueueSummary]:
+              minutes: int = SUMMARY_MINUTES, confirm_primary: bool = False,
+              ) -> list[QueueSummary]:
     """The :class:`QueueSummary` of each of ``names``, in their order: counts, pause state,
     next due time and stats, and with ``detail`` the throughput of the last ``minutes``
     and the skipped events. One round trip whatever the number of queues (two when the
-    Redis clock's offset must be read again)."""
+    Redis clock's offset must be read again).
+
+    With ``confirm_primary`` (the metrics: a series Prometheus keeps), on a Sentinel URL
+    the figures are returned only if every sentinel still names the primary that
+    answered, with no failover under way (:func:`.failover.follow_primary`; one round
+    trip per sentinel); else :class:`DelayQConnectionError`. A primary being failed
+    over still answers until it is demoted, with totals, and marks of the figures shown
+    (``lua/counters.lua``), that its successor never gets: shown, they would go back."""
     per_shard = len(STATUSES) + 4 + (2 if detail else 0)
     def fill(pipe: Any) -> None:
         for name in names:
@@ -82,6 +91,8 @@ def summaries(broker: BrokerCore, names: list[str], *, detail: bool = False,
     with broker.read_errors():
         now_minute = broker.recent_server_time_ms() // 60_000 if detail else 0
         replies = execute_loading(broker.client, fill, ["counters"]) if names else []
+        if confirm_primary:
+            follow_primary(broker.client)
     found, at = [], 0
     for name in names:
         shards = broker.shard_count(name)

@@ -67,7 +67,7 @@ class DelayQCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         broker = self._broker or get_broker()
         names = queue_names(broker)
-        read = summaries(broker, names)
+        read = summaries(broker, names, confirm_primary=True)
         served = served_queues(broker)
         jobs = GaugeMetricFamily("delayq_jobs", "Jobs per queue and status now (finished "
                                  "ones: those still kept).", labels=["queue", "status"])
