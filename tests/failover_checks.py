@@ -52,6 +52,8 @@ class Scraper:
         self.collector = DelayQCollector(broker)
         self.scrapes: list[tuple[float, dict[Series, float]]] = []
         self.refused = 0
+        #: Errors other than an unreachable Redis: each one is a bug of the read.
+        self.errors: list[BaseException] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -73,6 +75,12 @@ class Scraper:
                 self.scrapes.append((time.time(), self.scrape()))
             except DelayQConnectionError:
                 self.refused += 1
+            except Exception as exc:  # reported by the test, not lost with the thread
+                self.errors.append(exc)
+
+    def answered_after(self, moment: float) -> int:
+        """How many scrapes Redis answered after ``moment``."""
+        return sum(1 for at, _ in self.scrapes if at > moment)
 
     def decreases(self) -> list[str]:
         """Every time a series read lower than the scrape before it had it."""

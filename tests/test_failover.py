@@ -387,7 +387,9 @@ class AfterSwitch:
     held_missing: dict[int, list[str]] = field(default_factory=dict)
     held_early: dict[int, list[str]] = field(default_factory=dict)
     decreases: list[str] = field(default_factory=list)
-    scrapes: int = 0
+    #: Scrapes Redis answered after the failover began; errors other than unreachable.
+    scrapes_after: int = 0
+    scrape_errors: list[BaseException] = field(default_factory=list)
 
 
 def release_held(client: Any, sets: dict[int, Producers], found: AfterSwitch) -> None:
@@ -415,8 +417,11 @@ def check_after_settle(client: Any, sets: dict[int, Producers], scraper: Scraper
     queues = [p.queue for p in sets.values()]
     wait_until(lambda: set(mirror_lag(broker, queues).values()) == {0}, timeout=60,
                interval=0.3, message=f"the lag gauge at 0: {mirror_lag(broker, queues)}")
-    found.scrapes, found.decreases = len(scraper.scrapes), scraper.decreases()
-    timeline.note(f"{found.scrapes} scrapes ({scraper.refused} refused), "
+    found.decreases, found.scrape_errors = scraper.decreases(), scraper.errors
+    found.scrapes_after = scraper.answered_after(timeline.killed_at)
+    timeline.note(f"{len(scraper.scrapes)} scrapes, {found.scrapes_after} after the "
+                  f"failover began ({scraper.refused} refused, {len(scraper.errors)} "
+                  f"errors), "
                   f"{len(found.decreases)} counter decreases: {found.decreases[:5]}")
 
 
@@ -430,7 +435,8 @@ def check_promises(measured: dict[int, Measured], found: AfterSwitch) -> None:
     assert found.held[1] > 0
     assert found.held_missing[1] == [], \
         "MIN_REPLICAS=1: every acknowledged job held past the switch is still in Redis"
-    assert found.scrapes > 0
+    assert found.scrape_errors == []
+    assert found.scrapes_after > 0
     assert found.decreases == [], "counter series never go down"
     assert measured[1].lost == [], "MIN_REPLICAS=1: every enqueue that returned survives"
     assert measured[1].orphan_rows == []
