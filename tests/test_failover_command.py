@@ -23,8 +23,7 @@ from django_delayq.testing import RedisServer
 from tests.conftest import wait_until
 from tests.endpoint import Endpoint
 from tests.failover_checks import Scraper
-from tests.servers import REPLICATION_ARGS
-from tests.test_failover import (
+from tests.failover_load import (
     FAILOVER_RETRY,
     QUEUE_0,
     REPLICA_TIMEOUT,
@@ -41,6 +40,7 @@ from tests.test_failover import (
     settle,
     workers,
 )
+from tests.servers import REPLICATION_ARGS
 
 pytestmark = pytest.mark.slow
 __all__ = ["migrated_db", "mirror_db", "workers"]  # fixtures, found by pytest here
