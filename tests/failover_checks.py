@@ -54,6 +54,7 @@ class Scraper:
         self.refused = 0
         #: Errors other than an unreachable Redis: each one is a bug of the read.
         self.errors: list[BaseException] = []
+        self._scraped = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -73,10 +74,19 @@ class Scraper:
         while not self._stop.wait(SCRAPE_EVERY):
             try:
                 self.scrapes.append((time.time(), self.scrape()))
+                self._scraped.set()
             except DelayQConnectionError:
                 self.refused += 1
             except Exception as exc:  # reported by the test, not lost with the thread
                 self.errors.append(exc)
+
+    def await_scrape(self, timeout: float = 60) -> None:
+        """Return once a scrape started after this call was answered: the figures
+        before a failover, for the scrapes after it to be compared with."""
+        self._scraped.clear()
+        assert self._scraped.wait(timeout), "no scrape answered"
+        self._scraped.clear()
+        assert self._scraped.wait(timeout), "no scrape answered"
 
     def answered_after(self, moment: float) -> int:
         """How many scrapes Redis answered after ``moment``."""

@@ -380,6 +380,7 @@ class AfterSwitch:
     decreases: list[str] = field(default_factory=list)
     #: Scrapes Redis answered after the failover began; errors other than unreachable.
     scrapes_after: int = 0
+    scrapes_before: int = 0
     scrape_errors: list[BaseException] = field(default_factory=list)
 
 
@@ -410,6 +411,7 @@ def check_after_settle(client: Any, sets: dict[int, Producers], scraper: Scraper
                interval=0.3, message=f"the lag gauge at 0: {mirror_lag(broker, queues)}")
     found.decreases, found.scrape_errors = scraper.decreases(), scraper.errors
     found.scrapes_after = scraper.answered_after(timeline.killed_at)
+    found.scrapes_before = len(scraper.scrapes) - found.scrapes_after
     timeline.note(f"{len(scraper.scrapes)} scrapes, {found.scrapes_after} after the "
                   f"failover began ({scraper.refused} refused, {len(scraper.errors)} "
                   f"errors), "
@@ -427,6 +429,7 @@ def check_promises(measured: dict[int, Measured], found: AfterSwitch) -> None:
     assert found.held_missing[1] == [], \
         "MIN_REPLICAS=1: every acknowledged job held past the switch is still in Redis"
     assert found.scrape_errors == []
+    assert found.scrapes_before > 0
     assert found.scrapes_after > 0
     assert found.decreases == [], "counter series never go down"
     assert measured[1].lost == [], "MIN_REPLICAS=1: every enqueue that returned survives"

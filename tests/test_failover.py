@@ -94,6 +94,7 @@ def test_sentinel_primary_killed_under_load(mirror_db, workers, fault_report, ki
             producers.start()
         durable.progress.wait(timeout=120)
         fast.progress.wait(timeout=120)
+        scraper.await_scrape()  # the figures before the failover
         old = group.primary
         if kind == "kill":
             timeline.kill(old)
@@ -205,6 +206,7 @@ def test_cluster_primary_killed_under_load_and_a_process_started_after_it_connec
             producers.start()
         durable.progress.wait(timeout=120)
         fast.progress.wait(timeout=120)
+        scraper.await_scrape()  # the figures before the failover
         killed = next(n for n in cluster.nodes if n.port == old_port)
         replica_ports = [r.port for r in cluster.replicas_of(old_port)]
         with ClusterWatch(timeline, cluster, old_port, served):

@@ -79,6 +79,7 @@ def test_failover_command_under_load(mirror_db, workers, fault_report):
                 producers.start()
             durable.progress.wait(timeout=120)
             fast.progress.wait(timeout=120)
+            scraper.await_scrape()  # the figures before the failover
             timeline.killed_at = time.time()
             with redis.Redis(port=old.port, socket_timeout=5) as direct:
                 direct.execute_command("FAILOVER", "TO", "127.0.0.1", new.port,
