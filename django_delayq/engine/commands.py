@@ -359,7 +359,7 @@ class Commands:
     def counters(self, keys: QueueKeys) -> tuple[Any, ...]:
         """The call of ``counters.lua`` on the shard ``keys``, for a pipeline
         (:func:`~.scripts.execute_loading`): its stats with totals that never go back."""
-        return script_command("counters", [keys.stats, keys.counter_marks], [])
+        return script_command("counters", [keys.stats], [])
 
     def purge(self, keys: QueueKeys, status: str, count: int, set_key: str = "") -> int:
         """Delete up to ``count`` jobs of ``status`` on the shard ``keys`` (or of the set

@@ -151,12 +151,6 @@ class QueueKeys:
         return self._key("stats")
 
     @cached_property
-    def counter_marks(self) -> str:
-        """Per total of :attr:`stats`, the last figure shown and its offset, so shown
-        figures never go back (HASH, ``lua/counters.lua``)."""
-        return self._key("stats:marks")
-
-    @cached_property
     def skipped(self) -> str:
         """How many events the mirror or the lake export could not use and skipped (STRING)."""
         return self._key("mirror:skipped")
