@@ -356,10 +356,11 @@ class Commands:
         )
         return before, after
 
-    def counters(self, keys: QueueKeys) -> tuple[Any, ...]:
+    def counters(self, keys: QueueKeys, minutes: bool = False) -> tuple[Any, ...]:
         """The call of ``counters.lua`` on the shard ``keys``, for a pipeline
-        (:func:`~.scripts.execute_loading`): its stats with totals that never go back."""
-        return script_command("counters", [keys.stats], [])
+        (:func:`~.scripts.execute_loading`): its stats with totals that never go back,
+        and with ``minutes`` its per-minute counters."""
+        return script_command("counters", [keys.stats], [int(minutes)])
 
     def purge(self, keys: QueueKeys, status: str, count: int, set_key: str = "") -> int:
         """Delete up to ``count`` jobs of ``status`` on the shard ``keys`` (or of the set

@@ -82,7 +82,7 @@ def summaries(broker: BrokerCore, names: list[str], *, detail: bool = False,
                     pipe.zcard(keys.status_set(status))
                 pipe.exists(keys.paused)
                 pipe.zrange(keys.scheduled, 0, 0, withscores=True)
-                pipe.execute_command(*broker.commands.counters(keys))
+                pipe.execute_command(*broker.commands.counters(keys, detail))
                 pipe.zscore(keys.key_waiting, TOTAL)  # ready, parked for a key's slot
                 if detail:
                     pipe.get(keys.skipped)
