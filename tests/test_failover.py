@@ -8,368 +8,47 @@ completed after the kill, and writes the failover's sequence (the sentinels' eve
 the Cluster's node table as it changed) to ``test-artifacts/failover/``. It adds a row to
 the fault summary (``fault_report``). With ``MIN_REPLICAS=1`` nothing that returned may
 be lost; with 0 the loss is measured, not asserted. Figures go to docs/guarantees.md.
+The load, the measures and the checks are in ``tests/failover_load.py``.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import json
-import re
-import shutil
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 
-from django_delayq import DelayQConnectionError, NotReplicated
-from django_delayq.engine import Broker, EngineConfig, EnqueueRequest
-from django_delayq.engine.fields import stored
+from django_delayq import DelayQConnectionError
+from django_delayq.engine import Broker, EngineConfig
 from django_delayq.engine.urls import client_from_url
 from django_delayq.testing import RedisServer, free_port
-from tests.conftest import ROOT, OutputReader, wait_until, worker_env
+from tests.conftest import wait_until
+from tests.failover_checks import Scraper
+from tests.failover_load import (
+    FAILOVER_RETRY,
+    QUEUE,
+    QUEUE_0,
+    REPLICA_TIMEOUT,
+    AfterSwitch,
+    ClusterWatch,
+    Producers,
+    Timeline,
+    check_after_settle,
+    check_promises,
+    engine_config,
+    migrated_db,
+    mirror_db,
+    note_sentinel_events,
+    release_held,
+    report,
+    settle,
+    workers,
+)
 from tests.servers import REPLICATION_ARGS, RedisCluster, RedisSentinelGroup
-from tests.test_mirror_faults import sqlite_rows
-from tests.testapp.fault_tasks import RUNS, count_run
+from tests.testapp.fault_tasks import count_run
 
 pytestmark = pytest.mark.slow
-
-#: Jobs per set of producers; the Sentinel run has two sets (5,000 jobs in all).
-JOBS = 2_500
-QUEUE = "ha"
-#: The queue of the producers with MIN_REPLICAS=0, next to them in the same run.
-QUEUE_0 = "ha0"
-#: Seconds an enqueue keeps retrying through the failover (producers and workers).
-FAILOVER_RETRY = 30.0
-REPLICA_TIMEOUT = 0.5
-
-
-@dataclass
-class Producers:
-    """Two producer threads, one enqueuing jobs one by one, one in chunks of 100, each
-    job with an id chosen before its first try; a call that raised is tried again with
-    the same ids (safe: an existing id is not added twice)."""
-
-    broker: Broker
-    label: str
-    queue: str = QUEUE
-    jobs: int = JOBS
-    #: Ids whose enqueue call returned (the promise made to the caller).
-    returned: list[str] = field(default_factory=list)
-    #: Ids whose call raised NotReplicated or DelayQConnectionError at least once.
-    refused: set[str] = field(default_factory=set)
-    errors: list[BaseException] = field(default_factory=list)
-    progress: threading.Event = field(default_factory=threading.Event)
-    threads: list[threading.Thread] = field(default_factory=list)
-    #: (start, end) wall-clock seconds of every call that returned, and its job ids.
-    calls: list[tuple[float, float, list[str]]] = field(default_factory=list)
-
-    def first_return_after(self, moment: float, among: Callable[[str], bool]) -> float | None:
-        """Seconds from ``moment`` until the first call started after it returned, of
-        the calls with a job ``among`` selects."""
-        ends = [end for start, end, ids in self.calls
-                if start >= moment and any(among(job_id) for job_id in ids)]
-        return min(ends) - moment if ends else None
-
-    def request(self, job_id: str, i: int) -> EnqueueRequest:
-        # One job in ten is delayed 1-2 s: due ones must never start early.
-        delay = 1 + (i % 2) if i % 10 == 0 else None
-        return EnqueueRequest(task=count_run.name, args=[job_id], job_id=job_id,
-                              max_attempts=1000, delay=delay)
-
-    def start(self) -> None:
-        half = self.jobs // 2
-        self.threads = [threading.Thread(target=self._guard, args=(self._singles, half)),
-                        threading.Thread(target=self._guard,
-                                         args=(self._bulk, self.jobs - half))]
-        for thread in self.threads:
-            thread.start()
-
-    def join(self) -> None:
-        for thread in self.threads:
-            thread.join(timeout=180)
-        assert not any(t.is_alive() for t in self.threads), "a producer hung"
-        assert not self.errors, self.errors
-
-    def _guard(self, target: Callable[[int], None], n: int) -> None:
-        try:
-            target(n)
-        except BaseException as exc:
-            self.errors.append(exc)
-
-    def _again(self, ids: list[str], send: Callable[[], Any]) -> None:
-        for _ in range(100):
-            start = time.time()
-            try:
-                send()
-            except (NotReplicated, DelayQConnectionError):
-                self.refused.update(ids)
-                continue
-            self.calls.append((start, time.time(), ids))
-            self.returned += ids
-            if len(self.returned) >= self.jobs // 4:
-                self.progress.set()
-            return
-        raise AssertionError(f"{ids[0]}: not enqueued after 100 tries")
-
-    def _singles(self, n: int) -> None:
-        for i in range(n):
-            job_id = f"{self.label}-s{i}"
-            request = self.request(job_id, i)
-            self._again([job_id], lambda r=request: self.broker.enqueue(
-                self.queue, r.task, r.args, job_id=r.job_id, max_attempts=r.max_attempts,
-                delay=r.delay))
-
-    def _bulk(self, n: int) -> None:
-        for start in range(0, n, 100):
-            requests = [self.request(f"{self.label}-b{i}", i)
-                        for i in range(start, min(n, start + 100))]
-            self._again([r.job_id for r in requests if r.job_id],
-                        lambda rs=requests: self.broker.enqueue_many(self.queue, rs))
-
-
-@pytest.fixture(scope="module")
-def migrated_db(tmp_path_factory: Any) -> Path:
-    """A migrated SQLite database for the mirror, made once and copied by each test."""
-    path = tmp_path_factory.mktemp("failover") / "template.sqlite3"
-    subprocess.run([sys.executable, "-m", "django", "migrate", "-v0"], cwd=ROOT,
-                   env=worker_env(None, DELAYQ_TEST_SQLITE=str(path)), check=True, timeout=120)
-    return path
-
-
-@pytest.fixture
-def mirror_db(migrated_db: Path, tmp_path: Path) -> str:
-    path = tmp_path / "mirror.sqlite3"
-    shutil.copy(migrated_db, path)
-    return str(path)
-
-
-@pytest.fixture
-def workers(spawned: Any) -> Callable[..., tuple[subprocess.Popen[str], OutputReader]]:
-    """Start ``runworker`` on both queues with its mirror process writing to ``db``."""
-
-    def start(url: str, db: str, settings: dict[str, Any]) -> tuple[subprocess.Popen[str],
-                                                                    OutputReader]:
-        return spawned(QUEUE, QUEUE_0, "-c", "4", "--lease", "3", redis_url=url,
-                       env={"DELAYQ_TEST_SQLITE": db,
-                            "DELAYQ_TEST_SETTINGS": json.dumps(settings)})
-
-    return start
-
-
-@dataclass
-class Measured:
-    returned: int
-    lost: list[str]
-    duplicated: int
-    early: list[str]
-    mirror_mismatch: dict[str, tuple[str | None, str | None]]
-    #: Rows the mirror keeps of this set's jobs that Redis no longer has.
-    orphan_rows: list[str]
-    #: Wall-clock ms each job finished at (Redis' clock: the same machine here).
-    finished_ms: dict[str, int]
-
-    def first_finish_after(self, moment: float, among: Callable[[str], bool]) -> float | None:
-        after = [ms / 1000 for job_id, ms in self.finished_ms.items()
-                 if ms / 1000 > moment and among(job_id)]
-        return min(after) - moment if after else None
-
-
-def settle(client: Any, producers: Producers, db: str, out: list[OutputReader]) -> Measured:
-    """Wait until every job Redis still holds is completed and the mirror agrees, then
-    measure what was lost, run twice or started early, and which rows the mirror keeps
-    of jobs Redis lost."""
-    broker, ids, queue = producers.broker, producers.returned, producers.queue
-    shards = broker.shards(queue)
-
-    def fields_of(job_ids: list[str]) -> list[list[str | None]]:
-        pipe = client.pipeline(transaction=False)
-        for job_id in job_ids:
-            pipe.hmget(broker.keys_for(queue, job_id).job(job_id),
-                       [stored("status"), stored("run_at"), stored("started_at"),
-                        stored("finished_at")])
-        return list(pipe.execute())
-
-    def drained() -> bool:
-        pending = sum(client.zcard(k.scheduled) + client.zcard(k.ready) + client.zcard(k.active)
-                      for k in shards)
-        return pending == 0 and all(f[0] in (None, "completed") for f in fields_of(ids))
-
-    logs = lambda: "\n".join(o.text[-2000:] for o in out)  # noqa: E731
-    wait_until(drained, timeout=120, interval=0.3, message=f"the queue to drain:\n{logs()}")
-    found = dict(zip(ids, fields_of(ids), strict=True))
-    lost = [job_id for job_id, f in found.items() if f[0] is None]
-    early = [job_id for job_id, (_, run_at, started, _) in found.items()
-             if started is not None and run_at is not None and int(started) < int(run_at)]
-    runs = client.hgetall(RUNS)
-
-    def mismatch() -> dict[str, tuple[str | None, str | None]]:
-        rows = sqlite_rows(db)
-        return {job_id: (f[0], rows.get(job_id)) for job_id, f in found.items()
-                if f[0] is not None and rows.get(job_id) != f[0]}
-
-    wait_until(lambda: not mismatch(), timeout=60, interval=0.3,
-               message=f"the mirror to equal Redis:\n{logs()}")
-    # Rows of this set's jobs, returned or not, whose job Redis no longer has.
-    mine = sorted(j for j in sqlite_rows(db) if j.startswith(f"{producers.label}-"))
-    orphans = [job_id for job_id, f in zip(mine, fields_of(mine), strict=True) if f[0] is None]
-    return Measured(len(ids), lost, sum(1 for i in ids if int(runs.get(i, 0)) > 1), early,
-                    mismatch(), orphans,
-                    {job_id: int(f[3]) for job_id, f in found.items() if f[3] is not None})
-
-
-class Timeline:
-    """What happened when, in seconds after the SIGKILL: the failover's own events and
-    what producers and workers saw, so each run's figures can be explained."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.killed_at = 0.0
-        self.events: list[tuple[float, str]] = []
-
-    def kill(self, server: RedisServer) -> None:
-        self.killed_at = time.time()
-        server.kill()
-
-    def note(self, what: str, at: float | None = None) -> None:
-        self.events.append(((time.time() if at is None else at) - self.killed_at, what))
-
-    def seen(self, label: str, producers: Producers, measured: Measured,
-             among: Callable[[str], bool]) -> tuple[str, str]:
-        """Note the first enqueue and the first completed job after the kill, of the jobs
-        ``among`` selects (those the killed primary served); return them as text."""
-        enqueued = producers.first_return_after(self.killed_at, among)
-        finished = measured.first_finish_after(self.killed_at, among)
-        anywhere = measured.first_finish_after(self.killed_at, lambda _: True)
-        for what, delay in (("first enqueue that returned", enqueued),
-                            ("first job completed", finished),
-                            ("first job completed, any shard", anywhere)):
-            if delay is not None:
-                self.note(f"{label}: {what}", self.killed_at + delay)
-        return (f"{enqueued:.1f} s" if enqueued is not None else "none",
-                f"{finished:.1f} s" if finished is not None else "none")
-
-    def write(self) -> str:
-        text = "\n".join(f"{at:+8.3f} s  {what}" for at, what in sorted(self.events))
-        folder = ROOT / "test-artifacts" / "failover"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{self.name}.txt").write_text(text + "\n")
-        print(f"failover timeline ({self.name}):\n{text}")
-        return text
-
-
-#: A Redis log line: ``pid:role dd Mon yyyy hh:mm:ss.mmm level message``.
-LOG_LINE = re.compile(r"^\d+:\w (\d+ \w+ \d+ [\d:.]+) . (.*)$")
-#: The sentinel events of a failover (logged at warning level, as the test servers run).
-SENTINEL_EVENTS = ("+sdown", "+odown", "+try-failover", "+elected-leader", "+selected-slave",
-                   "+promoted-slave", "+switch-master", "+failover-end", "-failover-abort")
-
-
-def note_sentinel_events(timeline: Timeline, group: RedisSentinelGroup) -> None:
-    """Note the first time any sentinel logged each failover event."""
-    first: dict[str, tuple[float, str]] = {}
-    for sentinel in group.sentinels:
-        log = Path(sentinel.dir, "redis.log")
-        for line in log.read_text().splitlines() if log.exists() else []:
-            found = LOG_LINE.match(line)
-            if not found:
-                continue
-            message = found.group(2)
-            event = message.split(" ", 1)[0]
-            if event not in SENTINEL_EVENTS and not event.startswith("+failover-state"):
-                continue
-            at = dt.datetime.strptime(found.group(1), "%d %b %Y %H:%M:%S.%f").timestamp()
-            if at >= timeline.killed_at - 1 and (event not in first or at < first[event][0]):
-                first[event] = (at, f"sentinel {sentinel.port}: {message}")
-    for at, what in first.values():
-        timeline.note(what, at)
-
-
-class ClusterWatch:
-    """Polls a live node's view of the cluster every 0.1 s and notes each change of the
-    killed node's flags and of the primary serving the watched slots."""
-
-    def __init__(self, timeline: Timeline, cluster: RedisCluster, killed: int,
-                 keys: dict[str, str]) -> None:
-        self.timeline, self.cluster, self.killed, self.keys = timeline, cluster, killed, keys
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> ClusterWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        last: dict[str, str] = {}
-        while not self._stop.wait(0.1):
-            try:
-                state = self._state()
-            except redis.RedisError:
-                continue
-            for what, value in state.items():
-                if last.get(what) != value:
-                    self.timeline.note(f"{what}: {value}")
-            last = state
-
-    def _state(self) -> dict[str, str]:
-        port = next(p for p in self.cluster.ports if p != self.killed)
-        with redis.Redis(port=port, decode_responses=True, socket_timeout=1) as client:
-            nodes = client.execute_command("CLUSTER NODES")
-            state = {f"node {self.killed} (killed) as seen by {port}":
-                     next((info["flags"] for address, info in nodes.items()
-                           if address.split("@")[0].endswith(f":{self.killed}")), "?")}
-            for label, key in self.keys.items():
-                slot = int(client.execute_command("CLUSTER KEYSLOT", key))
-                owner = next((int(primary[1]) for start, end, primary, *_ in
-                              client.execute_command("CLUSTER SLOTS")
-                              if int(start) <= slot <= int(end)), None)
-                state[f"{label} served by"] = f"port {owner}"
-        return state
-
-
-def engine_config(min_replicas: int, **more: Any) -> EngineConfig:
-    return EngineConfig(min_replicas=min_replicas,
-                        min_replicas_timeout_ms=int(REPLICA_TIMEOUT * 1000),
-                        failover_retry_ms=int(FAILOVER_RETRY * 1000), **more)
-
-
-def report(fault_report: Callable[..., None], what: str, timeline: Timeline,
-           sets: list[tuple[int, Producers, Measured]],
-           served: Callable[[Producers, str], bool] = lambda producers, job_id: True) -> None:
-    """A fault summary row per set of producers, with the delays the timeline saw for
-    the jobs the killed primary ``served``."""
-    for n, producers, measured in sets:
-        enqueued, finished = timeline.seen(f"MIN_REPLICAS={n}", producers, measured,
-                                           lambda job_id, p=producers: served(p, job_id))
-        fault_report(f"{what}, MIN_REPLICAS={n} ({len(producers.refused)} enqueue calls "
-                     f"raised, then retried; first enqueue {enqueued}, first job done "
-                     f"{finished} after the kill; {len(measured.orphan_rows)} mirror rows "
-                     f"of lost jobs)", measured.returned, len(measured.lost),
-                     measured.duplicated)
-        timeline.note(f"MIN_REPLICAS={n}: {measured.returned} returned, "
-                      f"{len(measured.lost)} lost, {measured.duplicated} run twice, "
-                      f"{len(measured.orphan_rows)} mirror rows of lost jobs")
-    timeline.write()
-
-
-def check_promises(measured: dict[int, Measured]) -> None:
-    """What must hold whatever the setting, and the loss MIN_REPLICAS=1 rules out."""
-    for n in (1, 0):
-        assert measured[n].returned == JOBS
-        assert measured[n].early == [], "no job may start before its run_at"
-        assert measured[n].mirror_mismatch == {}
-    assert measured[1].lost == [], "MIN_REPLICAS=1: every enqueue that returned survives"
-    assert measured[1].orphan_rows == []
+__all__ = ["migrated_db", "mirror_db", "workers"]  # fixtures, found by pytest here
 
 
 def demote_by_sentinel(timeline: Timeline, group: RedisSentinelGroup) -> None:
@@ -407,10 +86,15 @@ def test_sentinel_primary_killed_under_load(mirror_db, workers, fault_report, ki
         client = client_from_url(url, decode_responses=True, socket_timeout=5)
         durable = Producers(Broker(client, engine_config(1)), "m1")
         fast = Producers(Broker(client, engine_config(0)), "m0", queue=QUEUE_0)
+        sets, found = {1: durable, 0: fast}, AfterSwitch()
+        # A web process of its own: its client is not the producers'.
+        scraper = Scraper(Broker(client_from_url(url, decode_responses=True, socket_timeout=5),
+                                 engine_config(0))).__enter__()
         for producers in (durable, fast):
             producers.start()
         durable.progress.wait(timeout=120)
         fast.progress.wait(timeout=120)
+        scraper.await_scrape()  # the figures before the failover
         old = group.primary
         if kind == "kill":
             timeline.kill(old)
@@ -426,8 +110,11 @@ def test_sentinel_primary_killed_under_load(mirror_db, workers, fault_report, ki
             wait_until(lambda: demoted(old), timeout=90, interval=0.2,
                        message="the old primary a replica of the new one")
             timeline.note(f"old primary {old.port} a replica in sync")
+        release_held(client, sets, found)
         outs = [o for _, o in procs]
         measured = {n: settle(client, p, mirror_db, outs) for n, p in ((1, durable), (0, fast))}
+        check_after_settle(client, sets, scraper, found, timeline)
+        scraper.__exit__()
         for proc, out in procs:
             assert proc.poll() is None, f"the worker must resume by itself:\n{out.text}"
         note_sentinel_events(timeline, group)
@@ -439,7 +126,7 @@ def test_sentinel_primary_killed_under_load(mirror_db, workers, fault_report, ki
         for proc, out in procs:
             assert proc.wait(timeout=60) == 0, out.text[-3000:]
         client.close()
-    check_promises(measured)
+    check_promises(measured, found)
 
 
 def test_a_demoted_primary_answering_readonly_is_dropped_and_reported():
@@ -502,6 +189,10 @@ def test_cluster_primary_killed_under_load_and_a_process_started_after_it_connec
         client = client_from_url(url, decode_responses=True, socket_timeout=5)
         durable = Producers(Broker(client, engine_config(1, queues=queues)), "c1")
         fast = Producers(Broker(client, engine_config(0, queues=queues)), "c0", queue=QUEUE_0)
+        sets, found = {1: durable, 0: fast}, AfterSwitch()
+        # A web process of its own: its client is not the producers'.
+        scraper = Scraper(Broker(client_from_url(url, decode_responses=True, socket_timeout=5),
+                                 engine_config(0))).__enter__()
         # The primary to kill serves a shard of each queue if one does, else of QUEUE.
         tags = {(q, k.shard): k.scheduled for q in (QUEUE, QUEUE_0)
                 for k in durable.broker.shards(q)}
@@ -515,6 +206,7 @@ def test_cluster_primary_killed_under_load_and_a_process_started_after_it_connec
             producers.start()
         durable.progress.wait(timeout=120)
         fast.progress.wait(timeout=120)
+        scraper.await_scrape()  # the figures before the failover
         killed = next(n for n in cluster.nodes if n.port == old_port)
         replica_ports = [r.port for r in cluster.replicas_of(old_port)]
         with ClusterWatch(timeline, cluster, old_port, served):
@@ -539,8 +231,11 @@ def test_cluster_primary_killed_under_load_and_a_process_started_after_it_connec
             late[1].wait_for("worker started", timeout=60)
             for producers in (durable, fast):
                 producers.join()
+        release_held(client, sets, found)
         outs = [o for _, o in [*procs, late]]
         measured = {n: settle(client, p, db, outs) for n, p in ((1, durable), (0, fast))}
+        check_after_settle(client, sets, scraper, found, timeline)
+        scraper.__exit__()
         for proc, out in [*procs, late]:
             assert proc.poll() is None, f"the worker must resume by itself:\n{out.text}"
         report(fault_report, "Cluster primary SIGKILLed under load" if kind == "kill"
@@ -548,7 +243,7 @@ def test_cluster_primary_killed_under_load_and_a_process_started_after_it_connec
                [(1, durable, measured[1]), (0, fast, measured[0])],
                lambda p, job_id: p.broker.keys_for(p.queue, job_id).scheduled
                in served.values())
-        check_promises(measured)
+        check_promises(measured, found)
         for proc, _ in [*procs, late]:
             proc.terminate()
         for proc, out in [*procs, late]:

@@ -81,6 +81,40 @@ def test_figures_after_a_known_run(client, broker):
     assert value(m, "delayq_mirror_lag_events", queue="other") == 0
 
 
+def test_a_total_redis_lowers_holds_in_the_scrape(client, broker, redis_client):
+    """A failover can lose a primary's last increments: the total stored in Redis goes
+    back. What the view exports holds, counts on from there, and says since when."""
+    done = [tasks.record.enqueue(f"t{i}") for i in range(5)]
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: all(j.refresh().is_finished for j in done), message="the jobs")
+    keys = broker.shards("default")[0]
+    d = {"queue": "default"}
+    first = scrape(client)
+    began = value(first, "delayq_jobs_enqueued_created", **d)
+    assert value(first, "delayq_jobs_enqueued_total", **d) == 5
+    assert value(first, "delayq_job_duration_seconds_count", **d) == 5
+    # Three enqueues and every duration lost, as a new primary that lacked them would be.
+    redis_client.hset(keys.stats, "e", 2)
+    redis_client.hdel(keys.stats, *[f for f in redis_client.hkeys(keys.stats)
+                                    if f.startswith("hd:")])
+    held = scrape(client)
+    assert value(held, "delayq_jobs_enqueued_total", **d) == 5
+    assert value(held, "delayq_job_duration_seconds_count", **d) == 5
+    assert value(held, "delayq_jobs_completed_total", **d) == 5
+    assert value(held, "delayq_jobs_enqueued_created", **d) == began
+    tasks.record.enqueue("after")
+    m = scrape(client)
+    assert value(m, "delayq_jobs_enqueued_total", **d) == 6  # counts on from the figure
+    assert Queue("default", broker=broker).summary().stats.enqueued == 6  # the same read
+    # A Redis that lost everything (no persistence) lost the marks too: a true reset,
+    # which the new start time says.
+    redis_client.delete(keys.stats)
+    tasks.record.enqueue("fresh")
+    reset = scrape(client)
+    assert value(reset, "delayq_jobs_enqueued_total", **d) == 1
+    assert value(reset, "delayq_jobs_enqueued_created", **d) > began
+
+
 def test_histogram_buckets_follow_the_scripts(broker, redis_client):
     """The buckets the Lua scripts count are the ones the reader names."""
     job = tasks.record.enqueue("bucket")
@@ -133,9 +167,11 @@ def test_a_scrape_sends_as_many_commands_at_10_jobs_as_at_10000(client, broker, 
     at_10000 = commands_of_a_scrape(client, redis_client)
     assert at_10000 == at_10
     # A few per queue (one shard each): its 7 status sets and its jobs waiting for a
-    # key's slot, its stats, whether it is paused, its next due job, its busiest keys (2),
-    # its stream and the mirror's group; and 4 for the queues and the workers.
-    assert sum(at_10.values()) <= 15 * len(queue_names(broker)) + 4, at_10
+    # key's slot, its stats (the script and its read), whether it is paused, its next
+    # due job, its busiest keys (2), its stream and the mirror's group; and 4 for the
+    # queues and the workers.
+    assert sum(at_10.values()) <= 16 * len(queue_names(broker)) + 4, at_10
+    assert at_10["evalsha"] == len(queue_names(broker)), at_10
     m = scrape(client)
     assert value(m, "delayq_jobs", queue="default", status="ready") == 5000
     assert value(m, "delayq_jobs", queue="default", status="scheduled") == 5000

@@ -17,7 +17,7 @@ from redis.exceptions import ResponseError
 
 from .codec import cut_utf8
 from .keyed import KeyedOptions, keyed_values
-from .scripts import Batch, call_and_wait, is_cluster_client, run_script
+from .scripts import Batch, call_and_wait, is_cluster_client, run_script, script_command
 
 if TYPE_CHECKING:
     from .config import EngineConfig
@@ -355,6 +355,12 @@ class Commands:
             [job_id, run_at_ms, delay_ms, self.config.events_cap],
         )
         return before, after
+
+    def counters(self, keys: QueueKeys, minutes: bool = False) -> tuple[Any, ...]:
+        """The call of ``counters.lua`` on the shard ``keys``, for a pipeline
+        (:func:`~.scripts.execute_loading`): its stats with totals that never go back,
+        and with ``minutes`` its per-minute counters."""
+        return script_command("counters", [keys.stats], [int(minutes)])
 
     def purge(self, keys: QueueKeys, status: str, count: int, set_key: str = "") -> int:
         """Delete up to ``count`` jobs of ``status`` on the shard ``keys`` (or of the set

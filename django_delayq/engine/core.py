@@ -27,7 +27,7 @@ from .codec import encode_arguments
 from .commands import Commands, EncodedJob
 from .config import EngineConfig
 from .errors import CommandRefused, DelayQError, PartialClaimError
-from .failover import UNAVAILABLE, retry_or_raise, unreachable
+from .failover import FAILOVER, UNAVAILABLE, retry_or_raise, unreachable
 from .keys import GlobalKeys, QueueKeys
 from .limits import RateLimit
 from .pinned import PinnedConnections
@@ -124,10 +124,12 @@ class BrokerCore:
     def read_errors(self) -> Iterator[None]:
         """:meth:`connection_errors`, and any other error Redis answers with (a command an
         ACL refuses, a key of another type) as :class:`CommandRefused`: the reads that
-        pages, the API and the metrics show raise the engine's errors only."""
+        pages, the API and the metrics show raise the engine's errors only. ``READONLY``
+        counts as unreachable: a read that keeps marks (the totals,
+        ``lua/counters.lua``) reached a demoted primary, whose connections are closed."""
         try:
             yield
-        except UNAVAILABLE as exc:
+        except FAILOVER as exc:
             raise unreachable(self.client, exc) from exc
         except DelayQError:
             raise

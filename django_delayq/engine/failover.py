@@ -150,7 +150,8 @@ def follow_primary(client: Any, pinned: Any = None) -> None:
     sentinel names the new primary (or says a failover is under way) from the moment
     the promoted replica acts as one. Costs one round trip per sentinel, for durable
     writes (``MIN_REPLICAS``) on a Sentinel URL only. With no sentinel answering, the
-    write stands on its ``WAIT`` alone.
+    write stands on its ``WAIT`` alone. A metrics scrape asks the same after its read
+    (:func:`~.overview.summaries`), so it never shows totals the new primary lacks.
     """
     pool = getattr(client, "connection_pool", None)
     manager = getattr(pool, "sentinel_manager", None)

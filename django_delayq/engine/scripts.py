@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -84,6 +85,19 @@ def load_script(name: str) -> Script:
     return Script(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 
+def load_everywhere(client: Any, name: str) -> None:
+    """Load the script ``name`` where its calls may go: the server, or on a cluster
+    every node the client knows, replicas included. A replica has no script cache of
+    its primary (scripts are not replicated): once promoted (``CLUSTER FAILOVER``, a
+    failover) it answers NOSCRIPT, and the client may follow a slot's redirect to it
+    before its list of primaries names it, so a load sent to that list would miss it."""
+    source = load_script(name).source
+    if is_cluster_client(client):
+        client.execute_command("SCRIPT LOAD", source, target_nodes=RedisCluster.ALL_NODES)
+    else:
+        client.script_load(source)
+
+
 def run_script(
     client: Any, name: str, keys: list[str], args: list[Any],
     pinned: PinnedConnections | None = None,
@@ -98,11 +112,38 @@ def run_script(
     try:
         return run("EVALSHA", script.sha, len(keys), *keys, *args)
     except NoScriptError:
-        client.script_load(script.source)
+        load_everywhere(client, name)
         return run("EVALSHA", script.sha, len(keys), *keys, *args)
     except ReadOnlyError:
         drop_demoted(client, pinned)
         raise
+
+
+def script_command(name: str, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
+    """The EVALSHA of one script call, for a pipeline that mixes script calls with other
+    commands (:func:`execute_loading` sends it). On a cluster it is routed by its keys."""
+    return ("EVALSHA", load_script(name).sha, len(keys), *keys, *args)
+
+
+def execute_loading(client: Any, fill: Callable[[Any], None], names: Iterable[str]) -> list[Any]:
+    """Send the pipeline ``fill`` builds, whose script calls are of ``names``: when Redis
+    answers NOSCRIPT (a restart, a failover) the scripts are loaded and the pipeline is
+    sent once more. The first error any command answered is raised."""
+    for loaded in (False, True):
+        pipe = client.pipeline(transaction=False)
+        fill(pipe)
+        replies = list(pipe.execute(raise_on_error=False))
+        if not loaded and any(isinstance(r, NoScriptError) for r in replies):
+            for name in set(names):
+                load_everywhere(client, name)
+            continue
+        if any(isinstance(r, ReadOnlyError) for r in replies):
+            drop_demoted(client)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        break
+    return replies
 
 
 def wait_command(replicas: int, timeout_ms: int) -> tuple[Any, ...]:
@@ -136,7 +177,7 @@ def call_and_wait(
 
     reply, confirmed = send()
     if isinstance(reply, NoScriptError):
-        client.script_load(script.source)
+        load_everywhere(client, name)
         reply, confirmed = send()
     for result in (reply, confirmed):
         if isinstance(result, ReadOnlyError):
@@ -190,7 +231,7 @@ class Batch:
         missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
         if missing:
             for name in {self._calls[i][0] for i in missing}:
-                self._client.script_load(load_script(name).source)
+                load_everywhere(self._client, name)
             again = self._send([self._calls[i] for i in missing], wait)
             for i, result in zip(missing, again, strict=True):
                 results[i] = result

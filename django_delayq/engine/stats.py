@@ -5,8 +5,10 @@ Each shard's stats HASH (``{dq:Q}:stats``) holds, next to its per-minute counter
 dead-lettered (failed for good), ``r`` failed attempts retried, and two histograms
 (bucket fields ``NAME:i``, sum ``NAME:sum``, in ms): ``hd`` the run time of completed
 jobs, ``hl`` the start lateness of every start (its count is the number of jobs
-started). Reading a queue is one HGETALL per shard, whatever the number of jobs
-(:func:`~django_delayq.engine.overview.summaries` reads them).
+started). The readers' marks (``m:...``) keep the totals shown from going back after a
+failover (``lua/counters.lua``, through which
+:func:`~django_delayq.engine.overview.summaries` reads each shard: one script call,
+whatever the number of jobs).
 """
 
 from __future__ import annotations

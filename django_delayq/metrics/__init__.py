@@ -2,12 +2,13 @@
 
 Mount the view: ``path("metrics/delayq/", include("django_delayq.metrics.urls"))``, or
 use :func:`metrics_view` in your own URL. Every figure comes from counters the Lua
-scripts keep (:mod:`django_delayq.engine.stats`), the status sets' sizes and the events
-streams, so a scrape costs a few commands per queue shard, whatever the number of jobs,
-sent in a fixed number of round trips (pipelined) whatever the number of queues, and any
-web process answers the same figures. With ``PROMETHEUS_MULTIPROC_DIR`` set
-(prometheus_client's multiprocess mode), the view also serves the metrics your own code
-records in every process of the host (worker pool processes included).
+scripts keep (:mod:`django_delayq.engine.stats`, read so that no total ever goes back:
+``lua/counters.lua``), the status sets' sizes and the events streams, so a scrape costs
+a few commands per queue shard, whatever the number of jobs, sent in a fixed number of
+round trips (pipelined) whatever the number of queues, and any web process answers the
+same figures. With ``PROMETHEUS_MULTIPROC_DIR`` set (prometheus_client's multiprocess
+mode), the view also serves the metrics your own code records in every process of the
+host (worker pool processes included).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class DelayQCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         broker = self._broker or get_broker()
         names = queue_names(broker)
-        read = summaries(broker, names)
+        read = summaries(broker, names, confirm_primary=True)
         served = served_queues(broker)
         jobs = GaugeMetricFamily("delayq_jobs", "Jobs per queue and status now (finished "
                                  "ones: those still kept).", labels=["queue", "status"])
@@ -117,7 +118,9 @@ class DelayQCollector(Collector):
         for attr, doc in totals:
             family = CounterMetricFamily(f"delayq_jobs_{attr}", doc, labels=["queue"])
             for summary in read:
-                family.add_metric([summary.name], getattr(summary.stats, attr))
+                since = summary.counters_since
+                family.add_metric([summary.name], getattr(summary.stats, attr),
+                                  created=since.timestamp() if since else None)
             yield family
         yield _histogram("delayq_job_duration", "Run time of completed jobs.",
                          {q.name: q.stats.duration for q in read})

@@ -1,0 +1,89 @@
+-- include: now_ms
+
+-- Read a shard's stats hash with its running totals made monotone: what the metrics,
+-- the dashboard and the API show. The scripts only ever add to the totals, but a
+-- failover can lose a primary's last increments, and a figure that goes back reads as
+-- a reset to Prometheus. So each total is shown as raw + offset, and marks kept in the
+-- same hash hold, per total, the last figure shown and its offset: when raw + offset
+-- falls below the last figure shown, the offset grows by the difference and the figure
+-- stays where it was. Every reader of the shard (any web process) goes through here, so
+-- they all show the same figures. One key: a slot being moved between cluster nodes
+-- serves it as long as the hash is on one side (two keys would answer TRYAGAIN).
+--
+-- The per-minute counters (`c:<minute>`, `f:<minute>`) are rolling windows, not totals:
+-- they are passed through as stored.
+--
+-- KEYS[1] stats  HASH  the shard's totals, histograms and per-minute counters, and the
+--                      marks: `m:x:<field>` the last figure shown, `m:o:<field>` its
+--                      offset, `m:t` when the marks began (epoch ms): no figure went
+--                      back since
+--
+-- ARGV[1] 1: return the per-minute counters too (the dashboard's throughput), 0: not
+--
+-- Returns {t, {field, value, field, value, ...}}: the stats hash as HGETALL answers it,
+-- without the marks (and the per-minute counters unless asked for), with every total
+-- replaced by its monotone figure (a total the hash lost while its mark stayed is there
+-- too, at its last figure).
+
+local stats = KEYS[1]
+local minutes = ARGV[1] == '1'
+local raw = redis.call('HGETALL', stats)
+local COLON, M = string.byte(':'), string.byte('m')
+-- A field's second byte is ':' for the per-minute counters and the marks only (totals
+-- are `e`, `du`, `c`, `f`, `r`, `hd:<i>`, `hl:<i>`): checked without a pattern, since
+-- a busy shard has some 250 per-minute fields.
+local mark = {}
+for i = 1, #raw, 2 do
+  local first, second = string.byte(raw[i], 1, 2)
+  if second == COLON and first == M then
+    mark[string.sub(raw[i], 3)] = tonumber(raw[i + 1])
+  end
+end
+
+local out, seen, changed = {}, {}, {}
+local function show(field, value)
+  local offset = mark['o:' .. field] or 0
+  local last = mark['x:' .. field]
+  local figure = value + offset
+  if last ~= nil and figure < last then
+    offset = offset + last - figure
+    figure = last
+    changed[#changed + 1] = 'm:o:' .. field
+    changed[#changed + 1] = offset
+  end
+  if figure ~= last then
+    changed[#changed + 1] = 'm:x:' .. field
+    changed[#changed + 1] = figure
+  end
+  out[#out + 1] = field
+  out[#out + 1] = figure
+end
+
+for i = 1, #raw, 2 do
+  local field = raw[i]
+  local first, second = string.byte(field, 1, 2)
+  if second ~= COLON then
+    seen[field] = true
+    show(field, tonumber(raw[i + 1]) or 0)
+  elseif minutes and first ~= M then
+    out[#out + 1] = field
+    out[#out + 1] = raw[i + 1]
+  end
+end
+for name in pairs(mark) do
+  local field = string.match(name, '^x:(.+)$')
+  if field and not seen[field] then
+    show(field, 0)
+  end
+end
+
+local began = mark['t']
+if began == nil then
+  began = now_ms()
+  changed[#changed + 1] = 'm:t'
+  changed[#changed + 1] = began
+end
+if #changed > 0 then
+  redis.call('HSET', stats, unpack(changed))
+end
+return {began, out}
