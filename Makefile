@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # every test flushes: then the suite runs in one process.
 XDIST ?= $(if $(REDIS_URL),,-n 2 --dist loadgroup)
 
-.PHONY: demo serve test fuzz lint typecheck bench bench-quick system-deps clean
+.PHONY: demo serve test fuzz tox lint typecheck bench bench-quick system-deps clean
 
 $(STAMP): $(DEPS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,16 @@ test: $(STAMP) system-deps
 ## The property-based fuzz suite with its long profile (many more examples than make test).
 fuzz: $(STAMP) system-deps
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/fuzz $(PYTEST_ARGS)
+
+## tox.ini's environments (TOX_ARGS, e.g. TOX_ARGS='-e redis5,redis6,redis7,redislatest';
+## none: all of them). tox looks for each environment's Python on PATH: pyenv's installed
+## versions go on it first, as pyenv's shims only answer for the versions it has active.
+PYENV_BINS := $(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.1[0-9]*/bin)
+empty :=
+TOX_PATH := $(subst $(empty) $(empty),:,$(strip $(PYENV_BINS) $(PATH)))
+TOX_ARGS ?=
+tox: $(STAMP) system-deps
+	PATH="$(TOX_PATH)" $(BIN)/tox $(TOX_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

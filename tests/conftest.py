@@ -52,12 +52,20 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return services.header()
 
 
-#: Test modules that share one costly module-scoped fixture (a SparkSession, a browser)
-#: run on one xdist worker, so it starts once.
-SHARED_FIXTURE_MODULES = {"test_spark": "spark", "test_lake": "spark", "test_browser": "browser",
-                          "test_spark_cluster": "spark-cluster"}
+#: Test modules that share one costly module-scoped fixture (a SparkSession, a browser, a
+#: Redis Cluster or Sentinel group) run on one xdist worker, so it starts once there. A
+#: slow test of one of them stays with its module: the Redis Cluster and Sentinel tests
+#: mostly wait on their servers, so they run beside the heavy group, not in it.
+SHARED_FIXTURE_MODULES = {
+    "test_spark": "spark", "test_lake": "spark", "test_spark_cluster": "spark-cluster",
+    "test_browser": "browser", "test_browser_pages": "browser",
+    "test_browser_operator": "browser",
+    "test_cluster": "redis-cluster", "test_cluster_wait": "redis-cluster-wait",
+    "test_sentinel": "sentinel",
+}
 #: The heavy tests (fault injection, soaks, the benchmark smoke run) run one at a time, on
-#: one xdist worker, while the other worker runs the rest.
+#: one xdist worker, while the other worker runs the rest. The longest group sets the
+#: suite's wall time: a slow test that mostly waits belongs in a group of its own.
 HEAVY = "heavy"
 
 
