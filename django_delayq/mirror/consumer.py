@@ -38,8 +38,9 @@ from ..engine.streams import StreamBatch
 from ..engine.workers import consumers_gone
 from ..models import Job
 from ..runtime.consumer import StreamConsumer, entries_of, logger
+from ..runtime.entries import Event, parse_entry, stream_id
 from . import table
-from .events import Event, apply_event, parse_entry, row_from_hash, stream_id
+from .events import apply_event, row_from_hash
 from .table import NO_POSITION
 
 #: The consumer group every mirror reads through.
