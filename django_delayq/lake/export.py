@@ -33,8 +33,7 @@ from ..engine.keys import QueueKeys
 from ..engine.streams import StreamBatch
 from ..engine.urls import redact
 from ..engine.validation import check_time_ms
-from ..runtime.consumer import StreamConsumer, entries_of
-from ..runtime.entries import parse_entry, stream_id
+from ..runtime.consumer import StreamConsumer, entries_of, parse_entry, stream_id
 from . import store
 from .schema import ARROW_SCHEMA, day_of
 

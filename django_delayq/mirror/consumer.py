@@ -37,8 +37,7 @@ from ..engine.status import UNFINISHED
 from ..engine.streams import StreamBatch
 from ..engine.workers import consumers_gone
 from ..models import Job
-from ..runtime.consumer import StreamConsumer, entries_of, logger
-from ..runtime.entries import Event, parse_entry, stream_id
+from ..runtime.consumer import Event, StreamConsumer, entries_of, logger, parse_entry, stream_id
 from . import table
 from .events import apply_event, row_from_hash
 from .table import NO_POSITION

@@ -14,7 +14,7 @@ from ..engine.fields import stored
 from ..engine.jobhash import from_ms, read_job_hash, strict_json, to_fraction
 from ..engine.status import JOB_STATUSES, Status
 from ..models import Job, JobStatus
-from ..runtime.entries import Event
+from ..runtime.consumer import Event
 from .table import Row, StoredJSON
 
 logger = logging.getLogger("django_delayq.mirror")
