@@ -77,7 +77,6 @@ class Exporter(StreamConsumer):
                          refresh_interval=refresh_interval)
         self.rows = 0      # rows written (one per job per entry)
         self.files = 0     # files written
-        self.skipped = 0   # garbled entries acknowledged without a row
 
     # -- writing ---------------------------------------------------------------------
 
@@ -135,7 +134,7 @@ class Exporter(StreamConsumer):
         """The rows of ``entries``, column by column (one row per job per entry)."""
         cols: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
         for entry_id, fields in entries:
-            events = parse_entry(keys, entry_id, fields, partial(self._skip, keys, entry_id))
+            events = parse_entry(keys, entry_id, fields, partial(self.skip, keys, entry_id))
             if not events:
                 continue
             try:
@@ -143,7 +142,7 @@ class Exporter(StreamConsumer):
                 ts = _time_ms(fields["ts"])
                 run_at = _time_ms(fields.get("run_at"))
             except (KeyError, ValueError) as exc:
-                self._skip(keys, entry_id, f"garbled event: {type(exc).__name__}: {exc}")
+                self.skip(keys, entry_id, f"garbled event: {type(exc).__name__}: {exc}")
                 continue
             jobs = [e.job_id for e in events]
             (ms, seq), event, n = events[0].order, events[0].event, len(jobs)
@@ -162,10 +161,6 @@ class Exporter(StreamConsumer):
             cols["error"] += [fields.get("error")] * n
         self._enrich(keys, cols)
         return cols
-
-    def _skip(self, keys: QueueKeys, entry_id: str, reason: str) -> None:
-        self.skipped += 1
-        self.skip(keys, entry_id, reason)
 
     def _enrich(self, keys: QueueKeys, cols: dict[str, list[Any]]) -> None:
         """Fill the columns the events do not carry from the job hashes (one HMGET per

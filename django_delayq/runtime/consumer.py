@@ -81,6 +81,7 @@ class StreamConsumer:
         self._consumers_gone = consumers_gone or (lambda consumers: set())
         self.entries = 0  # entries acknowledged
         self.lost = 0  # entries trimmed from a stream before this group read them
+        self.skipped = 0  # events left out (garbled, or none of the sink could write)
         self._stop = threading.Event()
         self._drain = False
         self._shards: list[QueueKeys] = []
@@ -111,9 +112,11 @@ class StreamConsumer:
     def maintain(self) -> None:
         """Now and then, between rounds (a subclass prunes what it keeps)."""
 
-    def skip(self, keys: QueueKeys, entry_id: str, reason: str) -> None:
-        """Leave an entry out, where operators see it: ``Queue.skipped_events()`` (the
-        dashboard, the API), and a log line with its stream id and the reason."""
+    def skip(self, keys: QueueKeys, entry_id: str, reason: str, *, events: int = 1) -> None:
+        """Leave an entry out (``events`` of it, counted in :attr:`skipped`), where
+        operators see it: ``Queue.skipped_events()`` (the dashboard, the API), and a log
+        line with its stream id and the reason."""
+        self.skipped += events
         reason = streams.record_skip(self.broker, keys, self.reader, entry_id, reason)
         logger.error("%s skipped an event it cannot apply stream=%s id=%s reason=%s",
                      self.reader, keys.events, entry_id, reason)
