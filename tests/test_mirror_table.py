@@ -25,8 +25,9 @@ from django_delayq.engine.errors import InvalidJobState
 from django_delayq.engine.keys import QueueKeys
 from django_delayq.mirror import GROUP, Mirror, table
 from django_delayq.mirror.consumer import refresh_rows
-from django_delayq.mirror.events import row_from_hash, stream_id
+from django_delayq.mirror.events import row_from_hash
 from django_delayq.models import Job
+from django_delayq.runtime.consumer import stream_id
 from tests.conftest import rerun_on_postgresql, wait_until, worker_thread
 from tests.testapp import tasks
 

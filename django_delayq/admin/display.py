@@ -53,10 +53,15 @@ def status_badge(status: str, *, missing_at: Any = None) -> SafeString:
                        f"found gone from Redis at {missing_at:%Y-%m-%d %H:%M:%S %Z}")
 
 
+def pre(text: str) -> SafeString:
+    """Text as it is (a traceback, an error, JSON), in a ``<pre>`` block, escaped; "-" for
+    none."""
+    return format_html('<pre class="dq-pre">{}</pre>', text) if text else format_html("{}", "-")
+
+
 def pretty_json(value: Any) -> SafeString:
     """A JSON value in a ``<pre>`` block, escaped."""
-    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
-    return format_html('<pre class="dq-pre">{}</pre>', text)
+    return pre(json.dumps(value, indent=2, ensure_ascii=False, default=str))
 
 
 def short_json(value: Any, limit: int = 60) -> str:
@@ -139,8 +144,8 @@ def attempts_table(log: Any) -> SafeString | str:
             '<td class="dq-error-cell">{}</td><td class="dq-tb-cell">{}</td></tr>',
             e["attempt"] or "", e["worker"] or "-", when(start), when(end),
             seconds(duration), e["outcome"] or "-", e["error"] or "-",
-            format_html('<details class="dq-tb"><summary>traceback</summary>'
-                        '<pre class="dq-pre">{}</pre></details>', tb) if tb else "-"))
+            format_html('<details class="dq-tb"><summary>traceback</summary>{}</details>',
+                        pre(tb)) if tb else "-"))
     return format_html('<table class="dq-attempts"><thead><tr><th>#</th><th>worker</th>'
                        "<th>started</th><th>ended</th><th>duration</th><th>outcome</th>"
                        "<th>error</th><th>traceback (its end)</th></tr></thead><tbody>{}"

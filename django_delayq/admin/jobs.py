@@ -44,6 +44,7 @@ from .actions import (
 from .display import (
     attempts_table,
     job_label,
+    pre,
     pretty_json,
     progress_bar,
     seconds,
@@ -232,8 +233,8 @@ class JobAdmin(ReadOnlyPages):
         return obj.aborted_by or "-"
 
     @admin.display(description="traceback")
-    def traceback_display(self, obj: Job) -> SafeString | str:
-        return format_html('<pre class="dq-pre">{}</pre>', obj.traceback) if obj.traceback else "-"
+    def traceback_display(self, obj: Job) -> SafeString:
+        return pre(obj.traceback)
 
     @admin.display(description="duration")
     def duration_display(self, obj: Job) -> str:

@@ -24,7 +24,7 @@ from ..models import OutboxEntry
 from ..outbox.send import send_rows, settle
 from ..task import registry
 from .actions import MAX_ACTION_JOBS, ReadOnlyPages
-from .display import pretty_json, when_short, zoned_header
+from .display import pre, pretty_json, when_short, zoned_header
 
 
 class ParkedFilter(admin.SimpleListFilter):
@@ -93,8 +93,7 @@ class OutboxEntryAdmin(ReadOnlyPages):
 
     @admin.display(description="error")
     def error_display(self, row: OutboxEntry) -> SafeString:
-        return format_html('<pre class="dq-pre">{}</pre>', row.error) if row.error else (
-            format_html("{}", "-"))
+        return pre(row.error)
 
     @admin.display(description="arguments")
     def args_display(self, row: OutboxEntry) -> SafeString:
@@ -128,4 +127,4 @@ def _json_block(text: str) -> SafeString:
     try:
         return pretty_json(json.loads(text))
     except ValueError:
-        return format_html('<pre class="dq-pre">{}</pre>', text)
+        return pre(text)

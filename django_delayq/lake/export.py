@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Iterable, Iterator
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -32,7 +33,7 @@ from ..engine.keys import QueueKeys
 from ..engine.streams import StreamBatch
 from ..engine.urls import redact
 from ..engine.validation import check_time_ms
-from ..runtime.consumer import StreamConsumer, entries_of
+from ..runtime.consumer import StreamConsumer, entries_of, parse_entry, stream_id
 from . import store
 from .schema import ARROW_SCHEMA, day_of
 
@@ -76,7 +77,6 @@ class Exporter(StreamConsumer):
                          refresh_interval=refresh_interval)
         self.rows = 0      # rows written (one per job per entry)
         self.files = 0     # files written
-        self.skipped = 0   # garbled entries acknowledged without a row
 
     # -- writing ---------------------------------------------------------------------
 
@@ -120,7 +120,7 @@ class Exporter(StreamConsumer):
         written: set[str] = set()
         for path, name in store.files_of(self.filesystem, self.root, day, keys.queue,
                                          keys.shard):
-            if _order(name.first) <= hi and _order(name.last) >= lo:
+            if stream_id(name.first) <= hi and stream_id(name.last) >= lo:
                 written |= store.stream_ids_in(self.filesystem, path)
         if not written:
             return part
@@ -134,26 +134,18 @@ class Exporter(StreamConsumer):
         """The rows of ``entries``, column by column (one row per job per entry)."""
         cols: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
         for entry_id, fields in entries:
+            events = parse_entry(keys, entry_id, fields, partial(self.skip, keys, entry_id))
+            if not events:
+                continue
             try:
-                ms, seq = _order(entry_id)
-                event = fields["event"]
-                if "jobs" in fields:
-                    jobs = fields["jobs"].split(" ")
-                    given = fields.get("attempts")
-                    attempts = ([_attempt(a) for a in given.split(" ")] if given
-                                else [None] * len(jobs))
-                    if len(attempts) != len(jobs):
-                        raise ValueError("jobs and attempts differ in length")
-                else:
-                    jobs, attempts = [fields["job"]], [_attempt(fields.get("attempt"))]
-                if not event or not all(jobs):
-                    raise ValueError("empty event or job")
+                attempts = [_attempt(e.attempt) for e in events]
                 ts = _time_ms(fields["ts"])
                 run_at = _time_ms(fields.get("run_at"))
-            except (KeyError, ValueError, AttributeError, TypeError) as exc:
-                self._skip(keys, entry_id, f"garbled event: {type(exc).__name__}: {exc}")
+            except (KeyError, ValueError) as exc:
+                self.skip(keys, entry_id, f"garbled event: {type(exc).__name__}: {exc}")
                 continue
-            n = len(jobs)
+            jobs = [e.job_id for e in events]
+            (ms, seq), event, n = events[0].order, events[0].event, len(jobs)
             cols["stream_id"] += [entry_id] * n
             cols["stream_ms"] += [ms] * n
             cols["stream_seq"] += [seq] * n
@@ -169,10 +161,6 @@ class Exporter(StreamConsumer):
             cols["error"] += [fields.get("error")] * n
         self._enrich(keys, cols)
         return cols
-
-    def _skip(self, keys: QueueKeys, entry_id: str, reason: str) -> None:
-        self.skipped += 1
-        self.skip(keys, entry_id, reason)
 
     def _enrich(self, keys: QueueKeys, cols: dict[str, list[Any]]) -> None:
         """Fill the columns the events do not carry from the job hashes (one HMGET per
@@ -222,11 +210,6 @@ def _chunks(entries: list[tuple[str, dict[str, str]]]
             chunk, rows = [], 0
     if chunk:
         yield chunk
-
-
-def _order(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 def _time_ms(value: str | None) -> int | None:

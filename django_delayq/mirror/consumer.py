@@ -37,9 +37,9 @@ from ..engine.status import UNFINISHED
 from ..engine.streams import StreamBatch
 from ..engine.workers import consumers_gone
 from ..models import Job
-from ..runtime.consumer import StreamConsumer, entries_of, logger
+from ..runtime.consumer import Event, StreamConsumer, entries_of, logger, parse_entry, stream_id
 from . import table
-from .events import Event, apply_event, parse_entry, row_from_hash, stream_id
+from .events import apply_event, row_from_hash
 from .table import NO_POSITION
 
 #: The consumer group every mirror reads through.
@@ -83,7 +83,6 @@ class Mirror(StreamConsumer):
         self.prune_interval = prune_interval
         self.reconcile_interval = reconcile_interval
         self._reconciled_at = 0.0
-        self.skipped = 0  # garbled entries acknowledged without a write
         self._pruned_at = 0.0
 
     @property
@@ -145,8 +144,6 @@ class Mirror(StreamConsumer):
         by_job: dict[str, list[Event]] = {}
         for entry_id, fields in entries:
             events = parse_entry(keys, entry_id, fields, partial(self.skip, keys, entry_id))
-            if not events:
-                self.skipped += 1
             for event in events:
                 by_job.setdefault(event.job_id, []).append(event)
         for events in by_job.values():
@@ -177,9 +174,8 @@ class Mirror(StreamConsumer):
             except STALLS:
                 raise
             except Exception as exc:
-                self.skipped += len(events)
                 self.skip(keys, ",".join(e.entry_id for e in events),
-                          f"job {job_id}: {type(exc).__name__}: {exc}")
+                          f"job {job_id}: {type(exc).__name__}: {exc}", events=len(events))
 
     def _write(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
         """Write the row of each job of ``by_job`` (its events, oldest first) that is

@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -161,6 +161,12 @@ def jobs_from_file(spark: SparkSession, path: str | Path, *, fmt: str | None = N
         for name, dtype, _ in FIELDS
     ])
     return filter_since(df, since)
+
+
+def seconds_between(later: str | Column, earlier: str | Column) -> Column:
+    """Seconds from ``earlier`` to ``later`` (TIMESTAMP columns, or their names), to the
+    microsecond: lateness and duration, whatever the jobs were read from."""
+    return (F.unix_micros(later) - F.unix_micros(earlier)) / F.lit(1_000_000.0)
 
 
 def filter_since(df: DataFrame, since: dt.timedelta | None) -> DataFrame:

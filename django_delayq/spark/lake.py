@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from ..engine.status import FINISHED_IN_HISTORY
 from ..lake.schema import PARTITION
 from ..lake.store import open_lake
-from .history import FIELDS, FORMATS, filter_since
+from .history import FIELDS, FORMATS, filter_since, seconds_between
 
 PARTITION_PREFIX = f"{PARTITION}="
 
@@ -106,10 +106,6 @@ def _job_facts(events: DataFrame) -> DataFrame:
     )
 
 
-def _seconds(later: Column, earlier: Column) -> Column:
-    return (F.unix_micros(later) - F.unix_micros(earlier)) / F.lit(1_000_000.0)
-
-
 def _attempts(events: DataFrame) -> DataFrame:
     ends = F.col("event").isin(*ENDS)
     begins = F.col("event").isin("claimed", "started")
@@ -139,9 +135,9 @@ def attempts_from_lake(spark: SparkSession, where: str | Path) -> DataFrame:
         "job_id", "queue", "task_name", "attempt", "enqueued_at", "run_at", "started_at",
         "finished_at", "outcome", "worker", "error",
         F.when(F.col("started_at").isNotNull(),
-               _seconds(F.col("started_at"), F.col("run_at"))).alias("lateness"),
+               seconds_between("started_at", "run_at")).alias("lateness"),
         F.when(F.col("outcome").isNotNull() & F.col("started_at").isNotNull(),
-               _seconds(F.col("finished_at"), F.col("started_at"))).alias("duration"),
+               seconds_between("finished_at", "started_at")).alias("duration"),
     )
 
 

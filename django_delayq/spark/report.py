@@ -19,6 +19,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ..engine.status import HISTORY_STATUSES
+from .history import seconds_between
 
 #: A count per status in each summary row, in lifecycle order (waiting to purged).
 STATUSES = HISTORY_STATUSES
@@ -62,17 +63,13 @@ def _aware(row: dict[str, Any]) -> dict[str, Any]:
             for k, v in row.items()}
 
 
-def _seconds_between(later: str, earlier: str) -> Column:
-    return (F.unix_micros(F.col(later)) - F.unix_micros(F.col(earlier))) / F.lit(1_000_000.0)
-
-
 def prepare(df: DataFrame) -> DataFrame:
     """``df`` with ``lateness``, ``duration`` (seconds) and ``finished`` (bool) columns."""
     finished = F.col("status").isin("completed", "failed") & F.col("finished_at").isNotNull()
     return (
         df.withColumn("lateness", F.when(F.col("started_at").isNotNull(),
-                                         _seconds_between("started_at", "run_at")))
-        .withColumn("duration", F.when(finished, _seconds_between("finished_at", "started_at")))
+                                         seconds_between("started_at", "run_at")))
+        .withColumn("duration", F.when(finished, seconds_between("finished_at", "started_at")))
         .withColumn("finished", finished)
     )
 
