@@ -17,8 +17,8 @@ from opentelemetry.trace import SpanKind
 
 from django_delayq import Job, signals
 from django_delayq.connection import get_broker
+from django_delayq.engine.logfields import Pairs, log, quote
 from django_delayq.runtime import tracing
-from django_delayq.runtime.logfields import Pairs, log, quote
 from tests.conftest import ROOT, wait_until, worker_env, worker_thread
 from tests.testapp import tasks
 
