@@ -16,6 +16,7 @@ from typing import Any
 from ..engine.fields import FORMAT, stored
 from ..engine.jobhash import checked_ms, from_ms, read_job_hash, strict_json, to_fraction
 from ..engine.keys import QueueKeys, split_job_ids, validate_job_id
+from ..engine.logfields import log
 from ..engine.status import JOB_STATUSES, Status
 from ..models import Job, JobStatus
 from .table import Row, StoredJSON
@@ -69,8 +70,8 @@ def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None,
     when the entry is garbled (``on_garbled`` is then given the reason) or trimmed.
     """
     if fields is None:
-        logger.warning("event trimmed from the stream before it was mirrored stream=%s id=%s",
-                       keys.events, entry_id)
+        log(logger, logging.WARNING, "event trimmed from the stream before it was mirrored",
+            stream=keys.events, id=entry_id)
         return []
     try:
         order = stream_id(entry_id)
@@ -95,8 +96,8 @@ def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None,
             raise ValueError(f"event format {fields['fv']} is newer than this version "
                              f"reads ({FORMAT})")
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        logger.warning("skipping garbled event stream=%s id=%s fields=%r error=%s",
-                       keys.events, entry_id, fields, exc)
+        log(logger, logging.WARNING, "skipping garbled event", stream=keys.events,
+            id=entry_id, fields=repr(fields), error=exc)
         if on_garbled is not None:
             on_garbled(f"garbled event: {type(exc).__name__}: {exc}")
         return []
@@ -232,4 +233,6 @@ def apply_event(row: Job, event: Event) -> None:
         row.status = JobStatus.PURGED
         row.finished_at = row.finished_at or at
     else:
-        logger.warning("unknown event kind, keeping status event=%s job=%s", kind, event.job_id)
+        log(logger, logging.WARNING, "unknown event kind, keeping status", event=kind,
+            job=event.job_id)
+
