@@ -19,9 +19,8 @@ from opentelemetry.trace import SpanKind
 
 from django_delayq import Job, Queue, signals
 from django_delayq.connection import get_broker
-from django_delayq.engine.workers import live_workers
-
 from django_delayq.engine.logfields import Pairs, log, quote
+from django_delayq.engine.workers import live_workers
 from django_delayq.runtime import tracing
 from tests.conftest import ROOT, wait_until, worker_env, worker_thread
 from tests.testapp import tasks
