@@ -19,10 +19,9 @@ from django_delayq.engine import (
     Job,
     JobNotFound,
     Queue,
+    fields,
 )
-from django_delayq.engine import fields
 from django_delayq.engine.fields import DEFAULTS, LOGICAL, STORED, stored
-
 from django_delayq.engine.keys import QueueKeys
 
 
