@@ -239,7 +239,7 @@ def test_worker_backs_off_while_redis_is_down_then_resumes(spawned, fault_report
     try:
         proc, out = spawned("chaos", "-c", "2", redis_url=server.url)
         out.wait_for("worker started")
-        out.wait_for("retrying in 0.8s")
+        out.wait_for("redis unavailable retry_in_s=0.8 ")
         assert proc.poll() is None, "the worker must wait for Redis, not exit"
         server.start()
         broker = Broker(client_for(server.url), EngineConfig())
