@@ -308,8 +308,9 @@ class Children:
                 child.quick_deaths = 0  # its job's doing, not a failing start: at once
                 child.start_at = now
                 self.restarts += 1
-                log(logger, logging.WARNING, f"{child.label} killed, starting a fresh one",
-                    pid=pid, reason=killed_for, owner=self.name)
+                log(logger, logging.WARNING, f"{child.label} killed", pid=pid,
+                    reason=killed_for, then="starting a fresh one", owner=self.name)
+
             elif self.stopping:
                 level = logging.INFO if child.clean else logging.WARNING
                 log(logger, level, f"{child.label} stopped", pid=pid, code=code,
