@@ -2,7 +2,8 @@
 ``runworker`` processes running the jobs: aborting a running job from its page (sync,
 async, and one holding the GIL, through its process's replacement) ends it and the page
 shows who aborted it; the job list follows its jobs by itself; the workers table names a
-running job."""
+running job. The API's enqueue form, filled and sent by the browser, takes arguments."""
+
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import pytest
 
 from django_delayq import Job as DelayQJob
 from django_delayq.mirror import Mirror
-
 from django_delayq.models import Job
 from tests.conftest import wait_until
 from tests.test_browser import SHOTS, browser, mirror  # noqa: F401 - browser: the fixture
