@@ -192,7 +192,9 @@ def test_the_api_enqueue_form_takes_arguments_as_a_person_types_them(tab):
     job = DelayQJob.fetch("from-the-browser", "default")
     assert (job.args, job.kwargs, job.status) == (
         ["typed in a browser"], {"extra": {"tags": ["a", "b"]}}, "scheduled")
-    assert job.run_at is not None and job.run_at.year == 2099
+    assert job.run_at is not None
+    assert job.run_at.year == 2099
+
     # Text that is not JSON comes back on the form, under its field.
     tab.goto(f"{tab.base}/api/delayq/jobs/")
     form = tab.locator("#post-object-form form")
