@@ -5,6 +5,12 @@ from __future__ import annotations
 from django.apps import AppConfig
 from django.utils.module_loading import autodiscover_modules
 
+import django_delayq
+
+from .connection import get_broker
+from .engine import set_default_broker
+from .task import task
+
 
 class DelayQConfig(AppConfig):
     name = "django_delayq"
@@ -12,9 +18,9 @@ class DelayQConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401 - registers the system checks
-        from .connection import get_broker
-        from .engine import set_default_broker
+        # Django app loading: the system checks register once the app is ready (where
+        # Django's documentation registers them), not whenever this module is imported.
+        from . import checks  # noqa: F401
 
         set_default_broker(get_broker)
         _bind_task_decorator()
@@ -25,8 +31,4 @@ def _bind_task_decorator() -> None:
     """Make ``django_delayq.task`` the decorator again. Importing the submodule
     ``django_delayq.task`` before anyone asked for the decorator (the admin, loaded by
     an earlier app's ready(), does) binds the module to that name instead."""
-    import django_delayq
-
-    from .task import task
-
     django_delayq.task = task

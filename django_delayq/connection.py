@@ -55,9 +55,10 @@ def make_client(socket_timeout: float | None = None) -> Any:
     timeout = conf.SOCKET_TIMEOUT if socket_timeout is None else socket_timeout
     alias = conf.CACHE_ALIAS
     if alias:
-        try:
+        try:  # django-redis: an optional extra, imported only when CACHE_ALIAS names it
             from django_redis import get_redis_connection
         except ImportError as exc:  # pragma: no cover - depends on the environment
+
             raise ImproperlyConfigured(
                 "DELAYQ['CACHE_ALIAS'] needs django-redis: "
                 "pip install 'django-delayq[django-redis]'"

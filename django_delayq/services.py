@@ -17,6 +17,7 @@ from django.db import connections
 
 from .conf import conf
 from .connection import get_broker
+from .engine.logfields import log
 from .engine.workers import mirror_consumer
 from .mirror import Mirror, table_exists
 from .outbox.relay import Relay, relay_table_exists
@@ -74,21 +75,22 @@ def host_services(host: str, *, mirror: bool = True, relay: bool = True,
             services.append(SinkService("mirror", Mirror(name=mirror_consumer(host),
                                                          queues=mirror_queues)))
         else:
-            logger.warning("the mirror is off: the Job table is missing (run manage.py "
-                           "migrate)")
+            log(logger, logging.WARNING, "the mirror is off: the Job table is missing (run "
+                "manage.py migrate)")
     if relay and conf.OUTBOX["RELAY"]:
         for alias in conf.OUTBOX["DATABASES"]:
             if relay_table_exists(alias):
                 services.append(RelayService(alias))
             else:
-                logger.warning("the outbox relay is off: its table is missing in database "
-                               "%s (run manage.py migrate)", alias)
+                log(logger, logging.WARNING, "the outbox relay is off: its table is missing "
+                    "(run manage.py migrate)", database=alias)
     if lake and conf.LAKE_PATH is not None:
         try:
             from .lake.export import Exporter  # PyArrow: an optional extra, only when set
         except ImportError as exc:
-            logger.error("the lake export is off: %s (pip install 'django-delayq[spark]')",
-                         exc)
+            log(logger, logging.ERROR, "the lake export is off (pip install "
+                "'django-delayq[spark]')", error=exc)
+
         else:
             services.append(SinkService("lake", Exporter(conf.LAKE_PATH, broker=get_broker(
                 socket_timeout=1.0 + conf.SOCKET_TIMEOUT))))

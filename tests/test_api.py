@@ -512,6 +512,8 @@ def test_schema_is_valid_and_lists_every_endpoint(staff: APIClient) -> None:
     assert enqueue["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(
         "/Enqueue")
     assert set(enqueue["responses"]) >= {"200", "201", "400", "403", "503"}
+    arguments = schema["components"]["schemas"]["Enqueue"]["properties"]
+    assert (arguments["args"]["type"], arguments["kwargs"]["type"]) == ("array", "object")
     listing = paths[f"{API}/jobs/"]["get"]
     assert {p["name"] for p in listing["parameters"]} >= {
         "queue", "status", "task", "run_at_after", "run_at_before", "limit", "offset"}

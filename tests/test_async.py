@@ -104,7 +104,7 @@ def test_a_dead_event_loop_replaces_the_process_and_its_job_runs_again(redis_cli
     wait_until(lambda: job.refresh().status == "completed", timeout=60,
                message=f"the job run again by a fresh process:\n{out.text}")
     assert "event loop thread ended unexpectedly" in out.text
-    assert "handing back 1 running jobs" in out.text  # at once, not left to its lease
+    assert "handing back running jobs jobs=1" in out.text  # at once, not left to its lease
     assert "worker-0 exited to be replaced" in out.text
     assert (job.status, job.attempts, job.result) == ("completed", 2, "k")
     proc.send_signal(signal.SIGTERM)

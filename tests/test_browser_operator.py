@@ -2,7 +2,8 @@
 ``runworker`` processes running the jobs: aborting a running job from its page (sync,
 async, and one holding the GIL, through its process's replacement) ends it and the page
 shows who aborted it; the job list follows its jobs by itself; the workers table names a
-running job."""
+running job. The API's enqueue form, filled and sent by the browser, takes arguments."""
+
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from django_delayq import Job as DelayQJob
 from django_delayq.mirror import Mirror
 from django_delayq.models import Job
 from tests.conftest import wait_until
@@ -174,3 +176,30 @@ def test_other_pages_fit_a_1024_px_window(tab):
                        ("the outbox list", "/admin/django_delayq/outboxentry/")]:
         tab.goto(tab.base + path)
         fits(tab, name)
+
+
+def test_the_api_enqueue_form_takes_arguments_as_a_person_types_them(tab):
+    """The browsable API's HTML form, filled and sent by the browser itself."""
+    tab.goto(f"{tab.base}/api/delayq/jobs/")
+    form = tab.locator("#post-object-form form")
+    form.locator("input[name=task]").fill(tasks.record.name)
+    form.locator("textarea[name=args]").fill('["typed in a browser"]')
+    form.locator("textarea[name=kwargs]").fill('{"extra": {"tags": ["a", "b"]}}')
+    form.locator("input[name=job_id]").fill("from-the-browser")
+    form.locator("input[name=run_at]").fill("2099-01-31T09:00:00Z")
+    form.locator("button[type=submit], .form-actions button").first.click()
+    tab.wait_for_selector("text=HTTP 201")
+    job = DelayQJob.fetch("from-the-browser", "default")
+    assert (job.args, job.kwargs, job.status) == (
+        ["typed in a browser"], {"extra": {"tags": ["a", "b"]}}, "scheduled")
+    assert job.run_at is not None
+    assert job.run_at.year == 2099
+
+    # Text that is not JSON comes back on the form, under its field.
+    tab.goto(f"{tab.base}/api/delayq/jobs/")
+    form = tab.locator("#post-object-form form")
+    form.locator("input[name=task]").fill(tasks.record.name)
+    form.locator("textarea[name=args]").fill("['single quotes']")
+    form.locator("button[type=submit], .form-actions button").first.click()
+    tab.wait_for_selector("text=HTTP 400")
+    assert "Not valid JSON" in tab.locator("#post-object-form").inner_text()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import re
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,7 @@ from django_delayq.engine import (
     Job,
     JobNotFound,
     Queue,
+    fields,
 )
 from django_delayq.engine.fields import DEFAULTS, LOGICAL, STORED, stored
 from django_delayq.engine.keys import QueueKeys
@@ -174,8 +177,10 @@ def test_every_field_is_stored_short_and_read_back_by_its_name(bare, redis_clien
     # or its weight (test_keyed*.py), nor the format (format 1 stores none).
     assert set(raw) == set(STORED.values()) - {
         stored("result"), stored("progress"), stored("progress_message"), stored("parents"),
+        stored("parent_policy"), stored("parent_results"), stored("linked"),
         stored("aborted_by"), stored("concurrency_key"), stored("concurrency_limit"),
-        stored("waiting_for_slot"), stored("key_weight"), stored("format")}
+        stored("waiting_for_slot"), stored("key_weight"), stored("key_rate_limit"),
+        stored("key_rate_period"), stored("format")}
     job = Job.fetch(job_id, "q", broker=bare)
     assert (job.task_name, job.status, job.args, job.kwargs, job.priority) == (
         "t.x", "scheduled", [1], {"k": "v"}, 5)
@@ -190,7 +195,50 @@ def test_every_field_is_stored_short_and_read_back_by_its_name(bare, redis_clien
     assert set(LOGICAL) == set(STORED.values()), "one stored name per field"
 
 
+LUA = Path(fields.__file__).resolve().parent.parent / "lua"
+#: A Redis command on a job's hash in a Lua script, the hash named as the scripts name
+
+#: it, and the arguments up to the first closing parenthesis.
+HASH_CALL = re.compile(r"'(HSET|HSETNX|HGET|HMGET|HDEL|HEXISTS|HINCRBY)',\s*"
+                       r"(?:job_key|prev_key|job_prefix \.\. [\w\[\] +]+?|KEYS\[5 \+ i\]),"
+                       r"([^)]*)\)")
+#: A field appended to the list a new job's hash is written from (lua/enqueue.lua).
+NEW_FIELD = re.compile(r"fields\[#fields \+ 1\] = '(\w+)'")
+
+
+def script_fields() -> dict[str, set[str]]:
+    """Each field of a job hash the Lua scripts read or write -> the scripts that do."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(LUA.rglob("*.lua")):
+        text = path.read_text()
+        names = NEW_FIELD.findall(text)
+        for command, args in HASH_CALL.findall(text):
+            parts = [part.strip() for part in args.split(",")]
+            if command in ("HSET", "HSETNX"):
+                parts = parts[::2]  # field, value, field, value...
+            elif command == "HINCRBY":
+                parts = parts[:1]
+            names += [part.strip("'") for part in parts if re.fullmatch(r"'\w+'", part)]
+        for name in names:
+            found.setdefault(name, set()).add(path.relative_to(LUA).as_posix())
+    return found
+
+
+def test_the_field_table_names_every_field_the_scripts_use():
+    """engine/fields.py is the one list of a job hash's fields: each field a script reads
+    or writes has its row (and its logical name), and each row is used by a script or is
+    the format version, which no script of format 1 writes."""
+    used = script_fields()
+    assert {"t", "s", "kr", "kp", "dp", "tp"} <= set(used), used  # the scan finds them
+    assert {name: scripts for name, scripts in used.items()
+            if name not in LOGICAL} == {}
+    assert set(LOGICAL) - set(used) == {stored("format")}
+    documented = set(re.findall(r"``(\w+)``  ", fields.__doc__ or ""))
+    assert set(LOGICAL) <= documented, set(LOGICAL) - documented
+
+
 def test_defaults_are_dropped_when_a_field_returns_to_them(bare, redis_client):
+
     keys = QueueKeys("t", "q")
     job_id = bare.enqueue("q", "t.x", priority=5).job_id
     job = Job.fetch(job_id, "q", broker=bare)

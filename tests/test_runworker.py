@@ -75,7 +75,7 @@ def test_sigterm_finishes_the_running_job_and_hands_back_the_rest(redis_client, 
     for job in waiting:
         job.refresh()
         assert (job.status, job.attempts) == ("ready", 0)
-    assert "handed back 3 jobs" in out.text
+    assert "handed back jobs jobs=3 " in out.text
 
 
 def test_second_signal_exits_at_once_with_code_1(redis_client, spawned):

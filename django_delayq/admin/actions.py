@@ -15,6 +15,7 @@ from django.http import HttpRequest
 
 from ..engine import DelayQConnectionError, InvalidJobState, JobNotFound
 from ..engine import Job as EngineJob
+from ..engine.logfields import log
 from ..engine.status import CANCELLABLE, LEASED, PENDING, RETRYABLE
 from ..mirror.consumer import refresh_rows
 from ..models import Job
@@ -129,6 +130,7 @@ def act(model_admin: ModelAdmin[Job], request: HttpRequest, queryset: QuerySet[J
         model_admin.message_user(
             request, f"{len(refused)} job(s) not {verb}: {'; '.join(refused)}",
             messages.WARNING)
-    logger.info("admin action=%s user=%s jobs=%d changed=%d", verb, request.user.pk,
-                len(rows), sum(len(v) for v in done.values()))
+    log(logger, logging.INFO, "admin action", action=verb, user=request.user.pk,
+        jobs=len(rows), changed=sum(len(v) for v in done.values()))
+
 

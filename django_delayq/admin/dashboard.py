@@ -28,6 +28,7 @@ from ..engine.errors import CommandRefused
 from ..engine.jobhash import from_ms, to_int
 from ..engine.keyed import KeyLoad, key_loads
 from ..engine.keys import validate_queue_name
+from ..engine.logfields import log
 from ..engine.overview import QueueSummary, summaries
 from ..engine.schedules import registered_schedules
 from ..engine.status import PENDING, PURGEABLE, STATUSES, Status
@@ -206,10 +207,10 @@ def unavailable(exc: Exception) -> str:
     """What a page shows, and logs, instead of the live state when reading it failed:
     Redis unreachable, or refusing a read (an ACL without a command the page needs)."""
     if isinstance(exc, DelayQConnectionError):
-        logger.warning("admin: Redis unreachable error=%s", exc)
+        log(logger, logging.WARNING, "admin: Redis unreachable", error=exc)
         return REDIS_DOWN
-    logger.warning("admin: live queue state unavailable error=%s: %s",
-                   type(exc).__name__, exc)
+    log(logger, logging.WARNING, "admin: live queue state unavailable",
+        error=f"{type(exc).__name__}: {exc}")
     if isinstance(exc, ValueError):  # a name in Redis that no queue can have
         return f"Live queue state is unavailable: {str(exc)[:200]}"
     # CommandRefused names redis-py's error first
@@ -361,8 +362,9 @@ class QueueControlView(_AdminView):
         except DelayQConnectionError:
             messages.error(request, REDIS_DOWN)
             return self._back()
-        logger.info("admin queue operation=%s queue=%s user=%s", operation, queue,
-                    request.user.pk)
+        log(logger, logging.INFO, "admin queue operation", operation=operation, queue=queue,
+            user=request.user.pk)
+
         return self._back()
 
 

@@ -19,6 +19,7 @@ from ..engine.validation import MAX_ATTEMPTS, MAX_PRIORITY, MIN_PRIORITY
 from ..models import Job as MirroredJob
 from ..models import JobStatus
 from ..task import Task, registered, registry
+from .jsonfields import JSONListField, JSONObjectField
 
 # -- answers -------------------------------------------------------------------------
 
@@ -263,12 +264,17 @@ class ErrorSerializer(serializers.Serializer):
 
 
 class AwareDateTimeField(serializers.DateTimeField):
-    """An ISO 8601 date-time that must carry its UTC offset (naive ones are refused)."""
+    """An ISO 8601 date-time that must carry its UTC offset (naive ones are refused).
+    A form draws it as text: a browser's date-time picker gives no offset."""
 
     default_error_messages = {
         "invalid_iso": "Not an ISO 8601 date-time: {value!r} (e.g. 2030-01-31T09:00:00Z).",
         "naive": "{value!r} has no time zone: add an offset such as Z or +02:00.",
     }
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("style", {"input_type": "text", "placeholder": "2030-01-31T09:00:00Z"})
+        super().__init__(**kwargs)
 
     def to_internal_value(self, value: Any) -> dt.datetime:
         if not isinstance(value, str):
@@ -342,8 +348,10 @@ class EnqueueSerializer(serializers.Serializer):
     """Enqueue a job of a registered task."""
 
     task = serializers.CharField(help_text="Registered task name, e.g. shop.tasks.send_receipt.")
-    args = serializers.ListField(child=serializers.JSONField(), required=False, default=list)
-    kwargs = serializers.DictField(child=serializers.JSONField(), required=False, default=dict)
+    args = JSONListField(required=False, default=list, initial=list,
+                         help_text='Positional arguments, a JSON array: ["a", 2].')
+    kwargs = JSONObjectField(required=False, default=dict, initial=dict,
+                             help_text='Keyword arguments, a JSON object: {"n": 1}.')
     queue = serializers.CharField(required=False, help_text="Defaults to the task's queue.")
     priority = _priority_field()
     delay = SecondsField(required=False, help_text="Seconds from now (at most 100 years).")

@@ -23,6 +23,7 @@ from rest_framework.response import Response
 from ..connection import get_broker
 from ..engine import Job, JobNotFound, Queue
 from ..engine.keyed import KeyLoad
+from ..engine.logfields import log
 from ..engine.overview import QueueSummary, summaries
 from ..engine.status import PENDING
 from ..engine.workers import live_workers
@@ -115,7 +116,8 @@ class QueuePauseView(DelayQAPIView):
         """Stop workers from claiming jobs of this queue (enqueuing still works)."""
         q = known_queue(queue)
         q.pause()
-        logger.info("queue paused queue=%s user=%s", queue, request.user)
+        log(logger, logging.INFO, "queue paused", queue=queue,
+            user=request.user.get_username())
         return Response(s.QueueSerializer(queue_data(q.summary(detail=False))).data)
 
 
@@ -126,7 +128,8 @@ class QueueResumeView(DelayQAPIView):
         """Let workers claim jobs of this queue again."""
         q = known_queue(queue)
         q.resume()
-        logger.info("queue resumed queue=%s user=%s", queue, request.user)
+        log(logger, logging.INFO, "queue resumed", queue=queue,
+            user=request.user.get_username())
         return Response(s.QueueSerializer(queue_data(q.summary(detail=False))).data)
 
 
@@ -187,8 +190,8 @@ class JobListView(DelayQAPIView, GenericAPIView):
             raise ValidationError({"non_field_errors": [str(exc)]}) from None
         if not job.created:
             job.refresh()
-        logger.info("job enqueued job=%s queue=%s task=%s created=%s user=%s", job.id,
-                    job.queue, job.task_name, job.created, request.user)
+        log(logger, logging.INFO, "job enqueued", job=job.id, queue=job.queue,
+            task=job.task_name, created=job.created, user=request.user.get_username())
         body = s.EnqueuedJobSerializer(job).data
         return Response(body, status=status.HTTP_201_CREATED if job.created else status.HTTP_200_OK)
 
@@ -222,7 +225,8 @@ class JobCancelView(DelayQAPIView):
         if not job.cancel():
             raise Conflict(f"Job {job_id!r} is {job.status}: only a waiting, scheduled or "
                            "ready job can be cancelled (abort/ stops a running one).")
-        logger.info("job cancelled job=%s queue=%s user=%s", job_id, queue, request.user)
+        log(logger, logging.INFO, "job cancelled", job=job_id, queue=queue,
+            user=request.user.get_username())
         return Response(s.LiveJobSerializer(job.refresh()).data)
 
 
@@ -236,8 +240,8 @@ class JobAbortView(DelayQAPIView):
         job = Job(id=job_id, queue=queue)
         if not job.abort(by=f"{request.user.get_username()} (api)"):
             raise Conflict(f"Job {job_id!r} is {job.status}: it finished already.")
-        logger.info("job abort asked job=%s queue=%s status=%s user=%s", job_id, queue,
-                    job.status, request.user)
+        log(logger, logging.INFO, "job abort asked", job=job_id, queue=queue,
+            status=job.status, user=request.user.get_username())
         return Response(s.LiveJobSerializer(job.refresh()).data)
 
 
@@ -252,7 +256,8 @@ class JobRetryView(DelayQAPIView):
         data = self.parsed(s.RetrySerializer, request.data)
         job = Job(id=job_id, queue=queue)
         job.retry(run_at=data.get("run_at"), delay=data.get("delay"))
-        logger.info("job retried job=%s queue=%s user=%s", job_id, queue, request.user)
+        log(logger, logging.INFO, "job retried", job=job_id, queue=queue,
+            user=request.user.get_username())
         return Response(s.LiveJobSerializer(job.refresh()).data)
 
 
@@ -268,8 +273,9 @@ class JobRescheduleView(DelayQAPIView):
         job = Job(id=job_id, queue=queue)
         job.reschedule(run_at=data.get("run_at"), delay=data.get("delay"),
                        priority=data.get("priority"))
-        logger.info("job rescheduled job=%s queue=%s run_at=%s user=%s", job_id, queue,
-                    job.run_at, request.user)
+        log(logger, logging.INFO, "job rescheduled", job=job_id, queue=queue,
+            run_at=job.run_at.isoformat() if job.run_at else None,
+            user=request.user.get_username())
         return Response(s.LiveJobSerializer(job.refresh()).data)
 
 

@@ -42,6 +42,7 @@ from django.utils.module_loading import import_string
 from ..engine import DelayQError, JobNotFound
 from ..engine import Job as EngineJob
 from ..engine.keys import QUEUE_NAME_RE
+from ..engine.logfields import log
 from ..engine.status import OUTBOX
 from ..task import Task as DelayQTask
 from ..task import registry
@@ -138,7 +139,9 @@ class DelayQBackend(BaseTaskBackend):
             last_attempted_at=None, args=list(args), kwargs=dict(kwargs), backend=self.alias,
             errors=[], worker_ids=[],
         )
-        logger.debug("enqueued job=%s queue=%s task=%s", job.id, job.queue, task.module_path)
+        log(logger, logging.DEBUG, "enqueued", job=job.id, queue=job.queue,
+            task=task.module_path)
+
         task_enqueued.send(type(self), task_result=result)
         return result
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
+
+from .logfields import log
 
 if TYPE_CHECKING:
     from .claims import ClaimResult
@@ -172,12 +174,13 @@ _WARNED: set[str] = set()
 _WARNED_MAX = 10_000
 
 
-def warn_once(logger: logging.Logger, key: str, message: str, *args: object) -> None:
-    """Log ``message`` at WARNING the first time this process meets ``key`` (a damaged
-    record, a bad name): each is named once, not on every read of it."""
+def warn_once(logger: logging.Logger, key: str, event: str, /, **fields: Any) -> None:
+    """Log ``event`` with ``fields`` at WARNING the first time this process meets ``key``
+    (a damaged record, a bad name): each is named once, not on every read of it."""
     if key in _WARNED:
         return
     if len(_WARNED) >= _WARNED_MAX:
         _WARNED.clear()
     _WARNED.add(key)
-    logger.warning(message, *args)
+    log(logger, logging.WARNING, event, **fields)
+

@@ -27,13 +27,16 @@ result         ``v``   return value, JSON
 error          ``x``   one line: exception class and message
 traceback      ``tb``  traceback of the latest failure
 progress       ``g``   fraction done, 0..1, as the task reported it
+progress_      ``gm``  the message reported with the progress       none
+message
 timeout        ``o``   time limit of each attempt, ms               none
 attempt_log    ``h``   the last 25 attempts, JSON (see below)       ``[]``
 aborted_by     ``ab``  who asked for its abort (or cancel)           none
 parents        ``d``   parents waited for, JSON ``[[queue, id]]``   none
-(policy)       ``dp``  on a parent's failure: run, fail             cancel
-(results)      ``dr``  parents' results passed: one, all            none
-(linked)       ``dc``  '1' once a dependant waits for this job      none
+parent_policy  ``dp``  on a parent's failure: run, fail             cancel
+parent_        ``dr``  parents' results passed: one, all            none
+results
+linked         ``dc``  '1' once a dependant waits for this job      none
 concurrency_   ``ck``  its concurrency key (engine/keyed.py)        none
 key
 concurrency_   ``cl``  at most this many of the key's jobs leased   none
@@ -41,12 +44,16 @@ limit
 key_weight     ``cw``  turns of its key per turn of a weight-1 key  ``1``
 waiting_for_   ``kw``  '1' while parked: its key is at its limit    none
 slot
+key_rate_      ``kr``  at most this many starts of its key per      none
+limit                  ``kp`` (engine/keyed.py, ``key_rate_limit``)
+key_rate_      ``kp``  the period of ``kr``, ms                     none
+period
 traceparent    ``tp``  W3C trace context of the enqueue             none
 format         ``fv``  the hash's format version (:data:`FORMAT`)   ``1``
 =============  ======  ===========================================  =======
 
-The last four serve workflows (``lua/includes/flows.lua`` describes them and the keys
-``<job key>:w``, ``:r`` and ``:c`` that go with them).
+``parents`` to ``linked`` serve workflows (``lua/includes/flows.lua`` describes them and
+the keys ``<job key>:w``, ``:r`` and ``:c`` that go with them).
 
 ``attempt_log`` is a JSON array of ``{"n": attempt, "w": worker, "b": start ms,
 "f": end ms, "o": outcome, "x": error, "t": traceback}``, oldest first, capped at the
@@ -56,7 +63,6 @@ worker's lease lapsed). Only a failed attempt (``retried``,
 ``failed``) has ``t``: the end of its traceback, its last :data:`ATTEMPT_TRACEBACK`
 bytes.
 
-``gm`` (logical name ``progress_message``) holds the message reported with the progress.
 
 A field with a default is not stored while it equals it: every script and reader takes
 an absent one as that default (an absent run_at is the job's enqueued_at: a job enqueued
@@ -91,11 +97,17 @@ STORED: Final[Mapping[str, str]] = {
     "timeout": "o",
     "attempt_log": "h",
     "parents": "d",
+    "parent_policy": "dp",
+    "parent_results": "dr",
+    "linked": "dc",
     "concurrency_key": "ck",
     "concurrency_limit": "cl",
     "key_weight": "cw",
     "waiting_for_slot": "kw",
+    "key_rate_limit": "kr",
+    "key_rate_period": "kp",
     "aborted_by": "ab",
+
     "traceparent": "tp",
     "format": "fv",
 }

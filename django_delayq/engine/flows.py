@@ -27,6 +27,7 @@ from .core import BrokerCore
 from .fields import stored
 from .jobhash import parse_parents
 from .keys import QueueKeys, validate_job_id, validate_queue_name
+from .logfields import log
 from .status import Status
 
 logger = logging.getLogger(__name__)
@@ -274,18 +275,18 @@ def repair(broker: BrokerCore, keys: QueueKeys, job_ids: Sequence[str]) -> Relin
     each is reported once."""
     found = relink(broker, [(keys, job_id) for job_id in job_ids])
     for job_id, problem in found.damaged:
-        logger.warning("a waiting job names a parent that cannot exist (damaged data): "
-                       "resolved as a missing parent, its policy applies queue=%s job=%s "
-                       "error=%s", keys.queue, job_id, problem)
+        log(logger, logging.WARNING, "a waiting job names a parent that cannot exist "
+            "(damaged data): resolved as a missing parent, its policy applies",
+            queue=keys.queue, job=job_id, error=problem)
     if found.waiting:
-        logger.warning("linked waiting jobs to their parents again: their producer did "
-                       "not confirm the links within the grace period (it stopped or lost "
-                       "Redis) queue=%s jobs=%d ids=%s", keys.queue, len(found.waiting),
-                       ",".join(found.waiting[:10]))
+        log(logger, logging.WARNING, "linked waiting jobs to their parents again: their "
+            "producer did not confirm the links within the grace period (it stopped or "
+            "lost Redis)", queue=keys.queue, jobs=len(found.waiting),
+            ids=",".join(found.waiting[:10]))
     if found.gone:
-        logger.info("jobs no longer waiting left the linking set (released, cancelled or "
-                    "purged before their producer confirmed the links) queue=%s jobs=%d "
-                    "ids=%s", keys.queue, len(found.gone), ",".join(found.gone[:10]))
+        log(logger, logging.INFO, "jobs no longer waiting left the linking set (released, "
+            "cancelled or purged before their producer confirmed the links)",
+            queue=keys.queue, jobs=len(found.gone), ids=",".join(found.gone[:10]))
     return found
 
 
@@ -313,8 +314,9 @@ def deliver(broker: BrokerCore, keys: QueueKeys, *, limit: int = DELIVER_BATCH) 
                 resolution = (child_id, index, entry["o"], entry["p"], entry["v"])
             except (ValueError, KeyError, TypeError, AttributeError):
                 # not written by the scripts (by hand?): dropped, so it cannot block the rest
-                logger.warning("dropping an unreadable outbox entry shard=%s entry=%r",
-                               keys.tag, raw[:200])
+                log(logger, logging.WARNING, "dropping an unreadable outbox entry",
+                    shard=keys.tag, entry=raw[:200])
+
                 continue
             resolutions.setdefault(child_keys, []).append(resolution)
         _resolve(broker, resolutions)

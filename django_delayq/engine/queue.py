@@ -53,8 +53,9 @@ class Queue:
             try:
                 queues.append(cls(name, broker=b))
             except ValueError as exc:
-                warn_once(logger, f"queue:{name}", "skipping a bad name in the queues set "
-                          "key=%s error=%s", b.global_keys.queues, exc)
+                warn_once(logger, f"queue:{name}", "skipping a bad name in the queues set",
+                          key=b.global_keys.queues, error=exc)
+
         return queues
 
     @classmethod

@@ -162,8 +162,9 @@ def live_workers(broker: BrokerCore, limit: int = MAX_LISTED, *,
     for (name, beat), info in zip(entries, infos, strict=True):
         if isinstance(info, Exception):
             # A record that is not a hash (written by hand): skipped, named once.
-            warn_once(logger, f"worker:{name}", "skipping a damaged worker record "
-                      "worker=%s error=%s", name, info)
+            warn_once(logger, f"worker:{name}", "skipping a damaged worker record",
+                      worker=name, error=info)
+
             continue
         if not info:
             continue  # its hash expired: the worker is gone

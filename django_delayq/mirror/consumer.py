@@ -15,6 +15,7 @@ Redis stays the source of truth: a row is built from the job HASH read at mirror
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
 from collections.abc import Iterable
 from functools import partial
@@ -32,6 +33,7 @@ from ..conf import conf
 from ..connection import get_broker
 from ..engine import Broker, DelayQError
 from ..engine.keys import QueueKeys
+from ..engine.logfields import log
 from ..engine.queue import missing_jobs
 from ..engine.status import UNFINISHED
 from ..engine.streams import StreamBatch
@@ -130,7 +132,8 @@ class Mirror(StreamConsumer):
                 marked += Job.objects.filter(queue=queue, job_id__in=gone,
                                              updated_at__lt=quiet).update(missing_at=now)
         if marked:
-            logger.warning("mirror marked rows of jobs gone from Redis count=%d", marked)
+            log(logger, logging.WARNING, "mirror marked rows of jobs gone from Redis",
+                count=marked)
         return marked
 
     def apply(self, keys: QueueKeys, entries: list[tuple[str, dict[str, str]]]) -> None:
@@ -158,8 +161,8 @@ class Mirror(StreamConsumer):
             except STALLS:
                 raise  # Redis or the database is away: retry the whole batch later
             except Exception as exc:
-                logger.warning("mirror batch refused, writing job by job stream=%s error=%s",
-                               keys.events, exc)
+                log(logger, logging.WARNING, "mirror batch refused, writing job by job",
+                    stream=keys.events, error=exc)
                 self._write_one_by_one(keys, part)
 
     def _write_one_by_one(self, keys: QueueKeys, by_job: dict[str, list[Event]]) -> None:
@@ -220,7 +223,9 @@ class Mirror(StreamConsumer):
         cutoff = timezone.now() - dt.timedelta(seconds=retention)
         deleted = sum(table.prune(older_than=cutoff).values())
         if deleted:
-            logger.info("mirror pruned finished rows count=%d older_than=%s", deleted, cutoff)
+            log(logger, logging.INFO, "mirror pruned finished rows", count=deleted,
+                older_than=cutoff.isoformat())
+
         return deleted
 
 def _rows_from_events(queue: str, by_job: dict[str, list[Event]],

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..engine.fields import stored
 from ..engine.jobhash import from_ms, read_job_hash, strict_json, to_fraction
+from ..engine.logfields import log
 from ..engine.status import JOB_STATUSES, Status
 from ..models import Job, JobStatus
 from ..runtime.consumer import Event
@@ -152,4 +153,6 @@ def apply_event(row: Job, event: Event) -> None:
         row.status = JobStatus.PURGED
         row.finished_at = row.finished_at or at
     else:
-        logger.warning("unknown event kind, keeping status event=%s job=%s", kind, event.job_id)
+        log(logger, logging.WARNING, "unknown event kind, keeping status", event=kind,
+            job=event.job_id)
+

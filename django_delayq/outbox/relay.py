@@ -29,6 +29,7 @@ from ..conf import conf
 from ..connection import get_broker
 from ..engine import Broker
 from ..engine.backoff import Backoff
+from ..engine.logfields import log
 from ..models import OutboxEntry
 from .send import Outcome, relax_commit, send_rows, settle, take
 
@@ -91,7 +92,7 @@ class Relay:
 
         Returns the number of rows sent.
         """
-        logger.info("outbox relay started database=%s burst=%s", self.using, burst)
+        log(logger, logging.INFO, "outbox relay started", database=self.using, burst=burst)
         backoff = Backoff(self._stop, first=0.1, cap=5.0)
         failures = 0
         while not self._stop.is_set():
@@ -104,15 +105,17 @@ class Relay:
                 if not connections[self.using].in_atomic_block:
                     connections[self.using].close()  # reconnect next round
             except Exception as exc:  # a bug or a surprise must not end the relay thread
-                logger.exception("outbox relay round failed database=%s", self.using)
+                log(logger, logging.ERROR, "outbox relay round failed", exc_info=True,
+                    database=self.using)
                 done, failure = RoundResult(), exc
             if failure is not None:
                 self.last_error = failure
                 failures += 1
                 what = ("use the database" if isinstance(failure, DatabaseError)
                         else "send to Redis")
-                logger.warning("outbox relay cannot %s, retrying in %.1fs rows=%d error=%s",
-                               what, backoff.delay, done.rows, failure)
+                log(logger, logging.WARNING, f"outbox relay cannot {what}",
+                    retry_in_s=backoff.delay, database=self.using, rows=done.rows,
+                    error=failure)
                 if burst and failures >= BURST_TRIES:
                     break
                 backoff.wait()
@@ -123,8 +126,8 @@ class Relay:
                 if burst:
                     break
                 self._stop.wait(self.poll_interval)
-        logger.info("outbox relay stopped database=%s sent=%d parked=%d", self.using,
-                    self.sent, self.parked)
+        log(logger, logging.INFO, "outbox relay stopped", database=self.using, sent=self.sent,
+            parked=self.parked)
         return self.sent
 
     def step(self) -> RoundResult:
@@ -148,8 +151,10 @@ class Relay:
         self.parked += done.parked
         if outcome.sent:
             self.rounds += 1
-            logger.info("outbox relay sent rows=%d new=%d duplicates=%d parked=%d",
-                        len(outcome.sent), outcome.added, outcome.duplicates, done.parked)
+            log(logger, logging.INFO, "outbox relay sent", rows=len(outcome.sent),
+                new=outcome.added, duplicates=outcome.duplicates, parked=done.parked,
+                database=self.using)
+
         return done
 
 

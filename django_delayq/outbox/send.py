@@ -26,6 +26,7 @@ from ..engine import (
     validation,
 )
 from ..engine.failover import REFUSED, is_transient
+from ..engine.logfields import log
 from ..models import OutboxEntry
 
 logger = logging.getLogger(__name__)
@@ -182,6 +183,7 @@ def _settle(using: str, outcome: Outcome, tried: Sequence[int]) -> int:
         rows.filter(pk__in=waiting).update(attempts=F("attempts") + 1,
                                            error=describe(outcome.failure))
     if outcome.refused:
-        logger.error("outbox parked rows Redis refused count=%d first_error=%s",
-                     len(outcome.refused), next(iter(outcome.refused.values())))
+        log(logger, logging.ERROR, "outbox parked rows Redis refused",
+            count=len(outcome.refused), first_error=next(iter(outcome.refused.values())))
+
     return len(outcome.refused)

@@ -24,6 +24,7 @@ from ..conf import conf
 from ..connection import get_broker
 from ..engine import EnqueueRequest, Job, JobNotFound, validation
 from ..engine.jobhash import from_ms
+from ..engine.logfields import log
 from ..engine.status import OUTBOX
 from ..models import OutboxEntry
 from .send import relax_commit, send_rows, settle, take
@@ -120,9 +121,10 @@ def flush(alias: str) -> None:
                 outcome = send_rows(broker, rows)
                 settle(alias, outcome)
             if outcome.failure is not None:
-                logger.warning("outbox: Redis is unreachable at commit, the relay will send "
-                               "the rows count=%d error=%s", len(ids) - start, outcome.failure)
+                log(logger, logging.WARNING, "outbox: Redis is unreachable at commit, the "
+                    "relay will send the rows", count=len(ids) - start, error=outcome.failure)
                 return
     except Exception as exc:  # the rows are safe: the relay sends them
-        logger.warning("outbox: sending at commit failed, the relay will send the rows "
-                       "error=%s: %s", type(exc).__name__, exc)
+        log(logger, logging.WARNING, "outbox: sending at commit failed, the relay will send "
+            "the rows", error=f"{type(exc).__name__}: {exc}")
+

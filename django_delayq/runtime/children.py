@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..engine.backoff import backoff_delay
+from ..engine.logfields import log
 from .deadlines import KILL_MARGIN, Board, Posted
 from .worker.exit_codes import EXIT_RESTART
 from .worker.timelimits import HARD_LIMIT_GRACE as ABORT_GRACE
@@ -265,15 +266,15 @@ class Children:
             child.quick_deaths += 1
             delay = restart_delay(0.0, child.quick_deaths)
             child.start_at = time.monotonic() + delay
-            logger.error("could not start %s, retrying in %.1fs owner=%s error=%s",
-                         child.label, delay, self.name, exc)
+            log(logger, logging.ERROR, f"could not start {child.label}",
+                retry_in_s=round(delay, 1), owner=self.name, error=exc)
             return
         child.proc = proc
         child.started = time.monotonic()
         child.start_at = None
         with contextlib.suppress(AttributeError, OSError):  # no pidfd: polled
             self._exits[proc.pid] = os.pidfd_open(proc.pid)
-        logger.info("started %s pid=%d owner=%s", child.label, proc.pid, self.name)
+        log(logger, logging.INFO, f"started {child.label}", pid=proc.pid, owner=self.name)
 
     def _gone(self, child: Child) -> tuple[int, int]:
         """Forget ``child``'s ended process; its pid and exit code."""
@@ -288,8 +289,8 @@ class Children:
             try:
                 hook(child, pid, code)
             except Exception:  # a hook must not stop the others, nor the loop
-                logger.exception("after the exit of %s pid=%d owner=%s", child.label, pid,
-                                 self.name)
+                log(logger, logging.ERROR, f"after the exit of {child.label}", exc_info=True,
+                    pid=pid, owner=self.name)
         child.overrun = []
         child.aborts.clear()
         return pid, code
@@ -307,28 +308,29 @@ class Children:
                 child.quick_deaths = 0  # its job's doing, not a failing start: at once
                 child.start_at = now
                 self.restarts += 1
-                logger.warning("%s killed pid=%d (%s), starting a fresh one owner=%s",
-                               child.label, pid, killed_for, self.name)
+                log(logger, logging.WARNING, f"{child.label} killed", pid=pid,
+                    reason=killed_for, then="starting a fresh one", owner=self.name)
+
             elif self.stopping:
                 level = logging.INFO if child.clean else logging.WARNING
-                logger.log(level, "%s stopped pid=%d code=%d owner=%s", child.label,
-                           pid, code, self.name)
+                log(logger, level, f"{child.label} stopped", pid=pid, code=code,
+                    owner=self.name)
             elif code == 0 and self.burst:
-                logger.info("%s finished pid=%d owner=%s", child.label, pid, self.name)
+                log(logger, logging.INFO, f"{child.label} finished", pid=pid, owner=self.name)
             elif code == EXIT_RESTART:
                 child.quick_deaths = 0
                 child.start_at = now
                 self.restarts += 1
-                logger.info("%s exited to be replaced pid=%d, starting a fresh one owner=%s",
-                            child.label, pid, self.name)
+                log(logger, logging.INFO, f"{child.label} exited to be replaced, starting a "
+                    "fresh one", pid=pid, owner=self.name)
             else:
                 # unasked, whatever its code (0 included: a task's os._exit(0), a kill)
                 child.quick_deaths = child.quick_deaths + 1 if uptime < QUICK_DEATH else 0
                 delay = restart_delay(uptime, child.quick_deaths)
                 child.start_at = now + delay
                 self.restarts += 1
-                logger.warning("%s died pid=%d code=%d after %.1fs, restarting in %.1fs "
-                               "owner=%s", child.label, pid, code, uptime, delay, self.name)
+                log(logger, logging.WARNING, f"{child.label} died", pid=pid, code=code,
+                    uptime_s=round(uptime, 1), retry_in_s=round(delay, 1), owner=self.name)
 
     def _on_stop_request(self) -> None:
         self._handled += 1
@@ -343,8 +345,8 @@ class Children:
                 self._kill_at = time.monotonic() + self.stop_within + KILL_AFTER
             return
         if self._handled == 2:
-            logger.warning("second stop request: stopping every child now owner=%s",
-                           self.name)
+            log(logger, logging.WARNING, "second stop request: stopping every child now",
+                owner=self.name)
             for child in self.running():
                 child.signal(signal.SIGTERM)
             self._kill_at = min(self._kill_at or math.inf, time.monotonic() + KILL_AFTER)
@@ -352,8 +354,8 @@ class Children:
     def _advance_stop(self, now: float) -> None:
         if self._kill_at is not None and now >= self._kill_at:
             for child in self.running():
-                logger.warning("%s pid=%s still running: killed owner=%s", child.label,
-                               child.pid, self.name)
+                log(logger, logging.WARNING, f"{child.label} still running: killed",
+                    pid=child.pid, owner=self.name)
                 child.signal(signal.SIGKILL)
             self._kill_at = None
 
@@ -384,8 +386,8 @@ class Children:
                        f"GIL, or a deadlock?")
             else:
                 continue
-            logger.error("%s pid=%d is frozen: %s Killing it owner=%s", child.label, pid,
-                         why, self.name)
+            log(logger, logging.ERROR, f"{child.label} is frozen: killing it", pid=pid,
+                reason=why, owner=self.name)
             child.killed_for, child.overrun = why, overrun
             child.signal(signal.SIGKILL)
 
@@ -397,7 +399,8 @@ def watch_parent(parent_pid: int, on_gone: Callable[[], None]) -> threading.Thre
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(PARENT_CHECK)
-        logger.warning("parent pid=%d is gone: stopping", parent_pid)
+        log(logger, logging.WARNING, "parent is gone: stopping", parent_pid=parent_pid)
+
         on_gone()
 
     thread = threading.Thread(target=watch, name="delayq-parent-watch", daemon=True)

@@ -39,6 +39,7 @@ from ..engine.backoff import Backoff
 from ..engine.fields import FORMAT
 from ..engine.jobhash import checked_ms, from_ms
 from ..engine.keys import QueueKeys, split_job_ids, validate_job_id
+from ..engine.logfields import log
 from ..engine.streams import Entry, StreamBatch
 
 logger = logging.getLogger("django_delayq.mirror")
@@ -118,8 +119,8 @@ class StreamConsumer:
         line with its stream id and the reason."""
         self.skipped += events
         reason = streams.record_skip(self.broker, keys, self.reader, entry_id, reason)
-        logger.error("%s skipped an event it cannot apply stream=%s id=%s reason=%s",
-                     self.reader, keys.events, entry_id, reason)
+        log(logger, logging.ERROR, f"{self.reader} skipped an event it cannot apply",
+            stream=keys.events, id=entry_id, reason=reason)
 
     # -- control ----------------------------------------------------------------------
 
@@ -155,8 +156,9 @@ class StreamConsumer:
         """Consume until stopped (``burst``: until the streams are drained); ``timeout``
         bounds it in seconds. Returns the number of entries acknowledged by this run.
         Errors of Redis and stalls of the sink are logged and retried with a backoff."""
-        logger.info("%s started%s consumer=%s group=%s burst=%s", self.reader,
-                    self.destination(), self.name, self.group, burst)
+        # destination(): the sink's own `` key=value`` text (a location, redacted).
+        log(logger, logging.INFO, f"{self.reader} started{self.destination()}",
+            consumer=self.name, group=self.group, burst=burst)
         before = self.entries
         backoff = Backoff(self._stop, first=0.5, cap=30.0)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -169,23 +171,24 @@ class StreamConsumer:
                 if burst and done == 0:
                     break
             except DelayQError as exc:
-                logger.warning("%s cannot reach Redis, retrying in %.1fs error=%s",
-                               self.reader, backoff.delay, exc)
+                log(logger, logging.WARNING, f"{self.reader} cannot reach Redis",
+                    retry_in_s=backoff.delay, consumer=self.name, error=exc)
                 self._ready.clear()
                 self._recovered.clear()
                 backoff.wait()
             except self.stalls as exc:
-                logger.warning("%s cannot write to %s, retrying in %.1fs error=%s",
-                               self.reader, self.writes_to, backoff.delay, exc)
+                log(logger, logging.WARNING, f"{self.reader} cannot write to {self.writes_to}",
+                    retry_in_s=backoff.delay, consumer=self.name, error=exc)
                 self._recovered.clear()  # its batch is pending: take it back next round
                 self.recover()
                 backoff.wait()
             except Exception:
-                logger.exception("%s round failed, retrying in %.1fs", self.reader,
-                                 backoff.delay)
+                log(logger, logging.ERROR, f"{self.reader} round failed", exc_info=True,
+                    retry_in_s=backoff.delay, consumer=self.name)
                 self._recovered.clear()
                 backoff.wait()
-        logger.info("%s stopped consumer=%s entries=%d", self.reader, self.name, self.entries)
+        log(logger, logging.INFO, f"{self.reader} stopped", consumer=self.name,
+            entries=self.entries)
         if self._drain and not burst:
             self._drain = False
             self.drain(5.0)  # what the workers that stopped before this wrote last
@@ -268,8 +271,9 @@ class StreamConsumer:
                 time.sleep(GONE_IDLE_MS / 1000)
                 batch = self._claim(keys, owner, GONE_IDLE_MS)
             if batch is not None:
-                logger.info("%s took over a batch stream=%s from=%s entries=%d", self.reader,
-                            keys.events, owner, len(batch.entries))
+                log(logger, logging.INFO, f"{self.reader} took over a batch",
+                    stream=keys.events, owner=owner, entries=len(batch.entries),
+                    consumer=self.name)
                 handled += self._finish(keys, batch)
         return handled
 
@@ -317,9 +321,10 @@ class StreamConsumer:
 
     def _lose(self, keys: QueueKeys, count: int) -> None:
         self.lost += count
-        logger.error("events trimmed from the stream before the %s read them stream=%s "
-                     "count=%d (raise DELAYQ['EVENTS_MAXLEN'] or read more often)",
-                     self.reader, keys.events, count)
+        log(logger, logging.ERROR, f"events trimmed from the stream before the {self.reader} "
+            "read them (raise DELAYQ['EVENTS_MAXLEN'] or read more often)",
+            stream=keys.events, count=count)
+
 
 
 def entries_of(batch: StreamBatch) -> list[tuple[str, dict[str, Any]]]:
@@ -371,8 +376,8 @@ def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None,
     when the entry is garbled (``on_garbled`` is then given the reason) or trimmed.
     """
     if fields is None:
-        logger.warning("event trimmed from the stream before it was mirrored stream=%s id=%s",
-                       keys.events, entry_id)
+        log(logger, logging.WARNING, "event trimmed from the stream before it was mirrored",
+            stream=keys.events, id=entry_id)
         return []
     try:
         order = stream_id(entry_id)
@@ -397,8 +402,8 @@ def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None,
             raise ValueError(f"event format {fields['fv']} is newer than this version "
                              f"reads ({FORMAT})")
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        logger.warning("skipping garbled event stream=%s id=%s fields=%r error=%s",
-                       keys.events, entry_id, fields, exc)
+        log(logger, logging.WARNING, "skipping garbled event", stream=keys.events,
+            id=entry_id, fields=repr(fields), error=exc)
         if on_garbled is not None:
             on_garbled(f"garbled event: {type(exc).__name__}: {exc}")
         return []

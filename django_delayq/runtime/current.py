@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import Broker, ClaimedJob
+from ..engine.logfields import log
 from ..engine.progress import ProgressReporter
 
 
@@ -99,4 +100,4 @@ def _flush_progress(reporter: ProgressReporter) -> None:
     try:
         reporter.flush()
     except Exception as exc:
-        logger.warning("could not write the last progress report: %s", exc)
+        log(logger, logging.WARNING, "could not write the last progress report", error=exc)

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from ..engine import Broker, JobAborted, JobTimeout
 from ..engine.backoff import backoff_delay
 from ..engine.job import aborts_asked
+from ..engine.logfields import log
 from ..engine.workers import forget, record_alive
 from .backoff import CALL_FAILED
 from .children import Child, Children
@@ -104,15 +105,15 @@ class Host:
         return self.children.restarts
 
     def run(self) -> int:
-        logger.info("host started host=%s processes=%d services=%s pid=%d", self.name,
-                    len(self.children.children),
-                    ",".join(r.service.name for r in self._services) or "-", os.getpid())
+        log(logger, logging.INFO, "host started", host=self.name,
+            processes=len(self.children.children),
+            services=",".join(r.service.name for r in self._services) or "-", pid=os.getpid())
         try:
             self.children.run(self._tick)
             self._stop_services(drain=not self.children.forced)
         finally:
             forget(self.broker, self.name)
-        logger.info("host stopped host=%s restarts=%d", self.name, self.restarts)
+        log(logger, logging.INFO, "host stopped", host=self.name, restarts=self.restarts)
         return EXIT_FORCED if self.children.children and self.children.forced else EXIT_OK
 
     def _tick(self, now: float) -> float:
@@ -120,11 +121,11 @@ class Host:
         most seconds to sleep."""
         if self.children.stopping and not self._said_stopping:
             self._said_stopping = True
-            logger.info("host stopping host=%s", self.name)
+            log(logger, logging.INFO, "host stopping", host=self.name)
         if not self.children.stopping:
             self._keep_services(now)
             if self.burst and self.children.children and not self.children.pending():
-                logger.info("burst done host=%s", self.name)
+                log(logger, logging.INFO, "burst done", host=self.name)
                 self.request_stop()
                 return 0.0
         if now >= self._next_beat:
@@ -142,8 +143,8 @@ class Host:
                 running.thread = None
                 running.failures += 1
                 running.start_at = now + backoff_delay(running.failures, first=1.0, cap=30.0)
-                logger.warning("service %s ended, restarting in %.1fs host=%s",
-                               running.service.name, running.start_at - now, self.name)
+                log(logger, logging.WARNING, f"service {running.service.name} ended",
+                    retry_in_s=round(running.start_at - now, 1), host=self.name)
             if now >= running.start_at:
                 running.thread = threading.Thread(
                     target=self._run_service, args=(running,),
@@ -155,7 +156,9 @@ class Host:
         try:
             running.service.run()
         except Exception:
-            logger.exception("service %s failed", running.service.name)
+            log(logger, logging.ERROR, f"service {running.service.name} failed",
+                exc_info=True)
+
 
     def _stop_services(self, *, drain: bool) -> None:
         """Stop every service, each within :data:`SERVICE_STOP` seconds; a stop request
@@ -173,8 +176,8 @@ class Host:
                         each.service.stop(drain=False)
                 thread.join(0.1)
             if thread.is_alive():
-                logger.warning("service %s did not stop within %.0fs host=%s",
-                               running.service.name, SERVICE_STOP, self.name)
+                log(logger, logging.WARNING, f"service {running.service.name} did not stop "
+                    "in time", within_s=SERVICE_STOP, host=self.name)
 
     def _note_aborts(self, now: float) -> None:
         """With each heartbeat: note which jobs the worker processes run were asked to
@@ -185,8 +188,8 @@ class Host:
         try:
             asked = aborts_asked(self.broker, list(running))
         except CALL_FAILED as exc:
-            logger.warning("could not read the aborts asked for host=%s error=%s",
-                           self.name, exc)
+            log(logger, logging.WARNING, "could not read the aborts asked for",
+                host=self.name, error=exc)
             return
         for child in self.children.running():  # jobs no longer running are forgotten
             child.aborts = {job: at for job, at in child.aborts.items() if job in asked}
@@ -234,13 +237,13 @@ class Host:
             if code not in (0, EXIT_RESTART):
                 forget(self.broker, child.worker)  # it could not remove its record itself
         except CALL_FAILED as exc:
-            logger.warning("could not hand back the jobs of worker=%s (their leases will "
-                           "lapse) host=%s error=%s", child.worker, self.name, exc)
+            log(logger, logging.WARNING, "could not hand back the jobs of an ended worker "
+                "(their leases will lapse)", worker=child.worker, host=self.name, error=exc)
             return
         if child.overrun or returned or dead:
-            logger.warning("jobs of ended worker=%s pid=%d: failed_at_time_limit=%d "
-                           "handed_back=%d dead_lettered=%d host=%s", child.worker, pid,
-                           len(child.overrun), returned, dead, self.name)
+            log(logger, logging.WARNING, "jobs of an ended worker", worker=child.worker,
+                pid=pid, failed_at_time_limit=len(child.overrun), handed_back=returned,
+                dead_lettered=dead, host=self.name)
 
     def _record_alive(self) -> None:
         live = self.children.running()
@@ -254,4 +257,4 @@ class Host:
                 "restarts": self.restarts,
             })
         except CALL_FAILED as exc:
-            logger.warning("host heartbeat failed host=%s error=%s", self.name, exc)
+            log(logger, logging.WARNING, "host heartbeat failed", host=self.name, error=exc)

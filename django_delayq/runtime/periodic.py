@@ -17,6 +17,7 @@ import threading
 from collections.abc import Sequence
 
 from ..engine import Broker, EnqueueRequest
+from ..engine.logfields import log
 from ..engine.schedules import advance_schedule, register_schedules, schedule_marks
 from .backoff import CALL_FAILED
 from .registry import Runnable
@@ -44,8 +45,8 @@ def schedule_due(broker: Broker, tasks: Sequence[Runnable], *, lookahead_ms: int
         times = plan(schedule, last, now_ms, lookahead_ms, missed=missed,
                      catch_up_max=catch_up_max)
         if last is not None and times and times[0] <= now_ms:
-            logger.info("running missed occurrence(s) task=%s count=%d policy=%s",
-                        task.name, sum(1 for t in times if t <= now_ms), missed)
+            log(logger, logging.INFO, "running missed occurrence(s)", task=task.name,
+                count=sum(1 for t in times if t <= now_ms), policy=missed)
         if times:
             requests = [
                 EnqueueRequest(task=task.name, run_at=dt.datetime.fromtimestamp(t / 1000,
@@ -76,7 +77,7 @@ class Scheduler:
 
     def run(self) -> None:
         interval = max(0.2, min(10.0, self.lookahead / 3))
-        logger.info("scheduling periodic tasks tasks=%s", ",".join(
+        log(logger, logging.INFO, "scheduling periodic tasks", tasks=",".join(
             f"{t.name}({t.schedule.describe()})" for t in self.tasks if t.schedule))
         while not self._stop.is_set():
             try:
@@ -84,9 +85,9 @@ class Scheduler:
                                      lookahead_ms=int(self.lookahead * 1000),
                                      missed=self.missed, catch_up_max=self.catch_up_max)
                 if added:
-                    logger.debug("enqueued %d periodic jobs", added)
+                    log(logger, logging.DEBUG, "enqueued periodic jobs", jobs=added)
             except CALL_FAILED as exc:
-                logger.warning("periodic scheduling failed error=%s", exc)
+                log(logger, logging.WARNING, "periodic scheduling failed", error=exc)
             self._stop.wait(interval)
 
     def stop(self, *, drain: bool) -> None:

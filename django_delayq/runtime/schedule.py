@@ -17,8 +17,9 @@ MISSED_POLICIES = ("latest", "all", "skip")
 
 
 def _croniter() -> Any:
-    try:
+    try:  # croniter: the optional extra "cron", imported when a cron schedule is read
         from croniter import croniter
+
     except ImportError as exc:
         raise ExtraMissing("@task(cron=...)", "croniter", "cron") from exc
     return croniter

@@ -10,6 +10,7 @@ from django.dispatch import Signal
 
 from .. import signals
 from ..engine import ClaimedJob
+from ..engine.logfields import log
 from ..runtime import tracing
 from ..runtime.worker.middleware import Middleware
 from ..runtime.worker.outcome import Outcome
@@ -26,16 +27,17 @@ def _after(outcome: Outcome) -> Signal:
 def _send(signal: Signal, job: ClaimedJob, worker: str, **more: Any) -> None:
     for receiver, response in signal.send_robust(job.task, job=job, worker=worker, **more):
         if isinstance(response, Exception):
-            logger.error("signal receiver failed receiver=%r job=%s", receiver, job.id,
-                         exc_info=response)
+            log(logger, logging.ERROR, "signal receiver failed", exc_info=response,
+                receiver=repr(receiver), job=job.id, queue=job.queue, task=job.task)
 
 
 async def _asend(signal: Signal, job: ClaimedJob, worker: str, **more: Any) -> None:
     for receiver, response in await signal.asend_robust(job.task, job=job, worker=worker,
                                                          **more):
         if isinstance(response, Exception):
-            logger.error("signal receiver failed receiver=%r job=%s", receiver, job.id,
-                         exc_info=response)
+            log(logger, logging.ERROR, "signal receiver failed", exc_info=response,
+                receiver=repr(receiver), job=job.id, queue=job.queue, task=job.task)
+
 
 
 class JobSignals(Middleware):

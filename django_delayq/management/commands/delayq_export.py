@@ -55,9 +55,10 @@ class Command(BaseCommand):
             raise CommandError("--claim-idle must be 0 or more")
         if conf.EVENTS_MAXLEN == 0:
             raise CommandError("DELAYQ['EVENTS_MAXLEN'] is 0: no events are recorded")
-        try:
+        try:  # the lake needs PyArrow: an optional extra, imported when the command runs
             from django_delayq.lake import Exporter
         except ImportError as exc:
+
             raise CommandError(f"{exc} (pip install 'django-delayq[spark]')") from None
         try:
             exporter = Exporter(where,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
 
 
 class Command(BaseCommand):
@@ -41,7 +42,7 @@ class Command(BaseCommand):
                             "--since) to this Parquet file, and stop")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
+        try:  # PySpark: the optional extra "spark", imported when the command runs
             from django_delayq.spark import (
                 build_report,
                 export_jobs,
@@ -76,7 +77,7 @@ class Command(BaseCommand):
                 df = jdbc.jobs_from_jdbc(spark, since=since,
                                          num_partitions=options["partitions"])
             elif source == "lake":
-                from django_delayq.spark.lake import jobs_from_lake
+                from django_delayq.spark.lake import jobs_from_lake  # the spark extra
 
                 df = jobs_from_lake(spark, options["input"], since=since)
             else:
@@ -95,15 +96,14 @@ class Command(BaseCommand):
     def _input(path: str) -> str:
         """``lake`` for a lake (a directory of ``date=`` partitions, or a URL), else
         ``file``."""
-        from django_delayq.spark.lake import is_lake
+        from django_delayq.spark.lake import is_lake  # the spark extra: optional
 
         return "lake" if is_lake(path) else "file"
 
     def _source(self, asked: str) -> str:
         """``jdbc`` or ``orm``: what was asked, or for ``auto`` what this database allows."""
-        from django.db import connection
+        from django_delayq.spark import jdbc  # the spark extra: optional
 
-        from django_delayq.spark import jdbc
 
         if asked == "jdbc":
             try:

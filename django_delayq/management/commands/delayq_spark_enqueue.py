@@ -55,7 +55,7 @@ class Command(BaseCommand):
                             help="rejected rows kept and listed (all are counted)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
+        try:  # PySpark: the optional extra "spark", imported when the command runs
             from django_delayq.spark import enqueue_dataframe, spark_session
             from django_delayq.spark.history import detect_format
             from django_delayq.spark.progress import Progress
@@ -112,7 +112,8 @@ class Command(BaseCommand):
     def _read(self, spark: Any, path: str, fmt: str, run_at: str | None) -> Any:
         """Read the input; text formats keep ``run_at`` as text, so naive times stay
         detectable (Spark would read them in the session time zone)."""
-        from pyspark.sql import types as T
+        from pyspark.sql import types as T  # the spark extra: optional
+
 
         reader = spark.read
         if fmt == "csv":

@@ -9,8 +9,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ...engine import AckRefused, Broker, ClaimedJob, QueueKeys, flows
+from ...engine.logfields import log
 from ..backoff import CALL_FAILED, FIRST_BACKOFF, MAX_BACKOFF, SHARD_BACKOFF, Backoff
-from ..logfields import log
 from .ledger import Ledger
 from .outcome import Outcome, failure
 
@@ -189,8 +189,8 @@ class Acker:
                 self.flush()
                 backoff.reset()
             except CALL_FAILED as exc:
-                logger.warning("acks not sent, retrying in %.1fs worker=%s error=%s",
-                               backoff.delay, self.name, exc)
+                log(logger, logging.WARNING, "acks not sent", retry_in_s=backoff.delay,
+                    worker=self.name, error=exc)
                 backoff.wait()
         self.flush_until_done(time.monotonic() + 5)
 
@@ -255,9 +255,9 @@ class Acker:
         if tries < LARGE_ACK_TRIES:
             self._refused[id(o)] = tries
             return True
-        logger.error("Redis refused the ack of a job of %d bytes, failing the job without "
-                     "its result job=%s queue=%s error=%s", payload_size(o), o.job.id,
-                     o.job.queue, exc)
+        log(logger, logging.ERROR, "Redis refused the ack of a job, failing the job without "
+            "its result", job=o.job.id, queue=o.job.queue, task=o.job.task,
+            bytes=payload_size(o), worker=self.name, error=exc)
         refused = failure(o.job, AckRefused(
             f"Redis refused the ack of this job ({payload_size(o)} bytes of result, error "
             f"and traceback; a limit of the server such as proto-max-bulk-len): {exc}"),
@@ -280,20 +280,21 @@ class Acker:
                 self.started[:0] = started
             raise
         if sent.short_replicas is not None:
-            logger.warning("acks confirmed by %d of %d replicas (MIN_REPLICAS_ACKS): a "
-                           "failover now may run those jobs again worker=%s",
-                           sent.short_replicas, self.broker.config.min_replicas, self.name)
+            log(logger, logging.WARNING, "acks confirmed by too few replicas "
+                "(MIN_REPLICAS_ACKS): a failover now may run those jobs again",
+                replicas=sent.short_replicas, min_replicas=self.broker.config.min_replicas,
+                worker=self.name)
         if sent.stale:
-            logger.warning("%d acks were stale: the lease had lapsed and another attempt "
-                           "owns the job worker=%s", sent.stale, self.name)
+            log(logger, logging.WARNING, "acks were stale: the lease had lapsed and another "
+                "attempt owns the job", acks=sent.stale, worker=self.name)
         for keys in sent.outboxes:
             # Release dependants in other shards now; if this fails (or the process
             # dies), the entries stay for any worker's heartbeat to deliver.
             try:
                 flows.deliver(self.broker, keys)
             except CALL_FAILED as exc:
-                logger.warning("releases of dependants left for the heartbeat queue=%s "
-                               "error=%s", keys.queue, exc)
+                log(logger, logging.WARNING, "releases of dependants left for the heartbeat",
+                    queue=keys.queue, worker=self.name, error=exc)
         refused = {o.job.keys for o in sent.unsent}
         unsent = {id(o) for o in sent.unsent}
         self._keep(sent.unsent + deferred)  # only the refused calls go again
@@ -324,9 +325,8 @@ class Acker:
             raise sent.error
         for keys in refused:
             backing_off[keys] = now + SHARD_BACKOFF
-        logger.warning("acks refused by %d shard(s), deferred for %.1fs worker=%s "
-                       "shards=%s error=%s", len(refused), SHARD_BACKOFF, self.name,
-                       ",".join(k.tag for k in refused), sent.error)
+        log(logger, logging.WARNING, "acks refused by shards, deferred", retry_in_s=SHARD_BACKOFF,
+            worker=self.name, shards=",".join(k.tag for k in refused), error=sent.error)
 
     def _keep(self, outcomes: list[Outcome]) -> None:
         """Put ``outcomes`` back at the head of the pending ones, to send again."""
@@ -340,11 +340,13 @@ class Acker:
             try:
                 self.flush(ignore_backoff=True)
             except CALL_FAILED as exc:
-                logger.warning("acks not sent at shutdown worker=%s error=%s", self.name, exc)
+                log(logger, logging.WARNING, "acks not sent at shutdown", worker=self.name,
+                    error=exc)
             if not self.outcomes:
                 return
             if time.monotonic() >= deadline:
-                logger.warning("%d acks not sent at shutdown: their jobs run again once "
-                               "their leases lapse worker=%s", len(self.outcomes), self.name)
+                log(logger, logging.WARNING, "acks not sent at shutdown: their jobs run again "
+                    "once their leases lapse", acks=len(self.outcomes), worker=self.name)
+
                 return
             time.sleep(0.2)

@@ -48,8 +48,8 @@ from asgiref.sync import sync_to_async
 
 from ...engine import Broker, ClaimedJob, UnknownTask, encode_result
 from ...engine.errors import JobAborted, JobTimeout
+from ...engine.logfields import log
 from ..current import running
-from ..logfields import log
 from ..registry import TaskRegistry, is_async
 from .execution import aborted, after_job, fail_held, finished
 from .ledger import Lease, Ledger
@@ -191,11 +191,12 @@ class AsyncExecutor:
                     try:
                         loop.run_forever()
                     except BaseException:  # a SystemExit from a callback ends the loop
-                        logger.exception("event loop failed worker=%s", self.name)
+                        log(logger, logging.ERROR, "event loop failed", exc_info=True,
+                            worker=self.name)
                     finally:
                         if not self._stopping:
-                            logger.critical("event loop thread ended unexpectedly: its "
-                                            "async jobs cannot finish worker=%s", self.name)
+                            log(logger, logging.CRITICAL, "event loop thread ended "
+                                "unexpectedly: its async jobs cannot finish", worker=self.name)
                             self._on_loop_lost()
 
                 self._thread = threading.Thread(target=run, name="delayq-async", daemon=True)
@@ -293,5 +294,7 @@ class AsyncExecutor:
             try:
                 await each.after_async_job(job, outcome)
             except BaseException:
-                logger.exception("middleware failed after the job job=%s", job.id)
+                log(logger, logging.ERROR, "middleware failed after the job", exc_info=True,
+                    job=job.id, queue=job.queue, task=job.task, worker=self.name)
+
         return outcome

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from ...engine import Broker, ClaimedJob, JobAborted, UnknownTask, encode_result
+from ...engine.logfields import log
 from ..current import running
-from ..logfields import log
 from ..registry import TaskRegistry
 from .ledger import Ledger
 from .middleware import Middleware
@@ -52,7 +52,8 @@ def execute(job: ClaimedJob, tasks: TaskRegistry, worker: str, broker: Broker,
         try:
             each.after_job(job, outcome)
         except BaseException:
-            logger.exception("middleware failed after the job job=%s", job.id)
+            log(logger, logging.ERROR, "middleware failed after the job", exc_info=True,
+                job=job.id, queue=job.queue, task=job.task)
     return outcome
 
 
@@ -114,7 +115,8 @@ def finished(hooks: list[Callable[[Outcome], None]], outcome: Outcome) -> None:
         try:
             hook(outcome)
         except BaseException:
-            logger.exception("on_finished hook failed job=%s", outcome.job.id)
+            log(logger, logging.ERROR, "on_finished hook failed", exc_info=True,
+                job=outcome.job.id, queue=outcome.job.queue, task=outcome.job.task)
 
 
 def after_job(hook: Callable[[], None] | None, job: ClaimedJob) -> None:
@@ -125,7 +127,9 @@ def after_job(hook: Callable[[], None] | None, job: ClaimedJob) -> None:
     try:
         hook()
     except BaseException:
-        logger.exception("after-job hook failed job=%s", job.id)
+        log(logger, logging.ERROR, "after-job hook failed", exc_info=True, job=job.id,
+            queue=job.queue, task=job.task)
+
 
 
 def fail_held(ledger: Ledger, report: Callable[[Outcome], None], job: ClaimedJob,

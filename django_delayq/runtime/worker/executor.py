@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ...engine import Broker, ClaimedJob, JobTimeout
-from ..logfields import log
+from ...engine.logfields import log
 from ..registry import TaskRegistry
 from .async_executor import AsyncExecutor
 from .execution import aborted, after_job, execute, fail_held, finished
@@ -114,12 +114,13 @@ class Executor:
         try:
             self._serve()
         except BaseException:  # logged here, like the thread's end below
-            logger.exception("executor thread failed thread=%s worker=%s",
-                             threading.current_thread().name, self.name)
+            log(logger, logging.ERROR, "executor thread failed", exc_info=True,
+                thread_name=threading.current_thread().name, worker=self.name)
         finally:
             if not self._stopping:
-                logger.critical("executor thread ended unexpectedly thread=%s worker=%s",
-                                threading.current_thread().name, self.name)
+                log(logger, logging.CRITICAL, "executor thread ended unexpectedly",
+                    thread_name=threading.current_thread().name, worker=self.name)
+
                 self._on_thread_lost()
 
     def _serve(self) -> None:

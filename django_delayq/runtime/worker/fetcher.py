@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ...engine import Broker, ClaimedJob, ClaimResult, PartialClaimError, QueueKeys, markers
+from ...engine.logfields import log
 from ...engine.markers import wait_for_mark
 from ..backoff import CALL_FAILED, FIRST_BACKOFF, MAX_BACKOFF, SHARD_BACKOFF, Backoff
 from .ledger import THREADS, Ledger
@@ -193,16 +194,16 @@ class Fetcher:
                 claimed, wait = self.claim(free)
                 backoff.reset()
             except CALL_FAILED as exc:
-                logger.warning("redis unavailable, retrying in %.1fs worker=%s error=%s",
-                               backoff.delay, self.name, exc)
+                log(logger, logging.WARNING, "redis unavailable", retry_in_s=backoff.delay,
+                    worker=self.name, error=exc)
                 backoff.wait()
                 continue
             except Exception:
                 # A reply this worker cannot read must not end the fetcher (the worker
                 # would live on without claiming): jobs of the lost reply are leased and
                 # come back when their leases lapse.
-                logger.exception("claim failed, retrying in %.1fs worker=%s", backoff.delay,
-                                 self.name)
+                log(logger, logging.ERROR, "claim failed", exc_info=True,
+                    retry_in_s=backoff.delay, worker=self.name)
                 backoff.wait()
                 continue
             finally:
@@ -233,7 +234,8 @@ class Fetcher:
             try:
                 self._wait_for_work(wait)
             except CALL_FAILED as exc:
-                logger.warning("redis unavailable while idle worker=%s error=%s", self.name, exc)
+                log(logger, logging.WARNING, "redis unavailable while idle", worker=self.name,
+                    error=exc)
                 backoff.wait()
 
     def claim(self, free: int) -> tuple[int, float]:
@@ -332,9 +334,9 @@ class Fetcher:
                 for keys in refused:
                     backing_off[keys] = sent + SHARD_BACKOFF
                     self._backlogged.discard(keys)
-                logger.warning("claim refused by %d shard(s), left out for %.1fs worker=%s "
-                               "shards=%s error=%s", len(refused), SHARD_BACKOFF, self.name,
-                               ",".join(k.tag for k in refused), exc.__cause__)
+                log(logger, logging.WARNING, "claim refused by shards, left out",
+                    retry_in_s=SHARD_BACKOFF, worker=self.name,
+                    shards=",".join(k.tag for k in refused), error=exc.__cause__)
         asked = dict(wants)
         filled = False
         for result in results:
@@ -354,8 +356,8 @@ class Fetcher:
             if not result.jobs and asked[result.keys] >= 1:
                 self._found_empty.add(result.keys)
             if result.orphans:
-                logger.warning("dropped %d job ids with no job data queue=%s",
-                               result.orphans, result.keys.queue)
+                log(logger, logging.WARNING, "dropped job ids with no job data",
+                    queue=result.keys.queue, jobs=result.orphans, worker=self.name)
             if result.next_due_ms is not None and not result.paused:
                 wait = min(wait, (result.next_due_ms - result.now_ms) / 1000)
             if result.limit_wait_ms is not None:
@@ -402,4 +404,6 @@ class Fetcher:
         try:
             markers.wake(self.broker, self._wake_key)
         except CALL_FAILED as exc:  # the wait ends by itself, within its timeout
-            logger.debug("could not wake the fetcher worker=%s error=%s", self.name, exc)
+            log(logger, logging.DEBUG, "could not wake the fetcher", worker=self.name,
+                error=exc)
+

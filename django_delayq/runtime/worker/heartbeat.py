@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...engine import Broker, QueueKeys, flows
+from ...engine.logfields import log
 from ...engine.workers import record_alive
 from ..backoff import CALL_FAILED
 from .acks import by_shard
@@ -47,9 +48,10 @@ class Heartbeat:
             try:
                 self.beat()
             except CALL_FAILED as exc:
-                logger.warning("heartbeat failed worker=%s error=%s", self.name, exc)
+                log(logger, logging.WARNING, "heartbeat failed", worker=self.name, error=exc)
             except Exception:
-                logger.exception("heartbeat failed, next beat retries worker=%s", self.name)
+                log(logger, logging.ERROR, "heartbeat failed, next beat retries",
+                    exc_info=True, worker=self.name)
 
     def beat(self, *, renew: bool = True) -> None:
         """One heartbeat: renew (unless ``renew`` is False), reclaim, record alive."""
@@ -64,19 +66,20 @@ class Heartbeat:
             lost_ids, asked = replies[index]
             lost = self.ledger.lost(keys, lost_ids)
             if lost:
-                logger.warning("lease lost for %d jobs queue=%s jobs=%s worker=%s", len(lost),
-                               keys.queue, ",".join(lost[:10]), self.name)
+                log(logger, logging.WARNING, "lease lost", queue=keys.queue, jobs=len(lost),
+                    ids=",".join(lost[:10]), worker=self.name)
             aborting = self.ledger.request_abort(keys, zip(asked[::2], asked[1::2],
                                                            strict=True))
             if aborting:
-                logger.warning("abort asked for queue=%s jobs=%s worker=%s", keys.queue,
-                               ",".join(aborting[:10]), self.name)
+                log(logger, logging.WARNING, "abort asked for", queue=keys.queue,
+                    jobs=len(aborting), ids=",".join(aborting[:10]), worker=self.name)
+
         undelivered, unlinked = [], []
         for keys, index in reclaim_calls:
             returned, dead, outbox, to_link, _ = replies[index]
             if returned or dead:
-                logger.warning("reclaimed expired leases queue=%s returned=%s dead_lettered=%s",
-                               keys.queue, returned, dead)
+                log(logger, logging.WARNING, "reclaimed expired leases", queue=keys.queue,
+                    returned=returned, dead_lettered=dead, worker=self.name)
             if outbox:
                 undelivered.append(keys)
             if to_link:
@@ -87,24 +90,24 @@ class Heartbeat:
             try:
                 flows.repair(self.broker, keys, job_ids)
             except CALL_FAILED as exc:
-                logger.warning("waiting jobs not linked again, a heartbeat retries after "
-                               "the grace period queue=%s jobs=%s error=%s", keys.queue,
-                               ",".join(job_ids[:10]), exc)
+                log(logger, logging.WARNING, "waiting jobs not linked again, a heartbeat "
+                    "retries after the grace period", queue=keys.queue,
+                    jobs=len(job_ids), ids=",".join(job_ids[:10]), error=exc)
             except Exception:
-                logger.exception("waiting jobs not linked again, a heartbeat retries after "
-                                 "the grace period queue=%s jobs=%s", keys.queue,
-                                 ",".join(job_ids[:10]))
+                log(logger, logging.ERROR, "waiting jobs not linked again, a heartbeat "
+                    "retries after the grace period", exc_info=True, queue=keys.queue,
+                    jobs=len(job_ids), ids=",".join(job_ids[:10]))
         # Releases of dependants in other shards that no acker delivered (its worker
         # died between two steps): delivering again is harmless (engine/flows.py).
         for keys in undelivered:
             try:
                 flows.deliver(self.broker, keys)
             except CALL_FAILED as exc:
-                logger.warning("releases of dependants not delivered, next beat retries "
-                               "queue=%s error=%s", keys.queue, exc)
+                log(logger, logging.WARNING, "releases of dependants not delivered, next "
+                    "beat retries", queue=keys.queue, error=exc)
             except Exception:
-                logger.exception("releases of dependants not delivered, next beat retries "
-                                 "queue=%s", keys.queue)
+                log(logger, logging.ERROR, "releases of dependants not delivered, next beat "
+                    "retries", exc_info=True, queue=keys.queue)
         self.record_alive()
 
     def record_alive(self) -> None:

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Sequence
 
 from ...engine import Broker
+from ...engine.logfields import log
 from ...engine.markers import wait_for_mark
 from ..backoff import CALL_FAILED
 
@@ -62,7 +63,7 @@ class MarkerWatch:
             try:
                 popped = wait_for_mark(self._broker, [key], WATCH_SLICE)
             except CALL_FAILED as exc:
-                logger.warning("marker watch failed key=%s error=%s", key, exc)
+                log(logger, logging.WARNING, "marker watch failed", key=key, error=exc)
                 self._stop.wait(0.5)
                 continue
             if popped:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...engine import ClaimedJob
-from ..logfields import log
+from ...engine.logfields import log
 
 logger = logging.getLogger("django_delayq.worker")
 

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 
+from ...engine.logfields import log
 from .exit_codes import EXIT_RESTART
 from .runner import Worker
 
@@ -78,7 +79,8 @@ class RecycleMonitor:
             if reason is None:
                 return
             self.reason = reason
-        logger.info("recycling worker process pid=%d %s", os.getpid(), reason)
+        log(logger, logging.INFO, "recycling worker process", pid=os.getpid(), reason=reason,
+            worker=self.worker.name)
         self.worker.request_recycle()
 
     def check(self) -> str | None:

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...engine import Broker, ClaimedJob
+from ...engine.logfields import log
 from ...engine.workers import forget as forget_worker
 from ..backoff import CALL_FAILED
 from ..deadlines import Board
-from ..logfields import log
 from ..registry import TaskRegistry, is_async
 from .acks import Acker, by_shard
 from .async_executor import AsyncExecutor
@@ -195,7 +195,7 @@ class Worker:
 
     def _halt(self) -> None:
         if not self._stop.is_set():
-            logger.info("worker stopping worker=%s", self.name)
+            log(logger, logging.INFO, "worker stopping", worker=self.name)
         self._stop.set()
         with self.ledger.changed:
             self.ledger.changed.notify_all()
@@ -204,8 +204,8 @@ class Worker:
         """An executor thread ended by itself; with none left, stop and be restarted."""
         if self.executor.alive() > 1:  # the caller is still alive as it calls this
             return
-        logger.critical("no executor thread left: handing back every job and exiting to "
-                        "be restarted worker=%s", self.name)
+        log(logger, logging.CRITICAL, "no executor thread left: handing back every job and "
+            "exiting to be restarted", worker=self.name)
         self._disabled = True
         self.request_stop()
 
@@ -225,7 +225,7 @@ class Worker:
                     and all(self._burst_idle.get(f.lane) == self.ledger.settles
                             for f in self.fetchers))
         if done:
-            logger.info("burst done worker=%s", self.name)
+            log(logger, logging.INFO, "burst done", worker=self.name)
             self.request_stop()
         return done
 
@@ -234,8 +234,9 @@ class Worker:
         waiting for its slots, so that other workers run them (its fetcher claims
         nothing until it runs again)."""
         jobs = self.ledger.withdraw_unstarted(self._async.waiting())
-        logger.error("event loop stalled for %.1fs (a coroutine blocks it): handing back "
-                     "%d waiting async jobs worker=%s", stalled_for, len(jobs), self.name)
+        log(logger, logging.ERROR, "event loop stalled (a coroutine blocks it): handing back "
+            "its waiting async jobs", stalled_s=round(stalled_for, 1), jobs=len(jobs),
+            worker=self.name)
         if jobs:
             self._release(jobs, started=False, settle=False)
 
@@ -342,9 +343,9 @@ class Worker:
         self.acker.flush_until_done(time.monotonic() + 5)
         leftover = [lease.job for lease in self.ledger.running()]
         if leftover:
-            logger.warning("%s, handing back %d running jobs worker=%s",
-                           "no thread runs them" if self._disabled else "grace period over",
-                           len(leftover), self.name)
+            log(logger, logging.WARNING, "no thread runs them, handing back running jobs"
+                if self._disabled else "grace period over, handing back running jobs",
+                jobs=len(leftover), worker=self.name)
             self._release(leftover, started=True)
         if self._disabled or self._restart:
             return EXIT_RESTART
@@ -386,7 +387,8 @@ class Worker:
         try:
             self.heartbeat.record_alive()
         except CALL_FAILED as exc:
-            logger.warning("could not register worker worker=%s error=%s", self.name, exc)
+            log(logger, logging.WARNING, "could not register worker", worker=self.name,
+                error=exc)
 
     def _reclaim(self) -> None:
         """One heartbeat without lease renewal: reclaim expired leases, record alive
@@ -394,9 +396,9 @@ class Worker:
         try:
             self.heartbeat.beat(renew=False)
         except CALL_FAILED as exc:
-            logger.warning("reclaim failed worker=%s error=%s", self.name, exc)
+            log(logger, logging.WARNING, "reclaim failed", worker=self.name, error=exc)
         except Exception:
-            logger.exception("reclaim failed worker=%s", self.name)
+            log(logger, logging.ERROR, "reclaim failed", exc_info=True, worker=self.name)
 
     def _info(self) -> dict[str, Any]:
         """What the workers-alive registry shows of this worker."""
@@ -420,9 +422,10 @@ class Worker:
         try:
             batch.run()
         except CALL_FAILED as exc:
-            logger.warning("could not hand back %d jobs (their leases will lapse) error=%s",
-                           len(jobs), exc)
+            log(logger, logging.WARNING, "could not hand back jobs (their leases will lapse)",
+                jobs=len(jobs), worker=self.name, error=exc)
             return
         if settle:
             self.ledger.settle(jobs)
-        logger.info("handed back %d jobs worker=%s", len(jobs), self.name)
+        log(logger, logging.INFO, "handed back jobs", jobs=len(jobs), worker=self.name)
+

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 
 from ...engine import ClaimedJob, JobAborted, JobTimeout
-from ..logfields import log
+from ...engine.logfields import log
 from ..registry import TaskRegistry, timeout_seconds
 from .execution import finished
 from .ledger import Lease, Ledger
@@ -107,7 +107,8 @@ class Watchdog:
         if stalled and not self._loop_was_stalled:
             self._on_loop_stalled(stalled)
         elif not stalled and self._loop_was_stalled:
-            logger.warning("event loop runs again worker=%s", self.name)
+            log(logger, logging.WARNING, "event loop runs again", worker=self.name)
+
         self._loop_was_stalled = bool(stalled)
 
     def check(self) -> float:

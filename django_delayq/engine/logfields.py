@@ -70,8 +70,9 @@ class Pairs:
         return " ".join(parts)
 
 
-def log(logger: logging.Logger, level: int, event: str, *, exc_info: ExcInfo = None,
+def log(logger: logging.Logger, level: int, event: str, /, *, exc_info: ExcInfo = None,
         **fields: Any) -> None:
+
     """Write ``event`` with ``fields`` to ``logger`` at ``level``: as text (``event
     key=value ...``) and as the record's ``extra``. A field whose value is None is left
     out of the text (and is None on the record)."""
@@ -79,5 +80,10 @@ def log(logger: logging.Logger, level: int, event: str, *, exc_info: ExcInfo = N
         extra = fields if RESERVED.isdisjoint(fields) else {
             f"delayq_{key}" if key in RESERVED else key: value
             for key, value in fields.items()}
-        logger.log(level, "%s %s", event, Pairs(fields), extra=extra, exc_info=exc_info,
-                   stacklevel=2)
+        if fields:
+            logger.log(level, "%s %s", event, Pairs(fields), extra=extra,
+                       exc_info=exc_info, stacklevel=2)
+        else:  # the event alone, with no space after it
+            logger.log(level, "%s", event, exc_info=exc_info, stacklevel=2)
+
+
