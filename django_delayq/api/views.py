@@ -109,16 +109,24 @@ class QueueDetailView(DelayQAPIView):
                                                            keys=found.key_load())).data)
 
 
+def _pause(request: Request, queue: str, paused: bool) -> Response:
+    """Pause or resume a queue, logged with who asked; the queue as it now is."""
+    q = known_queue(queue)
+    if paused:
+        q.pause()
+    else:
+        q.resume()
+    log(logger, logging.INFO, "queue paused" if paused else "queue resumed", queue=queue,
+        user=request.user.get_username())
+    return Response(s.QueueSerializer(queue_data(q.summary(detail=False))).data)
+
+
 class QueuePauseView(DelayQAPIView):
     @document(summary="Pause a queue", request=None,
                    responses={200: s.QueueSerializer, **NOT_FOUND, **ERRORS})
     def post(self, request: Request, queue: str) -> Response:
         """Stop workers from claiming jobs of this queue (enqueuing still works)."""
-        q = known_queue(queue)
-        q.pause()
-        log(logger, logging.INFO, "queue paused", queue=queue,
-            user=request.user.get_username())
-        return Response(s.QueueSerializer(queue_data(q.summary(detail=False))).data)
+        return _pause(request, queue, paused=True)
 
 
 class QueueResumeView(DelayQAPIView):
@@ -126,11 +134,7 @@ class QueueResumeView(DelayQAPIView):
                    responses={200: s.QueueSerializer, **NOT_FOUND, **ERRORS})
     def post(self, request: Request, queue: str) -> Response:
         """Let workers claim jobs of this queue again."""
-        q = known_queue(queue)
-        q.resume()
-        log(logger, logging.INFO, "queue resumed", queue=queue,
-            user=request.user.get_username())
-        return Response(s.QueueSerializer(queue_data(q.summary(detail=False))).data)
+        return _pause(request, queue, paused=False)
 
 
 # -- jobs ----------------------------------------------------------------------------
