@@ -1,4 +1,6 @@
 -- include: now_ms
+-- include: call_sliced
+-- include: minutes_kept
 
 -- Read a shard's stats hash with its running totals made monotone: what the metrics,
 -- the dashboard and the API show. The scripts only ever add to the totals, but a
@@ -11,7 +13,10 @@
 -- serves it as long as the hash is on one side (two keys would answer TRYAGAIN).
 --
 -- The per-minute counters (`c:<minute>`, `f:<minute>`) are rolling windows, not totals:
--- they are passed through as stored.
+-- they are passed through as stored. count_minute.lua forgets only the minute exactly
+-- MINUTES_KEPT back, so with more per-minute fields than the two kinds keep, the older
+-- ones (a queue busy now and then) are deleted here: the hash, and this read, stay
+-- bounded. Fewer cost no more than the count.
 --
 -- KEYS[1] stats  HASH  the shard's totals, histograms and per-minute counters, and the
 --                      marks: `m:x:<field>` the last figure shown, `m:o:<field>` its
@@ -32,12 +37,29 @@ local COLON, M = string.byte(':'), string.byte('m')
 -- A field's second byte is ':' for the per-minute counters and the marks only (totals
 -- are `e`, `du`, `c`, `f`, `r`, `hd:<i>`, `hl:<i>`): checked without a pattern, since
 -- a busy shard has some 250 per-minute fields.
-local mark = {}
+local mark, per_minute = {}, 0
 for i = 1, #raw, 2 do
   local first, second = string.byte(raw[i], 1, 2)
-  if second == COLON and first == M then
-    mark[string.sub(raw[i], 3)] = tonumber(raw[i + 1])
+  if second == COLON then
+    if first == M then
+      mark[string.sub(raw[i], 3)] = tonumber(raw[i + 1])
+    else
+      per_minute = per_minute + 1
+    end
   end
+end
+local stale = {}  -- per-minute field -> true if over MINUTES_KEPT old (too many kept)
+if per_minute > 2 * MINUTES_KEPT then
+  local oldest, gone = math.floor(now_ms() / 60000) - MINUTES_KEPT, {}
+  for i = 1, #raw, 2 do
+    local field = raw[i]
+    local first, second = string.byte(field, 1, 2)
+    if second == COLON and first ~= M and (tonumber(string.sub(field, 3)) or 0) <= oldest then
+      stale[field] = true
+      gone[#gone + 1] = field
+    end
+  end
+  call_sliced('HDEL', stats, gone)
 end
 
 local out, seen, changed = {}, {}, {}
@@ -65,7 +87,7 @@ for i = 1, #raw, 2 do
   if second ~= COLON then
     seen[field] = true
     show(field, tonumber(raw[i + 1]) or 0)
-  elseif minutes and first ~= M then
+  elseif minutes and first ~= M and not stale[field] then
     out[#out + 1] = field
     out[#out + 1] = raw[i + 1]
   end
