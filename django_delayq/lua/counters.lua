@@ -33,19 +33,24 @@
 local stats = KEYS[1]
 local minutes = ARGV[1] == '1'
 local raw = redis.call('HGETALL', stats)
-local COLON, M = string.byte(':'), string.byte('m')
+local COLON, M, X, O = string.byte(':'), string.byte('m'), string.byte('x'), string.byte('o')
 -- A field's second byte is ':' for the per-minute counters and the marks only (totals
--- are `e`, `du`, `c`, `f`, `r`, `hd:<i>`, `hl:<i>`): checked without a pattern, since
--- a busy shard has some 250 per-minute fields.
-local mark, per_minute = {}, 0
+-- are `e`, `du`, `c`, `f`, `r`, `hd:<i>`, `hl:<i>`), and a mark's third byte says which:
+-- one pass over the hash, without a pattern or a concatenation per field (a busy shard
+-- has some 250 per-minute fields and 75 marks).
+local totals, last, offset, began, per_minute = {}, {}, {}, nil, 0
 for i = 1, #raw, 2 do
-  local first, second = string.byte(raw[i], 1, 2)
-  if second == COLON then
-    if first == M then
-      mark[string.sub(raw[i], 3)] = tonumber(raw[i + 1])
-    else
-      per_minute = per_minute + 1
-    end
+  local first, second, third = string.byte(raw[i], 1, 3)
+  if second ~= COLON then
+    totals[#totals + 1] = i
+  elseif first ~= M then
+    per_minute = per_minute + 1
+  elseif third == X then
+    last[string.sub(raw[i], 5)] = tonumber(raw[i + 1])
+  elseif third == O then
+    offset[string.sub(raw[i], 5)] = tonumber(raw[i + 1])
+  else
+    began = tonumber(raw[i + 1])  -- m:t
   end
 end
 local stale = {}  -- per-minute field -> true if over MINUTES_KEPT old (too many kept)
@@ -64,16 +69,14 @@ end
 
 local out, seen, changed = {}, {}, {}
 local function show(field, value)
-  local offset = mark['o:' .. field] or 0
-  local last = mark['x:' .. field]
-  local figure = value + offset
-  if last ~= nil and figure < last then
-    offset = offset + last - figure
-    figure = last
+  local shown = last[field]
+  local figure = value + (offset[field] or 0)
+  if shown ~= nil and figure < shown then
     changed[#changed + 1] = 'm:o:' .. field
-    changed[#changed + 1] = offset
+    changed[#changed + 1] = (offset[field] or 0) + shown - figure
+    figure = shown
   end
-  if figure ~= last then
+  if figure ~= shown then
     changed[#changed + 1] = 'm:x:' .. field
     changed[#changed + 1] = figure
   end
@@ -81,25 +84,26 @@ local function show(field, value)
   out[#out + 1] = figure
 end
 
-for i = 1, #raw, 2 do
-  local field = raw[i]
-  local first, second = string.byte(field, 1, 2)
-  if second ~= COLON then
-    seen[field] = true
-    show(field, tonumber(raw[i + 1]) or 0)
-  elseif minutes and first ~= M and not stale[field] then
-    out[#out + 1] = field
-    out[#out + 1] = raw[i + 1]
-  end
+for _, i in ipairs(totals) do
+  seen[raw[i]] = true
+  show(raw[i], tonumber(raw[i + 1]) or 0)
 end
-for name in pairs(mark) do
-  local field = string.match(name, '^x:(.+)$')
-  if field and not seen[field] then
+for field in pairs(last) do
+  if not seen[field] then
     show(field, 0)
   end
 end
+if minutes then
+  for i = 1, #raw, 2 do
+    local field = raw[i]
+    local first, second = string.byte(field, 1, 2)
+    if second == COLON and first ~= M and not stale[field] then
+      out[#out + 1] = field
+      out[#out + 1] = raw[i + 1]
+    end
+  end
+end
 
-local began = mark['t']
 if began == nil then
   began = now_ms()
   changed[#changed + 1] = 'm:t'
