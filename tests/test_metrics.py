@@ -10,6 +10,7 @@ import pytest
 from django.conf import settings
 from django.test import Client, override_settings
 from prometheus_client.parser import text_string_to_metric_families
+from redis.exceptions import OutOfMemoryError
 
 from django_delayq import Queue
 from django_delayq.engine.stats import HISTOGRAM_MS
@@ -134,6 +135,23 @@ def test_per_minute_counters_of_a_queue_busy_now_and_then_are_forgotten(broker, 
     assert not set(old) & set(left)
     assert f"c:{now_minute}" in left or f"c:{now_minute - 1}" in left  # the job's minute
     assert sum(completed for _, completed, _ in summary.throughput) == 1
+
+
+def test_a_full_redis_still_answers_the_scrape(client, broker, redis_client):
+    """Under ``noeviction`` (required) a full Redis refuses writes; the marks are one,
+    but the figures are still read: the metrics stay up while Redis is full."""
+    tasks.record.enqueue("before")
+    assert value(scrape(client), "delayq_jobs_enqueued_total", queue="default") == 1
+    tasks.record.enqueue("moved")  # a total that moved: its mark must be written
+    redis_client.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(OutOfMemoryError):
+            redis_client.set("a write", "refused")
+        m = scrape(client)
+    finally:
+        redis_client.config_set("maxmemory", 0)
+    assert value(m, "delayq_jobs_enqueued_total", queue="default") == 2
+    assert Queue("default", broker=broker).summary().stats.enqueued == 2
 
 
 def test_histogram_buckets_follow_the_scripts(broker, redis_client):

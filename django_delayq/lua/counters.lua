@@ -110,6 +110,9 @@ if began == nil then
   changed[#changed + 1] = began
 end
 if #changed > 0 then
-  redis.call('HSET', stats, unpack(changed))
+  -- A Redis at its maxmemory (noeviction, as required) refuses the marks' HSET: the
+  -- figures are still answered, computed from the marks it holds (they only lag until
+  -- it has room again), so the metrics do not go dark when they are needed most.
+  redis.pcall('HSET', stats, unpack(changed))
 end
 return {began, out}
