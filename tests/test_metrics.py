@@ -10,6 +10,7 @@ import pytest
 from django.conf import settings
 from django.test import Client, override_settings
 from prometheus_client.parser import text_string_to_metric_families
+from redis.exceptions import OutOfMemoryError
 
 from django_delayq import Queue
 from django_delayq.engine.stats import HISTOGRAM_MS
@@ -113,6 +114,44 @@ def test_a_total_redis_lowers_holds_in_the_scrape(client, broker, redis_client):
     reset = scrape(client)
     assert value(reset, "delayq_jobs_enqueued_total", **d) == 1
     assert value(reset, "delayq_jobs_enqueued_created", **d) > began
+
+
+def test_per_minute_counters_of_a_queue_busy_now_and_then_are_forgotten(broker, redis_client):
+    """The scripts forget only the minute exactly 2 h back, so the minutes of a queue
+    busy now and then (none counted 2 h after) stayed for good: the stats hash, and
+    every read of it, grew without bound. The read drops them once there are more than
+    the two kinds keep."""
+    job = tasks.record.enqueue("minute")
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: job.refresh().is_finished, message="the job")
+    keys = broker.keys_for("default", job.id)
+    now_minute = int(redis_client.time()[0]) // 60
+    # What a job every 7 minutes for two days leaves (a minute 2 h later rarely has one).
+    old = {f"c:{now_minute - 200 - 7 * i}": 1 for i in range(400)}
+    redis_client.hset(keys.stats, mapping=old)
+    summary = Queue("default", broker=broker).summary(detail=True)
+    assert summary.stats.completed == 1
+    left = redis_client.hkeys(keys.stats)
+    assert not set(old) & set(left)
+    assert f"c:{now_minute}" in left or f"c:{now_minute - 1}" in left  # the job's minute
+    assert sum(completed for _, completed, _ in summary.throughput) == 1
+
+
+def test_a_full_redis_still_answers_the_scrape(client, broker, redis_client):
+    """Under ``noeviction`` (required) a full Redis refuses writes; the marks are one,
+    but the figures are still read: the metrics stay up while Redis is full."""
+    tasks.record.enqueue("before")
+    assert value(scrape(client), "delayq_jobs_enqueued_total", queue="default") == 1
+    tasks.record.enqueue("moved")  # a total that moved: its mark must be written
+    redis_client.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(OutOfMemoryError):
+            redis_client.set("a write", "refused")
+        m = scrape(client)
+    finally:
+        redis_client.config_set("maxmemory", 0)
+    assert value(m, "delayq_jobs_enqueued_total", queue="default") == 2
+    assert Queue("default", broker=broker).summary().stats.enqueued == 2
 
 
 def test_histogram_buckets_follow_the_scripts(broker, redis_client):

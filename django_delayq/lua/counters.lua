@@ -1,4 +1,6 @@
 -- include: now_ms
+-- include: call_sliced
+-- include: minutes_kept
 
 -- Read a shard's stats hash with its running totals made monotone: what the metrics,
 -- the dashboard and the API show. The scripts only ever add to the totals, but a
@@ -11,7 +13,10 @@
 -- serves it as long as the hash is on one side (two keys would answer TRYAGAIN).
 --
 -- The per-minute counters (`c:<minute>`, `f:<minute>`) are rolling windows, not totals:
--- they are passed through as stored.
+-- they are passed through as stored. count_minute.lua forgets only the minute exactly
+-- MINUTES_KEPT back, so with more per-minute fields than the two kinds keep, the older
+-- ones (a queue busy now and then) are deleted here: the hash, and this read, stay
+-- bounded. Fewer cost no more than the count.
 --
 -- KEYS[1] stats  HASH  the shard's totals, histograms and per-minute counters, and the
 --                      marks: `m:x:<field>` the last figure shown, `m:o:<field>` its
@@ -28,30 +33,50 @@
 local stats = KEYS[1]
 local minutes = ARGV[1] == '1'
 local raw = redis.call('HGETALL', stats)
-local COLON, M = string.byte(':'), string.byte('m')
+local COLON, M, X, O = string.byte(':'), string.byte('m'), string.byte('x'), string.byte('o')
 -- A field's second byte is ':' for the per-minute counters and the marks only (totals
--- are `e`, `du`, `c`, `f`, `r`, `hd:<i>`, `hl:<i>`): checked without a pattern, since
--- a busy shard has some 250 per-minute fields.
-local mark = {}
+-- are `e`, `du`, `c`, `f`, `r`, `hd:<i>`, `hl:<i>`), and a mark's third byte says which:
+-- one pass over the hash, without a pattern or a concatenation per field (a busy shard
+-- has some 250 per-minute fields and 75 marks).
+local totals, last, offset, began, per_minute = {}, {}, {}, nil, 0
 for i = 1, #raw, 2 do
-  local first, second = string.byte(raw[i], 1, 2)
-  if second == COLON and first == M then
-    mark[string.sub(raw[i], 3)] = tonumber(raw[i + 1])
+  local first, second, third = string.byte(raw[i], 1, 3)
+  if second ~= COLON then
+    totals[#totals + 1] = i
+  elseif first ~= M then
+    per_minute = per_minute + 1
+  elseif third == X then
+    last[string.sub(raw[i], 5)] = tonumber(raw[i + 1])
+  elseif third == O then
+    offset[string.sub(raw[i], 5)] = tonumber(raw[i + 1])
+  else
+    began = tonumber(raw[i + 1])  -- m:t
   end
+end
+local stale = {}  -- per-minute field -> true if over MINUTES_KEPT old (too many kept)
+if per_minute > 2 * MINUTES_KEPT then
+  local oldest, gone = math.floor(now_ms() / 60000) - MINUTES_KEPT, {}
+  for i = 1, #raw, 2 do
+    local field = raw[i]
+    local first, second = string.byte(field, 1, 2)
+    if second == COLON and first ~= M and (tonumber(string.sub(field, 3)) or 0) <= oldest then
+      stale[field] = true
+      gone[#gone + 1] = field
+    end
+  end
+  call_sliced('HDEL', stats, gone)
 end
 
 local out, seen, changed = {}, {}, {}
 local function show(field, value)
-  local offset = mark['o:' .. field] or 0
-  local last = mark['x:' .. field]
-  local figure = value + offset
-  if last ~= nil and figure < last then
-    offset = offset + last - figure
-    figure = last
+  local shown = last[field]
+  local figure = value + (offset[field] or 0)
+  if shown ~= nil and figure < shown then
     changed[#changed + 1] = 'm:o:' .. field
-    changed[#changed + 1] = offset
+    changed[#changed + 1] = (offset[field] or 0) + shown - figure
+    figure = shown
   end
-  if figure ~= last then
+  if figure ~= shown then
     changed[#changed + 1] = 'm:x:' .. field
     changed[#changed + 1] = figure
   end
@@ -59,31 +84,35 @@ local function show(field, value)
   out[#out + 1] = figure
 end
 
-for i = 1, #raw, 2 do
-  local field = raw[i]
-  local first, second = string.byte(field, 1, 2)
-  if second ~= COLON then
-    seen[field] = true
-    show(field, tonumber(raw[i + 1]) or 0)
-  elseif minutes and first ~= M then
-    out[#out + 1] = field
-    out[#out + 1] = raw[i + 1]
-  end
+for _, i in ipairs(totals) do
+  seen[raw[i]] = true
+  show(raw[i], tonumber(raw[i + 1]) or 0)
 end
-for name in pairs(mark) do
-  local field = string.match(name, '^x:(.+)$')
-  if field and not seen[field] then
+for field in pairs(last) do
+  if not seen[field] then
     show(field, 0)
   end
 end
+if minutes then
+  for i = 1, #raw, 2 do
+    local field = raw[i]
+    local first, second = string.byte(field, 1, 2)
+    if second == COLON and first ~= M and not stale[field] then
+      out[#out + 1] = field
+      out[#out + 1] = raw[i + 1]
+    end
+  end
+end
 
-local began = mark['t']
 if began == nil then
   began = now_ms()
   changed[#changed + 1] = 'm:t'
   changed[#changed + 1] = began
 end
 if #changed > 0 then
-  redis.call('HSET', stats, unpack(changed))
+  -- A Redis at its maxmemory (noeviction, as required) refuses the marks' HSET: the
+  -- figures are still answered, computed from the marks it holds (they only lag until
+  -- it has room again), so the metrics do not go dark when they are needed most.
+  redis.pcall('HSET', stats, unpack(changed))
 end
 return {began, out}
