@@ -154,6 +154,17 @@ def test_a_full_redis_still_answers_the_scrape(client, broker, redis_client):
     assert Queue("default", broker=broker).summary().stats.enqueued == 2
 
 
+def test_reading_a_queue_that_never_counted_writes_nothing(client, broker, redis_client):
+    """The read keeps marks so figures never go back, but a queue that has counted
+    nothing has none to keep: reading it (any name, any number of times) leaves Redis
+    as it was, so reads cannot grow it."""
+    before = redis_client.dbsize()
+    for name in ("never-used", "another"):
+        assert Queue(name, broker=broker).summary().stats.enqueued == 0
+    scrape(client)
+    assert redis_client.dbsize() == before
+
+
 def test_histogram_buckets_follow_the_scripts(broker, redis_client):
     """The buckets the Lua scripts count are the ones the reader names."""
     job = tasks.record.enqueue("bucket")

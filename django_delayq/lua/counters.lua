@@ -28,11 +28,15 @@
 -- Returns {t, {field, value, field, value, ...}}: the stats hash as HGETALL answers it,
 -- without the marks (and the per-minute counters unless asked for), with every total
 -- replaced by its monotone figure (a total the hash lost while its mark stayed is there
--- too, at its last figure).
+-- too, at its last figure); {0, {}} for a shard that has counted nothing, which a read
+-- leaves without a key.
 
 local stats = KEYS[1]
 local minutes = ARGV[1] == '1'
 local raw = redis.call('HGETALL', stats)
+if #raw == 0 then
+  return {0, {}}  -- nothing counted yet: a read never creates the hash (any queue name)
+end
 local COLON, M, X, O = string.byte(':'), string.byte('m'), string.byte('x'), string.byte('o')
 -- A field's second byte is ':' for the per-minute counters and the marks only (totals
 -- are `e`, `du`, `c`, `f`, `r`, `hd:<i>`, `hl:<i>`), and a mark's third byte says which:
