@@ -6,7 +6,8 @@ One throwaway Redis; the script a plain single enqueue runs (``enqueue_plain``, 
 same KEYS and ARGV ``Commands`` sends for one job) is loaded as it is and as copies with
 one part taken out (its event entry, its counter, the wake-up markers, the ZADDs, the
 EXISTS check, the job hash, the server clock; and with no body at all, only its
-definitions), beside the floor: ``return 1`` given the same keys and arguments. Each
+definitions), and a script of the same Redis commands for one plain job with no other Lua
+work, beside the floor: ``return 1`` given the same keys and arguments. Each
 variant runs a block of jobs with no delay and a block with a delay of a minute, on a
 flushed Redis, in alternation (the order reversed every round). A row gives Redis's own
 time per call (``INFO commandstats``, ``usec_per_call`` of ``EVALSHA``: the server's time
@@ -66,6 +67,37 @@ LEFT_OUT: dict[str, list[tuple[str, str]]] = {
                           "do return {} end\nlocal maxlen = events_cap(ARGV[1])")],
 }
 FLOOR = "EVALSHA of return 1"
+#: The Redis commands ``enqueue.lua`` sends for one plain job and nothing else: none of
+#: its definitions, tables or checks for other kinds of jobs (and no trimming of the
+#: events by bytes). What ``as it is`` costs beyond this row is the script's Lua work.
+SAME_COMMANDS = "same commands, no other Lua"
+SAME_COMMANDS_SOURCE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local id = ARGV[4]
+if redis.call('EXISTS', KEYS[6]) > 0 then return {0} end
+local run_at = now
+if ARGV[10] ~= '' then run_at = now + tonumber(ARGV[10]) end
+local status = 'ready'
+if run_at <= now then
+  local seq = redis.call('INCRBY', KEYS[5], 16)
+  redis.call('HSET', KEYS[6], 't', ARGV[5], 'a', ARGV[6], 'e', now, 'q', seq, 's', status)
+  redis.call('ZADD', KEYS[2], 100 * 35184372088832 + seq, id)
+  redis.call('ZADD', KEYS[3], 0, '0')
+else
+  status = 'scheduled'
+  redis.call('HSET', KEYS[6], 't', ARGV[5], 'a', ARGV[6], 'e', now, 'r', run_at, 's', status)
+  local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  redis.call('ZADD', KEYS[1], run_at, id)
+  if head[2] == nil or run_at < tonumber(head[2]) then
+    redis.call('ZADD', KEYS[3], run_at, '1')
+  end
+end
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', 100000, '*', 'event', 'enqueued', 'job', id,
+  'ts', now)
+redis.call('HINCRBY', KEYS[7], 'e', 1)
+return {1, status, run_at, now}
+"""
 
 
 def variant_sources() -> dict[str, str]:
@@ -82,8 +114,15 @@ def variant_sources() -> dict[str, str]:
             text = text.replace(old, new)
         sources[name] = "\n".join([*head, text])
     assert sources["as it is"] == scripts.load_script("enqueue_plain").source
+    sources[SAME_COMMANDS] = SAME_COMMANDS_SOURCE
     sources[FLOOR] = "return 1"
     return sources
+
+
+def job_call(job_id: str, delay: int | str) -> tuple[list[str], list[Any]]:
+    """The KEYS and ARGV ``Commands`` sends to enqueue one plain job."""
+    job = EncodedJob(job_id, "bench.noop", "[]", "{}", 0, "", delay, 1, "")
+    return Commands(None, EngineConfig())._enqueue_call(QueueKeys("dq", "bench"), [job])
 
 
 def block(client: Any, sha: str, calls: list[tuple[list[str], list[Any]]]) -> dict[str, Any]:
@@ -108,8 +147,6 @@ def main(argv: list[str] | None = None) -> None:
     opts = parser.parse_args(argv)
     jobs = record.scaled(JOBS, opts.scale, 50) + 200
     this_run = record.Run("enqueue_profile", opts.scale)
-    commands = Commands(None, EngineConfig())
-    keys = QueueKeys("dq", "bench")
     ids = new_job_ids(jobs)
     sources = variant_sources()
     found: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -120,9 +157,7 @@ def main(argv: list[str] | None = None) -> None:
             order = list(sources) if index % 2 == 0 else list(reversed(sources))
             for name in order:
                 for when, delay in DELAYS.items():
-                    calls = [commands._enqueue_call(keys, [EncodedJob(
-                        next(ids), "bench.noop", "[]", "{}", 0, "", delay, 1, "")])
-                        for _ in range(jobs)]
+                    calls = [job_call(next(ids), delay) for _ in range(jobs)]
                     found.setdefault((name, when), []).append(block(client, shas[name], calls))
         version = client.info("server")["redis_version"]
     rows = []
