@@ -17,7 +17,7 @@ from django_delayq import Job
 from django_delayq.engine import Broker
 from tests.conftest import kill_with_children, wait_until
 from tests.servers import RedisCluster
-from tests.testapp.keyed_tasks import PEAK, RUNNING, RUNS, per_tenant
+from tests.testapp.keyed_tasks import BESIDE, PEAK, RUNNING, RUNS, per_tenant
 
 pytestmark = pytest.mark.slow
 
@@ -55,25 +55,22 @@ def workers(spawned: Any, cluster: RedisCluster, *args: str) -> Any:
 
 
 class Sampler(threading.Thread):
-    """Every 2 ms: the slots ``key`` holds in its shard, and the jobs of ``key`` and of
-    every key in their bodies; keeps the highest of each, and the most jobs of every key
-    running at a moment when ``key`` ran at its limit."""
+    """Every 2 ms: the slots ``key`` holds in its shard, and the jobs of ``key`` in
+    its bodies; keeps the highest of each."""
 
-    def __init__(self, broker: Broker, key: str, limit: int) -> None:
+    def __init__(self, broker: Broker, key: str) -> None:
         super().__init__(daemon=True)
-        self.client, self.key, self.limit = broker.client, key, limit
+        self.client, self.key = broker.client, key
         self.home = broker.shards(QUEUE)[zlib.crc32(key.encode()) % SHARDS]
         self.stop = threading.Event()
-        self.slots = self.running = self.beside = self.samples = 0
+        self.slots = self.running = self.samples = 0
 
     def run(self) -> None:
         while not self.stop.is_set():
             slots = int(float(self.client.zscore(self.home.key_active, self.key) or 0))
-            running, every = (int(x or 0) for x in self.client.hmget(RUNNING, self.key, "*"))
+            running = int(self.client.hget(RUNNING, self.key) or 0)
             self.slots = max(self.slots, slots)
             self.running = max(self.running, running)
-            if running == self.limit:
-                self.beside = max(self.beside, every)
             self.samples += 1
             time.sleep(0.002)
 
@@ -102,7 +99,7 @@ def test_a_keys_limit_holds_on_a_cluster_with_replicas_while_other_keys_run(
     heavy = [(f"A:{i}", 0.002) for i in range(900)]
     others = [(f"B{i % 30}:{i}", 0.002) for i in range(2100)]
     per_tenant.using(queue=QUEUE).enqueue_many(heavy + others)
-    with Sampler(on_cluster, "A", 2) as sampler:
+    with Sampler(on_cluster, "A") as sampler:
         workers(spawned, cluster, "-c", "4")
         workers(spawned, cluster, "-c", "4")
         workers(spawned, cluster, "-c", "3", "--processes", "2")
@@ -112,14 +109,16 @@ def test_a_keys_limit_holds_on_a_cluster_with_replicas_while_other_keys_run(
                    message="every slot handed back")
     peaks = {key: int(value) for key, value in client.hgetall(PEAK).items()}
     print(f"samples={sampler.samples} slots={sampler.slots} running={sampler.running} "
-          f"beside={sampler.beside} peak of every key={peaks['*']}")
+          f"beside={client.hget(BESIDE, 'A')} peak of every key={peaks['*']}")
     assert client.llen(RUNS) == 3000
     assert peaks["A"] == 2
     assert all(peak <= 2 for key, peak in peaks.items() if key != "*")
     assert sampler.samples > 100
     assert sampler.slots == 2
     assert sampler.running == 2
-    assert sampler.beside > 2  # other keys ran while A ran at its limit
+    # Other keys ran while A ran at its limit: counted by the bodies as each A job took A
+    # to 2 (a sample every few ms can miss those moments on a busy machine).
+    assert int(client.hget(BESIDE, "A") or 0) >= 1
 
 
 def test_a_killed_workers_slot_frees_after_its_lease_on_a_cluster(on_cluster, cluster,
@@ -134,7 +133,7 @@ def test_a_killed_workers_slot_frees_after_its_lease_on_a_cluster(on_cluster, cl
     second = one.enqueue("K:2")
     keys = on_cluster.keys_for(QUEUE, first.id)
     assert keys == on_cluster.keys_for(QUEUE, second.id)  # a key's jobs share a shard
-    with Sampler(on_cluster, "K", 1) as sampler:
+    with Sampler(on_cluster, "K") as sampler:
         wait_until(lambda: client.llen(RUNS) == 1, timeout=120, message="the first job ran")
         kill_with_children(proc)  # nobody hands the lease back
         client.hset(RUNNING, "K", 0)  # the killed body never counted itself out

@@ -15,13 +15,25 @@ PEAK = "{test:keyed}:peak"
 RUNNING = "{test:keyed}:running"
 #: LIST of the JSON [key, args...] of each run, in order of its start.
 RUNS = "{test:keyed}:runs"
+#: HASH key -> the most jobs of other keys running when a job of that key started and
+#: took the key to its limit (2): proof that other keys ran beside a key at its limit.
+BESIDE = "{test:keyed}:beside"
 
-# One round trip: count this run in and raise the key's peak if it is a new one.
+# One round trip: count this run in, raise the key's peak if it is a new one, and when it
+# takes its key to the limit, note how many jobs of other keys run beside it.
 _ENTER = """
+local counts = {}
 for _, key in ipairs({ARGV[1], '*'}) do
   local now = redis.call('HINCRBY', KEYS[1], key, 1)
+  counts[key] = now
   if now > tonumber(redis.call('HGET', KEYS[2], key) or '0') then
     redis.call('HSET', KEYS[2], key, now)
+  end
+end
+if counts[ARGV[1]] == 2 then
+  local others = counts['*'] - 2
+  if others > tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0') then
+    redis.call('HSET', KEYS[3], ARGV[1], others)
   end
 end
 """
@@ -34,7 +46,7 @@ def tenant_of(tag: str, seconds: float = 0.0, gate: str = "") -> str:
 
 def _run(key: str, tag: str, seconds: float, gate: str) -> None:
     client = get_broker().client
-    client.eval(_ENTER, 2, RUNNING, PEAK, key)
+    client.eval(_ENTER, 3, RUNNING, PEAK, BESIDE, key)
     client.rpush(RUNS, json.dumps([key, tag]))
     try:
         if seconds:
