@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import logging
 import signal
 import socket
 import subprocess
@@ -70,6 +71,18 @@ def ran_jobs() -> list[Any]:
         wait_until(lambda: all(j.refresh().status == "completed" for j in done + late)
                    and failed.refresh().status == "failed", message="jobs to finish")
     return [*done, *late, failed]
+
+
+def test_the_start_record_names_the_lake_as_one_quoted_field(tmp_path, broker, caplog):
+    """A lake's path is the operator's to choose (a space, an ``=``): it is one field of
+    the record, in its ``extra`` too, and cannot add a key to the line."""
+    lake = tmp_path / "job history x=1"
+    lake.mkdir()
+    with caplog.at_level(logging.INFO, logger="django_delayq.mirror"):
+        export(lake, broker)
+    started, = [r for r in caplog.records if r.getMessage().startswith("lake export started")]
+    assert started.lake == str(lake)
+    assert started.getMessage().startswith(f"lake export started lake={json.dumps(str(lake))} ")
 
 
 def test_export_writes_each_event_once_in_its_own_group(tmp_path, broker, redis_client):
@@ -307,7 +320,7 @@ def test_the_lake_on_a_local_s3_endpoint(s3_lake, broker, redis_client, caplog):
     assert is_lake(s3_lake)
     assert not is_lake(s3_lake.replace("/lake?", "/jobs.parquet?"))
     assert "s3-secret-value" not in caplog.text
-    assert "lake export started lake=s3://testing:***@delayq-lake/lake?" in caplog.text
+    assert 'lake export started lake="s3://testing:***@delayq-lake/lake?' in caplog.text
     with pytest.raises(ValueError, match="cannot open the lake") as refused:
         open_lake(s3_lake.replace("scheme=http", "scheme=gopher"))
     assert "s3-secret-value" not in str(refused.value)

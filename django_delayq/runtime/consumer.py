@@ -103,9 +103,9 @@ class StreamConsumer:
         before, maybe written in part). Raise one of :attr:`stalls` to write it later."""
         raise NotImplementedError
 
-    def destination(self) -> str:
-        """Where the sink writes, for its log lines (`` key=value``, never a password)."""
-        return ""
+    def destination(self) -> dict[str, str]:
+        """Where the sink writes, as fields of its start record (never a password)."""
+        return {}
 
     def recover(self) -> None:
         """After a stall of the sink (a subclass drops a broken connection)."""
@@ -156,8 +156,7 @@ class StreamConsumer:
         """Consume until stopped (``burst``: until the streams are drained); ``timeout``
         bounds it in seconds. Returns the number of entries acknowledged by this run.
         Errors of Redis and stalls of the sink are logged and retried with a backoff."""
-        # destination(): the sink's own `` key=value`` text (a location, redacted).
-        log(logger, logging.INFO, f"{self.reader} started{self.destination()}",
+        log(logger, logging.INFO, f"{self.reader} started", **self.destination(),
             consumer=self.name, group=self.group, burst=burst)
         before = self.entries
         backoff = Backoff(self._stop, first=0.5, cap=30.0)
