@@ -80,7 +80,7 @@ class Exporter(StreamConsumer):
 
     # -- writing ---------------------------------------------------------------------
 
-    def destination(self) -> dict[str, str]:
+    def destination(self) -> dict[str, Any]:
         return {"lake": redact(self.where)}
 
     def write(self, keys: QueueKeys, batch: StreamBatch, *, recovered: bool) -> None:

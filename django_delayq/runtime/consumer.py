@@ -103,7 +103,7 @@ class StreamConsumer:
         before, maybe written in part). Raise one of :attr:`stalls` to write it later."""
         raise NotImplementedError
 
-    def destination(self) -> dict[str, str]:
+    def destination(self) -> dict[str, Any]:
         """Where the sink writes, as fields of its start record (never a password)."""
         return {}
 
