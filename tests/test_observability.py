@@ -143,8 +143,6 @@ def test_names_read_back_from_redis_cannot_forge_a_record_either(redis_client, c
 
 #: Modules whose records still format their fields into the text, with why.
 FORMATTED_RECORDS = {
-    "engine/failover.py": "its two records name a Sentinel service and an exception",
-    "engine/cluster_wait.py": "one DEBUG record of an exception",
     "lake/export.py": "file and day names, from the exporter itself",
     "spark/enqueue.py": "counts, on the Spark driver",
     "spark/history.py": "a count and a path, on the Spark driver",
