@@ -15,7 +15,8 @@ and what it does now and then (:meth:`maintain`). The consumer does the rest, on
   (:mod:`~django_delayq.engine.streams`);
 - entries the streams' cap trimmed before the group read them are counted as lost;
 - an entry is decoded into its events for every sink alike (:func:`parse_entry`), so
-  the sinks skip the same garbled entries for the same reasons.
+  the sinks skip the same garbled entries for the same reasons (the lake skips,
+  besides, an entry whose times or attempt its columns cannot hold).
 
 It is a host's service (``run``/``stop``) and runs alone too (``run(burst=True)``).
 """
