@@ -72,7 +72,6 @@ class Pairs:
 
 def log(logger: logging.Logger, level: int, event: str, /, *, exc_info: ExcInfo = None,
         **fields: Any) -> None:
-
     """Write ``event`` with ``fields`` to ``logger`` at ``level``: as text (``event
     key=value ...``) and as the record's ``extra``. A field whose value is None is left
     out of the text (and is None on the record)."""
