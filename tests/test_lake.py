@@ -245,8 +245,9 @@ def test_trimmed_events_are_counted_as_lost(tmp_path, broker, redis_client):
 
 
 def test_an_entry_the_lake_cannot_hold_is_skipped_and_shown(tmp_path, broker, redis_client):
-    """Hand-written entries with a time or an attempt no column can hold: each is left
-    out, counted where the mirror's skips are, and logged; the rest is exported."""
+    """Hand-written entries with a time or an attempt no column can hold, a job id no job
+    can have, a newer format: each is left out, counted where the mirror's skips are,
+    and logged; the rest is exported."""
     from django_delayq import Queue
 
     tasks.record.enqueue("before")
@@ -255,6 +256,9 @@ def test_an_entry_the_lake_cannot_hold_is_skipped_and_shown(tmp_path, broker, re
         {"event": "completed", "job": "y", "ts": str(10**20)},
         {"event": "started", "job": "z", "ts": "1767614400000", "attempt": str(2**40)},
         {"event": "started", "jobs": "a b", "attempts": "1", "ts": "1767614400000"},
+        # what the mirror skips too, through the one decoder
+        {"event": "completed", "job": "no spaces allowed", "ts": "1767614400000"},
+        {"event": "completed", "job": "w", "ts": "1767614400000", "fv": "2"},
     )]
     tasks.record.enqueue("after")
     expected = Counter({k: n for k, n in stream_events(redis_client).items()
