@@ -9,7 +9,6 @@ import django_delayq
 
 from .connection import get_broker
 from .engine import set_default_broker
-from .task import task
 
 
 class DelayQConfig(AppConfig):
@@ -31,4 +30,9 @@ def _bind_task_decorator() -> None:
     """Make ``django_delayq.task`` the decorator again. Importing the submodule
     ``django_delayq.task`` before anyone asked for the decorator (the admin, loaded by
     an earlier app's ready(), does) binds the module to that name instead."""
+    # Not at the top: importing the submodule as this module loads would bind the name
+    # ``django_delayq.task`` to the module while Django imports every app's models, so
+    # a models module's ``from django_delayq import task`` would get the module.
+    from .task import task
+
     django_delayq.task = task

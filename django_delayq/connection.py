@@ -58,7 +58,6 @@ def make_client(socket_timeout: float | None = None) -> Any:
         try:  # django-redis: an optional extra, imported only when CACHE_ALIAS names it
             from django_redis import get_redis_connection
         except ImportError as exc:  # pragma: no cover - depends on the environment
-
             raise ImproperlyConfigured(
                 "DELAYQ['CACHE_ALIAS'] needs django-redis: "
                 "pip install 'django-delayq[django-redis]'"

@@ -146,6 +146,7 @@ def test_the_enqueue_form_as_a_browser_fills_it_runs_the_job(
     ('["unclosed"', "{}", "args", "Not valid JSON"),
     ("['single quotes']", "{}", "args", "Not valid JSON"),
     ("[NaN]", "{}", "args", "Not valid JSON"),
+    ("[" * 50_000 + "]" * 50_000, "{}", "args", "nested too deeply"),
     ('"a string"', "{}", "args", "Expected a list"),
     ('["a"]', '["x"]', "kwargs", "Expected a dictionary"),
     ('["a"]', "{extra: 1}", "kwargs", "Not valid JSON"),

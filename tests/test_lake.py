@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import logging
 import signal
 import socket
 import subprocess
@@ -70,6 +71,18 @@ def ran_jobs() -> list[Any]:
         wait_until(lambda: all(j.refresh().status == "completed" for j in done + late)
                    and failed.refresh().status == "failed", message="jobs to finish")
     return [*done, *late, failed]
+
+
+def test_the_start_record_names_the_lake_as_one_quoted_field(tmp_path, broker, caplog):
+    """A lake's path is the operator's to choose (a space, an ``=``): it is one field of
+    the record, in its ``extra`` too, and cannot add a key to the line."""
+    lake = tmp_path / "job history x=1"
+    lake.mkdir()
+    with caplog.at_level(logging.INFO, logger="django_delayq.mirror"):
+        export(lake, broker)
+    started, = [r for r in caplog.records if r.getMessage().startswith("lake export started")]
+    assert started.lake == str(lake)
+    assert started.getMessage().startswith(f"lake export started lake={json.dumps(str(lake))} ")
 
 
 def test_export_writes_each_event_once_in_its_own_group(tmp_path, broker, redis_client):
@@ -232,8 +245,9 @@ def test_trimmed_events_are_counted_as_lost(tmp_path, broker, redis_client):
 
 
 def test_an_entry_the_lake_cannot_hold_is_skipped_and_shown(tmp_path, broker, redis_client):
-    """Hand-written entries with a time or an attempt no column can hold: each is left
-    out, counted where the mirror's skips are, and logged; the rest is exported."""
+    """Hand-written entries with a time or an attempt no column can hold, a job id no job
+    can have, a newer format: each is left out, counted where the mirror's skips are,
+    and logged; the rest is exported."""
     from django_delayq import Queue
 
     tasks.record.enqueue("before")
@@ -242,6 +256,9 @@ def test_an_entry_the_lake_cannot_hold_is_skipped_and_shown(tmp_path, broker, re
         {"event": "completed", "job": "y", "ts": str(10**20)},
         {"event": "started", "job": "z", "ts": "1767614400000", "attempt": str(2**40)},
         {"event": "started", "jobs": "a b", "attempts": "1", "ts": "1767614400000"},
+        # what the mirror skips too, through the one decoder
+        {"event": "completed", "job": "no spaces allowed", "ts": "1767614400000"},
+        {"event": "completed", "job": "w", "ts": "1767614400000", "fv": "2"},
     )]
     tasks.record.enqueue("after")
     expected = Counter({k: n for k, n in stream_events(redis_client).items()
@@ -307,7 +324,7 @@ def test_the_lake_on_a_local_s3_endpoint(s3_lake, broker, redis_client, caplog):
     assert is_lake(s3_lake)
     assert not is_lake(s3_lake.replace("/lake?", "/jobs.parquet?"))
     assert "s3-secret-value" not in caplog.text
-    assert "lake export started lake=s3://testing:***@delayq-lake/lake?" in caplog.text
+    assert 'lake export started lake="s3://testing:***@delayq-lake/lake?' in caplog.text
     with pytest.raises(ValueError, match="cannot open the lake") as refused:
         open_lake(s3_lake.replace("scheme=http", "scheme=gopher"))
     assert "s3-secret-value" not in str(refused.value)

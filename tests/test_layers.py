@@ -77,6 +77,28 @@ def test_the_commands_of_every_install_import_without_the_spark_extra():
     assert done.returncode == 0, done.stderr
 
 
+def test_a_models_module_declares_tasks_while_django_loads_the_apps(tmp_path):
+    """``from django_delayq import task`` in an app's models (imported while Django loads
+    the apps, before any ready()) gets the decorator, not the ``django_delayq.task``
+    submodule."""
+    app = tmp_path / "modelsapp"
+    app.mkdir()
+    (app / "__init__.py").write_text("")
+    (app / "models.py").write_text("from django_delayq import task\n\n\n"
+                                   "@task\ndef hello() -> str:\n    return 'hi'\n")
+    code = ("import django\nfrom django.conf import settings\n"
+            "settings.configure(INSTALLED_APPS=['django_delayq', 'modelsapp'])\n"
+            "django.setup()\n"
+            "from django_delayq.task import Task\n"
+            "from modelsapp.models import hello\n"
+            "assert isinstance(hello, Task), hello\n")
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["PYTHONPATH"] = f"{PACKAGE.parent}{os.pathsep}{tmp_path}"
+    done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+
+
 def test_no_pickle_anywhere():
     for path in PACKAGE.rglob("*.py"):
         mods = imported_modules(path)
@@ -195,6 +217,8 @@ def _module_name(path: Path) -> str:
 #: the core runs without it) or Django's app loading. None may dodge an import cycle.
 IMPORTS_AT_THE_CALL = {
     ("apps.py", ".checks"): "app loading: the system checks register in ready()",
+    ("apps.py", ".task"): "app loading: imported at the top, the submodule would be "
+                          "django_delayq.task while the apps' models load",
     ("backends/__init__.py", "..models"): "app loading: Django loads the Tasks backend "
                                           "while it loads the apps, before any model",
     ("task.py", ".outbox"): "app loading: a tasks module may be imported before the "

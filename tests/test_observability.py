@@ -116,6 +116,29 @@ def test_a_field_named_as_a_record_attribute_is_renamed_in_extra(caplog):
     assert record.getMessage() == "job still running job=j thread=t-1 name=n"
 
 
+def test_a_field_named_as_an_attribute_of_the_projects_record_factory_is_renamed(caplog):
+    """A project's record factory, set after the package loaded, may add attributes of
+    its own (``host`` here, a field of the host's records): the record is still written,
+    the field given as ``delayq_host``."""
+    logger = logging.getLogger("django_delayq.test")
+    before = logging.getLogRecordFactory()
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = before(*args, **kwargs)
+        record.host = "machine-1"
+        return record
+
+    logging.setLogRecordFactory(factory)
+    try:
+        with caplog.at_level(logging.INFO, logger="django_delayq.test"):
+            log(logger, logging.INFO, "host started", host="h-1", pid=7)
+    finally:
+        logging.setLogRecordFactory(before)
+    (record,) = caplog.records
+    assert (record.host, record.delayq_host, record.pid) == ("machine-1", "h-1", 7)
+    assert record.getMessage() == "host started host=h-1 pid=7"
+
+
 def test_names_read_back_from_redis_cannot_forge_a_record_either(redis_client, caplog):
     """A damaged worker record and a bad queue name are read from Redis, where anyone
     with access could have written them: each is logged as one line of its own."""
@@ -143,8 +166,6 @@ def test_names_read_back_from_redis_cannot_forge_a_record_either(redis_client, c
 
 #: Modules whose records still format their fields into the text, with why.
 FORMATTED_RECORDS = {
-    "engine/failover.py": "its two records name a Sentinel service and an exception",
-    "engine/cluster_wait.py": "one DEBUG record of an exception",
     "lake/export.py": "file and day names, from the exporter itself",
     "spark/enqueue.py": "counts, on the Spark driver",
     "spark/history.py": "a count and a path, on the Spark driver",

@@ -46,12 +46,14 @@ class _JSONValueField(serializers.JSONField):
         return super().get_value(dictionary)
 
     def to_internal_value(self, data: Any) -> Any:
-        if getattr(data, "is_json_string", False):  # the text of a form's field
-            try:
+        try:
+            if getattr(data, "is_json_string", False):  # the text of a form's field
                 data = json.loads(data, parse_constant=_no_constant)
-            except ValueError as exc:
-                self.fail("not_json", error=exc, example=self.example)
-        value = super().to_internal_value(data)
+            value = super().to_internal_value(data)  # its json.dumps check recurses too
+        except ValueError as exc:
+            self.fail("not_json", error=exc, example=self.example)
+        except RecursionError:  # the parser recurses per level: the client's error
+            self.fail("not_json", error="nested too deeply", example=self.example)
         if not isinstance(value, self.kind):
             self.fail("wrong_type", kind=self.kind_name, got=type(value).__name__)
         return value

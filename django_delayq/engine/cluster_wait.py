@@ -33,6 +33,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .fastpaths import reread_cluster_nodes
+from .logfields import log
 
 #: Redirects (MOVED, ASK) one call may follow before its reply is an error.
 MAX_REDIRECTS = 5
@@ -124,4 +125,4 @@ def _reread(client: Any) -> None:
     try:
         reread_cluster_nodes(client)
     except Exception as exc:  # no node answers now: the next try reads it again
-        logger.debug("could not read the Redis Cluster's node table error=%s", exc)
+        log(logger, logging.DEBUG, "could not read the Redis Cluster's node table", error=exc)

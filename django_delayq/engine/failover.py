@@ -31,6 +31,7 @@ from redis.sentinel import MasterNotFoundError
 
 from .backoff import backoff_delay
 from .errors import DelayQConnectionError, DelayQError, NotReplicated
+from .logfields import log
 
 #: redis-py errors that mean Redis did not serve a call, not that the call was wrong.
 #: (``RedisClusterException``, which is not a ``RedisError``, is what redis-py raises when
@@ -115,7 +116,7 @@ def retry_or_raise(client: Any, retry_ms: int, exc: Exception, deadline: float |
         deadline = now + retry_ms / 1000
     if now >= deadline:
         raise unreachable(client, exc) from exc
-    logger.debug("Redis unavailable, retrying the enqueue error=%s", exc)
+    log(logger, logging.DEBUG, "Redis unavailable, retrying the enqueue", error=exc)
     time.sleep(min(FAILOVER_INTERVAL, max(0.0, deadline - now)))
     return deadline
 
@@ -196,8 +197,8 @@ def watch_switches(client: Any) -> None:
                         message = pubsub.get_message(timeout=1.0)
                         data = str((message or {}).get("data") or "")
                         if data.split(" ", 1)[0] == service and (live := ref()) is not None:
-                            logger.warning("the sentinels switched the primary of %s, "
-                                           "reconnecting: %s", service, data)
+                            log(logger, logging.WARNING, "the sentinels switched the "
+                                "primary, reconnecting", service=service, switch=data)
                             # Asked first from now on: the others may name the old
                             # primary a little longer, and redis-py takes the first
                             # answer when it connects again.

@@ -63,7 +63,6 @@ worker's lease lapsed). Only a failed attempt (``retried``,
 ``failed``) has ``t``: the end of its traceback, its last :data:`ATTEMPT_TRACEBACK`
 bytes.
 
-
 A field with a default is not stored while it equals it: every script and reader takes
 an absent one as that default (an absent run_at is the job's enqueued_at: a job enqueued
 to run at once). The others are written whenever the job has a value.
@@ -107,7 +106,6 @@ STORED: Final[Mapping[str, str]] = {
     "key_rate_limit": "kr",
     "key_rate_period": "kp",
     "aborted_by": "ab",
-
     "traceparent": "tp",
     "format": "fv",
 }

@@ -316,7 +316,6 @@ def deliver(broker: BrokerCore, keys: QueueKeys, *, limit: int = DELIVER_BATCH) 
                 # not written by the scripts (by hand?): dropped, so it cannot block the rest
                 log(logger, logging.WARNING, "dropping an unreadable outbox entry",
                     shard=keys.tag, entry=raw[:200])
-
                 continue
             resolutions.setdefault(child_keys, []).append(resolution)
         _resolve(broker, resolutions)

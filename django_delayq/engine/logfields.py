@@ -30,6 +30,21 @@ _BREAKS: Final = {"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029",
 #: What a LogRecord holds of its own: a field of that name is given as ``delayq_<name>``
 #: in ``extra`` (logging refuses to overwrite them).
 RESERVED: Final = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+#: The names reserved by each record factory met: a project's factory (set with
+#: ``logging.setLogRecordFactory``, after this module loaded) may add its own, say
+#: ``host``, which a field of that name would otherwise collide with (a KeyError).
+_RESERVED_BY_FACTORY: dict[Any, frozenset[str]] = {logging.getLogRecordFactory(): RESERVED}
+
+
+def reserved() -> frozenset[str]:
+    """The attribute names a record of the current record factory holds of its own."""
+    factory = logging.getLogRecordFactory()
+    names = _RESERVED_BY_FACTORY.get(factory)
+    if names is None:
+        names = RESERVED | frozenset(vars(logging.makeLogRecord({})))
+        if len(_RESERVED_BY_FACTORY) < 16:  # factories are set once, not per record
+            _RESERVED_BY_FACTORY[factory] = names
+    return names
 
 ExcInfo = (BaseException | tuple[type[BaseException], BaseException, TracebackType | None]
            | bool | None)
@@ -72,13 +87,13 @@ class Pairs:
 
 def log(logger: logging.Logger, level: int, event: str, /, *, exc_info: ExcInfo = None,
         **fields: Any) -> None:
-
     """Write ``event`` with ``fields`` to ``logger`` at ``level``: as text (``event
     key=value ...``) and as the record's ``extra``. A field whose value is None is left
     out of the text (and is None on the record)."""
     if logger.isEnabledFor(level):
-        extra = fields if RESERVED.isdisjoint(fields) else {
-            f"delayq_{key}" if key in RESERVED else key: value
+        taken = reserved()
+        extra = fields if taken.isdisjoint(fields) else {
+            f"delayq_{key}" if key in taken else key: value
             for key, value in fields.items()}
         if fields:
             logger.log(level, "%s %s", event, Pairs(fields), extra=extra,

@@ -80,8 +80,8 @@ class Exporter(StreamConsumer):
 
     # -- writing ---------------------------------------------------------------------
 
-    def destination(self) -> str:
-        return f" lake={redact(self.where)}"
+    def destination(self) -> dict[str, Any]:
+        return {"lake": redact(self.where)}
 
     def write(self, keys: QueueKeys, batch: StreamBatch, *, recovered: bool) -> None:
         """Write a batch (one file per day and about :data:`ROWS_PER_FILE` rows).

@@ -15,7 +15,8 @@ and what it does now and then (:meth:`maintain`). The consumer does the rest, on
   (:mod:`~django_delayq.engine.streams`);
 - entries the streams' cap trimmed before the group read them are counted as lost;
 - an entry is decoded into its events for every sink alike (:func:`parse_entry`), so
-  the sinks skip the same garbled entries for the same reasons.
+  the sinks skip the same garbled entries for the same reasons (the lake skips,
+  besides, an entry whose times or attempt its columns cannot hold).
 
 It is a host's service (``run``/``stop``) and runs alone too (``run(burst=True)``).
 """
@@ -103,9 +104,9 @@ class StreamConsumer:
         before, maybe written in part). Raise one of :attr:`stalls` to write it later."""
         raise NotImplementedError
 
-    def destination(self) -> str:
-        """Where the sink writes, for its log lines (`` key=value``, never a password)."""
-        return ""
+    def destination(self) -> dict[str, Any]:
+        """Where the sink writes, as fields of its start record (never a password)."""
+        return {}
 
     def recover(self) -> None:
         """After a stall of the sink (a subclass drops a broken connection)."""
@@ -156,8 +157,7 @@ class StreamConsumer:
         """Consume until stopped (``burst``: until the streams are drained); ``timeout``
         bounds it in seconds. Returns the number of entries acknowledged by this run.
         Errors of Redis and stalls of the sink are logged and retried with a backoff."""
-        # destination(): the sink's own `` key=value`` text (a location, redacted).
-        log(logger, logging.INFO, f"{self.reader} started{self.destination()}",
+        log(logger, logging.INFO, f"{self.reader} started", **self.destination(),
             consumer=self.name, group=self.group, burst=burst)
         before = self.entries
         backoff = Backoff(self._stop, first=0.5, cap=30.0)
