@@ -43,7 +43,7 @@ MAX_KEY_LENGTH = 200
 #: The highest concurrency limit.
 MAX_LIMIT = 100_000
 #: The highest weight of a key's turns; also the FIFO numbers one turn spans (``TURN``
-#: in lua/includes/ready_score.lua), so a job of weight w moves its key 16/w numbers on.
+#: in lua/includes/turn.lua), so a job of weight w moves its key 16/w numbers on.
 MAX_WEIGHT = 16
 DEDUPE_MODES = ("exists", "throttle", "debounce", "keep_last")
 
