@@ -157,17 +157,20 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, interval: fl
         time.sleep(interval)
 
 
-#: What redis-py sends on a connection it has just opened (``on_connect``).
-HANDSHAKE = [["HELLO"], ["AUTH"], ["CLIENT"], ["SELECT"], ["READONLY"]]
+#: What redis-py sends to keep a connection: on opening it (``on_connect``), and its
+#: health check.
+UPKEEP = [["HELLO"], ["AUTH"], ["CLIENT"], ["SELECT"], ["READONLY"], ["PING"]]
 
 
 @contextmanager
 def round_trips() -> Iterator[list[str]]:
     """Record the round trips this thread makes to Redis inside the block (a worker
     thread's are not counted): each write of commands (one command, or a whole
-    pipeline) to any connection is one; the list holds the start of each. A new
-    connection's handshake is not counted: the pool opens one whenever another thread
-    (a worker thread of the test) holds the others, which says nothing of the code."""
+    pipeline) to any connection is one; the list holds the start of each. A connection's
+    upkeep is not counted: the handshake of a new one (the pool opens one whenever
+    another thread, a worker thread of the test, holds the others) and the health
+    check's PING of one idle for 30 s (``health_check_interval``) say nothing of the
+    code."""
     from redis.connection import AbstractConnection
 
     sent: list[str] = []
@@ -178,7 +181,7 @@ def round_trips() -> Iterator[list[str]]:
         if threading.get_ident() == me:
             first = command[0] if isinstance(command, list) and command else command
             text = " ".join(bytes(first)[:80].decode(errors="replace").split())
-            if text.split(" ")[2:3] not in HANDSHAKE:
+            if text.split(" ")[2:3] not in UPKEEP:
                 sent.append(text)
         original(self, command, check_health)
 

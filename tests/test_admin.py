@@ -319,14 +319,24 @@ def test_delayq_abort_command(redis_client, capsys):
     from django.core.management import call_command
 
     waiting = tasks.record.using(delay=3600).enqueue("w")
-    call_command("delayq_abort", "default", waiting.id, "--by", "cron")
+    # After "--": a generated id starts with '-' once in 64 (URL-safe base64).
+    call_command("delayq_abort", "default", "--by", "cron", "--", waiting.id)
     assert capsys.readouterr().out == f"{waiting.id}: cancelled\n"
     assert (waiting.refresh().status, waiting.aborted_by) == ("cancelled", "cron")
     with pytest.raises(SystemExit) as exit_:
-        call_command("delayq_abort", "default", waiting.id, "missing")
+        call_command("delayq_abort", "default", "--", waiting.id, "missing")
     assert exit_.value.code == 1
     assert capsys.readouterr().err.splitlines() == [
         f"{waiting.id}: cancelled already, not aborted", "missing: not in Redis"]
+
+
+def test_delayq_abort_takes_an_id_that_starts_with_a_dash(redis_client, capsys):
+    from django.core.management import call_command
+
+    job = tasks.record.using(delay=3600, job_id="-dash-first").enqueue("w")
+    call_command("delayq_abort", "default", "--", job.id)
+    assert capsys.readouterr().out == "-dash-first: cancelled\n"
+    assert job.refresh().status == "cancelled"
 
 
 def test_action_with_redis_down_says_so_without_the_url(admin_client):

@@ -1,4 +1,4 @@
-"""``manage.py delayq_abort QUEUE JOB_ID...``: stop jobs, running ones included.
+"""``manage.py delayq_abort QUEUE [--] JOB_ID...``: stop jobs, running ones included.
 
 A job that has not started is cancelled at once; a running one is asked to stop
 (``Job.abort()``) and ends ``cancelled`` within seconds. With ``--wait S`` the command
@@ -33,7 +33,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("queue", help="the jobs' queue")
-        parser.add_argument("job_ids", nargs="+", metavar="job_id")
+        parser.add_argument("job_ids", nargs="+", metavar="job_id",
+                            help="the jobs' ids; put -- before them, as an id may start "
+                                 "with '-' (generated ids are URL-safe base64)")
         parser.add_argument("--by", default=None,
                             help="who asks, kept with each job (default: this system user)")
         parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
