@@ -159,7 +159,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, interval: fl
 
 #: What redis-py sends to keep a connection: on opening it (``on_connect``), and its
 #: health check.
-UPKEEP = [["HELLO"], ["AUTH"], ["CLIENT"], ["SELECT"], ["READONLY"], ["PING"]]
+UPKEEP = {"HELLO", "AUTH", "CLIENT", "SELECT", "READONLY", "PING"}
 
 
 @contextmanager
@@ -181,7 +181,8 @@ def round_trips() -> Iterator[list[str]]:
         if threading.get_ident() == me:
             first = command[0] if isinstance(command, list) and command else command
             text = " ".join(bytes(first)[:80].decode(errors="replace").split())
-            if text.split(" ")[2:3] not in UPKEEP:
+            words = text.split(" ")  # "*<n> $<len> <COMMAND> ..."
+            if len(words) < 3 or words[2] not in UPKEEP:
                 sent.append(text)
         original(self, command, check_health)
 
