@@ -207,12 +207,16 @@ def test_retry_action_retries_failed_jobs_and_reports_the_rest(admin_client):
     assert Job.objects.get(job_id=failed.id).status == "ready"
 
 
-def test_cancel_action(admin_client, redis_client):
+def test_cancel_action(admin_client, redis_client, caplog):
     waiting = tasks.record.using(delay=3600).enqueue("w")
     gone = tasks.record.using(delay=3600).enqueue("g")
     mirror()
     redis_client.delete(QueueKeys("dq", "default").job(gone.id))
-    _, msgs = act(admin_client, "cancel_jobs", waiting.id, gone.id)
+    with caplog.at_level("INFO", logger="django_delayq"):
+        _, msgs = act(admin_client, "cancel_jobs", waiting.id, gone.id)
+    # who acted is named as the API names it: by username, not by primary key
+    [record] = [r for r in caplog.records if r.getMessage().startswith("admin action")]
+    assert (record.action, record.user, record.changed) == ("cancelled", "admin", 1)
     assert f"1 job(s) cancelled: {waiting.id}" in msgs
     assert any(f"{gone.id}: not in Redis any more" in m for m in msgs)
     assert waiting.refresh().status == "cancelled"

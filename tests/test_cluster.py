@@ -570,6 +570,32 @@ def test_workflows_release_across_cluster_slots_exactly_once(on_cluster, cluster
     assert Job.fetch(steps[-1].id).result == 3
 
 
+def test_scripts_load_on_the_nodes_that_answer_while_one_is_down():
+    """A node that is down must not keep the others from a script: they are loaded one
+    by one, and only when no node takes it does the load raise."""
+    from django_delayq.engine.failover import UNAVAILABLE
+    from django_delayq.engine.scripts import load_everywhere, load_script
+    from django_delayq.engine.urls import client_from_url
+
+    sha = load_script("enqueue").sha
+    with RedisCluster() as own:
+        client = client_from_url(own.url, decode_responses=True)
+        try:
+            client.exists("any key")  # the client learns the nodes
+            *up, down = own.nodes
+            down.stop()
+            load_everywhere(client, "enqueue")
+            for node in up:
+                with redis.Redis(port=node.port) as direct:
+                    assert direct.script_exists(sha) == [True], node.port
+            for node in up:
+                node.stop()
+            with pytest.raises(UNAVAILABLE):
+                load_everywhere(client, "enqueue")
+        finally:
+            client.close()
+
+
 def test_a_marker_watcher_outlives_the_whole_cluster_going_away(caplog):
     """redis-py raises RedisClusterException, not a RedisError, when no node of the
     cluster answers: the watcher logs it and keeps watching, so idle workers still wake

@@ -130,7 +130,7 @@ def act(model_admin: ModelAdmin[Job], request: HttpRequest, queryset: QuerySet[J
         model_admin.message_user(
             request, f"{len(refused)} job(s) not {verb}: {'; '.join(refused)}",
             messages.WARNING)
-    log(logger, logging.INFO, "admin action", action=verb, user=request.user.pk,
+    log(logger, logging.INFO, "admin action", action=verb, user=request.user.get_username(),
         jobs=len(rows), changed=sum(len(v) for v in done.values()))
 
 

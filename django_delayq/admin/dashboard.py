@@ -363,7 +363,7 @@ class QueueControlView(_AdminView):
             messages.error(request, REDIS_DOWN)
             return self._back()
         log(logger, logging.INFO, "admin queue operation", operation=operation, queue=queue,
-            user=request.user.pk)
+            user=request.user.get_username())
 
         return self._back()
 

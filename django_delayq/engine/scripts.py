@@ -27,7 +27,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ReadOnlyError
 
 from .cluster_wait import send_and_wait
-from .failover import drop_demoted, follow_primary
+from .failover import UNAVAILABLE, drop_demoted, follow_primary
 from .pinned import PinnedConnections
 
 
@@ -90,12 +90,25 @@ def load_everywhere(client: Any, name: str) -> None:
     every node the client knows, replicas included. A replica has no script cache of
     its primary (scripts are not replicated): once promoted (``CLUSTER FAILOVER``, a
     failover) it answers NOSCRIPT, and the client may follow a slot's redirect to it
-    before its list of primaries names it, so a load sent to that list would miss it."""
+    before its list of primaries names it, so a load sent to that list would miss it.
+
+    Node by node: a node that is down cannot serve the call either, and it answers
+    NOSCRIPT (and is loaded then) once back, so it does not keep the others from the
+    script. Only when no node took it is the last error raised."""
     source = load_script(name).source
-    if is_cluster_client(client):
-        client.execute_command("SCRIPT LOAD", source, target_nodes=RedisCluster.ALL_NODES)
-    else:
+    if not is_cluster_client(client):
         client.script_load(source)
+        return
+    error: Exception | None = None
+    loaded = False
+    for node in client.get_nodes():
+        try:
+            client.execute_command("SCRIPT LOAD", source, target_nodes=node)
+            loaded = True
+        except UNAVAILABLE as exc:
+            error = exc
+    if not loaded and error is not None:
+        raise error
 
 
 def run_script(

@@ -372,8 +372,9 @@ def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None,
     """Decode a stream entry into its events: one per job it names.
 
     An entry for several jobs (a bulk enqueue, a claim, an ack) names them in ``jobs`` and
-    may give each its attempt in ``attempts``, in the same order. Empty, after a warning,
-    when the entry is garbled (``on_garbled`` is then given the reason) or trimmed.
+    may give each its attempt in ``attempts``, in the same order. Empty when the entry is
+    garbled (given to ``on_garbled`` with the reason, whose skip logs it: one record per
+    entry; without it, a warning) or trimmed (a warning).
     """
     if fields is None:
         log(logger, logging.WARNING, "event trimmed from the stream before it was mirrored",
@@ -402,10 +403,11 @@ def parse_entry(keys: QueueKeys, entry_id: str, fields: dict[str, str] | None,
             raise ValueError(f"event format {fields['fv']} is newer than this version "
                              f"reads ({FORMAT})")
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        log(logger, logging.WARNING, "skipping garbled event", stream=keys.events,
-            id=entry_id, fields=repr(fields), error=exc)
         if on_garbled is not None:
             on_garbled(f"garbled event: {type(exc).__name__}: {exc}")
+        else:
+            log(logger, logging.WARNING, "skipping garbled event", stream=keys.events,
+                id=entry_id, fields=repr(fields), error=exc)
         return []
     return [Event(entry_id, order, event, job_id, attempt, fields)
             for job_id, attempt in zip(job_ids, attempts, strict=True)]
