@@ -163,14 +163,15 @@ UPKEEP = {"HELLO", "AUTH", "CLIENT", "SELECT", "READONLY", "PING"}
 
 
 @contextmanager
-def round_trips() -> Iterator[list[str]]:
+def round_trips(every_thread: bool = False) -> Iterator[list[str]]:
     """Record the round trips this thread makes to Redis inside the block (a worker
-    thread's are not counted): each write of commands (one command, or a whole
-    pipeline) to any connection is one; the list holds the start of each. A connection's
-    upkeep is not counted: the handshake of a new one (the pool opens one whenever
-    another thread, a worker thread of the test, holds the others) and the health
-    check's PING of one idle for 30 s (``health_check_interval``) say nothing of the
-    code."""
+    thread's are not counted; with ``every_thread``, those of all this process's
+    threads, as a bulk enqueue sends its chunks from a thread of its own): each write
+    of commands (one command, or a whole pipeline) to any connection is one; the list
+    holds the start of each. A connection's upkeep is not counted: the handshake of a
+    new one (the pool opens one whenever another thread, a worker thread of the test,
+    holds the others) and the health check's PING of one idle for 30 s
+    (``health_check_interval``) say nothing of the code."""
     from redis.connection import AbstractConnection
 
     sent: list[str] = []
@@ -178,7 +179,7 @@ def round_trips() -> Iterator[list[str]]:
     me = threading.get_ident()
 
     def counted(self: Any, command: Any, check_health: bool = True) -> None:
-        if threading.get_ident() == me:
+        if every_thread or threading.get_ident() == me:
             first = command[0] if isinstance(command, list) and command else command
             text = " ".join(bytes(first)[:80].decode(errors="replace").split())
             words = text.split(" ")  # "*<n> $<len> <COMMAND> ..."

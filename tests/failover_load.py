@@ -221,7 +221,7 @@ def settle(client: Any, producers: Producers, db: str, out: list[OutputReader]) 
         return {job_id: (f[0], rows.get(job_id)) for job_id, f in found.items()
                 if f[0] is not None and rows.get(job_id) != f[0]}
 
-    wait_until(lambda: not mismatch(), timeout=60, interval=0.3,
+    wait_until(lambda: not mismatch(), timeout=180, interval=0.3,
                message=f"the mirror to equal Redis:\n{logs()}")
     # Rows of this set's jobs, returned or not, whose job Redis no longer has.
     mine = sorted(j for j in sqlite_rows(db) if j.startswith(f"{producers.label}-"))

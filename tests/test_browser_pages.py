@@ -172,6 +172,7 @@ def logged_in(chromium: Any, base: str, width: int, scheme: str) -> Any:
     return tab
 
 
+@pytest.mark.timeout(900)  # some 100 page loads and screenshots: minutes when busy
 def test_every_page_at_two_sizes_light_and_dark(browser, live_server, pages):  # noqa: F811
     SHOTS.mkdir(parents=True, exist_ok=True)
     problems: list[str] = []

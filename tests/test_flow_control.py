@@ -197,10 +197,14 @@ def test_interval_queue_spaces_starts_across_worker_processes_and_shards(setting
                                                                            redis_client):
     queues = {"spaced": {"interval": 0.25, "shards": 3}}
     settings.DELAYQ = {**settings.DELAYQ, "QUEUES": queues}
-    jobs = [tasks.record.using(queue="spaced").enqueue(f"s{i}") for i in range(12)]
     procs = start_workers(3, "spaced", {"QUEUES": queues})
     try:
-        wait_until(lambda: len(ran(redis_client)) == 12, timeout=30, message="12 jobs")
+        # every worker up before the jobs: on a busy machine the first one up would
+        # otherwise take them all while the others still start
+        for _, out in procs:
+            out.wait_for("worker started", timeout=120)
+        jobs = [tasks.record.using(queue="spaced").enqueue(f"s{i}") for i in range(12)]
+        wait_until(lambda: len(ran(redis_client)) == 12, timeout=60, message="12 jobs")
     finally:
         stop_workers(procs)
     times = claimed_at("spaced", [j.id for j in jobs])

@@ -8,7 +8,7 @@ from typing import Any
 
 from django_delayq.engine import EnqueueRequest, EnqueueResult, Job
 from django_delayq.engine.keyed import Outcome, encode
-from tests.conftest import wait_until
+from tests.conftest import round_trips, wait_until
 from tests.testapp import keyed_tasks
 from tests.testapp.keyed_tasks import RUNS
 
@@ -25,14 +25,15 @@ def test_modes_of_several_keys_in_one_call(broker: Any) -> None:
     keep_last key k (one created, one replaces), a plain job, one round trip."""
     results: list[EnqueueResult] = []
     broker.enqueue("default", "t.w", [0])  # the script loaded
-    calls = broker.client.info("commandstats")["cmdstat_evalsha"]["calls"]
-    total = broker.enqueue_many("default", [
-        request(0, "d", "debounce", 30, delay=30), request(1, "t", "throttle", 60),
-        request(2, "d", "debounce", 30, delay=31), request(3, "k", "keep_last"),
-        request(4, "t", "throttle", 60), request(5, "d", "debounce", 30, delay=32),
-        request(6, "k", "keep_last"), request(7, "t", "throttle", 60),
-        EnqueueRequest(task="t.p", args=[8])], results=results)
-    assert broker.client.info("commandstats")["cmdstat_evalsha"]["calls"] == calls + 1
+    with round_trips() as sent:
+        total = broker.enqueue_many("default", [
+            request(0, "d", "debounce", 30, delay=30), request(1, "t", "throttle", 60),
+            request(2, "d", "debounce", 30, delay=31), request(3, "k", "keep_last"),
+            request(4, "t", "throttle", 60), request(5, "d", "debounce", 30, delay=32),
+            request(6, "k", "keep_last"), request(7, "t", "throttle", 60),
+            EnqueueRequest(task="t.p", args=[8])], results=results)
+    assert len(sent) == 1, sent
+    assert "EVALSHA" in sent[0], sent
     assert [r.outcome for r in results] == [
         Outcome.CREATED, Outcome.CREATED, Outcome.REPLACED, Outcome.CREATED,
         Outcome.IGNORED, Outcome.REPLACED, Outcome.REPLACED, Outcome.IGNORED,

@@ -416,9 +416,9 @@ def test_runworker_mirrors_in_a_process_unless_told_not_to(tmp_path):
     assert first.refresh().status == "completed"
     assert statuses() == {}
     second = tasks.record.enqueue("mirrored")
-    subprocess.run([sys.executable, "-m", "django", "runworker", "--burst"], cwd=ROOT, env=env,
-                   check=True, capture_output=True, timeout=60)
-    assert statuses() == {first.id: "completed", second.id: "completed"}
+    run = subprocess.run([sys.executable, "-m", "django", "runworker", "--burst"], cwd=ROOT,
+                         env=env, check=True, capture_output=True, text=True, timeout=120)
+    assert statuses() == {first.id: "completed", second.id: "completed"}, run.stderr
 
 
 # -- a mirror process killed mid-batch ---------------------------------------------------
@@ -484,6 +484,7 @@ def test_mirror_killed_mid_batch_loses_and_doubles_nothing(broker, redis_client,
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.timeout(960)  # a whole test file in a pytest of its own: minutes when busy
 def test_mirror_tests_pass_on_postgresql():
     rerun_on_postgresql("tests/test_mirror.py", this_test="test_mirror_tests_pass_on_postgresql",
                         timeout=600)

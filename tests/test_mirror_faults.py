@@ -314,7 +314,8 @@ def test_garbled_events_are_skipped_and_the_stream_goes_on(redis_client, fields,
     assert pending(redis_client, keys.events) == 0
     # one log record for the entry, with its id and why (a record per layer would be noise)
     [said] = [r for r in caplog.records if getattr(r, "id", None) == entry]
-    assert said.levelname == "ERROR" and said.reason.startswith("garbled event: "), said
+    assert said.levelname == "ERROR", said
+    assert said.reason.startswith("garbled event: "), said
 
 
 @pytest.mark.django_db

@@ -301,6 +301,7 @@ def test_the_migration_gives_existing_rows_the_position_of_their_last_event():
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.timeout(960)  # a whole test file in a pytest of its own: minutes when busy
 def test_mirror_table_tests_pass_on_postgresql():
     rerun_on_postgresql("tests/test_mirror_table.py",
                         this_test="test_mirror_table_tests_pass_on_postgresql", timeout=600)

@@ -728,6 +728,7 @@ def test_bad_outbox_settings_fail_the_checks():
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.timeout(960)  # a whole test file in a pytest of its own: minutes when busy
 def test_outbox_tests_pass_on_postgresql():
     rerun_on_postgresql("tests/test_outbox.py", this_test="test_outbox_tests_pass_on_postgresql",
                         timeout=900)
