@@ -247,13 +247,21 @@ def rerun_on_postgresql(test_file: str, *, this_test: str, timeout: float = 900)
         pytest.fail(f"PostgreSQL is not reachable at {services.pg_where()} (trust auth), and "
                     f"{test_file} must also pass on PostgreSQL: unset DELAYQ_TEST_PG_URL to "
                     f"let the suite start its own. {exc}")
-    run = subprocess.run(
+    # A process group of its own, killed whole at the end: if this test is stopped (its
+    # timeout), the processes the inner tests started die with it rather than live on
+    # against this worker's Redis.
+    run = subprocess.Popen(
         [sys.executable, "-m", "pytest", "--ds=tests.settings_postgres", "-p", "no:cacheprovider",
          "-q", test_file, "-k", f"not {this_test}"],
         cwd=ROOT, env=worker_env(DJANGO_SETTINGS_MODULE="tests.settings_postgres"),
-        capture_output=True, text=True, timeout=timeout,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
-    output = run.stdout + run.stderr
+    try:
+        output, _ = run.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
     assert run.returncode == 0, output
     assert " passed" in output, output
     assert "skipped" not in output, output
