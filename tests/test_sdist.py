@@ -50,6 +50,7 @@ def build_sdist(out: Path) -> Path:
     return out / build.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.timeout(1500)  # a pip install and a pytest, each bounded at 600 s
 def test_sdist_installs_and_its_tests_pass_against_the_installed_package(
         tmp_path: Path) -> None:
     sdist = build_sdist(tmp_path / "dist")

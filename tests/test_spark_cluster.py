@@ -116,7 +116,7 @@ def test_the_jdbc_reader_on_the_cluster_and_postgresql(cluster: SparkCluster) ->
                      DELAYQ_TEST_SPARK_MASTER=cluster.master_url)
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "--ds=tests.settings_postgres", "-p",
-         "no:cacheprovider", "-q", "tests/pg_spark_jdbc.py"],
+         "no:cacheprovider", "--timeout", "580", "-q", "tests/pg_spark_jdbc.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     output = run.stdout + run.stderr
