@@ -105,6 +105,29 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
     return [f"  {session.pg_note}"] if session.pg_note and not session.pg_in_header else []
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _modules_imported() -> None:
+    """Every module of the package and the test app imported here, in the main thread,
+    before any test starts a thread. pytest rewrites them as it imports them (the
+    package is a pytest plugin's distribution), and CPython 3.11's AST builder keeps its
+    recursion depth in state the threads share: a module imported for the first time in
+    a worker thread while the main thread imports another failed one at random with
+    ``SystemError: AST constructor recursion depth mismatch`` (cpython#106905)."""
+    import importlib
+    import pkgutil
+
+    import django_delayq
+    import tests.testapp
+
+    for package in (django_delayq, tests.testapp):
+        for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            try:
+                importlib.import_module(module.name)
+            except ImportError as exc:  # an optional extra this environment leaves out
+                if (exc.name or "").startswith(("django_delayq", "tests")):
+                    raise
+
+
 @pytest.fixture(autouse=True)
 def _clean_redis(settings: Any) -> Iterator[None]:
     """Each test starts with an empty Redis database and fresh connections."""
