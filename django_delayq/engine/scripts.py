@@ -99,16 +99,14 @@ def load_everywhere(client: Any, name: str) -> None:
     if not is_cluster_client(client):
         client.script_load(source)
         return
-    error: Exception | None = None
-    loaded = False
-    for node in client.get_nodes():
+    nodes, failed = client.get_nodes(), []
+    for node in nodes:
         try:
             client.execute_command("SCRIPT LOAD", source, target_nodes=node)
-            loaded = True
         except UNAVAILABLE as exc:
-            error = exc
-    if not loaded and error is not None:
-        raise error
+            failed.append(exc)
+    if nodes and len(failed) == len(nodes):
+        raise failed[-1]
 
 
 def run_script(
