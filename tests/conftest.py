@@ -356,8 +356,9 @@ class OutputReader:
 
     def _read(self) -> None:
         assert self._process.stdout is not None
-        for line in self._process.stdout:
-            self.lines.append(line)
+        with self._process.stdout as stream:  # closed at EOF: no pipe left to the collector
+            for line in stream:
+                self.lines.append(line)
 
     def wait_for(self, *texts: str, timeout: float = 60.0) -> str:
         """The first line holding one of ``texts``, once the process has written it."""
