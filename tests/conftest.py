@@ -307,12 +307,26 @@ def run_bench_script(name: str, *args: str, out: Path) -> dict[str, Any]:
     return data
 
 
+#: ``python -c`` that sets SIGHUP's disposition (argv[1]: "ignored" or "default") and runs
+#: ``python -m django`` with the rest of argv.
+_HUP_START = ("import runpy, signal, sys; "
+              "signal.signal(signal.SIGHUP, signal.SIG_IGN if sys.argv.pop(1) == 'ignored' "
+              "else signal.SIG_DFL); runpy.run_module('django', run_name='__main__', "
+              "alter_sys=True)")
+
+
 def spawn_worker(*args: str, redis_url: str | None = None, env: dict[str, str] | None = None,
-                 **popen: Any) -> subprocess.Popen[str]:
+                 hup_ignored: bool | None = None, **popen: Any) -> subprocess.Popen[str]:
     """``manage.py runworker ARGS`` in a new process (its stderr is piped, as text);
-    ``env`` adds environment variables (DELAYQ_TEST_SETTINGS...)."""
+    ``env`` adds environment variables (DELAYQ_TEST_SETTINGS...). ``hup_ignored`` starts
+    it with SIGHUP ignored (as ``nohup`` does) or not, whatever this process inherited
+    (a suite run under ``nohup`` passes SIGHUP's SIG_IGN on to every child); None keeps
+    the inherited one."""
+    python = [sys.executable, "-m", "django"]
+    if hup_ignored is not None:
+        python = [sys.executable, "-c", _HUP_START, "ignored" if hup_ignored else "default"]
     return subprocess.Popen(
-        [sys.executable, "-m", "django", "runworker", *args],
+        [*python, "runworker", *args],
         cwd=ROOT, env=worker_env(redis_url, **(env or {})), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, **popen,
     )
@@ -342,8 +356,9 @@ class OutputReader:
 
     def _read(self) -> None:
         assert self._process.stdout is not None
-        for line in self._process.stdout:
-            self.lines.append(line)
+        with self._process.stdout as stream:  # closed at EOF: no pipe left to the collector
+            for line in stream:
+                self.lines.append(line)
 
     def wait_for(self, *texts: str, timeout: float = 60.0) -> str:
         """The first line holding one of ``texts``, once the process has written it."""
@@ -364,9 +379,9 @@ def spawned() -> Iterator[Callable[..., tuple[subprocess.Popen[str], OutputReade
     against the next test's Redis)."""
     procs: list[subprocess.Popen[str]] = []
 
-    def start(*args: str, redis_url: str | None = None,
-              env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], OutputReader]:
-        proc = spawn_worker(*args, redis_url=redis_url, env=env)
+    def start(*args: str, redis_url: str | None = None, env: dict[str, str] | None = None,
+              hup_ignored: bool | None = None) -> tuple[subprocess.Popen[str], OutputReader]:
+        proc = spawn_worker(*args, redis_url=redis_url, env=env, hup_ignored=hup_ignored)
         procs.append(proc)
         return proc, OutputReader(proc)
 

@@ -221,8 +221,15 @@ def settle(client: Any, producers: Producers, db: str, out: list[OutputReader]) 
         return {job_id: (f[0], rows.get(job_id)) for job_id, f in found.items()
                 if f[0] is not None and rows.get(job_id) != f[0]}
 
-    wait_until(lambda: not mismatch(), timeout=180, interval=0.3,
-               message=f"the mirror to equal Redis:\n{logs()}")
+    try:
+        wait_until(lambda: not mismatch(), timeout=180, interval=0.3, message="the mirror")
+    except pytest.fail.Exception:
+        left = mismatch()  # (Redis' status, the row's) of each job they disagree on
+        detail = {job_id: client.hgetall(broker.keys_for(queue, job_id).job(job_id))
+                  for job_id in list(left)[:3]}
+        pytest.fail(f"after 180 s the mirror still differs from Redis on {len(left)} jobs, "
+                    f"e.g. {dict(list(left.items())[:10])}; their job hashes: {detail}\n"
+                    f"{logs()}")
     # Rows of this set's jobs, returned or not, whose job Redis no longer has.
     mine = sorted(j for j in sqlite_rows(db) if j.startswith(f"{producers.label}-"))
     orphans = [job_id for job_id, f in zip(mine, fields_of(mine), strict=True) if f[0] is None]

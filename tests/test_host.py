@@ -131,7 +131,7 @@ def test_sighup_is_a_warm_stop_that_leaves_no_worker_record(broker, spawned):
 
     jobs = [tasks.record.enqueue(f"h{i}") for i in range(20)]
     last = tasks.gated.enqueue("last", gate="gate:hup")
-    proc, out = spawned("default", "--processes", "2", "-c", "2")
+    proc, out = spawned("default", "--processes", "2", "-c", "2", hup_ignored=False)
     wait_until(lambda: last.refresh().status == "active"
                and all(j.refresh().status == "completed" for j in jobs), timeout=60,
                message=f"the jobs run, the last one running:\n{out.text}")
@@ -146,7 +146,7 @@ def test_sighup_to_a_worker_process_is_a_warm_stop(broker, spawned):
     """A worker process SIGHUPed on its own stops warmly (exit 0, its job finished) and
     its host starts another."""
     job = tasks.gated.enqueue("running", gate="gate:hup1")
-    proc, out = spawned("default", "-c", "1")
+    proc, out = spawned("default", "-c", "1", hup_ignored=False)
     (worker,) = worker_pids(out)
     wait_until(lambda: job.refresh().status == "active", timeout=60,
                message=f"the job running:\n{out.text}")
@@ -157,5 +157,30 @@ def test_sighup_to_a_worker_process_is_a_warm_stop(broker, spawned):
     assert job.refresh().status == "completed"
     wait_until(lambda: len(worker_pids(out, 2)) == 2, timeout=60,
                message=f"another worker process:\n{out.text}")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+
+
+def test_a_worker_started_under_nohup_runs_on_through_sighup(broker, spawned):
+    """Started with SIGHUP ignored (``nohup``), the host and its worker process keep
+    ignoring it: the job runs on and no stop begins; SIGTERM still stops them warmly."""
+    job = tasks.gated.enqueue("running", gate="gate:nohup")
+    proc, out = spawned("default", "-c", "1", hup_ignored=True)
+    (worker,) = worker_pids(out)
+    wait_until(lambda: job.refresh().status == "active", timeout=60,
+               message=f"the job running:\n{out.text}")
+    os.kill(worker, signal.SIGHUP)
+    proc.send_signal(signal.SIGHUP)
+    # A marker after both signals: a line logged after it shows they were delivered.
+    after = tasks.record.enqueue("after the SIGHUPs")
+    broker.client.set("gate:nohup", 1)
+    wait_until(lambda: after.refresh().status == "completed", timeout=60,
+               message=f"the next job run by the same process:\n{out.text}")
+    assert proc.poll() is None, out.text
+    assert pid_alive(worker), out.text
+    assert out.text.count("started worker-") == 1, out.text  # never replaced
+    assert "host stopping" not in out.text, out.text
+    assert "worker stopping" not in out.text, out.text
+    assert job.refresh().status == "completed"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, out.text

@@ -231,6 +231,36 @@ def test_rows_of_jobs_gone_from_redis_are_marked_and_shown_so(redis_client, admi
 
 
 @pytest.mark.django_db
+def test_a_row_left_behind_by_a_dropped_history_is_rewritten_from_its_finished_job(
+        redis_client):
+    """A failover that drops the old primary's last writes can leave a row as of a
+    position of that dropped history (here: an hour ahead), with a status the job has
+    left: its own last events on the new primary seem older and are not written. The
+    reconciliation rewrites it from the job's hash, as of the stream's real position, so
+    the job's later events are written again; a row that agrees is left alone."""
+    done, other = tasks.record.enqueue("done"), tasks.record.enqueue("other")
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: {done.refresh().status, other.refresh().status} == {"completed"},
+                   message="the jobs run")
+    mirror = mirror_all()
+    ahead = int(timezone.now().timestamp() * 1000) + 3_600_000
+    old = timezone.now() - dt.timedelta(hours=1)
+    Job.objects.filter(job_id=done.id).update(
+        status="active", finished_at=None, last_event_ms=ahead, last_event_seq=0,
+        last_event_id=f"{ahead}-0", updated_at=old)
+    assert mirror.reconcile(quiet_for=7200) == 0, "rows written within quiet_for wait"
+    assert Job.objects.get(job_id=done.id).status == "active"
+    assert mirror.reconcile(quiet_for=0) == 1
+    row = Job.objects.get(job_id=done.id)
+    assert (row.status, row.missing_at) == ("completed", None)
+    assert row.finished_at is not None
+    newest = redis_client.xrevrange(KEYS.events, count=1)[0][0]
+    assert row.last_event_id == newest, "as of the stream's own position, not the dropped one"
+    assert Job.objects.get(job_id=other.id).status == "completed"
+    assert mirror.reconcile(quiet_for=0) == 0, "nothing left to put right"
+
+
+@pytest.mark.django_db
 def test_purged_jobs_are_marked_purged(redis_client):
     job = tasks.record.using(delay=3600).enqueue("p")
     mirror_all()

@@ -191,16 +191,6 @@ def _listed(queue: str, job_id: str, data: dict[str, str] | Exception, broker: B
     return Job.from_hash(queue, job_id, data, broker)
 
 
-def missing_jobs(broker: Broker, queue: str, job_ids: list[str]) -> list[str]:
-    """The ids of ``job_ids`` whose record Redis no longer holds (one pipeline)."""
-    with broker.read_errors():
-        pipe = broker.client.pipeline(transaction=False)
-        for job_id in job_ids:
-            pipe.exists(broker.keys_for(queue, job_id).job(job_id))
-        found = pipe.execute()
-    return [job_id for job_id, exists in zip(job_ids, found, strict=True) if not exists]
-
-
 def flush_database(broker: Broker) -> None:
     """Empty the database of ``broker``'s Redis (every key, not only this app's): for a
     throwaway Redis of tests only."""

@@ -32,10 +32,10 @@ from django.utils import timezone
 from ..conf import conf
 from ..connection import get_broker
 from ..engine import Broker, DelayQError
+from ..engine.fields import stored
 from ..engine.keys import QueueKeys
 from ..engine.logfields import log
-from ..engine.queue import missing_jobs
-from ..engine.status import UNFINISHED
+from ..engine.status import FINISHED, UNFINISHED
 from ..engine.streams import StreamBatch
 from ..engine.workers import consumers_gone
 from ..models import Job
@@ -48,7 +48,7 @@ from .table import NO_POSITION
 GROUP = "delayq-mirror"
 #: Seconds between two reconciliations with Redis (:meth:`Mirror.reconcile`), how long
 #: a row must have gone without an event to be checked, and rows checked per round: a
-#: job gone from Redis is marked within about a minute and a half of its last event.
+#: row is put right within about a minute and a half of its job's last event.
 RECONCILE_INTERVAL = 30.0
 RECONCILE_AFTER = 60.0
 RECONCILE_CHUNK = 2_000
@@ -111,30 +111,57 @@ class Mirror(StreamConsumer):
             self.reconcile()
 
     def reconcile(self, *, quiet_for: float = RECONCILE_AFTER) -> int:
-        """Mark the rows of unfinished jobs that Redis no longer holds (``missing_at``):
-        lost in a failover, or their keys deleted by hand. Only rows no event changed for
-        ``quiet_for`` seconds are checked (a job's last events may still be on their way),
-        :data:`RECONCILE_CHUNK` at a time; a later event of the job clears the mark.
-        Returns how many rows were marked."""
+        """Put right the rows of unfinished jobs that no event changed for ``quiet_for``
+        seconds (a job's last events may still be on their way), :data:`RECONCILE_CHUNK`
+        at a time, against their jobs in Redis:
+
+        - a job Redis no longer holds (lost in a failover, its keys deleted by hand): its
+          row is marked (``missing_at``); a later event of the job clears the mark;
+        - a job Redis holds as finished: its row is rewritten from the hash. A failover
+          that drops the old primary's last writes can leave a row as of a position of
+          that dropped history, later than the job's own last events on the new
+          primary, which then seemed older than the row and were not written.
+
+        Returns how many rows were marked or rewritten."""
         now = timezone.now()
         quiet = now - dt.timedelta(seconds=quiet_for)
         candidates = Job.objects.filter(status__in=UNFINISHED, missing_at__isnull=True,
                                         updated_at__lt=quiet)
         if self.fixed_queues:
             candidates = candidates.filter(queue__in=self.fixed_queues)
-        by_queue: dict[str, list[str]] = {}
+        shards: dict[QueueKeys, list[str]] = {}
         for queue, job_id in candidates.values_list("queue", "job_id")[:RECONCILE_CHUNK]:
-            by_queue.setdefault(queue, []).append(job_id)
-        marked = 0
-        for queue, job_ids in by_queue.items():
-            gone = missing_jobs(self.broker, queue, job_ids)
-            if gone:  # rows written meanwhile are left alone: their job may be back
-                marked += Job.objects.filter(queue=queue, job_id__in=gone,
-                                             updated_at__lt=quiet).update(missing_at=now)
+            shards.setdefault(self.broker.keys_for(queue, job_id), []).append(job_id)
+        marked = rewritten = 0
+        for keys, job_ids in shards.items():
+            position, hashes = self.broker.commands.read_jobs(keys, job_ids)
+            read_at = stream_id(position) if position else NO_POSITION
+            # Rows written meanwhile are left alone: their job may be back, or its
+            # events were written after all.
+            still_quiet = Job.objects.filter(queue=keys.queue, updated_at__lt=quiet)
+            gone, finished = [], []
+            for job_id, data in zip(job_ids, hashes, strict=True):
+                if not data:
+                    gone.append(job_id)
+                elif isinstance(data, dict) and data.get(stored("status")) in FINISHED:
+                    row = row_from_hash(keys.queue, job_id, data)
+                    row.update(table.position_fields(read_at, now))
+                    finished.append(row)
+            if gone:
+                marked += still_quiet.filter(job_id__in=gone).update(missing_at=now)
+            # Replaced, not upserted: the upsert keeps the row's later position.
+            with transaction.atomic(using=table.alias()):
+                for row in finished:
+                    if still_quiet.filter(job_id=row["job_id"]).delete()[0]:
+                        table.upsert([row])
+                        rewritten += 1
         if marked:
             log(logger, logging.WARNING, "mirror marked rows of jobs gone from Redis",
                 count=marked)
-        return marked
+        if rewritten:
+            log(logger, logging.WARNING, "mirror rewrote rows of finished jobs from Redis",
+                count=rewritten)
+        return marked + rewritten
 
     def apply(self, keys: QueueKeys, entries: list[tuple[str, dict[str, str]]]) -> None:
         """Write the rows of ``entries`` (not acknowledged here).
