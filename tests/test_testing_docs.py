@@ -90,7 +90,9 @@ def test_eager_mode_makes_the_production_checks() -> None:
 
 
 def test_eager_propagate_raises_the_tasks_error() -> None:
-    with override_settings(DELAYQ={"EAGER": "propagate"}), pytest.raises(
+    # The test's own Redis kept: the task notes its run there, and a bare DELAYQ would
+    # send that to the default URL, the machine's Redis if one answers.
+    with override_settings(DELAYQ={**settings.DELAYQ, "EAGER": "propagate"}), pytest.raises(
             RuntimeError, match="boom eager"):
         tasks.always_fails.enqueue("eager")
 

@@ -134,7 +134,8 @@ class Mirror(StreamConsumer):
             shards.setdefault(self.broker.keys_for(queue, job_id), []).append(job_id)
         marked = rewritten = 0
         for keys, job_ids in shards.items():
-            position, hashes = self.broker.commands.read_jobs(keys, job_ids)
+            with self.broker.read_errors():
+                position, hashes = self.broker.commands.read_jobs(keys, job_ids)
             read_at = stream_id(position) if position else NO_POSITION
             # Rows written meanwhile are left alone: their job may be back, or its
             # events were written after all.
@@ -150,8 +151,8 @@ class Mirror(StreamConsumer):
             if gone:
                 marked += still_quiet.filter(job_id__in=gone).update(missing_at=now)
             # Replaced, not upserted: the upsert keeps the row's later position.
-            with transaction.atomic(using=table.alias()):
-                for row in finished:
+            for row in finished:
+                with transaction.atomic(using=table.alias()):
                     if still_quiet.filter(job_id=row["job_id"]).delete()[0]:
                         table.upsert([row])
                         rewritten += 1
