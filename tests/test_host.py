@@ -131,7 +131,7 @@ def test_sighup_is_a_warm_stop_that_leaves_no_worker_record(broker, spawned):
 
     jobs = [tasks.record.enqueue(f"h{i}") for i in range(20)]
     last = tasks.gated.enqueue("last", gate="gate:hup")
-    proc, out = spawned("default", "--processes", "2", "-c", "2", hup_ignored=False)
+    proc, out = spawned("default", "--processes", "2", "-c", "2")
     wait_until(lambda: last.refresh().status == "active"
                and all(j.refresh().status == "completed" for j in jobs), timeout=60,
                message=f"the jobs run, the last one running:\n{out.text}")
