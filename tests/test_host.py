@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -142,14 +143,21 @@ def test_sighup_is_a_warm_stop_that_leaves_no_worker_record(broker, spawned):
     assert live_workers(broker, include_dead=True) == []
 
 
-def test_sighup_to_a_worker_process_is_a_warm_stop(broker, spawned):
-    """A worker process SIGHUPed on its own stops warmly (exit 0, its job finished) and
-    its host starts another."""
-    job = tasks.gated.enqueue("running", gate="gate:hup1")
-    proc, out = spawned("default", "-c", "1", hup_ignored=False)
+def one_worker_running(spawned: Any, gate: str, *, hup_ignored: bool) -> tuple[Any, ...]:
+    """A ``runworker -c 1`` (one worker process) running a job held by ``gate``: its
+    process, output, worker pid and the job."""
+    job = tasks.gated.enqueue("running", gate=gate)
+    proc, out = spawned("default", "-c", "1", hup_ignored=hup_ignored)
     (worker,) = worker_pids(out)
     wait_until(lambda: job.refresh().status == "active", timeout=60,
                message=f"the job running:\n{out.text}")
+    return proc, out, worker, job
+
+
+def test_sighup_to_a_worker_process_is_a_warm_stop(broker, spawned):
+    """A worker process SIGHUPed on its own stops warmly (exit 0, its job finished) and
+    its host starts another."""
+    proc, out, worker, job = one_worker_running(spawned, "gate:hup1", hup_ignored=False)
     os.kill(worker, signal.SIGHUP)
     out.wait_for("worker stopping")
     broker.client.set("gate:hup1", 1)
@@ -164,14 +172,10 @@ def test_sighup_to_a_worker_process_is_a_warm_stop(broker, spawned):
 def test_a_worker_started_under_nohup_runs_on_through_sighup(broker, spawned):
     """Started with SIGHUP ignored (``nohup``), the host and its worker process keep
     ignoring it: the job runs on and no stop begins; SIGTERM still stops them warmly."""
-    job = tasks.gated.enqueue("running", gate="gate:nohup")
-    proc, out = spawned("default", "-c", "1", hup_ignored=True)
-    (worker,) = worker_pids(out)
-    wait_until(lambda: job.refresh().status == "active", timeout=60,
-               message=f"the job running:\n{out.text}")
+    proc, out, worker, job = one_worker_running(spawned, "gate:nohup", hup_ignored=True)
     os.kill(worker, signal.SIGHUP)
     proc.send_signal(signal.SIGHUP)
-    # A marker after both signals: a line logged after it shows they were delivered.
+    # A job enqueued after both signals, run by the same process: they were delivered.
     after = tasks.record.enqueue("after the SIGHUPs")
     broker.client.set("gate:nohup", 1)
     wait_until(lambda: after.refresh().status == "completed", timeout=60,
