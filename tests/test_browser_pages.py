@@ -1,7 +1,8 @@
 """Every admin page and every API page in headless Chromium, at 1,024 px in light mode and
 at 1,920 px in dark mode (the width sets the layout, the scheme only the colours, whose
-focus rings are checked in both schemes below): no server error, no console error, no overlapping controls, and no
-request to any host but the server under test (so "works offline" holds on any machine).
+focus rings are checked in both schemes below): no server error, no console error, no
+overlapping controls, and no request to any host but the server under test (so "works
+offline" holds on any machine).
 The admin is also driven with the keyboard alone, and every control keyboard focus
 reaches shows a focus ring.
 

@@ -353,8 +353,10 @@ def test_a_worker_runs_the_other_shards_while_one_slot_moves_and_loses_nothing(
     try:
         with slot_moving(cluster, client, client.keyslot(moving.ready)):
             procs = start_workers(1, "drain", {"QUEUES": QUEUES}, redis_url=cluster.url)
-            # Well within the 30 s lease: a claim whose answers were dropped for the one
-            # refusing shard would leave these jobs leased and idle until it lapsed.
+            procs[0][1].wait_for("worker started", timeout=120)  # a busy machine: slow
+            # Well within the 30 s lease from the worker's start: a claim whose answers
+            # were dropped for the one refusing shard would leave these jobs leased and
+            # idle until it lapsed.
             wait_until(lambda: client.hlen("test:count") >= n - len(on_moving), timeout=20,
                        interval=0.1, message="the jobs of the shards that are not moving")
             assert set(client.hkeys("test:count")) == every - on_moving

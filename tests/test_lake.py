@@ -362,6 +362,8 @@ def spark() -> Iterator[Any]:
 
 @pytest.mark.spark
 @pytest.mark.django_db
+@pytest.mark.timeout(900)  # a hang guard: a timeout mid-call would desync the session's
+# py4j connection, and every later Spark test of this process would fail with it
 def test_the_lake_report_equals_the_table_report(tmp_path, broker, spark):
     from django.core.management import call_command
 
