@@ -10,8 +10,8 @@ STAMP := $(VENV)/.installed-$(shell cat $(DEPS) | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 # The suite runs on two xdist workers, each with its own Redis and database; the heavy
 # tests stay together on one of them (tests/conftest.py). A third worker was measured:
-# the CPU-bound tests (Spark, the browser) took up to twice as long, the whole no less. A given REDIS_URL is one server
-# every test flushes: then the suite runs in one process.
+# the CPU-bound tests (Spark, the browser) took up to twice as long, the whole no less.
+# A given REDIS_URL is one server every test flushes: then the suite runs in one process.
 XDIST ?= $(if $(REDIS_URL),,-n 2 --dist loadgroup)
 
 .PHONY: demo serve test fuzz tox lint typecheck bench bench-quick system-deps clean
