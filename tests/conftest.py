@@ -67,13 +67,21 @@ SHARED_FIXTURE_MODULES = {
 #: one xdist worker, while the other worker runs the rest. The longest group sets the
 #: suite's wall time: a slow test that mostly waits belongs in a group of its own.
 HEAVY = "heavy"
+#: The bound of a Spark test without one of its own. A test cut by pytest-timeout's signal
+#: in the middle of a Spark call leaves its process's py4j connection out of step, and
+#: every later Spark test of that process then fails with it: a hang guard, not a limit a
+#: busy machine may reach (the lake's report took 90 s at a load of 8).
+SPARK_TIMEOUT = 900
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group the tests for ``pytest -n N --dist loadgroup``; start PostgreSQL if needed."""
+    """Group the tests for ``pytest -n N --dist loadgroup``, give the Spark tests their
+    hang guard (:data:`SPARK_TIMEOUT`), and start PostgreSQL if needed."""
     for item in items:
         module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+        if item.get_closest_marker("spark") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SPARK_TIMEOUT))
         if item.get_closest_marker("xdist_group"):
             continue
         if module in SHARED_FIXTURE_MODULES:

@@ -362,8 +362,6 @@ def spark() -> Iterator[Any]:
 
 @pytest.mark.spark
 @pytest.mark.django_db
-@pytest.mark.timeout(900)  # a hang guard: a timeout mid-call would desync the session's
-# py4j connection, and every later Spark test of this process would fail with it
 def test_the_lake_report_equals_the_table_report(tmp_path, broker, spark):
     from django.core.management import call_command
 
@@ -440,7 +438,6 @@ def test_the_lake_and_an_export_through_file_urls(tmp_path, broker, redis_client
 
 @pytest.mark.spark
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # a hang guard: about a minute on a loaded 2-core machine
 def test_many_jobs_exported_twice_read_back_exactly(tmp_path, broker, redis_client, spark):
     """100,000 jobs' events (400,000 rows): an export that dies before an ack, then
     another with other batch boundaries; Spark reads each event once, and every job's
