@@ -111,6 +111,8 @@ def test_aborting_a_running_job_from_its_page_ends_it_and_names_who(kind, tab, s
     live = tab.locator("table.dq-live").inner_text()
     assert "Cancelled" in live
     assert "JobAborted: aborted by admin (admin)" in live
+    # The page's own reload kept the message of the abort.
+    assert f"1 job(s) asked to stop: {job.id}" in tab.locator(".messagelist").inner_text()
     assert tab.locator("button.dq-act-abort").count() == 0
     assert tab.locator("button.dq-act-retry").count() == 1
     fits(tab, f"the page of an aborted {kind} job")

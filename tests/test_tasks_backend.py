@@ -406,10 +406,11 @@ def test_a_django_task_reports_progress_through_current_job(redis_client) -> Non
     result = st.dj_progress.enqueue("test:progress-gate")
     queue, job_id = parse_result_id(result.id)
     with worker_thread(queues=[queue], concurrency=1):
-        wait_until(lambda: Job.fetch(job_id, queue).progress == 0.5,
-                   message="the progress the task reported")
-        job = Job.fetch(job_id, queue)
-        assert (job.status, job.progress_message) == ("active", "half way")
+        # The worker notes a start with its next acks, so the progress can show first.
+        wait_until(lambda: (Job.fetch(job_id, queue).status,
+                            Job.fetch(job_id, queue).progress) == ("active", 0.5),
+                   message="the job to be active with the progress the task reported")
+        assert Job.fetch(job_id, queue).progress_message == "half way"
         result.refresh()
         assert result.status == TaskResultStatus.RUNNING
         redis_client.set("test:progress-gate", 1)
