@@ -30,6 +30,7 @@ from ..engine import Broker
 from ..engine.fields import stored
 from ..engine.jobhash import read_job_fields, to_ms
 from ..engine.keys import QueueKeys
+from ..engine.logfields import log
 from ..engine.streams import StreamBatch
 from ..engine.urls import redact
 from ..engine.validation import check_time_ms
@@ -110,7 +111,7 @@ class Exporter(StreamConsumer):
         path = store.write(self.filesystem, self.root, day, name, part)
         self.rows += part.num_rows
         self.files += 1
-        logger.debug("lake file written path=%s rows=%d", path, part.num_rows)
+        log(logger, logging.DEBUG, "lake file written", path=path, rows=part.num_rows)
 
     def _not_yet_written(self, keys: QueueKeys, day: str, part: pa.Table) -> pa.Table:
         """The rows of ``part`` whose entries no file of the lake holds yet."""
@@ -125,8 +126,8 @@ class Exporter(StreamConsumer):
         if not written:
             return part
         keep = [sid not in written for sid in part.column("stream_id").to_pylist()]
-        logger.info("lake export found entries already written stream=%s day=%s count=%d",
-                    keys.events, day, keep.count(False))
+        log(logger, logging.INFO, "lake export found entries already written",
+            stream=keys.events, day=day, count=keep.count(False))
         return part.filter(pa.array(keep))
 
     def _columns(self, keys: QueueKeys, entries: list[tuple[str, dict[str, str]]]

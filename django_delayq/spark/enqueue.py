@@ -26,6 +26,7 @@ from pyspark.sql import types as T
 from django_delayq.engine import EngineConfig, validation
 from django_delayq.engine.errors import UnknownTask
 from django_delayq.engine.keys import JOB_ID_RE
+from django_delayq.engine.logfields import log
 from django_delayq.engine.urls import sentinel_url_from_cache
 
 from .convert import PLAIN, Spec
@@ -341,9 +342,10 @@ def enqueue_dataframe(
         summary.merge(part, max_rejected)
     summary.seconds = time.monotonic() - started
     if summary.rejected > len(summary.rejected_rows):
-        logger.warning("spark enqueue rejected=%d kept=%d (raise max_rejected to see more)",
-                       summary.rejected, len(summary.rejected_rows))
-    logger.info("spark enqueue task=%s enqueued=%d duplicates=%d rejected=%d partitions=%d "
-                "seconds=%.1f", task or f"column:{task_column}", summary.enqueued,
-                summary.duplicates, summary.rejected, summary.partitions, summary.seconds)
+        log(logger, logging.WARNING, "spark enqueue kept only some rejected rows "
+            "(raise max_rejected to see more)", rejected=summary.rejected,
+            kept=len(summary.rejected_rows))
+    log(logger, logging.INFO, "spark enqueue", task=task or f"column:{task_column}",
+        enqueued=summary.enqueued, duplicates=summary.duplicates, rejected=summary.rejected,
+        partitions=summary.partitions, seconds=round(summary.seconds, 1))
     return summary

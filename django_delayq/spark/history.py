@@ -23,6 +23,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from django_delayq.engine.logfields import log
+
 logger = logging.getLogger(__name__)
 
 FIELDS: tuple[tuple[str, T.DataType, pa.DataType], ...] = (
@@ -123,7 +125,7 @@ def export_jobs(path: str | Path, *, since: dt.timedelta | None = None, queryset
         for batch in _batches(since, queryset, batch_size):
             writer.write_batch(batch)
             rows += batch.num_rows
-    logger.info("exported jobs rows=%d path=%s", rows, path)
+    log(logger, logging.INFO, "exported jobs", rows=rows, path=path)
     return rows
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from django_delayq.engine import Broker, EngineConfig, EnqueueRequest, encode_arguments, validation
 from django_delayq.engine.errors import PayloadTooLarge
+from django_delayq.engine.logfields import log
 from django_delayq.engine.urls import client_from_url
 
 from .convert import Rejected, Spec, display, run_at_from_micros, run_at_from_text, to_json_value
@@ -185,6 +186,6 @@ def enqueue_partition(plan: EnqueuePlan, rows: Iterable[Any]) -> Iterator[Partit
             flush(queue)
     finally:
         broker.close()
-    logger.debug("spark partition enqueued=%d duplicates=%d rejected=%d", result.enqueued,
-                 result.duplicates, result.rejected)
+    log(logger, logging.DEBUG, "spark partition", enqueued=result.enqueued,
+        duplicates=result.duplicates, rejected=result.rejected)
     yield result

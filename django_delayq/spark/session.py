@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from django_delayq.engine.errors import DelayQError
+from django_delayq.engine.logfields import log
 from django_delayq.engine.urls import redact
 
 logger = logging.getLogger(__name__)
@@ -94,5 +95,5 @@ def spark_session(
     builder = SparkSession.builder.master(url).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, str(value))
-    logger.info("starting spark master=%s app=%s", redact(url), app_name)
+    log(logger, logging.INFO, "starting spark", master=redact(url), app=app_name)
     return builder.getOrCreate()
