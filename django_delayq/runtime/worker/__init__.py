@@ -5,6 +5,7 @@
 - :mod:`.ledger`: the leases the worker holds, the one state its threads share;
 - :mod:`.fetcher`: claiming jobs for each lane (threads, event loop);
 - :mod:`.executor`: the threads running jobs; :mod:`.async_executor`: the event loop;
+  :mod:`.jobrunner`: what both are given;
 - :mod:`.execution` and :mod:`.outcome`: running one job, and what happened to it;
 - :mod:`.middleware`: code around each job;
 - :mod:`.acks`: the acker, sending outcomes in batches;

@@ -41,21 +41,23 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from ...engine import Broker, ClaimedJob, UnknownTask, encode_result
+from ...engine import ClaimedJob, UnknownTask, encode_result
 from ...engine.errors import JobAborted, JobTimeout
 from ...engine.logfields import log
 from ..current import running
-from ..registry import TaskRegistry, is_async
+from ..registry import is_async
 from .execution import aborted, after_job, fail_held, finished
-from .ledger import Lease, Ledger
-from .middleware import IDLE, Middleware
+from .jobrunner import JobRunner
+from .ledger import Lease
+from .middleware import IDLE
 from .outcome import CorruptPayload, Outcome, decode_arguments, failure
-from .timelimits import HARD_LIMIT_GRACE, limits_of
+from .timelimits import limits_of
 
 logger = logging.getLogger("django_delayq.worker")
 
@@ -65,32 +67,19 @@ LOOP_TICK = 0.5
 LOOP_STALL = 10.0
 
 
-class AsyncExecutor:
+@dataclass(kw_only=True, eq=False)
+class AsyncExecutor(JobRunner):
     """The event loop thread of a worker process and the async jobs it runs."""
 
-    def __init__(self, *, tasks: TaskRegistry, name: str,
-                 broker: Broker, middleware: Sequence[Middleware], ledger: Ledger,
-                 report: Callable[[Outcome], None],
-                 note_started: Callable[[ClaimedJob, int], None],
-                 on_loop_lost: Callable[[], None], concurrency: int,
-                 timeout: float | None = None,
-                 timeout_grace: float = HARD_LIMIT_GRACE) -> None:
-        self.tasks = tasks
-        self.name = name
-        self.broker = broker
-        self.middleware = list(middleware)
-        self.ledger = ledger
-        self._report = report
-        self._note_started = note_started
-        self._on_loop_lost = on_loop_lost
-        self.concurrency = concurrency
+    #: Called if the loop thread dies (the worker then stops to be restarted).
+    on_loop_lost: Callable[[], None]
+    #: Async jobs running at once, at most.
+    concurrency: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.concurrency < 1:
             raise ValueError("async concurrency must be at least 1")
-        #: Time limit of jobs that set none (their task neither), seconds.
-        self.timeout = timeout
-        self.timeout_grace = timeout_grace
-        #: Called as each job ends (the process pool's recycling counts jobs with it).
-        self.after_job: Callable[[], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._slots: asyncio.Semaphore | None = None
@@ -162,7 +151,7 @@ class AsyncExecutor:
             exc = error
         log(logger, logging.ERROR, "async job run failed", exc_info=exc, job=job.id,
             queue=job.queue, task=job.task, worker=self.name)
-        fail_held(self.ledger, self._report, job, exc)
+        fail_held(self.ledger, self.report, job, exc)
 
     def stop(self, *, wait: bool = True) -> None:
         """Stop the loop thread (jobs still running on it are abandoned); ``wait=False``
@@ -197,7 +186,7 @@ class AsyncExecutor:
                         if not self._stopping:
                             log(logger, logging.CRITICAL, "event loop thread ended "
                                 "unexpectedly: its async jobs cannot finish", worker=self.name)
-                            self._on_loop_lost()
+                            self.on_loop_lost()
 
                 self._thread = threading.Thread(target=run, name="delayq-async", daemon=True)
                 self._thread.start()
@@ -218,7 +207,7 @@ class AsyncExecutor:
                                       retry_delay=retry_delay, on_loop=True)
             if lease is None:
                 return  # handed back, or its lease was lost, while it waited
-            self._note_started(job, lease.started_ms)
+            self.note_started(job, lease.started_ms)
             began = time.perf_counter()
             try:
                 outcome = await self._outcome(job, limit, lease)
@@ -240,7 +229,7 @@ class AsyncExecutor:
                 await sync_to_async(finished)(lease.on_finished, outcome)
         finally:
             try:
-                self._report(outcome)
+                self.report(outcome)
             finally:
                 self.ledger.reported()
 

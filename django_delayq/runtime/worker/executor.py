@@ -11,61 +11,37 @@ import logging
 import queue as stdlib_queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from ...engine import Broker, ClaimedJob, JobTimeout
+from ...engine import ClaimedJob, JobTimeout
 from ...engine.logfields import log
-from ..registry import TaskRegistry
 from .async_executor import AsyncExecutor
 from .execution import aborted, after_job, execute, fail_held, finished
-from .ledger import Ledger
-from .middleware import IDLE, Middleware
-from .outcome import Outcome, failure
-from .timelimits import HARD_LIMIT_GRACE, clear_pending, limits_of
+from .jobrunner import JobRunner
+from .middleware import IDLE
+from .outcome import failure
+from .timelimits import clear_pending, limits_of
 
 logger = logging.getLogger("django_delayq.worker")
 
 
-
-class Executor:
+@dataclass(kw_only=True, eq=False)
+class Executor(JobRunner):
     """The threads running jobs, and the buffer of jobs waiting for one."""
 
-    def __init__(
-        self,
-        *,
-        concurrency: int,
-        tasks: TaskRegistry,
-        name: str,
-        broker: Broker,
-        middleware: Sequence[Middleware],
-        ledger: Ledger,
-        report: Callable[[Outcome], None],
-        note_started: Callable[[ClaimedJob, int], None],
-        on_thread_lost: Callable[[], None],
-        timeout: float | None = None,
-        timeout_grace: float = HARD_LIMIT_GRACE,
-        async_executor: AsyncExecutor | None = None,
-    ) -> None:
-        self.concurrency = concurrency
-        self.tasks = tasks
-        self.name = name
-        self.broker = broker
-        self.middleware = list(middleware)
-        self.ledger = ledger
-        self._report = report
-        self._note_started = note_started
-        self._on_thread_lost = on_thread_lost
+    #: Threads running jobs.
+    concurrency: int
+    #: Called if a thread dies outside a job (the worker then stops to be restarted).
+    on_thread_lost: Callable[[], None]
+    #: async def jobs are handed to it (its event loop thread runs them).
+    async_executor: AsyncExecutor | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self._stopping = False
-        #: Time limit of jobs that set none (their task neither), seconds.
-        self.timeout = timeout
-        self.timeout_grace = timeout_grace
         #: Threads stuck in a job past its hard time limit: not waited for at a stop.
         self.stuck: set[threading.Thread] = set()
-        #: async def jobs are handed to it (its event loop thread runs them).
-        self.async_executor = async_executor
-        #: Called as each job ends, before the fetcher hears of the free slot (the
-        #: process pool's recycling counts jobs with it).
-        self.after_job: Callable[[], None] | None = None
         self._inbox: stdlib_queue.SimpleQueue[ClaimedJob | None] = stdlib_queue.SimpleQueue()
         self.threads: list[threading.Thread] = []
 
@@ -121,7 +97,7 @@ class Executor:
                 log(logger, logging.CRITICAL, "executor thread ended unexpectedly",
                     thread_name=threading.current_thread().name, worker=self.name)
 
-                self._on_thread_lost()
+                self.on_thread_lost()
 
     def _serve(self) -> None:
         me = threading.current_thread()
@@ -135,7 +111,7 @@ class Executor:
             except BaseException as exc:  # this thread must go on
                 log(logger, logging.ERROR, "executor error", exc_info=True, job=job.id,
                     queue=job.queue, task=job.task, worker=self.name)
-                fail_held(self.ledger, self._report, job, exc)
+                fail_held(self.ledger, self.report, job, exc)
 
     def _run_one(self, job: ClaimedJob, me: threading.Thread, last_done: float | None) -> float:
         """Run ``job`` on this thread and report its outcome; returns when it ended."""
@@ -144,7 +120,7 @@ class Executor:
                                   retry_delay=retry_delay)
         if lease is None:
             return time.perf_counter()  # its lease was lost while it waited: not ours now
-        self._note_started(job, lease.started_ms)
+        self.note_started(job, lease.started_ms)
         began = time.perf_counter()
         try:
             idle = last_done is None or began - last_done > IDLE
@@ -164,7 +140,7 @@ class Executor:
                 finished(lease.on_finished, outcome)
             finally:
                 try:
-                    self._report(outcome)
+                    self.report(outcome)
                 finally:
                     self.ledger.reported()
         else:
