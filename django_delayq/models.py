@@ -131,6 +131,10 @@ class OutboxEntry(models.Model):
     max_attempts = models.PositiveIntegerField("max attempts", default=1)
     #: Seconds each attempt may run (None: the worker's default), as ``Task.timeout``.
     timeout = models.FloatField(null=True, blank=True)
+    #: The job's concurrency and dedupe keys as the engine takes them: a JSON list of
+    #: ``engine.keyed.KeyedOptions``' values; "" when it has none. A database default
+    #: too: an older version's writer, during a rolling upgrade, leaves it out.
+    keyed = models.TextField("flow-control keys", blank=True, default="", db_default="")
     created_at = models.DateTimeField("written at", default=timezone.now)
     #: Sends that failed because Redis was unreachable.
     attempts = models.PositiveIntegerField("failed sends", default=0)

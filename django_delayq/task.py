@@ -285,24 +285,32 @@ class Task(Generic[P, T]):
         status is ``"outbox"``. A ``delay`` is turned into a due time on this process's
         clock now, so a job relayed late keeps its time (and starts at once if due).
         Outside a transaction (autocommit) the row is committed at once and sent at once.
-        The database is ``using(database=...)``'s alias, else ``default``.
+        The database is ``using(database=...)``'s alias, else ``default``. Concurrency and
+        dedupe keys are resolved now and act when the row reaches Redis, as they would
+        for an :meth:`enqueue` then (a debounce window runs from there); the returned
+        job's ``outcome`` is ``"outbox"`` until then.
         """
         # Imported at the call: the outbox needs its model, and a module declaring tasks
         # may be imported while Django still loads its apps (no model may load then).
         from .outbox import write
 
-        if self.depends_on or self.flow:
-            raise ValueError(f"{self.name}: depends_on and flow-control keys are not "
-                             "supported by enqueue_in_transaction; use enqueue_on_commit")
+        if self.depends_on:
+            raise ValueError(f"{self.name}: depends_on is not supported by "
+                             "enqueue_in_transaction; use enqueue_on_commit")
         self.check_arguments(args, kwargs)
+        keys, job_id, debounce = self.flow.resolve(args, kwargs) if self.flow else (
+            None, None, None)
         run_at = self.run_at
-        if self.delay is not None:
+        if self.delay is not None and debounce is None:
             # Fixed now, on this process's clock: the relay must not add its own lateness.
             run_at = dt.datetime.now(dt.UTC) + dt.timedelta(
                 milliseconds=validation.delay_ms(self.delay))
+        if debounce is not None:
+            run_at = None  # the window runs from when the row reaches Redis
         request = EnqueueRequest(task=self.name, args=args, kwargs=dict(kwargs), run_at=run_at,
-                                 priority=self.priority, job_id=self.job_id,
-                                 max_attempts=self.attempts_allowed, timeout=self.timeout)
+                                 priority=self.priority, job_id=job_id or self.job_id,
+                                 max_attempts=self.attempts_allowed, timeout=self.timeout,
+                                 keyed=keys)
         return write(self.queue_name, request, positional_names(self.func), self.database)
 
     def bind(self, *args: Any, **kwargs: Any) -> JobSpec:

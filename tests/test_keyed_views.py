@@ -68,8 +68,8 @@ def test_options_are_checked_before_anything_is_written(broker):
         per_tenant.using(concurrency_key=lambda tag, *rest: "").enqueue("x:1")
     with pytest.raises(ValueError, match="invalid concurrency_key"):
         per_tenant.using(concurrency_key=lambda tag, *rest: "\n").enqueue("x:1")
-    with pytest.raises(ValueError, match="enqueue_in_transaction"):
-        per_tenant.enqueue_in_transaction("A:1")
+    with pytest.raises(ValueError, match="invalid concurrency_key"):
+        per_tenant.using(concurrency_key=lambda tag, *rest: "").enqueue_in_transaction("x:1")
     assert sum(Queue("default").counts().values()) == 0
     job = per_tenant.enqueue("A:1")
     assert (job.outcome, job.concurrency_key) == ("created", "A")

@@ -44,6 +44,7 @@ from tests.conftest import (
     worker_thread,
 )
 from tests.testapp import tasks
+from tests.testapp.keyed_tasks import PEAK, RUNS, digest, per_tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -209,6 +210,44 @@ def test_due_times_survive_a_project_without_time_zones(broker):
     assert relayed.run_at == job.run_at
 
 
+@pytest.mark.parametrize("fast_path", [True, False], ids=["at-commit", "relayed"])
+def test_concurrency_keys_travel_with_the_row_on_both_paths(redis_client, fast_path):
+    with outbox_settings(FAST_PATH=fast_path), transaction.atomic():
+        jobs = [per_tenant.enqueue_in_transaction(f"{tenant}:{i}", 0.01)
+                for i in range(40) for tenant in "ABC"]
+    assert {(job.status, job.outcome) for job in jobs} == {(OUTBOX, OUTBOX)}
+    assert [job.concurrency_key for job in jobs[:3]] == ["A", "B", "C"]
+    if not fast_path:
+        assert new_relay().run(burst=True) == 120
+    assert OutboxEntry.objects.count() == 0
+    assert EngineJob.fetch(jobs[1].id).concurrency_key == "B"
+    with worker_thread(queues=["default"], concurrency=8):
+        wait_until(lambda: redis_client.llen(RUNS) == 120, message="every keyed job to run")
+    peaks = {key: int(peak) for key, peak in redis_client.hgetall(PEAK).items()}
+    assert max(peaks[tenant] for tenant in "ABC") <= 2, peaks  # per_tenant's limit
+    assert peaks["*"] > 2, peaks  # the keys ran beside each other
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["at-commit", "relayed"])
+def test_debounced_rows_make_one_job_with_the_last_arguments(redis_client, fast_path):
+    debounced = digest.using(dedupe_key="digest:7", dedupe="debounce", dedupe_window=0.2)
+    with outbox_settings(FAST_PATH=fast_path):
+        with transaction.atomic():
+            debounced.enqueue_in_transaction("digest:7", -1)
+            transaction.set_rollback(True)  # never sent: nothing dedupes against it
+        with transaction.atomic():
+            for version in range(300):
+                debounced.enqueue_in_transaction("digest:7", version)
+        if not fast_path:
+            relay = new_relay()
+            assert relay.run(burst=True) == 300
+            assert relay.added == 1
+    assert OutboxEntry.objects.count() == 0
+    run_jobs(until=lambda: Queue("default").counts()["completed"] == 1)
+    assert [json.loads(run) for run in redis_client.lrange(RUNS, 0, -1)] == [["digest:7", 299]]
+    assert sum(Queue("default").counts().values()) == 1
+
+
 def test_many_rows_at_commit_are_sent_in_chunks(redis_client):
     with outbox_settings(CHUNK_SIZE=100), transaction.atomic():
         jobs = [tasks.count_run.enqueue_in_transaction(f"c{i}") for i in range(1_250)]
@@ -363,17 +402,20 @@ def test_a_refused_row_is_parked_with_its_error_and_the_others_are_sent(redis_cl
     unknown = add_row(job_id="gone", task_name="shop.tasks.removed_in_the_last_deploy")
     damaged = add_row(job_id="damaged", args="[not json")
     bad_queue = add_row(job_id="bad-queue", queue="no spaces allowed")
+    bad_keys = add_row(job_id="bad-keys", keyed='["A", 0, "", "", 0, 0, 0, 1]')  # limit 0
     relay = new_relay()
     assert relay.run(burst=True) == 1
-    assert relay.parked == 3
+    assert relay.parked == 4
     assert job_keys(redis_client) == ["{dq:default}:j:good"]
     rows = {row.job_id: row for row in OutboxEntry.objects.all()}
-    assert set(rows) == {unknown.job_id, damaged.job_id, bad_queue.job_id}
+    assert set(rows) == {unknown.job_id, damaged.job_id, bad_queue.job_id, bad_keys.job_id}
     assert all(row.parked_at is not None and row.attempts == 0 for row in rows.values())
     assert rows["gone"].error.startswith("UnknownTask: no task named "
                                          "'shop.tasks.removed_in_the_last_deploy'")
     assert rows["damaged"].error.startswith("ValueError: the stored arguments are not JSON")
     assert "invalid queue name" in rows["bad-queue"].error
+    assert rows["bad-keys"].error.startswith(
+        "ValueError: the stored flow-control keys are damaged: concurrency_limit must be")
     assert new_relay().run(burst=True) == 0  # parked: never retried by itself
     assert good.pk not in rows
 
@@ -650,7 +692,8 @@ def test_the_admin_shows_parked_rows_with_their_error_and_retries_them(redis_cli
 def test_the_admin_lists_a_waiting_row_with_its_state_and_last_error():
     waiting = add_row(job_id="waiting-1", attempts=37,
                       error="DelayQConnectionError: Redis at redis://10.0.0.9:6379/0 is "
-                            "unreachable")
+                            "unreachable", keyed='["<b>A</b>", 2, "d", "debounce", 1500, '
+                                                 '0, 0, 1]')
     add_row(job_id="parked-1", parked_at=timezone.now(), error="UnknownTask: gone")
     client = admin_client(superuser=True)
 
@@ -670,6 +713,8 @@ def test_the_admin_lists_a_waiting_row_with_its_state_and_last_error():
                                 args=[waiting.pk])).content.decode()
     assert "waiting" in detail
     assert "10.0.0.9" in detail
+    assert ("concurrency key &lt;b&gt;A&lt;/b&gt; (limit 2); dedupe key d (debounce, "
+            "window 1.5 s)") in detail
 
 
 def test_the_admin_follows_the_model_permissions():

@@ -76,6 +76,20 @@ ids["traced"] = broker.enqueue(
     traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").job_id
 """
 
+#: What the previous version writes after this version's migrations, while both run: a
+#: job through its outbox (a column this version added must not fail its INSERT).
+OUTBOXED = """
+import json
+import django
+django.setup()
+from django.db import transaction
+from tests.testapp import tasks
+
+with transaction.atomic():
+    job = tasks.record.enqueue_in_transaction("late-outboxed")
+print(json.dumps({"outboxed": job.id}))
+"""
+
 
 @pytest.fixture(scope="module")
 def previous(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -148,6 +162,8 @@ def test_jobs_of_the_previous_release_run_here_and_back(previous: Path, tmp_path
     assert set(old_jobs.values()) <= set(sqlite_rows(db))
     # upgrade: this version's migrations on the filled database, its worker on old jobs
     run(here, db, "-m", "django", "migrate", "-v0")
+    # a producer of the previous version still running
+    old_jobs |= json.loads(run(previous, db, "-c", OUTBOXED).strip().splitlines()[-1])
     new_worker = worker(here, db)
     try:
         all_ran(old_jobs, db)

@@ -20,6 +20,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from ..connection import get_broker
+from ..engine import keyed
 from ..models import OutboxEntry
 from ..outbox.send import send_rows, settle
 from ..task import registry
@@ -53,8 +54,8 @@ class OutboxEntryAdmin(ReadOnlyPages):
     show_full_result_count = False
     actions = ("retry_now", "delete_selected")
     fields = ("job_id", "queue", "task_name", "state", "priority", "run_at", "max_attempts",
-              "args_display", "kwargs_display", "created_at", "attempts", "parked_at",
-              "error_display")
+              "keys_display", "args_display", "kwargs_display", "created_at", "attempts",
+              "parked_at", "error_display")
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -102,6 +103,23 @@ class OutboxEntryAdmin(ReadOnlyPages):
     @admin.display(description="keyword arguments")
     def kwargs_display(self, row: OutboxEntry) -> SafeString:
         return _json_block(row.kwargs)
+
+    @admin.display(description="flow-control keys")
+    def keys_display(self, row: OutboxEntry) -> str:
+        try:
+            options = keyed.from_text(row.keyed)
+        except (TypeError, ValueError):
+            return row.keyed  # damaged: shown as stored (the row's error says why)
+        if options is None:
+            return "-"
+        parts = []
+        if options.concurrency_key:
+            parts.append(f"concurrency key {options.concurrency_key} "
+                         f"(limit {options.concurrency_limit})")
+        if options.dedupe_mode:
+            parts.append(f"dedupe key {options.dedupe_key} ({options.dedupe_mode}, "
+                         f"window {options.window_ms / 1000:g} s)")
+        return "; ".join(parts)
 
     @admin.action(description="Retry now: send the selected rows to Redis",
                   permissions=["change"])

@@ -72,7 +72,8 @@ class Job:
     #: False when ``enqueue`` found a job with this id already there (nothing added).
     created: bool = True
     #: What ``enqueue`` did: "created", "duplicate", or with a dedupe key "replaced"
-    #: (this job, waiting, took the new arguments) or "ignored" (throttled).
+    #: (this job, waiting, took the new arguments) or "ignored" (throttled); "outbox"
+    #: for a job written to the outbox (decided when the row reaches Redis).
     outcome: str = "created"
     #: Its concurrency key, and whether it waits for one of the key's slots (ready, but
     #: the key is at its limit).

@@ -25,6 +25,7 @@ See docs/flow-control.md.
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -157,6 +158,40 @@ def encode(concurrency_key: str | None, concurrency_limit: int | None,
         return None
     return KeyedOptions(ck, limit, dk, mode, window_ms, *(
         (rate.limit, rate.period_ms) if rate is not None else (0, 0)), weight)
+
+
+def to_text(options: KeyedOptions | None) -> str:
+    """``options`` as text to store (an outbox row): a JSON list of its values, '' for
+    none. :func:`from_text` reads it back."""
+    return "" if options is None else json.dumps(list(options), ensure_ascii=False)
+
+
+def from_text(text: str) -> KeyedOptions | None:
+    """The options :func:`to_text` wrote, checked again: a damaged value raises
+    ``ValueError`` (or ``TypeError``) rather than reach the enqueue script."""
+    if not text:
+        return None
+    values = json.loads(text)
+    fields = KeyedOptions._fields
+    if not isinstance(values, list) or len(values) != len(fields):
+        raise ValueError(f"stored flow-control keys are not a list of {len(fields)} values")
+    options = KeyedOptions(*values)
+    for name, value in zip(fields, options, strict=True):
+        wanted = str if name in ("concurrency_key", "dedupe_key", "dedupe_mode") else int
+        if type(value) is not wanted or (isinstance(value, int) and value < 0):
+            raise ValueError(f"stored flow-control keys: bad {name} {value!r}")
+    if options.concurrency_key:
+        check_key(options.concurrency_key, "concurrency_key")
+        check_limit(options.concurrency_limit)
+        check_weight(options.weight)
+    if options.dedupe_key:
+        check_key(options.dedupe_key, "dedupe_key")
+    if options.dedupe_mode and (check_mode(options.dedupe_mode) == "exists"
+                                or not options.dedupe_key):
+        raise ValueError(f"stored flow-control keys: bad dedupe {options.dedupe_mode!r}")
+    if not options.concurrency_key and not options.dedupe_mode:
+        raise ValueError("stored flow-control keys name no key")
+    return options
 
 
 def exists_job_id(dedupe_key: str) -> str:

@@ -23,6 +23,7 @@ from ..engine import (
     Broker,
     EnqueueRequest,
     UnknownTask,
+    keyed,
     validation,
 )
 from ..engine.failover import REFUSED, is_transient
@@ -48,12 +49,19 @@ def request_of(row: OutboxEntry) -> EnqueueRequest:
         raise ValueError(f"the stored arguments are not JSON: {exc}") from None
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise ValueError("the stored arguments are not a JSON list and a JSON object")
-    run_at = row.run_at
+    try:
+        options = keyed.from_text(row.keyed)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"the stored flow-control keys are damaged: {exc}") from None
+    run_at, delay = row.run_at, None
     if run_at is not None and timezone.is_naive(run_at):  # USE_TZ = False: local time
         run_at = timezone.make_aware(run_at)
+    if options is not None and options.dedupe_mode == "debounce":
+        # The window runs from when the job reaches Redis, as each later enqueue's does.
+        run_at, delay = None, options.window_ms / 1000
     return EnqueueRequest(task=row.task_name, args=args, kwargs=kwargs, run_at=run_at,
-                          priority=row.priority, job_id=row.job_id,
-                          max_attempts=row.max_attempts, timeout=row.timeout)
+                          delay=delay, priority=row.priority, job_id=row.job_id,
+                          max_attempts=row.max_attempts, timeout=row.timeout, keyed=options)
 
 
 @dataclasses.dataclass

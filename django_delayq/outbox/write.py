@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from ..conf import conf
 from ..connection import get_broker
-from ..engine import EnqueueRequest, Job, JobNotFound, validation
+from ..engine import EnqueueRequest, Job, JobNotFound, keyed, validation
 from ..engine.jobhash import from_ms
 from ..engine.logfields import log
 from ..engine.status import OUTBOX
@@ -63,14 +63,17 @@ def write(queue: str, request: EnqueueRequest, arg_names: Sequence[str],
     alias = using or DEFAULT_DB_ALIAS
     queue = validation.validate_queue_name(queue)
     broker = get_broker()  # no connection is made: only its checks and encoder are used
-    job = broker.encode_request(request, arg_names)
+    # A keyed job's id lands in its key's shard, as a direct enqueue's does.
+    job = broker.encode_request(request, arg_names, shards=broker.shard_count(queue)
+                                if request.keyed is not None else 1)
     due = from_ms(job.run_at_ms)
     stored = due if due is None or settings.USE_TZ else timezone.make_naive(due)  # local
     row = OutboxEntry.objects.using(alias).create(
         job_id=job.job_id, queue=queue, task_name=request.task, args=job.args_json,
         kwargs=job.kwargs_json, priority=request.priority, run_at=stored,
         max_attempts=request.max_attempts,
-        timeout=job.timeout_ms / 1000 if isinstance(job.timeout_ms, int) else None)
+        timeout=job.timeout_ms / 1000 if isinstance(job.timeout_ms, int) else None,
+        keyed=keyed.to_text(request.keyed))
     if conf.OUTBOX["FAST_PATH"]:
         _pending_ids(alias).append(row.pk)
         # One hook per row: Django drops the hooks of a rolled-back savepoint with its
@@ -80,7 +83,8 @@ def write(queue: str, request: EnqueueRequest, arg_names: Sequence[str],
     return OutboxJob(
         id=job.job_id, queue=queue, task_name=request.task, status=OUTBOX,
         args=list(request.args), kwargs=dict(request.kwargs), priority=request.priority,
-        run_at=due, max_attempts=request.max_attempts, database=alias,
+        run_at=due, max_attempts=request.max_attempts, database=alias, outcome=OUTBOX,
+        concurrency_key=request.keyed.concurrency_key or None if request.keyed else None,
     )
 
 
