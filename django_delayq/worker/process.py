@@ -31,6 +31,7 @@ import django
 from django.conf import settings
 
 from ..engine import workers as liveness
+from ..engine.logfields import log
 from ..runtime.children import python_command, watch_parent
 from ..runtime.deadlines import Board
 from ..runtime.worker.exit_codes import EXIT_FORCED
@@ -123,8 +124,8 @@ def install_stop_signals(request_stop: Any) -> list[int]:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         received.append(signum)
         if len(received) > 1:
-            logging.getLogger("django_delayq").warning(
-                "second signal %s: exiting now", signal.Signals(signum).name)
+            log(logging.getLogger("django_delayq"), logging.WARNING,
+                "second signal: exiting now", signal=signal.Signals(signum).name)
             exit_now(EXIT_FORCED)
         request_stop()
 

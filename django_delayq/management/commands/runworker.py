@@ -29,6 +29,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_delayq.conf import conf
 from django_delayq.connection import get_broker
 from django_delayq.engine.keys import validate_queue_name
+from django_delayq.engine.logfields import log
 from django_delayq.runtime.children import Child
 from django_delayq.runtime.deadlines import Board, frozen_after
 from django_delayq.runtime.host import Host
@@ -177,8 +178,8 @@ def forget_metrics_of(child: Child, pid: int, code: int) -> None:
     try:
         multiprocess.mark_process_dead(pid)
     except OSError as exc:  # the directory went away: nothing of the child is left there
-        logging.getLogger("django_delayq.worker").warning(
-            "could not drop the metrics of pid=%d error=%s", pid, exc)
+        log(logging.getLogger("django_delayq.worker"), logging.WARNING,
+            "could not drop the metrics of a worker process", pid=pid, error=exc)
 
 
 #: Options the worker processes take as given (the rest read their settings).
