@@ -169,6 +169,36 @@ def test_sighup_to_a_worker_process_is_a_warm_stop(broker, spawned):
     assert proc.wait(timeout=60) == 0, out.text
 
 
+#: A process whose stop handler takes a lock its main thread holds when the signal comes
+#: (as Event.set takes the lock Event.wait holds for a moment, or a log handler the
+#: stream's). Run in the signal handler, the stop would wait for that lock for ever.
+_STOP_UNDER_A_HELD_LOCK = """
+import os, signal, threading
+from django_delayq.worker.process import install_stop_signals
+
+lock, stopped = threading.Lock(), threading.Event()
+
+def request_stop():
+    with lock:
+        stopped.set()
+
+received = install_stop_signals(request_stop)
+with lock:
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("signalled", flush=True)
+assert stopped.wait(60), "the stop never came"
+print("stopped", received == [signal.SIGTERM], flush=True)
+"""
+
+
+def test_a_stop_signal_never_waits_on_a_lock_the_interrupted_code_holds():
+    done = subprocess.run([sys.executable, "-c", _STOP_UNDER_A_HELD_LOCK], cwd=ROOT,
+                          env=worker_env(), capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == ["signalled", "stopped", "True"], done.stdout
+
+
 def test_a_worker_started_under_nohup_runs_on_through_sighup(broker, spawned):
     """Started with SIGHUP ignored (``nohup``), the host and its worker process keep
     ignoring it: the job runs on and no stop begins; SIGTERM still stops them warmly."""

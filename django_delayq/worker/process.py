@@ -15,6 +15,7 @@ If the host disappears (SIGKILL, the OOM killer), the process stops warmly by it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -101,19 +102,57 @@ def run_worker_process(spec: ProcessSpec) -> None:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+#: The stop handler of this process (the last one :func:`on_stop_signals` was given).
+_stop_handler: Callable[[int, FrameType | None], Any] | None = None
+#: The pipe's write end the signal handler writes each signal's number to.
+_signal_pipe: int | None = None
+
+
+def _write_signal(signum: int, frame: FrameType | None) -> None:
+    """The signal handler itself: one write to a pipe, no lock taken. A handler runs in
+    the main thread between two of its bytecodes; one that took a lock the interrupted
+    code holds (an Event's, a logging stream's) would wait for ever."""
+    if _signal_pipe is not None:
+        with contextlib.suppress(OSError):  # a full pipe: stops are on their way already
+            os.write(_signal_pipe, bytes([signum]))
+
+
+def _relay_signals(read_fd: int) -> None:
+    """The thread that calls the stop handler for each signal the pipe brings."""
+    while True:
+        for signum in os.read(read_fd, 64):
+            handler = _stop_handler
+            if handler is None:
+                continue
+            try:
+                handler(signum, None)
+            except Exception:  # the next signal must still be relayed
+                log(logging.getLogger("django_delayq"), logging.ERROR,
+                    "stop signal handler failed", exc_info=True, signal=signum)
+
+
 def on_stop_signals(handler: Callable[[int, FrameType | None], Any], *,
                     sigint: bool = True) -> None:
-    """Call ``handler(signum, frame)`` on each of :data:`STOP_SIGNALS` (SIGINT unless
+    """Call ``handler(signum, None)`` on each of :data:`STOP_SIGNALS` (SIGINT unless
     ``sigint`` is False; SIGHUP unless it is ignored: a process started under ``nohup``
-    keeps ignoring it). Only the main thread can install handlers: elsewhere (a command
-    called from a test's thread) nothing is."""
+    keeps ignoring it), on a thread of its own (:func:`_write_signal` says why). Only the
+    main thread can install handlers: elsewhere (a command called from a test's thread)
+    nothing is."""
+    global _stop_handler, _signal_pipe
     if threading.current_thread() is not threading.main_thread():
         return
+    _stop_handler = handler
+    if _signal_pipe is None:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        threading.Thread(target=_relay_signals, args=(read_fd,), name="delayq-signals",
+                         daemon=True).start()
+        _signal_pipe = write_fd
     for signum in STOP_SIGNALS:
         if (signum == signal.SIGINT and not sigint) or (
                 signum == signal.SIGHUP and signal.getsignal(signum) is signal.SIG_IGN):
             continue
-        signal.signal(signum, handler)
+        signal.signal(signum, _write_signal)
 
 
 def install_stop_signals(request_stop: Any) -> list[int]:
