@@ -65,7 +65,4 @@ class FlowControl:
         job_id = None
         if dk is not None and self.dedupe in (None, "exists"):
             job_id = keyed.exists_job_id(dk)
-        delay = None
-        if options is not None and options.dedupe_mode == "debounce":
-            delay = options.window_ms / 1000
-        return options, job_id, delay
+        return options, job_id, keyed.debounce_delay(options)

@@ -301,12 +301,12 @@ class Task(Generic[P, T]):
         keys, job_id, debounce = self.flow.resolve(args, kwargs) if self.flow else (
             None, None, None)
         run_at = self.run_at
-        if self.delay is not None and debounce is None:
+        if debounce is not None:
+            run_at = None  # the window runs from when the row reaches Redis (outbox.send)
+        elif self.delay is not None:
             # Fixed now, on this process's clock: the relay must not add its own lateness.
             run_at = dt.datetime.now(dt.UTC) + dt.timedelta(
                 milliseconds=validation.delay_ms(self.delay))
-        if debounce is not None:
-            run_at = None  # the window runs from when the row reaches Redis
         request = EnqueueRequest(task=self.name, args=args, kwargs=dict(kwargs), run_at=run_at,
                                  priority=self.priority, job_id=job_id or self.job_id,
                                  max_attempts=self.attempts_allowed, timeout=self.timeout,

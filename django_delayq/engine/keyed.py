@@ -160,6 +160,14 @@ def encode(concurrency_key: str | None, concurrency_limit: int | None,
         (rate.limit, rate.period_ms) if rate is not None else (0, 0)), weight)
 
 
+def debounce_delay(options: KeyedOptions | None) -> float | None:
+    """Seconds a debounced job waits from the enqueue that reaches Redis (its window),
+    else None. Every path that sends such a job sets its due time from this."""
+    if options is None or options.dedupe_mode != "debounce":
+        return None
+    return options.window_ms / 1000
+
+
 def to_text(options: KeyedOptions | None) -> str:
     """``options`` as text to store (an outbox row): a JSON list of its values, '' for
     none. :func:`from_text` reads it back."""

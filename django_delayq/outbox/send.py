@@ -53,12 +53,11 @@ def request_of(row: OutboxEntry) -> EnqueueRequest:
         options = keyed.from_text(row.keyed)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"the stored flow-control keys are damaged: {exc}") from None
-    run_at, delay = row.run_at, None
-    if run_at is not None and timezone.is_naive(run_at):  # USE_TZ = False: local time
+    run_at, delay = row.run_at, keyed.debounce_delay(options)
+    if delay is not None:
+        run_at = None  # the window runs from when the job reaches Redis
+    elif run_at is not None and timezone.is_naive(run_at):  # USE_TZ = False: local time
         run_at = timezone.make_aware(run_at)
-    if options is not None and options.dedupe_mode == "debounce":
-        # The window runs from when the job reaches Redis, as each later enqueue's does.
-        run_at, delay = None, options.window_ms / 1000
     return EnqueueRequest(task=row.task_name, args=args, kwargs=kwargs, run_at=run_at,
                           delay=delay, priority=row.priority, job_id=row.job_id,
                           max_attempts=row.max_attempts, timeout=row.timeout, keyed=options)
