@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from django.urls import path, register_converter
 
+from ..engine.keys import validate_job_id
 from . import views
 from .docs import APIRootView, RedocView, SwaggerView
 from .schema import SchemaView
@@ -25,6 +26,11 @@ class QueueNameConverter:
 
 class JobIdConverter(QueueNameConverter):
     regex = r"[A-Za-z0-9_.:@+=/\-]{1,128}"
+
+    def to_python(self, value: str) -> str:
+        # The engine's whole rule (no empty, '.' or '..' part): a ValueError is no match,
+        # so ``jobs/q/0//`` is a 404, not a 500 from the view.
+        return validate_job_id(value)
 
 
 register_converter(QueueNameConverter, "delayq_queue")
