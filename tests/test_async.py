@@ -231,3 +231,17 @@ def test_an_async_job_whose_run_fails_outside_its_task_is_failed_not_held(broker
     finally:
         executor.stop()
     assert_failed_outside_its_task(broker, job, ledger, outcomes)
+
+
+def test_a_stopped_worker_closes_its_event_loop_after_hundreds_of_jobs(redis_client):
+    """The loop's selector and self-pipe are freed as the worker stops, not left to the
+    end of the process: a worker run in a thread of a longer-lived process leaks none."""
+    jobs = [tasks.async_add.enqueue(i, 1) for i in range(300)]
+    with worker_thread(queues=["async"], concurrency=1, async_concurrency=20) as worker:
+        wait_until(lambda: all(j.refresh().status == "completed" for j in jobs),
+                   timeout=120, message="the async jobs to complete")
+        loop = worker._async._loop
+        assert loop is not None
+        assert loop.is_running()
+    assert loop.is_closed()
+    assert sorted(j.result["sum"] for j in jobs) == [i + 1 for i in range(300)]

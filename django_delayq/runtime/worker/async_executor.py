@@ -158,7 +158,10 @@ class AsyncExecutor(JobRunner):
         does not wait for a loop that a coroutine blocks."""
         self._stopping = True
         if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            try:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+            except RuntimeError:
+                return  # closed meanwhile: its thread has ended
             if wait:
                 self._thread.join(timeout=5)
 
@@ -187,6 +190,12 @@ class AsyncExecutor(JobRunner):
                             log(logger, logging.CRITICAL, "event loop thread ended "
                                 "unexpectedly: its async jobs cannot finish", worker=self.name)
                             self.on_loop_lost()
+                        elif not asyncio.all_tasks(loop):
+                            # its selector and self-pipe are freed now, not when the
+                            # process ends: a worker in a thread (tests, the Tasks
+                            # backend's) leaks nothing. Abandoned jobs keep it open:
+                            # cancelling them would report outcomes for handed-back jobs.
+                            loop.close()
 
                 self._thread = threading.Thread(target=run, name="delayq-async", daemon=True)
                 self._thread.start()
