@@ -29,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -139,9 +140,12 @@ def main(argv: list[str] | None = None) -> None:
     if opts.baseline:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [os.path.abspath(opts.baseline), str(record.ROOT)])}
-        done = subprocess.run([sys.executable, "-m", "bench.sizing", "--child", str(jobs)],
-                              cwd=opts.baseline, env=env, capture_output=True, text=True,
-                              check=True)
+        # by path: the baseline may predate this file, and its django_delayq comes first
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child",
+                               str(jobs)], cwd=opts.baseline, env=env, capture_output=True,
+                              text=True)
+        if done.returncode:
+            raise SystemExit(f"the baseline's run failed:\n{done.stderr}")
         figures["baseline"] = json.loads(done.stdout.strip().splitlines()[-1])
         figures["baseline_dir"] = opts.baseline
     print(json.dumps(figures, indent=2))
