@@ -294,8 +294,32 @@ def spans(monkeypatch: pytest.MonkeyPatch) -> Any:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     monkeypatch.setattr(trace, "get_tracer", lambda name, *args, **kwargs:
                         provider.get_tracer(name, *args, **kwargs))
+    monkeypatch.setattr(tracing, "recording", lambda: True)
     yield exporter
     provider.shutdown()
+
+
+def test_without_a_provider_no_span_is_made_but_a_trace_upstream_goes_on(redis_client):
+    """No tracer provider in this process: the API would hand out no-op spans, so none is
+    made, on enqueue or in the worker; a context already current (a traced request
+    upstream) still names the trace, through the job and on into what its task sends."""
+    assert tracing.ENABLED
+    assert not tracing.recording()
+    keys = get_broker().keys_for("default", "")
+    untraced = [tasks.record.enqueue(f"untraced-{i}") for i in range(100)]
+    assert not any(redis_client.hget(keys.job(j.id), "tp") for j in untraced)
+
+    upstream = trace.SpanContext(trace_id=0x1234, span_id=0x5678, is_remote=True,
+                                 trace_flags=trace.TraceFlags(1))
+    with trace.use_span(trace.NonRecordingSpan(upstream)):
+        parents = [tasks.sends_record.enqueue(f"traced-{i}") for i in range(100)]
+    traceparent = f"00-{0x1234:032x}-{0x5678:016x}-01"
+    assert {redis_client.hget(keys.job(j.id), "tp") for j in parents} == {traceparent}
+    with worker_thread(queues=["default"], concurrency=4):
+        wait_until(lambda: all(Job.fetch(j.id).status == "completed" for j in parents),
+                   timeout=60, message="the traced jobs")
+    children = [Job.fetch(j.id).result for j in parents]
+    assert {redis_client.hget(keys.job(c), "tp") for c in children} == {traceparent}
 
 
 def consumer_spans(path: Any) -> list[dict[str, Any]]:

@@ -192,6 +192,46 @@ def test_django_connections_are_checked_before_a_job_unless_its_thread_just_did(
         assert connection.health_check_done is False  # checked after the job either way
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_a_later_job_of_a_thread_opens_is_checked_after_it() -> None:
+    """The check runs only on threads that opened a connection since the last one: a
+    thread whose first jobs used no database still has its connection checked after the
+    first job that opens one, and after each later one."""
+    from django.db import connection
+
+    from django_delayq.connection import get_broker
+    from django_delayq.engine import ClaimedJob
+    from django_delayq.runtime.worker.execution import execute
+    from django_delayq.task import registry
+    from django_delayq.worker.connections import DatabaseConnections
+
+    def claimed(task: str) -> ClaimedJob:
+        return ClaimedJob(keys=QueueKeys("dq", "default"), id="j", attempt=1,
+                          max_attempts=1, task=task, args_json="[]", kwargs_json="{}",
+                          priority=0, run_at_ms=0, enqueued_at_ms=0, started_at_ms=0)
+
+    middleware = [DatabaseConnections()]
+    seen: list[tuple[bool, bool]] = []
+
+    def thread() -> None:
+        for i in range(60):
+            task = tasks.queries_database if i % 3 == 2 else tasks.add
+            args = [] if task is tasks.queries_database else [1, 2]
+            job = claimed(task.name)
+            job.args_json = json.dumps(args)
+            outcome = execute(job, registry, "w", get_broker(), middleware, idle=i == 0)
+            assert outcome.ok, outcome.error
+            seen.append((task is tasks.queries_database, connection.health_check_done))
+        connection.close()
+
+    runner = threading.Thread(target=thread)
+    runner.start()
+    runner.join(timeout=60)
+    assert len(seen) == 60
+    assert sum(queried for queried, _ in seen) == 20
+    assert not any(left_marked for queried, left_marked in seen if queried), seen
+
+
 def test_every_base_exception_fails_its_job_and_the_thread_goes_on(redis_client):
     kinds = list(tasks.BASE_EXCEPTIONS)
     failing = {kind: tasks.raises.enqueue(kind) for kind in kinds}

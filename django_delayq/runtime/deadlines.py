@@ -57,6 +57,8 @@ _SEQ = struct.Struct("<I")
 # (ms), start (ms, Redis clock), queue, job id (the lengths are the engine's limits),
 # who asked for its abort (its start; empty: nobody)
 _RECORD = struct.Struct("<IIddiq64s128s24s")
+_HARD_AT = struct.Struct("<d")
+_HARD_AT_OFFSET = struct.calcsize("<II")
 _SLOT = 256
 _HEADER_SIZE = 64
 
@@ -85,7 +87,6 @@ class Board:
         self.slots = slots
         self._map = mmap.mmap(fd, _HEADER_SIZE + slots * _SLOT)
         self._free = list(range(slots - 1, -1, -1))
-        self._lock = threading.Lock()
 
     @classmethod
     def create(cls, slots: int) -> Board:
@@ -129,10 +130,10 @@ class Board:
              hard_at: float = math.inf, timeout: float = 0.0,
              retry_delay_ms: int = 1000) -> int | None:
         """Post a job that started; its slot (None if the board is full)."""
-        with self._lock:
-            if not self._free:
-                return None
-            slot = self._free.pop()
+        try:
+            slot = self._free.pop()  # atomic: the posting threads need no lock of ours
+        except IndexError:
+            return None
         offset = _HEADER_SIZE + slot * _SLOT
         seq = _SEQ.unpack_from(self._map, offset)[0]
         _SEQ.pack_into(self._map, offset, seq + 1)
@@ -151,14 +152,15 @@ class Board:
         _SEQ.pack_into(self._map, offset, seq + 2)
 
     def clear(self, slot: int) -> None:
-        """The job of ``slot`` is over (or no longer this process's to end)."""
+        """The job of ``slot`` is over (or no longer this process's to end): its hard
+        limit becomes 0, which :meth:`posted` skips (the rest is overwritten by the next
+        post)."""
         offset = _HEADER_SIZE + slot * _SLOT
         seq = _SEQ.unpack_from(self._map, offset)[0]
         _SEQ.pack_into(self._map, offset, seq + 1)
-        self._map[offset + _SEQ.size:offset + _RECORD.size] = bytes(_RECORD.size - _SEQ.size)
+        _HARD_AT.pack_into(self._map, offset + _HARD_AT_OFFSET, 0.0)
         _SEQ.pack_into(self._map, offset, seq + 2)
-        with self._lock:
-            self._free.append(slot)
+        self._free.append(slot)
 
     # -- the host's side ------------------------------------------------------------
 

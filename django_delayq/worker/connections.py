@@ -1,7 +1,8 @@
 """Django's database connections around each job, as Django checks them around a request.
 
 ``close_old_connections()`` after every job, and before one when the thread idled (its
-connections may have outlived ``CONN_MAX_AGE`` or broken meanwhile). An ``async def``
+connections may have outlived ``CONN_MAX_AGE`` or broken meanwhile), on a thread that
+has opened a connection since the check before (no other can hold one). An ``async def``
 job's database work runs on the thread ``sync_to_async`` uses, so the check runs there,
 and only when that thread may hold a connection: one was opened in the process since its
 last check, or that check left one open. A job that touches no database costs no trip
@@ -10,6 +11,7 @@ to that thread.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -35,18 +37,25 @@ class DatabaseConnections(Middleware):
         #: Whether sync_to_async's thread may hold a connection (async jobs only).
         self._dirty = True
         self._checked = float("-inf")
+        #: ``opened``: whether this executor thread may hold a connection.
+        self._thread = threading.local()
         connection_created.connect(self._opened, dispatch_uid=f"delayq-{id(self)}",
                                    weak=True)
 
-    def _opened(self, **kwargs: Any) -> None:
+    def _opened(self, **kwargs: Any) -> None:  # sent on the thread that connects
         self._dirty = True
+        self._thread.opened = True
+
+    def _check_thread(self) -> None:
+        if getattr(self._thread, "opened", True):  # unknown until its first check
+            self._thread.opened = _check_connections()
 
     def before_job(self, job: ClaimedJob, *, idle: bool) -> None:
         if idle:  # checked as the previous job ended: only age can have hurt them since
-            close_old_connections()
+            self._check_thread()
 
     def after_job(self, job: ClaimedJob, outcome: Outcome) -> None:
-        close_old_connections()
+        self._check_thread()
 
     async def before_async_job(self, job: ClaimedJob, *, idle: bool) -> None:
         if self._dirty and time.monotonic() - self._checked > IDLE:

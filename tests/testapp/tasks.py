@@ -46,6 +46,12 @@ def take_anything(*args: object, **kwargs: object) -> None:
     """Takes any arguments: the codec tests compare what producers store."""
 
 
+@task
+def sends_record(tag: str) -> str:
+    """Enqueue ``record(tag)`` from inside a job; returns the new job's id."""
+    return record.enqueue(tag).id
+
+
 @task(queue="other")
 def record_other(tag: str) -> str:
     _note("record_other", tag=tag)
@@ -117,6 +123,17 @@ def connection_health_checked() -> bool:
     from django.db import connection
 
     return connection.health_check_done
+
+
+@task
+def queries_database() -> None:
+    """Query through the default connection, opening it if need be, and leave it marked
+    as health-checked (what a check after the job unmarks)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    connection.health_check_done = True
 
 
 class LibraryAbort(BaseException):
