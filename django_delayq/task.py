@@ -218,12 +218,13 @@ class Task(Generic[P, T]):
         queue, max_attempts = self.queue_name, self.attempts_allowed
         resolved = self.flow.resolve(args, kwargs) if self.flow else (None, None, None)
         keys = resolved[0]
-        if tracing.ENABLED:
+        if tracing.ENABLED and tracing.recording():
             with tracing.sending(queue, self.name) as span:
                 res = self._send(broker, args, kwargs, span.traceparent, resolved)
                 span.sent(res.job_id)
-        else:
-            res = self._send(broker, args, kwargs, "", resolved)
+        else:  # without a provider a context upstream still names the trace
+            res = self._send(broker, args, kwargs,
+                             tracing.passed_on() if tracing.ENABLED else "", resolved)
         # Every input was checked before the write, so these times are in range; were
         # one not (a damaged existing job), the job is still returned, not an error.
         enqueued_at = reply_time(res.enqueued_at_ms)
