@@ -36,7 +36,6 @@ the thread ``sync_to_async`` uses there, whenever that thread may hold one. The 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import logging
 import threading
@@ -93,6 +92,10 @@ class AsyncExecutor(JobRunner):
         #: Jobs handed over that have no slot yet, by id (the loop's view of its buffer).
         self._waiting: dict[tuple[Any, str], ClaimedJob] = {}
         self._waiting_lock = threading.Lock()
+        #: Jobs handed over that the loop has not taken yet (under ``_waiting_lock``),
+        #: and the loop's tasks running jobs.
+        self._handed: list[ClaimedJob] = []
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def accepts(self, job: ClaimedJob) -> bool:
         """Whether ``job`` is a job of a registered async task."""
@@ -124,19 +127,36 @@ class AsyncExecutor(JobRunner):
 
     def submit(self, job: ClaimedJob) -> None:
         """Run ``job`` on the loop once a slot is free. On a dead loop it stays
-        buffered, to be handed back (unattempted) as the worker stops."""
+        buffered, to be handed back (unattempted) as the worker stops.
+
+        Jobs handed over while the loop has not yet taken the ones before are taken
+        with them, on one wake-up of the loop (a claim's batch costs one, not one a
+        job)."""
         loop = self._ensure_loop()  # started and running once this returns
         if self._stopping or not self.alive():
             return
         with self._waiting_lock:
             self._waiting[(job.keys, job.id)] = job
-        future = asyncio.run_coroutine_threadsafe(self._run(job), loop)
-        future.add_done_callback(functools.partial(self._ran, job))
+            self._handed.append(job)
+            wake = len(self._handed) == 1
+        if wake:
+            loop.call_soon_threadsafe(self._take_handed)
 
-    def _ran(self, job: ClaimedJob, future: concurrent.futures.Future[None]) -> None:
+    def _take_handed(self) -> None:
+        """On the loop: a task for each job handed over since the last call."""
+        with self._waiting_lock:
+            jobs, self._handed = self._handed, []
+        assert self._loop is not None
+        for job in jobs:
+            task = self._loop.create_task(self._run(job))
+            self._tasks.add(task)  # the loop keeps only a weak reference
+            task.add_done_callback(functools.partial(self._ran, job))
+
+    def _ran(self, job: ClaimedJob, future: asyncio.Task[None]) -> None:
         """The run of ``job`` on the loop is over. Whatever the task raises is its
         outcome; what raised here is this code's, before the job started or after it
         ended: logged, and the job failed if it is still held without an outcome."""
+        self._tasks.discard(future)
         with self._waiting_lock:
             self._waiting.pop((job.keys, job.id), None)
         if future.cancelled():
