@@ -199,6 +199,45 @@ def test_a_stop_signal_never_waits_on_a_lock_the_interrupted_code_holds():
     assert done.stdout.split() == ["signalled", "stopped", "True"], done.stdout
 
 
+#: A process whose main thread is blocked in a system call (an idle worker's main thread
+#: may wait so for minutes) when the kernel hands a stop signal to another of its threads,
+#: as it may when the main thread has a signal pending. The main thread is not woken: a
+#: stop that waited for it to run Python code never came.
+_STOP_TO_ANOTHER_THREAD = """
+import os, signal, threading, time
+from django_delayq.worker.process import install_stop_signals
+
+def request_stop():
+    print("stopped", flush=True)
+    os._exit(0)
+
+install_stop_signals(request_stop)
+read_fd, _ = os.pipe()  # never written: the main thread reads it for ever
+main = threading.get_native_id()
+
+def signal_this_thread():
+    wchan, deadline = "", time.monotonic() + 60
+    while "pipe_read" not in wchan:  # until the main thread is blocked in its read
+        with open(f"/proc/self/task/{main}/wchan") as f:
+            wchan = f.read()
+        if time.monotonic() > deadline:
+            print("the main thread never waited in its read", flush=True)
+            os._exit(3)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+threading.Thread(target=signal_this_thread).start()
+os.read(read_fd, 1)
+"""
+
+
+def test_a_stop_signal_another_thread_receives_stops_a_main_thread_that_waits():
+    done = subprocess.run([sys.executable, "-c", _STOP_TO_ANOTHER_THREAD], cwd=ROOT,
+                          env=worker_env(), capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr  # only the stop exits 0
+    assert done.stdout.split() == ["stopped"], done.stdout
+
+
 def test_a_worker_started_under_nohup_runs_on_through_sighup(broker, spawned):
     """Started with SIGHUP ignored (``nohup``), the host and its worker process keep
     ignoring it: the job runs on and no stop begins; SIGTERM still stops them warmly."""

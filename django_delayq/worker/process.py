@@ -104,25 +104,33 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 #: The stop handler of this process (the last one :func:`on_stop_signals` was given).
 _stop_handler: Callable[[int, FrameType | None], Any] | None = None
-#: The pipe's write end the signal handler writes each signal's number to.
+#: The pipe's write end, this process's wakeup fd: each signal's number comes through it.
 _signal_pipe: int | None = None
+#: The signals :func:`on_stop_signals` handles (the wakeup fd brings any handled one).
+_stop_signals: set[int] = set()
 
 
-def _write_signal(signum: int, frame: FrameType | None) -> None:
-    """The signal handler itself: one write to a pipe, no lock taken. A handler runs in
-    the main thread between two of its bytecodes; one that took a lock the interrupted
-    code holds (an Event's, a logging stream's) would wait for ever."""
-    if _signal_pipe is not None:
+def _noted(signum: int, frame: FrameType | None) -> None:
+    """The Python part of the handler, which has nothing left to do: the C part already
+    wrote ``signum`` to the wakeup fd (:func:`signal.set_wakeup_fd`), on whichever thread
+    the kernel gave the signal to. This part runs only when the main thread next runs
+    Python code, which an idle main thread blocked in a system call may not do for
+    minutes; and a handler there that took a lock the interrupted code holds (an Event's,
+    a logging stream's) would wait for ever. Should another library have replaced the
+    wakeup fd, the signal is passed on here, late, and the fd taken back."""
+    if _signal_pipe is None:
+        return
+    if signal.set_wakeup_fd(_signal_pipe, warn_on_full_buffer=False) != _signal_pipe:
         with contextlib.suppress(OSError):  # a full pipe: stops are on their way already
             os.write(_signal_pipe, bytes([signum]))
 
 
 def _relay_signals(read_fd: int) -> None:
-    """The thread that calls the stop handler for each signal the pipe brings."""
+    """The thread that calls the stop handler for each stop signal the pipe brings."""
     while True:
         for signum in os.read(read_fd, 64):
             handler = _stop_handler
-            if handler is None:
+            if handler is None or signum not in _stop_signals:
                 continue
             try:
                 handler(signum, None)
@@ -135,8 +143,8 @@ def on_stop_signals(handler: Callable[[int, FrameType | None], Any], *,
                     sigint: bool = True) -> None:
     """Call ``handler(signum, None)`` on each of :data:`STOP_SIGNALS` (SIGINT unless
     ``sigint`` is False; SIGHUP unless it is ignored: a process started under ``nohup``
-    keeps ignoring it), on a thread of its own (:func:`_write_signal` says why). Only the
-    main thread can install handlers: elsewhere (a command called from a test's thread)
+    keeps ignoring it), on a thread of its own (:func:`_noted` says why). Only the main
+    thread can install handlers: elsewhere (a command called from a test's thread)
     nothing is."""
     global _stop_handler, _signal_pipe
     if threading.current_thread() is not threading.main_thread():
@@ -144,15 +152,17 @@ def on_stop_signals(handler: Callable[[int, FrameType | None], Any], *,
     _stop_handler = handler
     if _signal_pipe is None:
         read_fd, write_fd = os.pipe()
-        os.set_blocking(write_fd, False)
+        os.set_blocking(write_fd, False)  # set_wakeup_fd requires it
         threading.Thread(target=_relay_signals, args=(read_fd,), name="delayq-signals",
                          daemon=True).start()
         _signal_pipe = write_fd
+    signal.set_wakeup_fd(_signal_pipe, warn_on_full_buffer=False)
     for signum in STOP_SIGNALS:
         if (signum == signal.SIGINT and not sigint) or (
                 signum == signal.SIGHUP and signal.getsignal(signum) is signal.SIG_IGN):
             continue
-        signal.signal(signum, _write_signal)
+        _stop_signals.add(signum)
+        signal.signal(signum, _noted)
 
 
 def install_stop_signals(request_stop: Any) -> list[int]:
