@@ -21,7 +21,8 @@ from django_delayq.engine import (
     Queue,
     fields,
 )
-from django_delayq.engine.fields import DEFAULTS, LOGICAL, STORED, stored
+from django_delayq.engine.fields import ATTEMPT_LOG_SIZE, DEFAULTS, LOGICAL, STORED, stored
+from django_delayq.engine.jobhash import with_completed_attempt
 from django_delayq.engine.keys import QueueKeys
 
 
@@ -193,6 +194,23 @@ def test_every_field_is_stored_short_and_read_back_by_its_name(bare, redis_clien
     assert job.attempt_log[0]["started_at"] == job.started_at
     assert job.attempt_log[0]["finished_at"] == job.finished_at
     assert set(LOGICAL) == set(STORED.values()), "one stored name per field"
+
+
+def test_the_attempt_that_completed_a_job_is_read_from_its_hash_once():
+    """A completed attempt is not written to the log: readers add it from the hash's
+    fields, unless the log holds it already (written by an earlier release)."""
+    text = {"status": "completed", "attempts": "3", "worker": "w", "started_at": "5",
+            "finished_at": "9"}
+    entry = {"n": 3, "w": "w", "b": 5, "f": 9, "o": "completed"}
+    retried = [{"n": n, "w": "w", "b": 1, "f": 2, "o": "retried"} for n in (1, 2)]
+    assert with_completed_attempt([], text) == [entry]
+    assert with_completed_attempt(retried, text) == [*retried, entry]
+    assert with_completed_attempt([*retried, entry], text) == [*retried, entry]
+    full = [{"n": n, "o": "retried"} for n in range(ATTEMPT_LOG_SIZE)]
+    assert with_completed_attempt(full, text) == [*full[1:], entry]  # still the last 25
+    for status in ("failed", "cancelled", "active", "ready"):
+        assert with_completed_attempt(retried, {**text, "status": status}) == retried
+    assert with_completed_attempt("damaged", text) == "damaged"
 
 
 LUA = Path(fields.__file__).resolve().parent.parent / "lua"

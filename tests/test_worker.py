@@ -110,6 +110,24 @@ def test_many_jobs_all_run_exactly_once_with_batched_claims(redis_client):
     assert worker.processed == 500
 
 
+def test_a_job_completed_at_its_first_attempt_keeps_a_compact_hash_and_its_log(redis_client):
+    """Its attempt is implied by its hash (no log field), so the hash stays within
+    Redis's compact encoding, which takes values of up to 64 bytes (one log entry is
+    longer); every reader still shows the attempt."""
+    ids = tasks.record.enqueue_many([[f"c{i}"] for i in range(300)]).job_ids
+    with worker_thread(queues=["default"], concurrency=4, burst=True) as worker:
+        wait_until(lambda: worker.stopping, timeout=60)
+    keys = QueueKeys("dq", "default")
+    assert len(ids) == 300
+    for job_id in ids:
+        assert redis_client.object("encoding", keys.job(job_id)) in ("listpack", "ziplist")
+        job = Job.fetch(job_id, "default")
+        assert [(e["attempt"], e["worker"], e["outcome"]) for e in job.attempt_log] == [
+            (1, worker.name, "completed")]
+        [entry] = job.attempt_log
+        assert (entry["started_at"], entry["finished_at"]) == (job.started_at, job.finished_at)
+
+
 def test_events_stream_records_the_lifecycle(redis_client):
     job = tasks.record.enqueue("e")
     with worker_thread(queues=["default"], burst=True) as worker:
@@ -373,8 +391,9 @@ def test_an_attempts_traceback_keeps_its_last_2000_bytes_whole_characters(redis_
     assert job.traceback.endswith("ValueError: " + "é" * 3000 + "\n")  # the whole one
     [completed] = ok.attempt_log
     assert completed["traceback"] == ""
-    raw = redis_client.hget(f"{{dq:default}}:j:{ok.id}", "h")
-    assert '"t"' not in raw  # a completed attempt stores no traceback at all
+    # A job completed at its first attempt stores no log: its hash's fields imply it.
+    assert redis_client.hget(f"{{dq:default}}:j:{ok.id}", "h") is None
+    assert (completed["outcome"], completed["attempt"]) == ("completed", 1)
 
 
 def test_a_lease_is_renewed_only_while_a_live_thread_runs_it_within_limit_plus_grace(

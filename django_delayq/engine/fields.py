@@ -57,7 +57,11 @@ the keys ``<job key>:w``, ``:r`` and ``:c`` that go with them).
 
 ``attempt_log`` is a JSON array of ``{"n": attempt, "w": worker, "b": start ms,
 "f": end ms, "o": outcome, "x": error, "t": traceback}``, oldest first, capped at the
-last :data:`ATTEMPT_LOG_SIZE` attempts. ``o`` is ``completed``, ``retried``, ``failed``,
+last :data:`ATTEMPT_LOG_SIZE` attempts. The attempt that completed the job is not in it:
+the hash's ``attempts``, ``worker``, ``started_at`` and ``finished_at`` are its entry
+(``jobhash.with_completed_attempt`` adds it for readers), so a job completed at its first
+attempt stores no log. ``o`` is ``completed`` (in a log written by an earlier release),
+``retried``, ``failed``,
 ``aborted`` (its abort was asked for: the job ended ``cancelled``) or ``reclaimed`` (the
 worker's lease lapsed). Only a failed attempt (``retried``,
 ``failed``) has ``t``: the end of its traceback, its last :data:`ATTEMPT_TRACEBACK`

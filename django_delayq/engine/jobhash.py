@@ -13,13 +13,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from . import validation
 from .codec import decode
-from .fields import FORMAT, logical
+from .fields import ATTEMPT_LOG_SIZE, FORMAT, logical
 from .status import JOB_STATUSES
 
 if TYPE_CHECKING:
@@ -234,12 +234,31 @@ class JobHash:
     def attempt_log(self) -> list[dict[str, Any]]:
         """The last attempts, oldest first (see :func:`parse_attempt_log`); read when
         asked for (the mirror stores the log as it is)."""
-        return parse_attempt_log(self.text.get("attempt_log"))
+        return attempt_entries(
+            with_completed_attempt(decode_stored(self.text.get("attempt_log"), []), self.text))
 
 
 def parse_attempt_log(raw: str | None) -> list[dict[str, Any]]:
     """The stored attempt log (field ``h``) as :func:`attempt_entries` reads it."""
     return attempt_entries(decode_stored(raw, []))
+
+
+def with_completed_attempt(log: Any, text: Mapping[str, str]) -> Any:
+    """The stored attempt log ``log`` with the entry of the attempt that completed the job
+    (``text``: its hash's fields by logical name). That attempt is not written to the log:
+    the hash's attempt, worker, start and end are its entry, and leaving it out keeps the
+    hash of a job completed at its first attempt within Redis's compact encoding (a
+    listpack holds values of up to 64 bytes; one entry is longer). A log written before,
+    which holds it already, is returned as it is."""
+    if text.get("status") != "completed" or not isinstance(log, list):
+        return log
+    attempt = to_int(text.get("attempts"))
+    if log and isinstance(log[-1], dict) and log[-1].get("n") == attempt:
+        return log
+    entry = {"n": attempt, "w": text.get("worker") or "",
+             "b": to_int(text.get("started_at")), "f": to_int(text.get("finished_at")),
+             "o": "completed"}
+    return [*log[max(0, len(log) + 1 - ATTEMPT_LOG_SIZE):], entry]
 
 
 def attempt_entries(entries: Any) -> list[dict[str, Any]]:

@@ -45,9 +45,11 @@ GROUP = "delayq-lake"
 #: Events whose rows take fields of the job hash.
 _ENQUEUED = "enqueued"
 _ENDS_ATTEMPT = frozenset(("completed", "failed", "retried"))
-#: Job hash fields read at export time (their stored names).
-_STORED = tuple(stored(name) for name in ("status", "task", "run_at", "enqueued_at",
-                                          "priority", "max_attempts", "attempt_log"))
+#: Job hash fields read at export time (their stored names); the last four give the
+#: attempt that completed a job, which its log leaves out (``with_completed_attempt``).
+_STORED = tuple(stored(name) for name in (
+    "status", "task", "run_at", "enqueued_at", "priority", "max_attempts", "attempt_log",
+    "attempts", "worker", "started_at", "finished_at"))
 MAX_INT32 = 2**31 - 1
 #: Rows a file holds at most (about: a file ends after the entry that reaches it).
 ROWS_PER_FILE = 250_000

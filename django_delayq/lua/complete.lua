@@ -7,7 +7,6 @@
 -- include: expire_finished
 -- include: histogram
 -- include: is_leased
--- include: attempt_log
 -- include: flows
 -- include: notify_dependants
 -- include: keyed_ctx
@@ -33,7 +32,12 @@
 -- ARGV[5] most completed ids to keep
 -- ARGV[6] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- ARGV[7..] per job, 4 values: id, attempt (the lease token), result JSON, start ms
---           (for the attempt log)
+--           (stored when the start was never noted)
+--
+-- The completing attempt is not appended to the attempt log (field h): the hash's own
+-- n, w, b and f are its entry (readers add it: with_completed_attempt in
+-- engine/jobhash.py), and a job completed at its first attempt then stores no log, which
+-- keeps its hash in Redis's compact encoding.
 --
 -- Returns, per job: 1 completed, 2 completed with releases of dependants in other
 -- shards left in the outbox (for the worker to deliver), 0 stale (the attempt no longer
@@ -50,28 +54,28 @@ local unnoted, unnoted_attempts = {}, {}  -- acked while still 'claimed': no sta
 for i = 7, #ARGV, 4 do
   local job_id, attempt = ARGV[i], ARGV[i + 1]
   local job_key = job_prefix .. job_id
-  local f = redis.call('HMGET', job_key, 's', 'n', 'w', 'b', 'dc', 'ck')
+  local f = redis.call('HMGET', job_key, 's', 'n', 'b', 'dc', 'ck')
   if is_leased(f[1]) and f[2] == attempt then
     if f[1] == 'claimed' then
       unnoted[#unnoted + 1] = job_id
       unnoted_attempts[#unnoted_attempts + 1] = attempt
     end
-    local started = f[4] or (ARGV[i + 3] ~= '0' and ARGV[i + 3]) or nil
+    local started = f[3] or (ARGV[i + 3] ~= '0' and ARGV[i + 3]) or nil
     durations[#durations + 1] = now - (tonumber(started) or now)
-    redis.call('HSET', job_key, 's', 'completed', 'f', now, 'v', ARGV[i + 2])
-    if started and not f[4] then
-      redis.call('HSET', job_key, 'b', started)
+    if started and not f[3] then
+      redis.call('HSET', job_key, 's', 'completed', 'f', now, 'v', ARGV[i + 2], 'b', started)
+    else
+      redis.call('HSET', job_key, 's', 'completed', 'f', now, 'v', ARGV[i + 2])
     end
-    log_attempt(job_key, attempt, f[3], started, now, 'completed')
     expire_finished(job_key, ttl)
     finished[#finished + 1] = now
     finished[#finished + 1] = job_id
     ids[#ids + 1] = job_id
     attempts[#attempts + 1] = attempt
-    if f[6] then
-      free_slot(kc, f[6], flow.ready, flow.marker, job_prefix)
+    if f[5] then
+      free_slot(kc, f[5], flow.ready, flow.marker, job_prefix)
     end
-    if f[5] and notify_dependants(flow, job_id, 'completed', ARGV[i + 2], now) > 0 then
+    if f[4] and notify_dependants(flow, job_id, 'completed', ARGV[i + 2], now) > 0 then
       out[#out + 1] = 2
     else
       out[#out + 1] = 1

@@ -11,7 +11,13 @@ import re
 from typing import Any
 
 from ..engine.fields import stored
-from ..engine.jobhash import from_ms, read_job_hash, strict_json, to_fraction
+from ..engine.jobhash import (
+    from_ms,
+    read_job_hash,
+    strict_json,
+    to_fraction,
+    with_completed_attempt,
+)
 from ..engine.logfields import log
 from ..engine.status import JOB_STATUSES, Status
 from ..models import Job, JobStatus
@@ -89,7 +95,7 @@ def row_from_hash(queue: str, job_id: str, data: dict[str, str]) -> Row:
         "traceback": storable_text(h.traceback or ""),
         "progress": h.progress,
         "progress_message": storable_text(h.progress_message[:500]),
-        "attempt_log": _attempt_log(text.get("attempt_log")),
+        "attempt_log": _attempt_log(text),
         # Only the well-formed pairs are kept: never the stored text as it is.
         "parents": _storable(parents) if parents else parents,
         "damaged": {storable_text(k): storable_text(v) for k, v in damaged.items()} or None,
@@ -97,15 +103,18 @@ def row_from_hash(queue: str, job_id: str, data: dict[str, str]) -> Row:
     }
 
 
-def _attempt_log(raw: str | None) -> list[Any] | StoredJSON:
-    """The stored attempt log as the model keeps it (a list; [] when unreadable)."""
-    if raw is None:
-        return []
+def _attempt_log(text: dict[str, str]) -> list[Any] | StoredJSON:
+    """The attempt log as the model keeps it (a list; [] when unreadable), with the
+    attempt that completed the job (:func:`with_completed_attempt`)."""
+    raw = text.get("attempt_log")
     try:
-        value = strict_json(raw)
+        value = [] if raw is None else strict_json(raw)
     except (ValueError, RecursionError):
         return []
-    return _json_value(value, raw, False) if isinstance(value, list) else []
+    if not isinstance(value, list):
+        return []
+    log = with_completed_attempt(value, text)
+    return _json_value(value, raw, False) if log is value and raw is not None else _storable(log)
 
 
 def apply_event(row: Job, event: Event) -> None:
