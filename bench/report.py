@@ -110,10 +110,17 @@ def _times(factor: float) -> str:
     return "" if factor == 1 else f"{factor:g} x "
 
 
+def _metric(data: dict[str, Any], path: str) -> float | None:
+    """A target's figure: one path, or the sum of paths joined by ``+`` (CPU per job of
+    the workers and of Redis, say); None if any is missing."""
+    values = [get(data, part.strip()) for part in path.split("+")]
+    return None if None in values else sum(values)
+
+
 def evaluate_targets(data: dict[str, Any], targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for t in targets:
-        value = get(data, t["metric"])
+        value = _metric(data, t["metric"])
         ref, ref_text = _reference(data, t)
         holds: bool | None
         if value is None or ref is None:

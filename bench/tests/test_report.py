@@ -54,6 +54,17 @@ def test_a_target_against_the_best_peer(latest: dict[str, Any]) -> None:
     assert row["holds"] is None
 
 
+def test_a_target_may_add_figures(latest: dict[str, Any]) -> None:
+    ours = latest["results"]["django_delayq"]
+    ours["process_cpu_us_per_job_1proc"] = {"workers": 12.0, "redis": 14.0}
+    cpu = "results.django_delayq.process_cpu_us_per_job_1proc."
+    target = {"description": "d", "metric": f"{cpu}workers + {cpu}redis", "op": "<=", "ref": 25}
+    (row,) = report.evaluate_targets(latest, [target])
+    assert (row["value"], row["holds"]) == (26.0, False)
+    (row,) = report.evaluate_targets(latest, [{**target, "metric": f"{cpu}workers + {cpu}x"}])
+    assert (row["value"], row["holds"]) == (None, None)
+
+
 def test_every_results_file_gets_its_section(latest: dict[str, Any]) -> None:
     others = report.load_others(DATA)
     assert set(others) == set(tables.SCRIPTS)
