@@ -8,7 +8,8 @@ stream's ``MEMORY USAGE``) over ``--jobs`` jobs, divided by them:
 
 - ``waiting``: jobs enqueued one call each with a delay (scheduled), no events;
 - ``ready``: the same, due at once;
-- ``finished``: enqueued, claimed 16 at a time, completed with a short result;
+- ``finished``: enqueued, claimed 16 at a time, completed with a short result (with its
+  start time, as a worker acks it);
 - ``failed``: the same, failed for good with a one-line error and a 1.5 KB traceback;
 - ``event_single`` / ``event_bulk``: the events stream per job event, for jobs enqueued
   one call each and 1,000 a call (``enqueue_many``);
@@ -29,6 +30,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +71,16 @@ def measure(jobs: int) -> dict[str, Any]:
             left = n
             while left > 0:
                 claimed = [j for r in b.claim(queue, min(CLAIM, left), WORKER) for j in r.jobs]
+                started = int(time.time() * 1000)  # as a worker gives it with its ack
                 batch = b.batch()
                 if fail:
                     for j in claimed:
                         b.add_fail(batch, j.keys, j.id, j.attempt,
-                                   "shop.errors.Declined: card declined", TRACEBACK, -1)
+                                   "shop.errors.Declined: card declined", TRACEBACK, -1,
+                                   started)
                 else:
                     for keys in {j.keys for j in claimed}:
-                        b.add_complete(batch, keys, [(j.id, j.attempt, '"sent"')
+                        b.add_complete(batch, keys, [(j.id, j.attempt, '"sent"', started)
                                                      for j in claimed if j.keys == keys])
                 batch.run()
                 left -= len(claimed)

@@ -206,6 +206,9 @@ def test_the_attempt_that_completed_a_job_is_read_from_its_hash_once():
     assert with_completed_attempt([], text) == [entry]
     assert with_completed_attempt(retried, text) == [*retried, entry]
     assert with_completed_attempt([*retried, entry], text) == [*retried, entry]
+    # Failed at attempt 3, retried by hand (the count starts again), completed at 3.
+    failed = {"n": 3, "w": "v", "b": 1, "f": 2, "o": "failed", "t": "Traceback"}
+    assert with_completed_attempt([*retried, failed], text) == [*retried, failed, entry]
     full = [{"n": n, "o": "retried"} for n in range(ATTEMPT_LOG_SIZE)]
     assert with_completed_attempt(full, text) == [*full[1:], entry]  # still the last 25
     for status in ("failed", "cancelled", "active", "ready"):
@@ -317,6 +320,12 @@ def test_fail_retries_then_dead_letters_and_retry_revives(bare):
     assert job.attempts == 0
     assert job.error is None
     assert Queue("q", broker=bare).counts()["failed"] == 0
+    (c3,) = claim_all(bare, "q")  # the count started again: attempt 1 once more
+    batch = bare.batch()
+    bare.add_complete(batch, keys, [(job_id, c3.attempt, '"done"')])
+    assert batch.run() == [[1]]
+    assert [(e["attempt"], e["outcome"]) for e in job.refresh().attempt_log] == [
+        (1, "retried"), (2, "failed"), (1, "completed")]
 
 
 def test_late_ack_of_a_reclaimed_job_changes_nothing(bare):

@@ -238,6 +238,63 @@ def test_a_stop_signal_another_thread_receives_stops_a_main_thread_that_waits():
     assert done.stdout.split() == ["stopped"], done.stdout
 
 
+#: A handler set for SIGTERM after the stop handlers takes SIGTERM over: the relay, which
+#: the wakeup fd still brings its number to, leaves it alone. SIGHUP, sent after it, is
+#: relayed (the pipe keeps their order), so the stop handler sees SIGHUP alone.
+_A_LATER_HANDLER_TAKES_OVER = """
+import os, signal, threading
+from django_delayq.worker.process import install_stop_signals
+
+stopped, taken = threading.Event(), threading.Event()
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # handled even if the suite runs under nohup
+received = install_stop_signals(stopped.set)
+signal.signal(signal.SIGTERM, lambda signum, frame: taken.set())
+os.kill(os.getpid(), signal.SIGTERM)
+assert taken.wait(60), "the later handler never ran"
+os.kill(os.getpid(), signal.SIGHUP)
+assert stopped.wait(60), "the stop never came"
+print(received, flush=True)
+"""
+
+
+def test_a_handler_set_after_the_stop_handlers_takes_its_signal_over():
+    done = subprocess.run([sys.executable, "-c", _A_LATER_HANDLER_TAKES_OVER], cwd=ROOT,
+                          env=worker_env(), capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == [f"[{int(signal.SIGHUP)}]"], done.stdout
+
+
+#: A process with stop handlers forks without exec (a task's multiprocessing pool does)
+#: and the child is sent SIGTERM, as Pool.terminate sends it. The child must die of it,
+#: and the parent must not take it as its own stop.
+_STOP_TO_A_FORKED_CHILD = """
+import os, signal, threading
+from django_delayq.worker.process import install_stop_signals
+
+stopped = threading.Event()
+received = install_stop_signals(stopped.set)
+child = os.fork()
+if child == 0:
+    os.kill(os.getpid(), signal.SIGTERM)
+    os._exit(3)  # alive after its SIGTERM
+_, status = os.waitpid(child, 0)
+print("child", os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, flush=True)
+os.kill(os.getpid(), signal.SIGTERM)  # the parent's own stop: the first it receives
+assert stopped.wait(60), "the parent's stop never came"
+print("parent", received, flush=True)
+"""
+
+
+def test_a_forked_child_dies_of_a_stop_signal_and_the_parent_runs_on():
+    done = subprocess.run([sys.executable, "-c", _STOP_TO_A_FORKED_CHILD], cwd=ROOT,
+                          env=worker_env(), capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr  # a second stop exits 1
+    assert done.stdout.split() == ["child", "True", "parent", f"[{int(signal.SIGTERM)}]"], \
+        done.stdout
+
+
 def test_a_worker_started_under_nohup_runs_on_through_sighup(broker, spawned):
     """Started with SIGHUP ignored (``nohup``), the host and its worker process keep
     ignoring it: the job runs on and no stop begins; SIGTERM still stops them warmly."""

@@ -248,12 +248,15 @@ def with_completed_attempt(log: Any, text: Mapping[str, str]) -> Any:
     (``text``: its hash's fields by logical name). That attempt is not written to the log:
     the hash's attempt, worker, start and end are its entry, and leaving it out keeps the
     hash of a job completed at its first attempt within Redis's compact encoding (a
-    listpack holds values of up to 64 bytes; one entry is longer). A log written before,
-    which holds it already, is returned as it is."""
+    listpack holds values of up to 64 bytes; one entry is longer). A log an earlier
+    release wrote, which ends with that entry, is returned as it is; a log that ends with
+    an attempt of the same number that did not complete (a retry by hand starts the count
+    again) gets the entry."""
     if text.get("status") != "completed" or not isinstance(log, list):
         return log
     attempt = to_int(text.get("attempts"))
-    if log and isinstance(log[-1], dict) and log[-1].get("n") == attempt:
+    last = log[-1] if log else None
+    if isinstance(last, dict) and last.get("n") == attempt and last.get("o") == "completed":
         return log
     entry = {"n": attempt, "w": text.get("worker") or "",
              "b": to_int(text.get("started_at")), "f": to_int(text.get("finished_at")),

@@ -126,11 +126,13 @@ def _noted(signum: int, frame: FrameType | None) -> None:
 
 
 def _relay_signals(read_fd: int) -> None:
-    """The thread that calls the stop handler for each stop signal the pipe brings."""
+    """The thread that calls the stop handler for each stop signal the pipe brings: one
+    whose handler is still :func:`_noted` (another handler set since takes it over)."""
     while True:
         for signum in os.read(read_fd, 64):
             handler = _stop_handler
-            if handler is None or signum not in _stop_signals:
+            if handler is None or signum not in _stop_signals or \
+                    signal.getsignal(signum) is not _noted:
                 continue
             try:
                 handler(signum, None)
@@ -163,6 +165,25 @@ def on_stop_signals(handler: Callable[[int, FrameType | None], Any], *,
             continue
         _stop_signals.add(signum)
         signal.signal(signum, _noted)
+
+
+def _forget_stop_signals() -> None:
+    """In a child made by ``os.fork`` without ``exec`` (a task's multiprocessing pool,
+    say): the stop handlers and the pipe are the parent's, and a signal to the child
+    would stop the parent. The child takes the signals' default actions instead."""
+    global _stop_handler, _signal_pipe
+    if _signal_pipe is None:
+        return
+    _stop_handler, _signal_pipe = None, None
+    with contextlib.suppress(ValueError):  # forked from a thread Python does not know
+        signal.set_wakeup_fd(-1)
+        for signum in _stop_signals:
+            if signal.getsignal(signum) is _noted:
+                signal.signal(signum, signal.SIG_DFL)
+    _stop_signals.clear()
+
+
+os.register_at_fork(after_in_child=_forget_stop_signals)
 
 
 def install_stop_signals(request_stop: Any) -> list[int]:
