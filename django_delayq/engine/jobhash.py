@@ -232,15 +232,10 @@ class JobHash:
 
     @property
     def attempt_log(self) -> list[dict[str, Any]]:
-        """The last attempts, oldest first (see :func:`parse_attempt_log`); read when
-        asked for (the mirror stores the log as it is)."""
+        """The last attempts, oldest first (see :func:`attempt_entries`), the one that
+        completed the job included; read when asked for."""
         return attempt_entries(
             with_completed_attempt(decode_stored(self.text.get("attempt_log"), []), self.text))
-
-
-def parse_attempt_log(raw: str | None) -> list[dict[str, Any]]:
-    """The stored attempt log (field ``h``) as :func:`attempt_entries` reads it."""
-    return attempt_entries(decode_stored(raw, []))
 
 
 def with_completed_attempt(log: Any, text: Mapping[str, str]) -> Any:
