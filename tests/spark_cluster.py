@@ -68,11 +68,11 @@ class SparkCluster:
         return env
 
     def _start(self, name: str, *args: str) -> None:
-        log = (self.dir / f"{name}.log").open("wb")
-        self.procs.append(subprocess.Popen(
-            [str(spark_home() / "bin" / "spark-class"), *args],
-            env=self._env(), stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
-        ))
+        with (self.dir / f"{name}.log").open("wb") as log:  # the process keeps its own
+            self.procs.append(subprocess.Popen(
+                [str(spark_home() / "bin" / "spark-class"), *args],
+                env=self._env(), stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
+            ))
 
     def start(self, timeout: float = 120.0) -> SparkCluster:
         self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",

@@ -268,18 +268,18 @@ def test_a_worker_killed_at_each_step_of_a_release_loses_and_doubles_nothing(
 def stopped_producer(job_id: str, parents: list[tuple[str, str]]) -> None:
     """Run ``tests/stop_before_link.py`` until it stops between storing the job and
     linking it, then SIGKILL it there."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.stop_before_link",
-         json.dumps({"job_id": job_id, "parents": parents})],
-        cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
-    try:
-        _, state = os.waitpid(proc.pid, os.WUNTRACED)
-        stopped = os.WIFSTOPPED(state)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert stopped, proc.stdout.read() if proc.stdout else "the producer did not stop"
+    with subprocess.Popen(
+            [sys.executable, "-m", "tests.stop_before_link",
+             json.dumps({"job_id": job_id, "parents": parents})],
+            cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True) as proc:  # its output pipe is closed on the way out
+        try:
+            _, state = os.waitpid(proc.pid, os.WUNTRACED)
+            stopped = os.WIFSTOPPED(state)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert stopped, proc.stdout.read() if proc.stdout else "the producer did not stop"
 
 
 def test_a_producer_killed_between_storing_and_linking_strands_nothing(spawned, redis_client,
