@@ -553,6 +553,8 @@ def test_a_process_killed_between_commit_and_send_loses_nothing(redis_client, db
     finally:
         if proc.poll() is None:
             proc.kill()
+        if proc.stdin:
+            proc.stdin.close()
     job_id = out.text.split("job ", 1)[1].split()[0]
     assert rows() == [(job_id, None)]
     assert job_keys(redis_client) == []
