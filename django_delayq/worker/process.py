@@ -106,10 +106,6 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _stop_handler: Callable[[int, FrameType | None], Any] | None = None
 #: The pipe's write end, this process's wakeup fd: each signal's number comes through it.
 _signal_pipe: int | None = None
-#: The signals :func:`on_stop_signals` handles (the wakeup fd brings any handled one).
-_stop_signals: set[int] = set()
-
-
 def _noted(signum: int, frame: FrameType | None) -> None:
     """The Python part of the handler, which has nothing left to do: the C part already
     wrote ``signum`` to the wakeup fd (:func:`signal.set_wakeup_fd`), on whichever thread
@@ -131,8 +127,8 @@ def _relay_signals(read_fd: int) -> None:
     while True:
         for signum in os.read(read_fd, 64):
             handler = _stop_handler
-            if handler is None or signum not in _stop_signals or \
-                    signal.getsignal(signum) is not _noted:
+            # The wakeup fd brings every handled signal: relay those still handled here.
+            if handler is None or signal.getsignal(signum) is not _noted:
                 continue
             try:
                 handler(signum, None)
@@ -163,7 +159,6 @@ def on_stop_signals(handler: Callable[[int, FrameType | None], Any], *,
         if (signum == signal.SIGINT and not sigint) or (
                 signum == signal.SIGHUP and signal.getsignal(signum) is signal.SIG_IGN):
             continue
-        _stop_signals.add(signum)
         signal.signal(signum, _noted)
 
 
@@ -177,10 +172,9 @@ def _forget_stop_signals() -> None:
     _stop_handler, _signal_pipe = None, None
     with contextlib.suppress(ValueError):  # forked from a thread Python does not know
         signal.set_wakeup_fd(-1)
-        for signum in _stop_signals:
+        for signum in STOP_SIGNALS:
             if signal.getsignal(signum) is _noted:
                 signal.signal(signum, signal.SIG_DFL)
-    _stop_signals.clear()
 
 
 os.register_at_fork(after_in_child=_forget_stop_signals)
