@@ -15,7 +15,10 @@ jobs enqueued one call each, then claimed, started and completed ``--claim`` at 
 - ``replay``: the same events delivered again (the group's position reset to 0, as a
   takeover or a restart does): nothing to change;
 - ``in_step``: another ``--jobs`` jobs, mirrored after each stage (enqueued; claimed and
-  started; completed), as a mirror that keeps up does: about three row writes per job.
+  started; completed), as a mirror that keeps up does: about three row writes per job;
+- ``trimmed``: another ``--jobs`` finished jobs whose hashes are gone before the mirror
+  runs (as ``KEEP_COMPLETED`` trims them when a mirror lags further behind): each row
+  built from its events alone.
 
 Each reports the mirror's CPU (user + system, ``time.process_time``) per job, per stream
 entry and per job event, its wall time, the Redis server's CPU (``INFO cpu``) and, on
@@ -184,6 +187,14 @@ def runs(jobs: int, claim: int) -> dict[str, Any]:
         with meter.measuring():
             burst(stages.queue)
     figures["in_step"] = meter.figures(stages)
+    stages, meter = Stages(broker, "trimmed", jobs, claim), Meter(broker.client)
+    stages.enqueue()
+    stages.claim_and_start()
+    stages.complete()
+    stages.trim()
+    with meter.measuring():
+        burst(stages.queue)
+    figures["trimmed"] = meter.figures(stages)
     return figures
 
 
@@ -220,6 +231,13 @@ class Stages:
                                      [(job.id, job.attempt, "null") for job in jobs])
             batch.run()
         self.claimed = []
+
+    def trim(self) -> None:
+        """Delete the hashes of the finished jobs that ``KEEP_COMPLETED`` left."""
+        client = self.broker.client
+        while ids := client.zrange(self.keys.completed, 0, 999):
+            client.delete(*(self.keys.job(job_id) for job_id in ids))
+            client.zrem(self.keys.completed, *ids)
 
     def entries(self) -> int:
         return int(self.broker.client.xlen(self.keys.events))

@@ -353,7 +353,9 @@ def mirror(data: dict[str, Any]) -> Lines:
              f"call each, claimed, started and completed {data['claim']} at a time), each "
              "run a fresh `Mirror.run(burst=True)` (`python -m bench.mirror`): **backlog** "
              "mirrors every event of the finished jobs at once, **replay** the same events "
-             "delivered again, **in step** a mirror that keeps up (after each stage).", "",
+             "delivered again, **in step** a mirror that keeps up (after each stage), "
+             "**trimmed** the finished jobs' events with their hashes gone (each row "
+             "built from its events alone).", "",
              *_header("database", "run", "mirror µs/job", "µs/entry", "jobs/s",
                       "Redis µs/job", "database server µs/job", "load")]
     for backend, figures in data["backends"].items():

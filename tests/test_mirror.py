@@ -196,6 +196,31 @@ def test_a_claim_and_an_ack_of_several_jobs_write_one_entry_each(broker, redis_c
 
 
 @pytest.mark.django_db
+def test_rows_built_from_events_keep_what_their_hashes_wrote(redis_client):
+    """A mirror that lags past ``KEEP_COMPLETED`` finds hundreds of finished jobs' hashes
+    gone: each row takes its events' state and keeps the arguments it already held."""
+    extra = {"when": "2026-11-29T10:00:00+00:00", "n": [1, 2.5, None], "text": "é\u2028"}
+    jobs = [tasks.record.using(priority=i % 3).enqueue(f"t{i}", extra=extra)
+            for i in range(300)]
+    mirror_all()  # each row as its hash holds it: ready, with its arguments
+    with worker_thread(queues=["default"], concurrency=4):
+        wait_until(lambda: Queue("default").counts()["completed"] == len(jobs),
+                   message="jobs to complete")
+    redis_client.delete(*(KEYS.job(job.id) for job in jobs))  # as KEEP_COMPLETED would
+    mirror_all()
+    rows = {row.job_id: row for row in Job.objects.all()}
+    assert len(rows) == len(jobs)
+    for i, job in enumerate(jobs):
+        row = rows[job.id]
+        assert (row.status, row.attempts, row.priority, row.task_name) == (
+            "completed", 1, i % 3, "tests.testapp.tasks.record"), job.id
+        assert (row.args, row.kwargs) == ([f"t{i}"], {"extra": extra}), job.id
+        assert row.worker, job.id
+        assert row.started_at <= row.finished_at, job.id
+    assert pending(redis_client) == 0
+
+
+@pytest.mark.django_db
 def test_rows_of_jobs_gone_from_redis_are_marked_and_shown_so(redis_client, admin_client):
     """A job lost in a failover (here: its keys deleted) leaves a row that would say
     "scheduled" for ever: the reconciliation marks it, the admin and the API show it,

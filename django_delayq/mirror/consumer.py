@@ -261,14 +261,13 @@ def _rows_from_events(queue: str, by_job: dict[str, list[Event]],
     """The rows of jobs whose hash is gone: each stored row (locked, so that no other
     writer changes it meanwhile) with the events newer than it applied in order."""
     rows = []
-    for job_id, job in table.lock_rows(queue, by_job).items():
+    for job_id, row in table.lock_rows(queue, by_job, now).items():
         newer = [event for event in by_job[job_id]
-                 if event.order > (job.last_event_ms, job.last_event_seq)]
+                 if event.order > (row["last_event_ms"], row["last_event_seq"])]
         if not newer:
             continue  # another writer got there first
         for event in newer:
-            apply_event(job, event)
-        row = table.row_of(job)
+            apply_event(row, event)
         row.update(table.position_fields(newer[-1].order, now))
         rows.append(row)
     return rows

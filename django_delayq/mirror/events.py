@@ -20,7 +20,7 @@ from ..engine.jobhash import (
 )
 from ..engine.logfields import log
 from ..engine.status import JOB_STATUSES, Status
-from ..models import Job, JobStatus
+from ..models import JobStatus
 from ..runtime.consumer import Event
 from .table import Row, StoredJSON
 
@@ -117,50 +117,50 @@ def _attempt_log(text: dict[str, str]) -> list[Any] | StoredJSON:
     return _json_value(value, raw, False) if log is value and raw is not None else _storable(log)
 
 
-def apply_event(row: Job, event: Event) -> None:
-    """Update ``row`` from an event alone (its job HASH is gone)."""
+def apply_event(row: Row, event: Event) -> None:
+    """Update ``row`` (its values by field name) from an event alone (its job HASH is
+    gone)."""
     f, at = event.fields, event.at
     attempt = event.attempt
     if attempt and attempt.isdigit():
-        row.attempts = int(attempt)
+        row["attempts"] = int(attempt)
     kind = event.event
     if kind == "enqueued":
-        row.status = row.status or JobStatus.READY
-        row.enqueued_at = row.enqueued_at or at
+        row["status"] = row["status"] or JobStatus.READY
+        row["enqueued_at"] = row["enqueued_at"] or at
     elif kind == "claimed":
-        row.status, row.started_at, row.finished_at = JobStatus.CLAIMED, None, None
-        row.worker = storable_text((f.get("worker") or row.worker)[:200])
+        row.update(status=JobStatus.CLAIMED, started_at=None, finished_at=None,
+                   worker=storable_text((f.get("worker") or row["worker"])[:200]))
     elif kind == "started":
-        row.status, row.started_at, row.finished_at = JobStatus.ACTIVE, at, None
-        row.worker = storable_text((f.get("worker") or row.worker)[:200])
+        row.update(status=JobStatus.ACTIVE, started_at=at, finished_at=None,
+                   worker=storable_text((f.get("worker") or row["worker"])[:200]))
     elif kind == "completed":
-        row.status, row.finished_at = JobStatus.COMPLETED, at
+        row.update(status=JobStatus.COMPLETED, finished_at=at)
     elif kind == "failed":
-        row.status, row.finished_at = JobStatus.FAILED, at
-        row.error = storable_text(f.get("error", row.error))
+        row.update(status=JobStatus.FAILED, finished_at=at,
+                   error=storable_text(f["error"] if "error" in f else row["error"]))
     elif kind == "cancelled":
-        row.status, row.finished_at = JobStatus.CANCELLED, at
+        row.update(status=JobStatus.CANCELLED, finished_at=at)
     elif kind in ("retried", "rescheduled"):
         run_at = from_ms(f.get("run_at"))
-        row.run_at = run_at or row.run_at
         due = run_at is None or (at is not None and run_at <= at)
-        row.status = JobStatus.READY if due else JobStatus.SCHEDULED
-        row.finished_at = None
+        row.update(run_at=run_at or row["run_at"], finished_at=None,
+                   status=JobStatus.READY if due else JobStatus.SCHEDULED)
         if f.get("manual"):
-            row.attempts, row.error, row.traceback = 0, "", ""
+            row.update(attempts=0, error="", traceback="")
     elif kind == "progress":  # the event carries the hash's fields, by their stored names
-        row.progress = to_fraction(f.get(stored("progress")))
-        row.progress_message = storable_text(f.get(stored("progress_message"), "")[:500])
+        row["progress"] = to_fraction(f.get(stored("progress")))
+        row["progress_message"] = storable_text(f.get(stored("progress_message"), "")[:500])
     elif kind in ("promoted", "reclaimed", "released"):
-        row.status = JobStatus.READY
+        row["status"] = JobStatus.READY
     elif kind == "unblocked":  # its last parent ended (workflows): due now or later
         scheduled = f.get("status") == Status.SCHEDULED
-        row.status = JobStatus.SCHEDULED if scheduled else JobStatus.READY
+        row["status"] = JobStatus.SCHEDULED if scheduled else JobStatus.READY
     elif kind == "aborting":  # asked to stop; its attempt's end says how it ended
         pass
     elif kind in ("purged", "orphaned"):
-        row.status = JobStatus.PURGED
-        row.finished_at = row.finished_at or at
+        row["status"] = JobStatus.PURGED
+        row["finished_at"] = row["finished_at"] or at
     else:
         log(logger, logging.WARNING, "unknown event kind, keeping status", event=kind,
             job=event.job_id)

@@ -89,11 +89,6 @@ def position_fields(position: Position, now: dt.datetime) -> Row:
             "updated_at": now, "missing_at": None}
 
 
-def row_of(job: Job) -> Row:
-    """A model instance's values, as a row to write."""
-    return {f.attname: getattr(job, f.attname) for f in fields()}
-
-
 def positions(queue: str, job_ids: Iterable[str]) -> dict[str, Position]:
     """The stored position of each of ``job_ids`` that has a row."""
     ids = list(job_ids)
@@ -106,15 +101,17 @@ def positions(queue: str, job_ids: Iterable[str]) -> dict[str, Position]:
     return found
 
 
-def lock_rows(queue: str, job_ids: Iterable[str]) -> dict[str, Job]:
-    """The rows of ``job_ids``, made (empty, at no position) where missing, and locked
-    until the transaction ends: for events that apply to what a row holds."""
+def lock_rows(queue: str, job_ids: Iterable[str], now: dt.datetime) -> dict[str, Row]:
+    """The rows of ``job_ids`` as values (not model instances: a lagging mirror reads
+    thousands), made (empty, at no position) where missing, and locked until the
+    transaction ends: for events that apply to what a row holds."""
     ids = sorted(job_ids)
-    jobs = Job.objects.using(alias())
-    jobs.bulk_create([Job(queue=queue, job_id=job_id, status=Status.READY) for job_id in ids],
-                     ignore_conflicts=True)  # on SQLite, this write takes the write lock
-    return {job.job_id: job for job in jobs.select_for_update()
-            .filter(queue=queue, job_id__in=ids).order_by("job_id")}
+    # On SQLite, this write takes the write lock.
+    _write([{"queue": queue, "job_id": job_id, "status": Status.READY, "updated_at": now}
+            for job_id in ids], _if_missing())
+    return {row["job_id"]: row for row in Job.objects.using(alias()).select_for_update()
+            .filter(queue=queue, job_id__in=ids).order_by("job_id")
+            .values(*(f.attname for f in fields()))}
 
 
 def upsert(rows: Iterable[Row]) -> None:
@@ -125,16 +122,22 @@ def upsert(rows: Iterable[Row]) -> None:
         held = newest.get(row["job_id"])
         if held is None or _position(row) > _position(held):
             newest[row["job_id"]] = row
-    if not newest:
+    _write([newest[job_id] for job_id in sorted(newest)],  # one lock order for all
+           _if_older())
+
+
+def _write(rows: list[Row], on_conflict: str) -> None:
+    """Insert ``rows``, ``on_conflict`` saying what becomes of a row already stored."""
+    if not rows:
         return
-    ordered = [newest[job_id] for job_id in sorted(newest)]  # one lock order for all
     connection = connections[alias()]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(_recordset_statement(), [_document(ordered)])
+            cursor.execute(_recordset_statement(on_conflict), [_document(rows)])
         else:
             columns = _Columns(connection)
-            cursor.executemany(_values_statement(), [columns.values(row) for row in ordered])
+            cursor.executemany(_values_statement(on_conflict),
+                               [columns.values(row) for row in rows])
 
 
 def _position(row: Row) -> Position:
@@ -220,10 +223,10 @@ def _adapter(field: Field[Any, Any], connection: BaseDatabaseWrapper) -> Adapter
 
 
 @cache
-def _values_statement() -> str:
-    """The upsert of one row, ``%s`` for each of its values."""
+def _values_statement(on_conflict: str) -> str:
+    """The insert of one row, ``%s`` for each of its values."""
     one = "(" + ", ".join(["%s"] * len(fields())) + ")"
-    return f"{_insert()} VALUES {one} {_on_conflict()}"
+    return f"{_insert()} VALUES {one} {on_conflict}"
 
 
 # -- PostgreSQL: one statement per batch --------------------------------------------------
@@ -253,15 +256,15 @@ def _json_default(value: Any) -> Any:
 
 
 @cache
-def _recordset_statement() -> str:
-    """The upsert of the rows of one JSON document (:func:`_document`): a JSON null in a
+def _recordset_statement(on_conflict: str) -> str:
+    """The insert of the rows of one JSON document (:func:`_document`): a JSON null in a
     JSON column is SQL NULL, as Django writes None."""
     table = _quote(Job._meta.db_table)
     selected = ", ".join(
         f"NULLIF({_quote(f.column)}, 'null'::jsonb)" if f.get_internal_type() == "JSONField"
         else _quote(f.column) for f in fields())
     return (f"{_insert()} SELECT {selected} "
-            f"FROM json_populate_recordset(NULL::{table}, %s::json) {_on_conflict()}")
+            f"FROM json_populate_recordset(NULL::{table}, %s::json) {on_conflict}")
 
 
 # -- both ------------------------------------------------------------------------------
@@ -272,10 +275,21 @@ def _insert() -> str:
     return f"INSERT INTO {_quote(Job._meta.db_table)} ({columns})"
 
 
-def _on_conflict() -> str:
+def _key_columns() -> list[str]:
+    return [Job._meta.get_field(name).column for name in KEY]
+
+
+@cache
+def _if_missing() -> str:
+    """Keep a stored row as it is."""
+    return f"ON CONFLICT ({', '.join(_quote(c) for c in _key_columns())}) DO NOTHING"
+
+
+@cache
+def _if_older() -> str:
     """Replace the stored row only when it is as of an older position."""
     table = _quote(Job._meta.db_table)
-    key = [Job._meta.get_field(name).column for name in KEY]
+    key = _key_columns()
     updated = ", ".join(f"{_quote(f.column)} = excluded.{_quote(f.column)}"
                         for f in fields() if f.column not in key)
     ms, seq = (_quote(Job._meta.get_field(name).column)
