@@ -106,9 +106,11 @@ def lock_rows(queue: str, job_ids: Iterable[str], now: dt.datetime) -> dict[str,
     thousands), made (empty, at no position) where missing, and locked until the
     transaction ends: for events that apply to what a row holds."""
     ids = sorted(job_ids)
+    # Every value given, so no row looks its defaults up again (they are only written).
+    empty = {**{f.attname: f.get_default() for f in fields()},
+             "queue": queue, "status": Status.READY, "updated_at": now}
     # On SQLite, this write takes the write lock.
-    _write([{"queue": queue, "job_id": job_id, "status": Status.READY, "updated_at": now}
-            for job_id in ids], _if_missing())
+    _write([{**empty, "job_id": job_id} for job_id in ids], _if_missing())
     return {row["job_id"]: row for row in Job.objects.using(alias()).select_for_update()
             .filter(queue=queue, job_id__in=ids).order_by("job_id")
             .values(*(f.attname for f in fields()))}
