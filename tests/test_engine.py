@@ -73,6 +73,30 @@ def test_delayed_job_is_not_claimed_before_its_run_at(bare, redis_client):
     assert result.now_ms >= res.run_at_ms
 
 
+def test_a_claim_times_the_wait_for_the_next_due_job_to_the_microsecond(bare, redis_client):
+    """The wait a claim gives is the time to the next run_at from the server clock's
+    microsecond, not from its millisecond (which would wake a worker up to 1 ms late)."""
+
+    def server_us() -> int:
+        seconds, micros = redis_client.time()
+        return int(seconds) * 1_000_000 + int(micros)
+
+    res = bare.enqueue("q", "t.x", delay=5)
+    for _ in range(50):
+        before = server_us()
+        (result,) = bare.claim("q", 10, "w")
+        after = server_us()
+        assert result.jobs == []
+        assert result.next_due_ms == res.run_at_ms
+        assert result.due_in_us is not None
+        due_us = res.run_at_ms * 1000
+        assert due_us - after <= result.due_in_us <= due_us - before
+        assert result.due_in_us > (res.run_at_ms - result.now_ms - 1) * 1000
+    assert Job.fetch(res.job_id, "q", broker=bare).cancel() is True
+    (result,) = bare.claim("q", 10, "w")
+    assert (result.next_due_ms, result.due_in_us) == (None, None)
+
+
 def test_past_run_at_is_ready_at_once(bare):
     res = bare.enqueue("q", "t.x", run_at=dt.datetime(2001, 1, 1, tzinfo=dt.UTC))
     assert res.status == "ready"

@@ -12,7 +12,7 @@ from typing import Any
 from .keys import QueueKeys
 
 #: Values before the jobs in the claim script's reply, and per job (see lua/claim.lua).
-CLAIM_HEADER = 5
+CLAIM_HEADER = 6
 CLAIM_FIELDS = 11
 
 
@@ -53,11 +53,14 @@ class ClaimResult:
     jobs: list[ClaimedJob]
     #: ms until the queue's start-rate window lets another job start (None: not limited).
     limit_wait_ms: int | None = None
+    #: µs from ``now_ms`` (to the microsecond) until ``next_due_ms`` (None: none due).
+    due_in_us: int | None = None
 
 
 def parse_claim(keys: QueueKeys, reply: list[Any]) -> ClaimResult:
     """The claim script's reply for the shard ``keys``, parsed."""
-    now, next_due, paused, orphans, limit_wait = (int(x) for x in reply[:CLAIM_HEADER])
+    now, next_due, paused, orphans, limit_wait, due_in = (
+        int(x) for x in reply[:CLAIM_HEADER])
     jobs = [
         ClaimedJob(keys, reply[i], reply[i + 1], reply[i + 2], reply[i + 3],
                    int(reply[i + 4]), int(reply[i + 5]), int(reply[i + 6]),
@@ -65,4 +68,5 @@ def parse_claim(keys: QueueKeys, reply: list[Any]) -> ClaimResult:
         for i in range(CLAIM_HEADER, len(reply), CLAIM_FIELDS)
     ]
     return ClaimResult(keys, now, None if next_due < 0 else next_due, bool(paused), orphans,
-                       jobs, None if limit_wait < 0 else limit_wait)
+                       jobs, None if limit_wait < 0 else limit_wait,
+                       None if due_in < 0 else due_in)

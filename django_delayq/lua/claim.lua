@@ -43,7 +43,8 @@
 --
 -- Returns {now ms, next due run_at ms (-1: none scheduled), paused (0/1),
 --          orphan ids dropped (ids with no job hash), ms until the window lets the
---          next job start (-1: not limited), then per claimed job 11 values:
+--          next job start (-1: not limited), µs from now until the next due run_at
+--          (-1: none scheduled), then per claimed job 11 values:
 --          id, task, args, kwargs, attempt, max_attempts, priority, run_at, enqueued_at,
 --          time limit ms (0: none), W3C traceparent ('' for none)}
 
@@ -54,7 +55,7 @@ local promote_max, maxlen = tonumber(ARGV[4]), events_cap(ARGV[5])
 local limit_key, limit, period = KEYS[9], tonumber(ARGV[6]) or 0, tonumber(ARGV[7]) or 0
 local failed_key = KEYS[10]
 local kc = keyed_ctx(12)
-local now = now_ms()
+local now, past_ms_us = now_ms_us()
 local orphans = 0
 
 -- A job key that is not a hash (written by hand) cannot be run or read: replace it with
@@ -104,20 +105,21 @@ if #due > 0 then
 end
 
 local head = redis.call('ZRANGE', scheduled, 0, 0, 'WITHSCORES')
-local next_due = -1
+local next_due, due_in_us = -1, -1
 if head[2] then
   next_due = tonumber(head[2])
+  due_in_us = math.max(0, (next_due - now) * 1000 - past_ms_us)
 end
 
 if redis.call('EXISTS', KEYS[7]) == 1 then
-  return {now, next_due, 1, orphans, -1}
+  return {now, next_due, 1, orphans, -1, due_in_us}
 end
 
 if limit > 0 and want > 0 then
   want = math.min(want, limit_room(limit_key, limit, period, now))
 end
 
-local out = {now, next_due, 0, orphans, -1}
+local out = {now, next_due, 0, orphans, -1, due_in_us}
 if want > 0 then
   local deadline = now + lease
   local leases, started, attempts, lateness = {}, {}, {}, {}

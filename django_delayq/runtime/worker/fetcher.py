@@ -358,8 +358,8 @@ class Fetcher:
             if result.orphans:
                 log(logger, logging.WARNING, "dropped job ids with no job data",
                     queue=result.keys.queue, jobs=result.orphans, worker=self.name)
-            if result.next_due_ms is not None and not result.paused:
-                wait = min(wait, (result.next_due_ms - result.now_ms) / 1000)
+            if result.due_in_us is not None and not result.paused:
+                wait = min(wait, result.due_in_us / 1e6)
             if result.limit_wait_ms is not None:
                 wait = min(wait, result.limit_wait_ms / 1000)
             if not result.jobs:
