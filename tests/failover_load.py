@@ -416,6 +416,11 @@ def check_after_settle(client: Any, sets: dict[int, Producers], scraper: Scraper
     queues = [p.queue for p in sets.values()]
     wait_until(lambda: set(mirror_lag(broker, queues).values()) == {0}, timeout=60,
                interval=0.3, message=f"the lag gauge at 0: {mirror_lag(broker, queues)}")
+    # Scrapes are refused while a sentinel says a failover is under way; the jobs may
+    # settle before the sentinels all end it.
+    wait_until(lambda: scraper.answered_after(timeline.killed_at) > 0, timeout=60,
+               interval=0.25, message=f"a scrape answered after the failover began "
+               f"({scraper.refused} refused, errors {scraper.errors[:3]})")
     found.decreases, found.scrape_errors = scraper.decreases(), scraper.errors
     found.scrapes_after = scraper.answered_after(timeline.killed_at)
     found.scrapes_before = len(scraper.scrapes) - found.scrapes_after

@@ -22,7 +22,7 @@ def test_the_mirror_bench_reports_every_figure(tmp_path: Path) -> None:
     assert set(data["backends"]) == {"sqlite", "postgresql"}
     for backend, figures in data["backends"].items():
         assert figures["database_version"].startswith(("SQLite ", "PostgreSQL ")), backend
-        assert set(figures["runs"]) == {"backlog", "replay", "in_step"}
+        assert set(figures["runs"]) == {"backlog", "replay", "in_step", "trimmed"}
         for run in figures["runs"].values():
             # 40 jobs: 40 enqueued entries, and a claimed, a started and a completed
             # entry for each 8

@@ -198,11 +198,14 @@ def test_a_claim_and_an_ack_of_several_jobs_write_one_entry_each(broker, redis_c
 @pytest.mark.django_db
 def test_rows_built_from_events_keep_what_their_hashes_wrote(redis_client):
     """A mirror that lags past ``KEEP_COMPLETED`` finds hundreds of finished jobs' hashes
-    gone: each row takes its events' state and keeps the arguments it already held."""
+    gone: each row takes its events' state, keeps the arguments it already held, and a
+    job the mirror never saw gets a row of its events alone (no task, no arguments)."""
     extra = {"when": "2026-11-29T10:00:00+00:00", "n": [1, 2.5, None], "text": "é\u2028"}
-    jobs = [tasks.record.using(priority=i % 3).enqueue(f"t{i}", extra=extra)
-            for i in range(300)]
+    seen = [tasks.record.using(priority=i % 3).enqueue(f"t{i}", extra=extra)
+            for i in range(150)]
     mirror_all()  # each row as its hash holds it: ready, with its arguments
+    unseen = [tasks.record.using(priority=2).enqueue(f"u{i}") for i in range(150)]
+    jobs = seen + unseen
     with worker_thread(queues=["default"], concurrency=4):
         wait_until(lambda: Queue("default").counts()["completed"] == len(jobs),
                    message="jobs to complete")
@@ -210,13 +213,19 @@ def test_rows_built_from_events_keep_what_their_hashes_wrote(redis_client):
     mirror_all()
     rows = {row.job_id: row for row in Job.objects.all()}
     assert len(rows) == len(jobs)
-    for i, job in enumerate(jobs):
+    for i, job in enumerate(seen):
         row = rows[job.id]
         assert (row.status, row.attempts, row.priority, row.task_name) == (
             "completed", 1, i % 3, "tests.testapp.tasks.record"), job.id
         assert (row.args, row.kwargs) == ([f"t{i}"], {"extra": extra}), job.id
-        assert row.worker, job.id
-        assert row.started_at <= row.finished_at, job.id
+    for job in unseen:
+        row = rows[job.id]
+        assert (row.status, row.attempts, row.priority, row.task_name, row.max_attempts) == (
+            "completed", 1, 0, "", 1), job.id
+        assert (row.args, row.kwargs, row.result, row.parents) == ([], {}, None, []), job.id
+    for row in rows.values():
+        assert row.worker, row.job_id
+        assert row.enqueued_at <= row.started_at <= row.finished_at, row.job_id
     assert pending(redis_client) == 0
 
 

@@ -1,4 +1,4 @@
--- include: now_ms
+-- include: now_ms_us
 -- include: ready_score
 -- include: turn
 -- include: emit
