@@ -106,6 +106,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _stop_handler: Callable[[int, FrameType | None], Any] | None = None
 #: The pipe's write end, this process's wakeup fd: each signal's number comes through it.
 _signal_pipe: int | None = None
+
+
 def _noted(signum: int, frame: FrameType | None) -> None:
     """The Python part of the handler, which has nothing left to do: the C part already
     wrote ``signum`` to the wakeup fd (:func:`signal.set_wakeup_fd`), on whichever thread
