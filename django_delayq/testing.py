@@ -98,8 +98,12 @@ class RedisServer:
                 self.stop()
                 if self._port_given:
                     raise
-                self.port = free_port()
+                self.port = self._another_port()
         raise RuntimeError("redis-server found every port it was given taken")
+
+    def _another_port(self) -> int:
+        """The port to try when the picked one was taken before the server bound it."""
+        return free_port()
 
     def _command(self) -> list[str]:
         return [

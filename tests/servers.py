@@ -27,9 +27,11 @@ CLUSTER_SLOTS = 16384
 
 
 def free_cluster_port() -> int:
-    """A free port P (at most 55535) whose cluster bus port P + 10000 is free too."""
+    """A free port P whose cluster bus port P + 10000 is free too, both below the
+    kernel's ephemeral range (32768 and up by default): a client's outgoing connection
+    takes its local port from that range and could otherwise hold a node's port."""
     for _ in range(200):
-        port = random.randint(20_000, 45_000)
+        port = random.randint(12_000, 22_000)
         try:
             with socket.socket() as a, socket.socket() as b:
                 a.bind(("127.0.0.1", port))
@@ -38,6 +40,24 @@ def free_cluster_port() -> int:
             continue
         return port
     raise RuntimeError("no free pair of ports for a Redis Cluster node")
+
+
+class _ClusterNode(RedisServer):
+    """A Cluster node on a :func:`free_cluster_port`. A port another process took between
+    the pick and the bind is swapped for another until the node first starts; from then
+    on the cluster's topology names the port, so a restart keeps it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(port=free_cluster_port(), **kwargs)
+        self._port_given = False
+
+    def _another_port(self) -> int:
+        return free_cluster_port()
+
+    def start(self) -> Self:
+        super().start()
+        self._port_given = True
+        return self
 
 
 class _Group:
@@ -204,10 +224,10 @@ class RedisCluster(_Group):
         # nodes[:masters] start as primaries; the next ``replicas`` per primary replicate
         # nodes[i % masters].
         self.nodes = [
-            RedisServer(port=free_cluster_port(), binary=binary,
-                        extra_args=("--cluster-enabled", "yes", "--cluster-config-file",
-                                    "nodes.conf", "--cluster-node-timeout",
-                                    str(node_timeout_ms), *REPLICATION_ARGS))
+            _ClusterNode(binary=binary,
+                         extra_args=("--cluster-enabled", "yes", "--cluster-config-file",
+                                     "nodes.conf", "--cluster-node-timeout",
+                                     str(node_timeout_ms), *REPLICATION_ARGS))
             for _ in range(masters * (1 + replicas))
         ]
 

