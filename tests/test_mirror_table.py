@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
@@ -297,6 +297,31 @@ def test_the_migration_gives_existing_rows_the_position_of_their_last_event():
     finally:
         Job.objects.all().delete()
         MigrationExecutor(connection).migrate(latest)
+
+
+@pytest.mark.django_db
+def test_rows_are_locked_in_the_order_writes_take_whatever_the_databases_collation():
+    """Mirrors sharing a stream write overlapping rows at once: each transaction must lock
+    them in one order or two can deadlock. The inserts take their locks in Python's order
+    (code points); so must the locking read, also where the database's collation sorts
+    otherwise (run on PostgreSQL with an ICU English collation, as en_US databases do)."""
+    ids = ["a", "B", "_c", "-d", "Z", "\u00e9", "e", "A1", "a1"]
+    if connection.vendor == "postgresql":
+        column = Job._meta.get_field("job_id")
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT collname FROM pg_collation WHERE collname = 'en-US-x-icu'")
+            if cursor.fetchone() is None:
+                pytest.fail("this PostgreSQL has no ICU collations (en-US-x-icu): the test "
+                            "needs a server built with ICU, as Debian's and the official are")
+            cursor.execute(f'ALTER TABLE "{Job._meta.db_table}" ALTER COLUMN "job_id" TYPE '
+                           f'{column.db_type(connection)} COLLATE "en-US-x-icu"')
+        table.lock_rows("default", ids, timezone.now())
+        by_collation = list(Job.objects.filter(job_id__in=ids).order_by("job_id")
+                            .values_list("job_id", flat=True))
+        assert by_collation != sorted(ids)  # the collation took: it sorts otherwise
+    with transaction.atomic():
+        locked = table.lock_rows("default", ids, timezone.now())
+    assert list(locked) == sorted(ids)
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Field, Q, QuerySet
+from django.db.models.functions import Collate
 
 from ..engine.status import FINISHED_IN_HISTORY, Status
 from ..models import Job
@@ -112,8 +113,19 @@ def lock_rows(queue: str, job_ids: Iterable[str], now: dt.datetime) -> dict[str,
     # On SQLite, this write takes the write lock.
     _write([{**empty, "job_id": job_id} for job_id in ids], _if_missing())
     return {row["job_id"]: row for row in Job.objects.using(alias()).select_for_update()
-            .filter(queue=queue, job_id__in=ids).order_by("job_id")
+            .filter(queue=queue, job_id__in=ids).order_by(_by_code_point("job_id"))
             .values(*(f.attname for f in fields()))}
+
+
+def _by_code_point(name: str) -> str | Collate:
+    """An order by the text column ``name`` that agrees with Python's ``sorted``, the
+    order every write here takes its row locks in: two transactions that lock rows in
+    different orders can deadlock. PostgreSQL orders text by the database's collation
+    (``en_US`` puts ``a`` before ``B``; code points put it after), so it is told to
+    compare bytes ("C"), which for UTF-8 is code point order; SQLite's default does."""
+    if connections[alias()].vendor == "postgresql":
+        return Collate(name, "C")
+    return name
 
 
 def upsert(rows: Iterable[Row]) -> None:
