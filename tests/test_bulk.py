@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+import redis
+from redis.exceptions import ResponseError
 
 from django_delayq import Job, JobSpec, Queue
-from django_delayq.engine import EnqueueResult
+from django_delayq.engine import BulkResult, EnqueueRequest, EnqueueResult
 from django_delayq.engine.keys import QueueKeys
 from tests.conftest import round_trips
 from tests.testapp import tasks
@@ -126,3 +131,65 @@ def test_a_sharded_queue_reports_its_jobs_in_call_order(settings):
     assert [r.job_id for r in results] == ids
     assert [r.added for r in results] == [job_id != "w7" for job_id in ids]
     assert total.duplicate_ids == ["w7"]
+
+
+def requests_calling(action: Callable[[], Any], at: int, n: int,
+                     ) -> Iterator[EnqueueRequest]:
+    """``n`` jobs' requests (ids ``p0``, ``p1``, ...), calling ``action`` as the one ``at``
+    is encoded: the chunks before it are then sent, the last of them maybe unanswered."""
+    for i in range(n):
+        if i == at:
+            action()
+        yield EnqueueRequest(task="tests.testapp.tasks.record", args=[i], job_id=f"p{i}")
+
+
+def test_chunks_sent_before_the_last_is_answered_keep_fifo_and_count_every_reply(
+        broker, redis_client):
+    keys = QueueKeys("dq", "default")
+    existing = [f"p{i}" for i in range(0, 3_000, 60)]  # a duplicate in every chunk of 100
+    broker.enqueue_many("default", [EnqueueRequest(task="t.x", args=[], job_id=job_id)
+                                    for job_id in existing])
+    for _ in range(3):  # the connection each call holds is given back in step
+        bulk = broker.enqueue_many("default", requests_calling(lambda: None, 0, 3_000),
+                                   chunk_size=100)
+        new = [f"p{i}" for i in range(3_000) if f"p{i}" not in existing]
+        assert (bulk.chunks, bulk.enqueued, bulk.duplicates) == (30, len(new), len(existing))
+        assert bulk.duplicate_ids == existing
+        assert redis_client.zrange(keys.ready, 0, -1) == existing + new  # FIFO
+        redis_client.delete(*(keys.job(job_id) for job_id in new))
+        redis_client.zrem(keys.ready, *new)
+
+
+def test_a_connection_lost_with_chunks_in_flight_adds_each_job_once(broker, redis_client):
+    """The server closes every connection mid-call: the chunks not yet answered are sent
+    again with the same ids, so each job is added once and FIFO holds."""
+    keys = QueueKeys("dq", "default")
+    observer = redis.Redis.from_url(os.environ["DELAYQ_TEST_REDIS_URL"])
+    for at in (250, 1_050, 1_999):
+        redis_client.flushdb()
+        bulk = broker.enqueue_many("default", requests_calling(
+            lambda: observer.client_kill_filter(_type="normal", skipme=True), at, 2_000),
+            chunk_size=100)
+        ids = [f"p{i}" for i in range(2_000)]
+        assert bulk.job_ids == ids
+        assert bulk.enqueued + bulk.duplicates == 2_000  # a lost reply's jobs: duplicates
+        assert redis_client.zrange(keys.ready, 0, -1) == ids
+    observer.close()
+
+
+def test_a_refusal_mid_call_stops_it_with_what_was_added_counted(broker, redis_client):
+    """Redis refuses a chunk (out of memory): the call raises it, sends nothing more, and
+    its totals hold every job that is in Redis, the chunk sent after the refused one
+    included."""
+    keys = QueueKeys("dq", "default")
+    total = BulkResult()
+    try:
+        with pytest.raises(ResponseError, match="maxmemory"):
+            broker.enqueue_many("default", requests_calling(
+                lambda: redis_client.config_set("maxmemory", 1), 1_050, 3_000),
+                chunk_size=100, total=total)
+    finally:
+        redis_client.config_set("maxmemory", 0)
+    stored = redis_client.zrange(keys.ready, 0, -1)
+    assert 900 <= total.enqueued == len(stored) < 3_000
+    assert total.job_ids == stored == [f"p{i}" for i in range(len(stored))]

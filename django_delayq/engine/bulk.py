@@ -2,93 +2,35 @@
 each chunk sent by shard while the next is encoded, its replies counted in call order,
 and its waiting jobs linked to their parents in other shards.
 
-Encoding a chunk (validation, JSON, ids) is Python work; running it is Redis work.
-:class:`ChunkSender` sends chunk *n* on a thread while the caller encodes chunk *n + 1*,
-so the two overlap. A single-chunk call is sent inline, with no thread.
+Encoding a chunk (validation, JSON, ids) is Python work; running it is Redis work, and
+the two overlap. A plain call (:class:`Pipelined`) writes chunk *n + 1* before it reads
+the reply of chunk *n*, all on the caller's thread, so Redis always has a chunk to run
+while Python encodes and counts. Other calls (sharded, waiting for replicas, on a
+cluster) use :class:`.chunk_thread.ChunkSender`, which sends chunk *n* on a thread while
+the caller encodes chunk *n + 1* (a single-chunk call is sent inline, with no thread).
 """
 
 from __future__ import annotations
 
-import queue as stdlib_queue
-import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from redis.exceptions import NoScriptError, ResponseError
+
 from . import flows
+from .chunk_thread import ChunkSender
 from .commands import EncodedJob
 from .core import BrokerCore
 from .errors import NotReplicated
 from .failover import FAILOVER
 from .keyed import OUTCOMES
 from .keys import QueueKeys
+from .pinned import PinnedConnections
 from .requests import BulkResult, EnqueueRequest, EnqueueResult, new_job_ids
 from .status import Status
 
-#: One chunk of jobs, in the form the caller's ``send_chunk`` takes.
-Chunk = list[Any]
 #: A job of a bulk call: encoded, with the parents it waits for (None: none).
 Outgoing = tuple[EncodedJob, flows.Dependencies | None]
-
-
-class ChunkSender:
-    """Sends chunks in order through ``send_chunk``; :meth:`finish` waits for all of them.
-
-    An error of ``send_chunk`` stops the sending: the next :meth:`send` or
-    :meth:`finish` raises it, and no later chunk is sent.
-    """
-
-    def __init__(self, send_chunk: Callable[[Chunk], None]) -> None:
-        self._send_chunk = send_chunk
-        self._pending: Chunk | None = None  # the first chunk, kept until a second comes
-        self._queue: stdlib_queue.Queue[Chunk | None] | None = None
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._finished = False
-
-    def send(self, chunk: Chunk) -> None:
-        """Send ``chunk`` after the chunks sent before it."""
-        self._raise_error()
-        if self._queue is None:
-            if self._pending is None:
-                self._pending = chunk
-                return
-            self._queue = stdlib_queue.Queue(maxsize=2)
-            self._thread = threading.Thread(target=self._run, name="delayq-bulk", daemon=True)
-            self._thread.start()
-            self._queue.put(self._pending)
-            self._pending = None
-        self._queue.put(chunk)
-
-    def finish(self) -> None:
-        """Wait until every chunk is sent; raise the error that stopped the sending."""
-        if not self._finished:
-            self._finished = True
-            if self._queue is None:
-                if self._pending is not None:
-                    pending, self._pending = self._pending, None
-                    self._send_chunk(pending)
-            else:
-                self._queue.put(None)
-                assert self._thread is not None
-                self._thread.join()
-        self._raise_error()
-
-    def _raise_error(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-    def _run(self) -> None:
-        assert self._queue is not None
-        while True:
-            chunk = self._queue.get()
-            if chunk is None:
-                return
-            if self._error is None:
-                try:
-                    self._send_chunk(chunk)
-                except BaseException as exc:  # handed to the caller's thread
-                    self._error = exc
 
 
 def split_waits(broker: BrokerCore, keys: QueueKeys,
@@ -113,6 +55,7 @@ class BulkEnqueue:
         self.results = results
         #: A job of a dedupe mode's own id -> the id of the job in effect for it.
         self.in_effect: dict[str, str] = {}
+        self._pipe: Pipelined | None = None
 
     def run(self, requests: Iterable[EnqueueRequest], chunk_size: int,
             encoded: Sequence[Outgoing] = ()) -> None:
@@ -124,9 +67,13 @@ class BulkEnqueue:
         ids = new_job_ids(min(chunk_size, 1_000))
         shards = broker.shard_count(queue)
         known: set[tuple[str, str]] = set()  # the jobs of this call so far
+        pinned = broker.commands.pinned
+        if shards == 1 and pinned is not None and broker.replica_wait() is None:
+            self._pipe = Pipelined(self, pinned)
         with broker.connection_errors():
-            # Chunk n is sent while chunk n + 1 is encoded (one round trip per chunk).
+            # Chunk n runs while chunk n + 1 is encoded (one round trip per chunk).
             sender = ChunkSender(self.send_chunk)
+            send = self.send_chunk if self._pipe is not None else sender.send
             try:
                 chunk += encoded
                 for request in requests:
@@ -143,16 +90,24 @@ class BulkEnqueue:
                     known.add((queue, job.job_id))
                     chunk.append((job, deps))
                     if len(chunk) >= chunk_size:
-                        sender.send(chunk)
+                        send(chunk)
                         chunk = []
                 if chunk:
-                    sender.send(chunk)
+                    send(chunk)
             except (TypeError, ValueError) as exc:
-                sender.finish()
+                self._finish(sender)
                 raise type(exc)(f"{exc} (enqueue_many stopped: {total.enqueued} jobs of "
                                 f"earlier chunks were enqueued, this chunk was not)") from exc
             finally:
-                sender.finish()
+                self._finish(sender)
+
+    def _finish(self, sender: ChunkSender) -> None:
+        """Wait until every chunk is sent and answered."""
+        try:
+            sender.finish()
+        finally:
+            if self._pipe is not None:
+                self._pipe.close()
 
     def _by_shard(self, chunk: list[Outgoing]) -> dict[QueueKeys, list[Outgoing]]:
         """The jobs of ``chunk`` grouped by the shard their id picks."""
@@ -165,6 +120,25 @@ class BulkEnqueue:
         return by_shard
 
     def send_chunk(self, chunk: list[Outgoing]) -> None:
+        """Send one chunk: pipelined where it can be, else at once, once the replies of
+        the chunks pipelined before it are read."""
+        pipe = self._pipe
+        if pipe is not None and all(deps is None for _, deps in chunk):
+            pipe.send(chunk)
+            return
+        if pipe is not None:
+            pipe.drain()
+        self.send_now(chunk)
+
+    def answered(self, reply: list[Any], chunk: list[Outgoing]) -> None:
+        """Count the reply of a chunk sent in one call (:class:`Pipelined`), and link
+        what it asks to be linked."""
+        self.total.chunks += 1
+        sent = [(self._rows(reply, chunk), chunk)]
+        self._count_sent(sent)
+        self._link_elsewhere(sent)
+
+    def send_now(self, chunk: list[Outgoing]) -> None:
         """Send one chunk (one call per shard), through a failover with the same ids."""
         broker = self.broker
         by_shard = self._by_shard(chunk)  # checks the queue name
@@ -318,3 +292,96 @@ class BulkEnqueue:
         # the others added: they are counted in ``total`` before the error is raised.
         replies = batch.run(raise_on_error=False, wait=wait)
         return [(keys, replies[index], items) for keys, index, items in order], batch.confirmed
+
+
+class Pipelined:
+    """The chunks of a plain bulk call (one shard, no replica wait, no job waiting for
+    parents) on one held connection, each written before the reply of the one before it
+    is read, on the caller's thread: Redis runs a chunk while Python encodes the next and
+    counts the one before, where one call in flight at a time left Redis waiting on
+    Python and the other way round. Measured in alternation with the sending thread
+    (the bench's bulk op, 10,000 jobs, 10 runs each): 189,000 jobs/s against 145,000.
+
+    A reply lost (the connection, a failover, a script Redis forgot) sends the chunks not
+    yet answered again as :meth:`BulkEnqueue.send_now` does, with the same ids, so none is
+    added twice. A refusal is raised once the chunk sent after it is answered and counted:
+    that one reached Redis before the refusal was known.
+    """
+
+    def __init__(self, bulk: BulkEnqueue, pinned: PinnedConnections) -> None:
+        self.bulk = bulk
+        self.pinned = pinned
+        self.conn: Any = None
+        self.in_flight: list[list[Outgoing]] = []  # sent and not answered, oldest first
+
+    def send(self, chunk: list[Outgoing]) -> None:
+        broker, queue = self.bulk.broker, self.bulk.queue
+        keys = broker.keys_for(queue, "")  # checks the queue name
+        broker.remember_queue(queue)
+        command = broker.commands.enqueue_command(keys, [job for job, _ in chunk])
+        if self.conn is None:
+            self.conn = self.pinned.hold()
+        try:
+            self.pinned.send(self.conn, *command)
+        except Exception:
+            self._send_again([*self.in_flight, chunk])
+            return
+        except BaseException:  # maybe half written: that connection is done
+            self._let_go(in_step=False)
+            raise
+        self.in_flight.append(chunk)
+        if len(self.in_flight) > 1:
+            self._answer_oldest()
+
+    def drain(self) -> None:
+        while self.in_flight:
+            self._answer_oldest()
+
+    def close(self) -> None:
+        """:meth:`drain`, then give the connection back."""
+        try:
+            self.drain()
+        finally:
+            self._let_go(in_step=not self.in_flight)
+
+    def _answer_oldest(self) -> None:
+        try:
+            reply = self.pinned.read(self.conn)
+        except (*FAILOVER, NoScriptError):
+            self._send_again(self.in_flight)
+            return
+        except ResponseError:
+            self.in_flight.pop(0)
+            self._answer_after_refusal()
+            raise
+        except BaseException:
+            self._let_go(in_step=False)
+            raise
+        self.bulk.answered(reply, self.in_flight.pop(0))
+
+    def _answer_after_refusal(self) -> None:
+        """Count what the chunks sent after a refused one added (they may be refused
+        too: the first refusal is the one raised)."""
+        while self.in_flight:
+            try:
+                reply = self.pinned.read(self.conn)
+            except ResponseError:
+                self.in_flight.pop(0)
+                continue
+            except Exception:  # lost: the refusal is what the call raises
+                self._let_go(in_step=False)
+                return
+            self.bulk.answered(reply, self.in_flight.pop(0))
+
+    def _send_again(self, chunks: list[list[Outgoing]]) -> None:
+        self._let_go(in_step=False)
+        for chunk in chunks:
+            self.bulk.send_now(chunk)
+
+    def _let_go(self, *, in_step: bool) -> None:
+        """Give the held connection back, disconnected unless ``in_step`` (no reply left
+        unread on it); the next send holds another."""
+        self.in_flight = []
+        if self.conn is not None:
+            conn, self.conn = self.conn, None
+            self.pinned.release(conn, in_step=in_step)

@@ -121,6 +121,30 @@ class PinnedConnections:
         self._give_back(conn)
         return replies
 
+    def hold(self) -> Any:
+        """A connection for the caller alone until :meth:`release`: for commands sent
+        before the replies of earlier ones are read (:meth:`send`, :meth:`read`)."""
+        return self._take()
+
+    def release(self, conn: Any, *, in_step: bool) -> None:
+        """Give back a held connection; one not ``in_step`` (a reply unread, half read,
+        or a socket that failed) is disconnected first."""
+        if in_step:
+            self._give_back(conn)
+        else:
+            self._discard(conn)
+
+    @staticmethod
+    def send(conn: Any, *args: Any) -> None:
+        """Write one command on a held connection; its reply is read by :meth:`read`."""
+        send_packed(conn, [pack_command(args)])
+
+    @staticmethod
+    def read(conn: Any) -> Any:
+        """The reply of the oldest command sent on a held connection and not yet read (an
+        error reply raises, and leaves the connection in step)."""
+        return read_reply(conn)
+
     def _take(self) -> Any:
         """A pinned connection, or one checked out of the pool if none is free."""
         if self._pid != os.getpid():
