@@ -11,16 +11,14 @@ import socket
 import threading
 from typing import Self
 
-from django_delayq.testing import free_port
-
 
 class Endpoint:
     """Listens on a free loopback port and forwards each connection to ``target``."""
 
     def __init__(self, target: int) -> None:
         self.target = target
-        self.port = free_port()
-        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
         self._stop = threading.Event()
         self._sockets: list[socket.socket] = []
 

@@ -26,20 +26,27 @@ REPLICATION_ARGS = ("--repl-diskless-sync-delay", "0")
 CLUSTER_SLOTS = 16384
 
 
-def free_cluster_port() -> int:
-    """A free port P whose cluster bus port P + 10000 is free too, both below the
-    kernel's ephemeral range (32768 and up by default): a client's outgoing connection
-    takes its local port from that range and could otherwise hold a node's port."""
+def quiet_port(also_free: int = 0) -> int:
+    """A free loopback port below the kernel's ephemeral range (32768 and up by default),
+    for a server that binds it later: a client's outgoing connection takes its local port
+    from that range, and could take a port picked there before the server binds it. With
+    ``also_free``, the port that much above it is free too."""
     for _ in range(200):
-        port = random.randint(12_000, 22_000)
+        port = random.randint(12_000, 32_000 - also_free)
         try:
             with socket.socket() as a, socket.socket() as b:
                 a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 10_000))
+                if also_free:
+                    b.bind(("127.0.0.1", port + also_free))
         except OSError:
             continue
         return port
-    raise RuntimeError("no free pair of ports for a Redis Cluster node")
+    raise RuntimeError("no free loopback port below the ephemeral range")
+
+
+def free_cluster_port() -> int:
+    """A :func:`quiet_port` whose cluster bus port (10000 above it) is free too."""
+    return quiet_port(also_free=10_000)
 
 
 class _ClusterNode(RedisServer):

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from django_delayq.testing import free_port
+from tests.servers import quiet_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,8 +48,9 @@ class SparkCluster:
         self.workers = workers
         self.cores = cores
         self.memory = memory
-        self.port = free_port()
-        self.web_port = free_port()
+        # The JVM binds them seconds later: ports no outgoing connection can take meanwhile.
+        self.port = quiet_port()
+        self.web_port = quiet_port()
         self.master_url = f"spark://127.0.0.1:{self.port}"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.dir = Path(tempfile.mkdtemp(prefix="delayq-spark-"))
@@ -80,7 +81,7 @@ class SparkCluster:
         for i in range(self.workers):
             self._start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker",
                         "--host", "127.0.0.1", "--cores", str(self.cores),
-                        "--memory", self.memory, "--webui-port", str(free_port()),
+                        "--memory", self.memory, "--webui-port", str(quiet_port()),
                         self.master_url)
         deadline = time.monotonic() + timeout
         while self.alive_workers() < self.workers:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from django_delayq.testing import free_port
 from tests.conftest import ROOT, OutputReader, wait_until
+from tests.servers import quiet_port
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +51,7 @@ class Browser:
 
 
 def test_serve_leaves_the_demo_running_until_stopped(tmp_path: Path) -> None:
-    port = free_port()
+    port = quiet_port()  # bound later, by another process
     env = {k: v for k, v in os.environ.items()
            if k not in ("REDIS_URL", "DJANGO_SETTINGS_MODULE", "DELAYQ_TEST_REDIS_URL",
                         "DJANGO_DEBUG")}

@@ -277,9 +277,9 @@ def test_an_entry_the_lake_cannot_hold_is_skipped_and_shown(tmp_path, broker, re
 def s3_lake() -> Iterator[str]:
     """A lake URL on a local S3 endpoint: moto's server (``moto[server]``, in
     requirements-dev.txt), started on a free port, with a bucket PyArrow creates."""
-    from django_delayq.testing import free_port
+    from tests.servers import quiet_port
 
-    port = free_port()
+    port = quiet_port()  # bound later, by another process
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
                              str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)

@@ -19,9 +19,9 @@ import pytest
 import redis
 
 from django_delayq import DelayQConnectionError
-from django_delayq.testing import free_port
 from tests import services
 from tests.conftest import wait_until
+from tests.servers import quiet_port
 from tests.testapp.tasks import record
 
 
@@ -56,7 +56,7 @@ def tls_redis(tmp_path: Path) -> Iterator[tuple[int, Path]]:
         binary = services.tls_redis_binary()
     except RuntimeError as exc:
         pytest.fail(str(exc))
-    port = free_port()
+    port = quiet_port()  # bound later, by another process
     proc = subprocess.Popen(
         [binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
          "--tls-cert-file", "server.crt", "--tls-key-file", "server.key",
