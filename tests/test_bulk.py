@@ -12,7 +12,8 @@ import redis
 from redis.exceptions import ResponseError
 
 from django_delayq import Job, JobSpec, Queue
-from django_delayq.engine import BulkResult, EnqueueRequest, EnqueueResult
+from django_delayq.engine import Broker, BulkResult, EngineConfig, EnqueueRequest, EnqueueResult
+from django_delayq.engine.bulk import Pipelined
 from django_delayq.engine.keys import QueueKeys
 from tests.conftest import round_trips
 from tests.testapp import tasks
@@ -69,7 +70,7 @@ def test_a_bad_item_stops_before_its_chunk_and_says_what_was_sent(redis_client):
 @pytest.mark.slow
 def test_one_hundred_thousand_jobs_take_one_round_trip_per_chunk(broker, redis_client):
     tasks.add.enqueue_many([[0, 0]])  # the script is loaded: no NOSCRIPT retry below
-    # This process's own writes (the chunks go from a thread of the bulk call), not the
+    # This process's own writes (some calls send their chunks from a thread), not the
     # server's command count: a process another test started may still be talking to
     # the same Redis.
     with round_trips(every_thread=True) as sent:
@@ -160,16 +161,23 @@ def test_chunks_sent_before_the_last_is_answered_keep_fifo_and_count_every_reply
         redis_client.zrem(keys.ready, *new)
 
 
-def test_a_connection_lost_with_chunks_in_flight_adds_each_job_once(broker, redis_client):
+def test_a_connection_lost_with_chunks_in_flight_adds_each_job_once(broker, redis_client,
+                                                                    monkeypatch):
     """The server closes every connection mid-call: the chunks not yet answered are sent
     again with the same ids, so each job is added once and FIFO holds."""
     keys = QueueKeys("dq", "default")
     observer = redis.Redis.from_url(os.environ["DELAYQ_TEST_REDIS_URL"])
+    sent_again: list[int] = []
+    send_again = Pipelined._send_again
+    monkeypatch.setattr(Pipelined, "_send_again", lambda self, chunks: (
+        sent_again.append(len(chunks)), send_again(self, chunks))[1])
     for at in (250, 1_050, 1_999):
         redis_client.flushdb()
+        sent_again.clear()
         bulk = broker.enqueue_many("default", requests_calling(
             lambda: observer.client_kill_filter(_type="normal", skipme=True), at, 2_000),
             chunk_size=100)
+        assert sent_again  # the lost connection was found with a chunk in flight
         ids = [f"p{i}" for i in range(2_000)]
         assert bulk.job_ids == ids
         assert bulk.enqueued + bulk.duplicates == 2_000  # a lost reply's jobs: duplicates
@@ -177,19 +185,36 @@ def test_a_connection_lost_with_chunks_in_flight_adds_each_job_once(broker, redi
     observer.close()
 
 
-def test_a_refusal_mid_call_stops_it_with_what_was_added_counted(broker, redis_client):
-    """Redis refuses a chunk (out of memory): the call raises it, sends nothing more, and
-    its totals hold every job that is in Redis, the chunk sent after the refused one
-    included."""
+def test_a_refused_chunk_stops_the_call_with_the_chunk_sent_behind_it_counted(
+        broker, redis_client):
+    """Redis refuses one chunk (a job key holds a string): the call raises that error and
+    sends nothing more, and its totals count the chunk written before the refusal was
+    read, which Redis ran."""
     keys = QueueKeys("dq", "default")
+    redis_client.set(keys.job("p1050"), "not a job")
     total = BulkResult()
-    try:
-        with pytest.raises(ResponseError, match="maxmemory"):
-            broker.enqueue_many("default", requests_calling(
-                lambda: redis_client.config_set("maxmemory", 1), 1_050, 3_000),
-                chunk_size=100, total=total)
-    finally:
-        redis_client.config_set("maxmemory", 0)
-    stored = redis_client.zrange(keys.ready, 0, -1)
-    assert 900 <= total.enqueued == len(stored) < 3_000
-    assert total.job_ids == stored == [f"p{i}" for i in range(len(stored))]
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        broker.enqueue_many("default", requests_calling(lambda: None, 0, 3_000),
+                            chunk_size=100, total=total)
+    stored = [f"p{i}" for i in [*range(1_000), *range(1_100, 1_200)]]
+    assert redis_client.zrange(keys.ready, 0, -1) == stored
+    assert (total.enqueued, total.chunks) == (1_100, 12)  # chunk 10 refused, 11 ran
+    assert total.job_ids == stored
+
+
+def test_a_health_check_never_reads_the_reply_of_a_chunk_in_flight():
+    """A client whose connections check their health before every command (a PING when
+    idle past ``health_check_interval``): the check is skipped while a chunk's reply is
+    due, or its PING would read that reply."""
+    client = redis.Redis.from_url(os.environ["DELAYQ_TEST_REDIS_URL"],
+                                  health_check_interval=1e-6, decode_responses=True)
+    client.flushdb()
+    broker = Broker(client, EngineConfig())
+    results: list[EnqueueResult] = []
+    bulk = broker.enqueue_many("default", requests_calling(lambda: None, 0, 3_000),
+                               chunk_size=100, results=results)
+    assert (bulk.enqueued, bulk.duplicates, bulk.chunks) == (3_000, 0, 30)
+    assert [r.job_id for r in results] == [f"p{i}" for i in range(3_000)]
+    assert {r.status for r in results} == {"ready"}
+    assert client.zcard(QueueKeys("dq", "default").ready) == 3_000
+    client.close()

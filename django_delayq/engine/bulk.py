@@ -299,8 +299,7 @@ class Pipelined:
     parents) on one held connection, each written before the reply of the one before it
     is read, on the caller's thread: Redis runs a chunk while Python encodes the next and
     counts the one before, where one call in flight at a time left Redis waiting on
-    Python and the other way round. Measured in alternation with the sending thread
-    (the bench's bulk op, 10,000 jobs, 10 runs each): 189,000 jobs/s against 145,000.
+    Python and the other way round (docs/benchmarks.md measures both).
 
     A reply lost (the connection, a failover, a script Redis forgot) sends the chunks not
     yet answered again as :meth:`BulkEnqueue.send_now` does, with the same ids, so none is
@@ -322,7 +321,7 @@ class Pipelined:
         if self.conn is None:
             self.conn = self.pinned.hold()
         try:
-            self.pinned.send(self.conn, *command)
+            self.pinned.send(self.conn, *command, replies_due=bool(self.in_flight))
         except Exception:
             self._send_again([*self.in_flight, chunk])
             return
@@ -352,6 +351,7 @@ class Pipelined:
             return
         except ResponseError:
             self.in_flight.pop(0)
+            self.bulk.total.chunks += 1  # as send_now counts a refused chunk
             self._answer_after_refusal()
             raise
         except BaseException:
@@ -367,10 +367,14 @@ class Pipelined:
                 reply = self.pinned.read(self.conn)
             except ResponseError:
                 self.in_flight.pop(0)
+                self.bulk.total.chunks += 1
                 continue
             except Exception:  # lost: the refusal is what the call raises
                 self._let_go(in_step=False)
                 return
+            except BaseException:
+                self._let_go(in_step=False)
+                raise
             self.bulk.answered(reply, self.in_flight.pop(0))
 
     def _send_again(self, chunks: list[list[Outgoing]]) -> None:

@@ -127,9 +127,11 @@ def checkout(pool: Any) -> Any:
     return pool.get_connection()
 
 
-def send_packed(conn: Any, packed: list[bytes]) -> None:
-    """Write commands already packed (``hiredis.pack_command``) on ``conn``."""
-    conn.send_packed_command(packed)
+def send_packed(conn: Any, packed: list[bytes], *, check_health: bool = True) -> None:
+    """Write commands already packed (``hiredis.pack_command``) on ``conn``. Without
+    ``check_health``, never a health check first: its PING would read the reply of a
+    command sent before and not yet read."""
+    conn.send_packed_command(packed, check_health=check_health)
 
 
 def read_reply(conn: Any) -> Any:

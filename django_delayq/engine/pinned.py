@@ -135,9 +135,11 @@ class PinnedConnections:
             self._discard(conn)
 
     @staticmethod
-    def send(conn: Any, *args: Any) -> None:
-        """Write one command on a held connection; its reply is read by :meth:`read`."""
-        send_packed(conn, [pack_command(args)])
+    def send(conn: Any, *args: Any, replies_due: bool) -> None:
+        """Write one command on a held connection; its reply is read by :meth:`read`.
+        With ``replies_due`` (commands sent before it are not yet answered), the
+        connection's health check is skipped: its PING would read their replies."""
+        send_packed(conn, [pack_command(args)], check_health=not replies_due)
 
     @staticmethod
     def read(conn: Any) -> Any:
