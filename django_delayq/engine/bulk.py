@@ -72,8 +72,8 @@ class BulkEnqueue:
             self._pipe = Pipelined(self, pinned)
         with broker.connection_errors():
             # Chunk n runs while chunk n + 1 is encoded (one round trip per chunk).
-            sender = ChunkSender(self.send_now)
-            send = self._pipe.send if self._pipe is not None else sender.send
+            sender = ChunkSender(self.send_chunk)
+            send = self.send_chunk if self._pipe is not None else sender.send
             try:
                 chunk += encoded
                 for request in requests:
@@ -118,6 +118,17 @@ class BulkEnqueue:
         for item in chunk:
             by_shard.setdefault(broker.keys_for(queue, item[0].job_id), []).append(item)
         return by_shard
+
+    def send_chunk(self, chunk: list[Outgoing]) -> None:
+        """Send one chunk: pipelined where it can be, else at once, once the replies of
+        the chunks pipelined before it are read."""
+        pipe = self._pipe
+        if pipe is not None and all(deps is None for _, deps in chunk):
+            pipe.send(chunk)
+            return
+        if pipe is not None:
+            pipe.drain()
+        self.send_now(chunk)
 
     def answered(self, reply: list[Any], chunk: list[Outgoing]) -> None:
         """Count the reply of a chunk sent in one call (:class:`Pipelined`), and link
@@ -284,10 +295,10 @@ class BulkEnqueue:
 
 
 class Pipelined:
-    """The chunks of a plain bulk call (one shard, no replica wait) on one held
-    connection, each written before the reply of the one before it is read, on the
-    caller's thread: Redis runs a chunk while Python encodes the next and counts (and
-    links) the one before, where one call in flight at a time left Redis waiting on
+    """The chunks of a plain bulk call (one shard, no replica wait, no job waiting for
+    parents) on one held connection, each written before the reply of the one before it
+    is read, on the caller's thread: Redis runs a chunk while Python encodes the next and
+    counts the one before, where one call in flight at a time left Redis waiting on
     Python and the other way round (docs/benchmarks.md measures both).
 
     A reply lost (the connection, a failover, a script Redis forgot) sends the chunks not
@@ -306,7 +317,7 @@ class Pipelined:
         broker, queue = self.bulk.broker, self.bulk.queue
         keys = broker.keys_for(queue, "")  # checks the queue name
         broker.remember_queue(queue)
-        command = broker.commands.enqueue_command(keys, *split_waits(broker, keys, chunk))
+        command = broker.commands.enqueue_command(keys, [job for job, _ in chunk])
         if self.conn is None:
             self.conn = self.pinned.hold()
         try:
@@ -321,11 +332,14 @@ class Pipelined:
         if len(self.in_flight) > 1:
             self._answer_oldest()
 
+    def drain(self) -> None:
+        while self.in_flight:
+            self._answer_oldest()
+
     def close(self) -> None:
-        """Read the reply of every chunk in flight, then give the connection back."""
+        """:meth:`drain`, then give the connection back."""
         try:
-            while self.in_flight:
-                self._answer_oldest()
+            self.drain()
         finally:
             self._let_go(in_step=not self.in_flight)
 

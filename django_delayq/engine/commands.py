@@ -103,11 +103,10 @@ class Commands:
                                       *self._enqueue_call(keys, jobs, waits), self.pinned)
         return reply
 
-    def enqueue_command(self, keys: QueueKeys, jobs: Sequence[EncodedJob],
-                        waits: Sequence[Sequence[Any]] = ()) -> tuple[Any, ...]:
-        """The EVALSHA of :meth:`enqueue`, to send on a held connection
-        (:class:`.bulk.Pipelined`)."""
-        return script_command(_enqueue_script(waits), *self._enqueue_call(keys, jobs, waits))
+    def enqueue_command(self, keys: QueueKeys, jobs: Sequence[EncodedJob]) -> tuple[Any, ...]:
+        """The EVALSHA of :meth:`enqueue` for ``jobs`` (none waiting for parents), to send
+        on a held connection (:class:`.bulk.Pipelined`)."""
+        return script_command(_enqueue_script(()), *self._enqueue_call(keys, jobs))
 
     def enqueue_and_wait(self, keys: QueueKeys, jobs: Sequence[EncodedJob],
                          wait: tuple[int, int],
