@@ -218,3 +218,24 @@ def test_a_health_check_never_reads_the_reply_of_a_chunk_in_flight():
     assert {r.status for r in results} == {"ready"}
     assert client.zcard(QueueKeys("dq", "default").ready) == 3_000
     client.close()
+
+
+def test_a_connection_closed_under_the_call_and_opened_again_loses_no_reply(
+        broker, redis_client, monkeypatch):
+    """Another thread's ``pool.disconnect()`` (a failover's) closes the connection a call
+    holds, and redis-py opens it again at the next send: the reply due on the old socket
+    is taken as lost, not read from the new one as the next chunk's."""
+    keys = QueueKeys("dq", "default")
+    sent_again: list[int] = []
+    send_again = Pipelined._send_again
+    monkeypatch.setattr(Pipelined, "_send_again", lambda self, chunks: (
+        sent_again.append(len(chunks)), send_again(self, chunks))[1])
+    results: list[EnqueueResult] = []
+    bulk = broker.enqueue_many("default", requests_calling(
+        broker.client.connection_pool.disconnect, 1_050, 2_000), chunk_size=100,
+        results=results)
+    assert sent_again == [2]  # the chunk in flight and the one written after it
+    ids = [f"p{i}" for i in range(2_000)]
+    assert bulk.job_ids == [r.job_id for r in results] == ids
+    assert bulk.enqueued + bulk.duplicates == 2_000
+    assert redis_client.zrange(keys.ready, 0, -1) == ids

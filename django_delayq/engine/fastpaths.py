@@ -134,6 +134,13 @@ def send_packed(conn: Any, packed: list[bytes], *, check_health: bool = True) ->
     conn.send_packed_command(packed, check_health=check_health)
 
 
+def socket_of(conn: Any) -> Any:
+    """The socket ``conn`` talks on (None while closed): another one than before means it
+    was closed under its user (``pool.disconnect()`` closes connections in use) and
+    opened again, and the replies due on the old one are lost."""
+    return conn._sock
+
+
 def read_reply(conn: Any) -> Any:
     """Read one reply on ``conn``, decoded as the client would (an error reply raises)."""
     return conn.read_response()

@@ -32,7 +32,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .fastpaths import checkout, disconnect, must_reconnect, read_reply, retries, send_packed
+from .fastpaths import (
+    checkout,
+    disconnect,
+    must_reconnect,
+    read_reply,
+    retries,
+    send_packed,
+    socket_of,
+)
 
 #: Connections kept idle at most; more threads at once take and give back pool ones.
 MAX_PINNED = 8
@@ -140,6 +148,11 @@ class PinnedConnections:
         With ``replies_due`` (commands sent before it are not yet answered), the
         connection's health check is skipped: its PING would read their replies."""
         send_packed(conn, [pack_command(args)], check_health=not replies_due)
+
+    @staticmethod
+    def socket(conn: Any) -> Any:
+        """The socket a held connection talks on, to tell whether it was opened again."""
+        return socket_of(conn)
 
     @staticmethod
     def read(conn: Any) -> Any:
