@@ -239,3 +239,23 @@ def test_a_connection_closed_under_the_call_and_opened_again_loses_no_reply(
     assert bulk.job_ids == [r.job_id for r in results] == ids
     assert bulk.enqueued + bulk.duplicates == 2_000
     assert redis_client.zrange(keys.ready, 0, -1) == ids
+
+
+def test_a_call_pipelines_until_its_first_waiting_job_then_sends_one_chunk_at_a_time(
+        broker, redis_client):
+    """Plain chunks go pipelined; from the first chunk holding a job that waits for
+    parents (here for jobs of the chunks before it), each chunk is answered before the
+    next is sent: every waiting job finds its parent stored."""
+    keys = QueueKeys("dq", "default")
+    requests = [EnqueueRequest(task="t.x", args=[i], job_id=f"p{i}") for i in range(250)]
+    requests += [EnqueueRequest(task="t.x", args=[i], job_id=f"w{i}",
+                                depends_on=[("default", f"p{i}")]) for i in range(250)]
+    requests += [EnqueueRequest(task="t.x", args=[i], job_id=f"q{i}") for i in range(250)]
+    results: list[EnqueueResult] = []
+    bulk = broker.enqueue_many("default", requests, chunk_size=100, results=results)
+    assert (bulk.enqueued, bulk.chunks) == (750, 8)
+    assert [r.job_id for r in results] == [r.job_id for r in requests]
+    assert [r.status for r in results] == ["ready"] * 250 + ["waiting"] * 250 + ["ready"] * 250
+    assert redis_client.zcard(keys.waiting) == 250
+    assert redis_client.zrange(keys.ready, 0, -1) == (
+        [f"p{i}" for i in range(250)] + [f"q{i}" for i in range(250)])

@@ -72,8 +72,7 @@ class BulkEnqueue:
             self._pipe = Pipelined(self, pinned)
         with broker.connection_errors():
             # Chunk n runs while chunk n + 1 is encoded (one round trip per chunk).
-            sender = ChunkSender(self.send_chunk)
-            send = self.send_chunk if self._pipe is not None else sender.send
+            sender = ChunkSender(self.send_now)
             try:
                 chunk += encoded
                 for request in requests:
@@ -90,10 +89,10 @@ class BulkEnqueue:
                     known.add((queue, job.job_id))
                     chunk.append((job, deps))
                     if len(chunk) >= chunk_size:
-                        send(chunk)
+                        self._send(chunk, sender)
                         chunk = []
                 if chunk:
-                    send(chunk)
+                    self._send(chunk, sender)
             except (TypeError, ValueError) as exc:
                 self._finish(sender)
                 raise type(exc)(f"{exc} (enqueue_many stopped: {total.enqueued} jobs of "
@@ -119,16 +118,20 @@ class BulkEnqueue:
             by_shard.setdefault(broker.keys_for(queue, item[0].job_id), []).append(item)
         return by_shard
 
-    def send_chunk(self, chunk: list[Outgoing]) -> None:
-        """Send one chunk: pipelined where it can be, else at once, once the replies of
-        the chunks pipelined before it are read."""
+    def _send(self, chunk: list[Outgoing], sender: ChunkSender) -> None:
+        """Send one chunk: pipelined until the call's first chunk holding a job that
+        waits for parents, and from there (once the chunks pipelined are answered)
+        through ``sender``, one chunk answered before the next is sent: a waiting job
+        whose parents a chunk still in flight holds would find them missing if Redis
+        refused that chunk."""
         pipe = self._pipe
-        if pipe is not None and all(deps is None for _, deps in chunk):
-            pipe.send(chunk)
-            return
         if pipe is not None:
-            pipe.drain()
-        self.send_now(chunk)
+            if all(deps is None for _, deps in chunk):
+                pipe.send(chunk)
+                return
+            self._pipe = None
+            pipe.close()
+        sender.send(chunk)
 
     def answered(self, reply: list[Any], chunk: list[Outgoing]) -> None:
         """Count the reply of a chunk sent in one call (:class:`Pipelined`), and link
@@ -339,14 +342,11 @@ class Pipelined:
         if len(self.in_flight) > 1:
             self._answer_oldest()
 
-    def drain(self) -> None:
-        while self.in_flight:
-            self._answer_oldest()
-
     def close(self) -> None:
-        """:meth:`drain`, then give the connection back."""
+        """Read the reply of every chunk in flight, then give the connection back."""
         try:
-            self.drain()
+            while self.in_flight:
+                self._answer_oldest()
         finally:
             self._let_go(in_step=not self.in_flight)
 
