@@ -197,7 +197,7 @@ UPKEEP = {"HELLO", "AUTH", "CLIENT", "SELECT", "READONLY", "PING"}
 def round_trips(every_thread: bool = False) -> Iterator[list[str]]:
     """Record the round trips this thread makes to Redis inside the block (a worker
     thread's are not counted; with ``every_thread``, those of all this process's
-    threads, as a bulk enqueue sends its chunks from a thread of its own): each write
+    threads, as some bulk enqueues send their chunks from a thread of their own): each write
     of commands (one command, or a whole pipeline) to any connection is one; the list
     holds the start of each. A connection's upkeep is not counted: the handshake of a
     new one (the pool opens one whenever another thread, a worker thread of the test,
@@ -205,24 +205,36 @@ def round_trips(every_thread: bool = False) -> Iterator[list[str]]:
     (``health_check_interval``) say nothing of the code."""
     from redis.connection import AbstractConnection
 
+    from django_delayq.engine import pinned
+
     sent: list[str] = []
     original = AbstractConnection.send_packed_command
+    on_open_socket = pinned.send_on_open_socket  # a bulk call's pipelined chunks
     me = threading.get_ident()
 
-    def counted(self: Any, command: Any, check_health: bool = True) -> None:
+    def record(command: Any) -> None:
         if every_thread or threading.get_ident() == me:
             first = command[0] if isinstance(command, list) and command else command
             text = " ".join(bytes(first)[:80].decode(errors="replace").split())
             words = text.split(" ")  # "*<n> $<len> <COMMAND> ..."
             if len(words) < 3 or words[2] not in UPKEEP:
                 sent.append(text)
+
+    def counted(self: Any, command: Any, check_health: bool = True) -> None:
+        record(command)
         original(self, command, check_health)
 
+    def counted_on_open_socket(conn: Any, packed: list[bytes]) -> None:
+        record(packed)
+        on_open_socket(conn, packed)
+
     AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+    pinned.send_on_open_socket = counted_on_open_socket
     try:
         yield sent
     finally:
         AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
+        pinned.send_on_open_socket = on_open_socket
 
 
 def ran(client: Any) -> list[dict[str, Any]]:

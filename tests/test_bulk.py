@@ -223,8 +223,9 @@ def test_a_health_check_never_reads_the_reply_of_a_chunk_in_flight():
 def test_a_connection_closed_under_the_call_and_opened_again_loses_no_reply(
         broker, redis_client, monkeypatch):
     """Another thread's ``pool.disconnect()`` (a failover's) closes the connection a call
-    holds, and redis-py opens it again at the next send: the reply due on the old socket
-    is taken as lost, not read from the new one as the next chunk's."""
+    holds: its next write finds the socket closed and sends the chunks in flight again.
+    Written on a socket redis-py opened again, the next chunk's reply would be read as
+    the reply due on the old one."""
     keys = QueueKeys("dq", "default")
     sent_again: list[int] = []
     send_again = Pipelined._send_again

@@ -28,6 +28,7 @@ from django_delayq.engine.fastpaths import (
     positional_names,
     read_reply,
     retries,
+    send_on_open_socket,
     send_packed,
 )
 from django_delayq.engine.pinned import PinnedConnections
@@ -80,7 +81,11 @@ def test_the_redis_py_internals_the_pinned_connections_use_work():
         assert isinstance(retries(conn), int)
         assert retries(conn) >= 0
         assert must_reconnect(conn) is False
+        send_on_open_socket(conn, [pack_command(("ECHO", "1")), pack_command(("ECHO", "2"))])
+        assert [read_reply(conn), read_reply(conn)] == ["1", "2"]
         disconnect(conn)
+        with pytest.raises(redis.ConnectionError, match="closed with replies due"):
+            send_on_open_socket(conn, [pack_command(("ECHO", "lost"))])  # never reconnects
         send_packed(conn, [pack_command(("ECHO", "again"))])  # connects again
         assert read_reply(conn) == "again"
     finally:
@@ -98,7 +103,7 @@ def test_only_the_fastpaths_module_reaches_redis_py_internals():
     engine/fastpaths.py alone, so a redis-py upgrade that moves one is met in one place."""
     package = Path(__file__).resolve().parent.parent / "django_delayq"
     internals = {"send_packed_command", "read_response", "should_reconnect",
-                 "get_connection", "get_retries", "_retries", "nodes_manager"}
+                 "get_connection", "get_retries", "_retries", "nodes_manager", "_sock"}
     offenders = []
     for path in package.rglob("*.py"):
         if path.relative_to(package).as_posix() == "engine/fastpaths.py":

@@ -314,7 +314,6 @@ class Pipelined:
         self.bulk = bulk
         self.pinned = pinned
         self.conn: Any = None
-        self.socket: Any = None  # the one the chunks in flight were written on
         self.in_flight: list[list[Outgoing]] = []  # sent and not answered, oldest first
 
     def send(self, chunk: list[Outgoing]) -> None:
@@ -324,21 +323,15 @@ class Pipelined:
         command = broker.commands.enqueue_command(keys, [job for job, _ in chunk])
         if self.conn is None:
             self.conn = self.pinned.hold()
+        self.in_flight.append(chunk)  # before the write: its reply is due from then on
         try:
-            self.pinned.send(self.conn, *command, replies_due=bool(self.in_flight))
+            self.pinned.send(self.conn, *command, replies_due=len(self.in_flight) > 1)
         except Exception:
-            self._send_again([*self.in_flight, chunk])
+            self._send_again(self.in_flight)
             return
         except BaseException:  # maybe half written: that connection is done
             self._let_go(in_step=False)
             raise
-        if self.in_flight and self.pinned.socket(self.conn) is not self.socket:
-            # Closed under us (another thread's pool.disconnect() on a failover) and
-            # opened again by the send: the replies due went with the old socket.
-            self._send_again([*self.in_flight, chunk])
-            return
-        self.socket = self.pinned.socket(self.conn)
-        self.in_flight.append(chunk)
         if len(self.in_flight) > 1:
             self._answer_oldest()
 

@@ -23,9 +23,10 @@ skips: ``python -m bench.fastpaths`` times both in alternating blocks on one Red
 Every redis-py internal these use is reached through the functions below
 (:func:`checkout`, :func:`send_packed`, :func:`read_reply`, :func:`must_reconnect`,
 :func:`retries`, :func:`disconnect`), which adapt to the installed version; the
-connection methods they call are listed in :data:`REDIS_PY_CONNECTION_METHODS`. One
-more is here for correctness rather than speed: :func:`reread_cluster_nodes` (a
-cluster's node table, for :mod:`.cluster_wait`).
+connection methods they call are listed in :data:`REDIS_PY_CONNECTION_METHODS`. Two
+more are here for correctness rather than speed: :func:`send_on_open_socket` (a
+connection's socket, for a bulk call's chunks sent before earlier replies are read)
+and :func:`reread_cluster_nodes` (a cluster's node table, for :mod:`.cluster_wait`).
 
 ``tests/test_fastpaths.py`` and ``tests/test_pinned.py`` check them, and ``tox -e
 redis5,redis6,redis7,redislatest`` runs them on each redis-py major version the package
@@ -42,6 +43,7 @@ from typing import Any
 
 import redis
 from redis.connection import Connection
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 # -- 1. argument shapes ------------------------------------------------------------
 
@@ -127,18 +129,24 @@ def checkout(pool: Any) -> Any:
     return pool.get_connection()
 
 
-def send_packed(conn: Any, packed: list[bytes], *, check_health: bool = True) -> None:
-    """Write commands already packed (``hiredis.pack_command``) on ``conn``. Without
-    ``check_health``, never a health check first: its PING would read the reply of a
-    command sent before and not yet read."""
-    conn.send_packed_command(packed, check_health=check_health)
+def send_packed(conn: Any, packed: list[bytes]) -> None:
+    """Write commands already packed (``hiredis.pack_command``) on ``conn``."""
+    conn.send_packed_command(packed)
 
 
-def socket_of(conn: Any) -> Any:
-    """The socket ``conn`` talks on (None while closed): another one than before means it
-    was closed under its user (``pool.disconnect()`` closes connections in use) and
-    opened again, and the replies due on the old one are lost."""
-    return conn._sock
+def send_on_open_socket(conn: Any, packed: list[bytes]) -> None:
+    """Write commands already packed on the socket ``conn`` has open, with no health
+    check (its PING would read a reply due) and never on a new socket:
+    ``send_packed_command`` opens a closed connection again (``pool.disconnect()``
+    closes connections in use), and the replies due on the old one would be lost."""
+    sock = conn._sock
+    if sock is None:
+        raise RedisConnectionError("the connection was closed with replies due on it")
+    try:
+        for part in packed:
+            sock.sendall(part)
+    except OSError as exc:
+        raise RedisConnectionError(f"writing failed with replies due: {exc}") from exc
 
 
 def read_reply(conn: Any) -> Any:

@@ -38,8 +38,8 @@ from .fastpaths import (
     must_reconnect,
     read_reply,
     retries,
+    send_on_open_socket,
     send_packed,
-    socket_of,
 )
 
 #: Connections kept idle at most; more threads at once take and give back pool ones.
@@ -145,14 +145,15 @@ class PinnedConnections:
     @staticmethod
     def send(conn: Any, *args: Any, replies_due: bool) -> None:
         """Write one command on a held connection; its reply is read by :meth:`read`.
-        With ``replies_due`` (commands sent before it are not yet answered), the
-        connection's health check is skipped: its PING would read their replies."""
-        send_packed(conn, [pack_command(args)], check_health=not replies_due)
-
-    @staticmethod
-    def socket(conn: Any) -> Any:
-        """The socket a held connection talks on, to tell whether it was opened again."""
-        return socket_of(conn)
+        With ``replies_due`` (commands sent before it are not yet answered), it goes on
+        the socket those went on or raises ``ConnectionError``: no health check (its
+        PING would read their replies), and no new socket for a connection closed under
+        its holder (their replies are gone with the old one)."""
+        packed = [pack_command(args)]
+        if replies_due:
+            send_on_open_socket(conn, packed)
+        else:
+            send_packed(conn, packed)
 
     @staticmethod
     def read(conn: Any) -> Any:
