@@ -144,6 +144,19 @@ def requests_calling(action: Callable[[], Any], at: int, n: int,
         yield EnqueueRequest(task="tests.testapp.tasks.record", args=[i], job_id=f"p{i}")
 
 
+def spy_on_sending_again(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of chunks each time a pipelined call sends its chunks in flight again."""
+    sent_again: list[int] = []
+    send_again = Pipelined._send_again
+
+    def spied(self: Pipelined, chunks: list[Any]) -> None:
+        sent_again.append(len(chunks))
+        send_again(self, chunks)
+
+    monkeypatch.setattr(Pipelined, "_send_again", spied)
+    return sent_again
+
+
 def test_chunks_sent_before_the_last_is_answered_keep_fifo_and_count_every_reply(
         broker, redis_client):
     keys = QueueKeys("dq", "default")
@@ -167,10 +180,7 @@ def test_a_connection_lost_with_chunks_in_flight_adds_each_job_once(broker, redi
     again with the same ids, so each job is added once and FIFO holds."""
     keys = QueueKeys("dq", "default")
     observer = redis.Redis.from_url(os.environ["DELAYQ_TEST_REDIS_URL"])
-    sent_again: list[int] = []
-    send_again = Pipelined._send_again
-    monkeypatch.setattr(Pipelined, "_send_again", lambda self, chunks: (
-        sent_again.append(len(chunks)), send_again(self, chunks))[1])
+    sent_again = spy_on_sending_again(monkeypatch)
     for at in (250, 1_050, 1_999):
         redis_client.flushdb()
         sent_again.clear()
@@ -227,10 +237,7 @@ def test_a_connection_closed_under_the_call_and_opened_again_loses_no_reply(
     Written on a socket redis-py opened again, the next chunk's reply would be read as
     the reply due on the old one."""
     keys = QueueKeys("dq", "default")
-    sent_again: list[int] = []
-    send_again = Pipelined._send_again
-    monkeypatch.setattr(Pipelined, "_send_again", lambda self, chunks: (
-        sent_again.append(len(chunks)), send_again(self, chunks))[1])
+    sent_again = spy_on_sending_again(monkeypatch)
     results: list[EnqueueResult] = []
     bulk = broker.enqueue_many("default", requests_calling(
         broker.client.connection_pool.disconnect, 1_050, 2_000), chunk_size=100,
