@@ -18,6 +18,7 @@ import datetime as dt
 import logging
 import os
 import socket
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,11 @@ MAX_LISTED = 1_000
 ALIVE_MS = 30_000
 #: Fields every record of this process carries (a pool's child sets ``supervisor``).
 PROCESS_INFO: dict[str, Any] = {}
+
+
+def new_worker_name() -> str:
+    """``host:pid:random``: unique among live workers, and says where one runs in a log."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
 def record_alive(broker: BrokerCore, name: str, ttl: int, info: dict[str, Any]) -> None:

@@ -26,11 +26,8 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +39,7 @@ from ..engine.jobhash import checked_ms, from_ms
 from ..engine.keys import QueueKeys, split_job_ids, validate_job_id
 from ..engine.logfields import log
 from ..engine.streams import Entry, StreamBatch
+from ..engine.workers import new_worker_name
 
 logger = logging.getLogger("django_delayq.mirror")
 
@@ -73,7 +71,7 @@ class StreamConsumer:
                  queues: Sequence[str] | None = None, refresh_interval: float = 10.0,
                  consumers_gone: Callable[[list[str]], set[str]] | None = None) -> None:
         self.broker = broker
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.name = name or new_worker_name()
         self.batch_size = batch_size
         self.block = block
         self.claim_idle_ms = int(claim_idle * 1000)

@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -35,7 +33,7 @@ from ..engine import Broker, JobAborted, JobTimeout
 from ..engine.backoff import backoff_delay
 from ..engine.job import aborts_asked
 from ..engine.logfields import log
-from ..engine.workers import forget, record_alive
+from ..engine.workers import forget, new_worker_name, record_alive
 from .backoff import CALL_FAILED
 from .children import Child, Children
 from .worker.exit_codes import EXIT_FORCED, EXIT_OK, EXIT_RESTART
@@ -80,7 +78,7 @@ class Host:
                  services: Sequence[Service] = (), name: str | None = None,
                  burst: bool = False, info: dict[str, Any] | None = None,
                  queues: Sequence[str] = (), stop_within: float | None = None) -> None:
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.name = name or new_worker_name()
         self.broker = broker
         self.burst = burst
         self.children = Children(list(children), name=self.name, burst=burst,

@@ -19,9 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 import sys
-import uuid
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -30,6 +28,7 @@ from django_delayq.conf import conf
 from django_delayq.connection import get_broker
 from django_delayq.engine.keys import validate_queue_name
 from django_delayq.engine.logfields import log
+from django_delayq.engine.workers import new_worker_name
 from django_delayq.runtime.children import Child
 from django_delayq.runtime.deadlines import Board, frozen_after
 from django_delayq.runtime.host import Host
@@ -109,7 +108,7 @@ class Command(BaseCommand):
             self.stderr.write("No tasks are registered; serving the default queue.")
         served = list(queues or registry.queues() or [conf.DEFAULT_QUEUE])
         name = options["name"]
-        host_name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        host_name = name or new_worker_name()
         worker_options = {key: options[key] for key in WORKER_OPTIONS
                           if options[key] is not None}
         worker_options["burst"] = options["burst"]

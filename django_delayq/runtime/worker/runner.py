@@ -24,11 +24,8 @@ runs no job twice. Signals are the management command's business, not the worker
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +33,7 @@ from typing import Any
 from ...engine import Broker, ClaimedJob
 from ...engine.logfields import log
 from ...engine.workers import forget as forget_worker
+from ...engine.workers import new_worker_name
 from ..backoff import CALL_FAILED
 from ..deadlines import Board
 from ..registry import TaskRegistry, is_async
@@ -109,7 +107,7 @@ class Worker:
         self.lease_ms = int(options.lease * 1000)
         self.grace_period = options.grace_period
         self.broker = broker
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.name = name or new_worker_name()
         timeout, timeout_grace = options.timeout, options.timeout_grace
 
         self._stop = threading.Event()
