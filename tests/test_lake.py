@@ -193,8 +193,8 @@ def test_a_killed_export_process_rerun_leaves_no_duplicate(tmp_path, redis_clien
     expected = stream_events(redis_client)
     command = [sys.executable, "-m", "django", "delayq_export", str(tmp_path), "--burst",
                "--batch-size", "1"]
-    proc = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(command, cwd=ROOT, env=worker_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)  # killed below: nothing reads it
     try:
         wait_until(lambda: len(list(tmp_path.glob("date=*/*.parquet"))) >= 2 or
                    proc.poll() is not None, timeout=60, message="the first files")
@@ -274,15 +274,16 @@ def test_an_entry_the_lake_cannot_hold_is_skipped_and_shown(tmp_path, broker, re
 
 
 @pytest.fixture
-def s3_lake() -> Iterator[str]:
+def s3_lake(tmp_path: Path) -> Iterator[str]:
     """A lake URL on a local S3 endpoint: moto's server (``moto[server]``, in
     requirements-dev.txt), started on a free port, with a bucket PyArrow creates."""
     from tests.servers import quiet_port
 
     port = quiet_port()  # bound later, by another process
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    log = tmp_path / "moto.log"  # a file: an unread pipe fills with a line per request
+    with log.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                                 "-p", str(port)], stdout=subprocess.DEVNULL, stderr=sink)
     try:
         def up() -> bool:
             with socket.socket() as probe:
@@ -292,7 +293,7 @@ def s3_lake() -> Iterator[str]:
                    message="moto's S3 server")
         if proc.poll() is not None:
             pytest.fail("moto's S3 server did not start (pip install -r requirements-dev.txt): "
-                        + (proc.stderr.read() if proc.stderr else "")[-2000:])
+                        + log.read_text()[-2000:])
         yield (f"s3://testing:s3-secret-value@delayq-lake/lake?region=us-east-1"
                f"&endpoint_override=127.0.0.1:{port}&scheme=http&allow_bucket_creation=true")
     finally:

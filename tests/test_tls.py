@@ -57,12 +57,13 @@ def tls_redis(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     except RuntimeError as exc:
         pytest.fail(str(exc))
     port = quiet_port()  # bound later, by another process
+    log = tmp_path / "redis.log"  # a file, not a pipe: nothing has to read it
     proc = subprocess.Popen(
         [binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
          "--tls-cert-file", "server.crt", "--tls-key-file", "server.key",
          "--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no", "--save", "",
-         "--appendonly", "no", "--dir", str(tmp_path)],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "--appendonly", "no", "--dir", str(tmp_path), "--logfile", str(log)],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     client = redis.Redis(host="127.0.0.1", port=port, ssl=True,
                          ssl_ca_certs=str(tmp_path / "ca.crt"), socket_timeout=1)
     deadline = time.monotonic() + 10
@@ -70,7 +71,7 @@ def tls_redis(tmp_path: Path) -> Iterator[tuple[int, Path]]:
         while True:
             if proc.poll() is not None:
                 pytest.fail("redis-server did not start with TLS (is it built with TLS?): "
-                            + (proc.stdout.read() if proc.stdout else "")[-2000:])
+                            + (log.read_text() if log.exists() else "")[-2000:])
             try:
                 client.ping()
                 break
