@@ -419,9 +419,15 @@ def migrated_sqlite(tmp_path: Path) -> str:
     return db
 
 
-def sqlite_rows(db: str) -> dict[str, str]:
+def sqlite_query(db: str, sql: str) -> list[Any]:
+    """Rows of ``sql`` as the test's worker processes wrote them; the connection is closed
+    (``with sqlite3.connect()`` alone only commits)."""
     with contextlib.closing(sqlite3.connect(db, timeout=10)) as conn:
-        return dict(conn.execute("SELECT job_id, status FROM django_delayq_job").fetchall())
+        return conn.execute(sql).fetchall()
+
+
+def sqlite_rows(db: str) -> dict[str, str]:
+    return dict(sqlite_query(db, "SELECT job_id, status FROM django_delayq_job"))
 
 
 def pid_alive(pid: int) -> bool:

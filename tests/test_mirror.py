@@ -9,7 +9,6 @@ import datetime as dt
 import io
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -36,6 +35,8 @@ from tests.conftest import (
     ROOT,
     OutputReader,
     rerun_on_postgresql,
+    sqlite_query,
+    sqlite_rows,
     wait_until,
     worker_env,
     worker_thread,
@@ -471,8 +472,7 @@ def test_runworker_mirrors_in_a_process_unless_told_not_to(tmp_path):
                    check=True)
 
     def statuses() -> dict[str, str]:
-        with sqlite3.connect(env["DELAYQ_TEST_SQLITE"]) as db:
-            return dict(db.execute("SELECT job_id, status FROM django_delayq_job").fetchall())
+        return sqlite_rows(env["DELAYQ_TEST_SQLITE"])
 
     first = tasks.record.enqueue("no-mirror")
     subprocess.run([sys.executable, "-m", "django", "runworker", "--burst", "--no-mirror"],
@@ -497,8 +497,8 @@ def test_mirror_killed_mid_batch_loses_and_doubles_nothing(broker, redis_client,
                        check=True)
 
         def rows() -> list[tuple[str, str]]:
-            with sqlite3.connect(env["DELAYQ_TEST_SQLITE"]) as db:
-                return db.execute("SELECT job_id, status FROM django_delayq_job").fetchall()
+            return sqlite_query(env["DELAYQ_TEST_SQLITE"],
+                                "SELECT job_id, status FROM django_delayq_job")
     else:
         env["DELAYQ_TEST_PG_NAME"] = connection.settings_dict["NAME"]
 

@@ -23,6 +23,7 @@ from tests.conftest import (
     OutputReader,
     child_pids,
     kill_with_children,
+    sqlite_rows,
     wait_until,
     worker_env,
 )
@@ -225,13 +226,6 @@ def test_workers_and_mirrors_sigkilled_every_second_leave_every_row_right(
         for proc in procs:
             if proc.poll() is None:
                 kill_with_children(proc)
-
-
-def sqlite_rows(path: str) -> dict[str, str]:
-    import sqlite3
-
-    with sqlite3.connect(path, timeout=10) as db:
-        return dict(db.execute("SELECT job_id, status FROM django_delayq_job").fetchall())
 
 
 @pytest.mark.slow

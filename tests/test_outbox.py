@@ -9,7 +9,6 @@ import datetime as dt
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -38,6 +37,7 @@ from tests.conftest import (
     OutputReader,
     kill_with_children,
     rerun_on_postgresql,
+    sqlite_query,
     system_checks,
     wait_until,
     worker_env,
@@ -446,9 +446,8 @@ def db_env(tmp_path: Path) -> tuple[dict[str, str], Callable[[], list[tuple[str,
                        check=True)
 
         def rows() -> list[tuple[str, Any]]:
-            with sqlite3.connect(env["DELAYQ_TEST_SQLITE"]) as db:
-                return db.execute("SELECT job_id, parked_at FROM django_delayq_outboxentry "
-                                  "ORDER BY id").fetchall()
+            return sqlite_query(env["DELAYQ_TEST_SQLITE"], "SELECT job_id, parked_at FROM "
+                                "django_delayq_outboxentry ORDER BY id")
     else:
         env["DELAYQ_TEST_PG_NAME"] = connection.settings_dict["NAME"]
 

@@ -338,9 +338,15 @@ def test_the_pools_mirror_process_mirrors_the_workers_last_events(redis_client, 
     last = tasks.gated.enqueue("last", gate="gate:last")
     proc, out = spawned("default", "--processes", "2", "-c", "2",
                         env={"DELAYQ_TEST_SQLITE": db})
-    wait_until(lambda: sqlite_rows(db).get(last.id) == "active", timeout=60,
-               message=f"rows of the running pool:\n{out.text}")
-    assert all(sqlite_rows(db)[j.id] == "completed" for j in jobs)
+
+    def mirrored() -> bool:
+        # Two processes claim apart: ``last`` can be active while the other process still
+        # runs a ``p`` job, so the rows are awaited together, not read once.
+        rows = sqlite_rows(db)
+        return (rows.get(last.id) == "active"
+                and all(rows.get(j.id) == "completed" for j in jobs))
+
+    wait_until(mirrored, timeout=60, message=f"rows of the running pool:\n{out.text}")
     lines = stop_during_a_job(proc, out, redis_client, stopping="host stopping",
                               gate="gate:last")
     assert sqlite_rows(db)[last.id] == "completed"
