@@ -369,16 +369,26 @@ class OutputReader:
     """Collects a process's output on a thread, so tests can wait for a line."""
 
     def __init__(self, process: subprocess.Popen[str]) -> None:
-        self.lines: list[str] = []
+        self._lines: list[str] = []
         self._process = process
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
+        self._drained = False
 
     def _read(self) -> None:
         assert self._process.stdout is not None
         with self._process.stdout as stream:  # closed at EOF: no pipe left to the collector
             for line in stream:
-                self.lines.append(line)
+                self._lines.append(line)
+
+    @property
+    def lines(self) -> list[str]:
+        """The lines so far; every line once the process has exited (the process ending
+        does not mean this reader's thread has read its last lines yet)."""
+        if not self._drained and self._process.poll() is not None:
+            self._drained = True
+            self._thread.join(timeout=10)  # a child left holding the pipe: no EOF to await
+        return self._lines
 
     def wait_for(self, *texts: str, timeout: float = 60.0) -> str:
         """The first line holding one of ``texts``, once the process has written it."""

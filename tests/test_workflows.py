@@ -139,12 +139,14 @@ def test_a_steps_start_lateness_counts_from_its_release_not_its_enqueue(
     parent, child = chain(tasks.sleeps.bind(5), tasks.take_anything.bind()).enqueue()
     wait_until(lambda: status(child) == "completed", timeout=60, message="the chain ran")
     live = Job.fetch(child.id)
-    assert live.started_at - live.run_at < dt.timedelta(seconds=0.1)
+    # counted from its enqueue it would be 5 s or more: the bound leaves a busy machine
+    # room for the fetcher to wake and hand the child over
+    assert live.started_at - live.run_at < dt.timedelta(seconds=2)
     assert live.run_at >= Job.fetch(parent.id).finished_at - dt.timedelta(milliseconds=1)
     Mirror(block=0.1).run(burst=True)
     row = JobRow.objects.get(job_id=child.id)
     assert row.lateness is not None
-    assert 0 <= row.lateness < 0.1
+    assert 0 <= row.lateness < 2
     page = admin_client.get(reverse("admin:django_delayq_job_change", args=[row.pk]))
     assert f"{row.lateness:.3f} s" in page.content.decode()
     m = scrape(client)
@@ -231,7 +233,9 @@ def test_a_dependency_across_two_queues(spawned, redis_client):
     wait_until(lambda: status(child) == "completed", message="the child in default ran")
     (collected,) = notes(redis_client, "flow_collect")
     assert collected["head"] == ["p"]
-    assert redis_client.llen(Queue("other").broker.keys_for("other", "").flow_outbox) == 0
+    # the acker releases the child, then removes the outbox entry in a later round trip
+    outbox = Queue("other").broker.keys_for("other", "").flow_outbox
+    wait_until(lambda: redis_client.llen(outbox) == 0, message="the outbox emptied")
 
 
 # -- crash points of a release across shards ----------------------------------------------
