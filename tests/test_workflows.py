@@ -33,6 +33,13 @@ def notes(client: Any, task: str) -> list[dict[str, Any]]:
     return [n for n in ran(client) if n["task"] == task]
 
 
+def await_other_outbox_emptied(client: Any) -> None:
+    """Queue ``other``'s releases delivered: the acker releases a dependant, then removes
+    its outbox entry in a later round trip."""
+    outbox = Queue("other").broker.keys_for("other", "").flow_outbox
+    wait_until(lambda: client.llen(outbox) == 0, message="the outbox emptied")
+
+
 # -- depends_on: checks, already-finished parents, policies, cancellation ------------------
 
 
@@ -233,9 +240,7 @@ def test_a_dependency_across_two_queues(spawned, redis_client):
     wait_until(lambda: status(child) == "completed", message="the child in default ran")
     (collected,) = notes(redis_client, "flow_collect")
     assert collected["head"] == ["p"]
-    # the acker releases the child, then removes the outbox entry in a later round trip
-    outbox = Queue("other").broker.keys_for("other", "").flow_outbox
-    wait_until(lambda: redis_client.llen(outbox) == 0, message="the outbox emptied")
+    await_other_outbox_emptied(redis_client)
 
 
 # -- crash points of a release across shards ----------------------------------------------
@@ -262,8 +267,7 @@ def test_a_worker_killed_at_each_step_of_a_release_loses_and_doubles_nothing(
     assert collected["n"] == 20
     assert collected["head"] == ["m0", "m1", "m2"]
     assert [n["tag"] for n in notes(redis_client, "record")] == ["m0"]  # once, with m0's result
-    outbox = Queue("other").broker.keys_for("other", "").flow_outbox
-    wait_until(lambda: redis_client.llen(outbox) == 0, message="the outbox emptied")
+    await_other_outbox_emptied(redis_client)
 
 
 # -- crash points of an enqueue: a producer killed between storing and linking ----------
