@@ -322,6 +322,29 @@ def test_without_a_provider_no_span_is_made_but_a_trace_upstream_goes_on(redis_c
     assert {redis_client.hget(keys.job(c), "tp") for c in children} == {traceparent}
 
 
+def test_a_provider_set_later_is_looked_for_once_a_recheck_interval(monkeypatch):
+    """While no provider is set, the environment is read at most once per recheck
+    interval (not on every enqueue and job); a provider set later is used once it is
+    seen, and for good."""
+    looks: list[Any] = []
+    provider: list[Any] = [trace.ProxyTracerProvider()]
+
+    def get_tracer_provider() -> Any:
+        looks.append(provider[0])
+        return provider[0]
+
+    monkeypatch.setattr(trace, "get_tracer_provider", get_tracer_provider)
+    monkeypatch.setattr(tracing, "_provider", {"set": False, "looked": float("-inf")})
+    assert not any(tracing.recording() for _ in range(1000))
+    assert len(looks) == 1
+    provider[0] = TracerProvider()
+    assert not tracing.recording()  # not looked for again yet
+    tracing._provider["looked"] -= tracing.PROVIDER_RECHECK_S  # the interval has passed
+    assert tracing.recording()
+    assert all(tracing.recording() for _ in range(1000))
+    assert len(looks) == 2
+
+
 def consumer_spans(path: Any) -> list[dict[str, Any]]:
     lines = path.read_text().splitlines() if path.exists() else []
     return [s for s in map(json.loads, lines) if s["kind"] == "SpanKind.CONSUMER"]

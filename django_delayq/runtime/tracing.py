@@ -22,6 +22,7 @@ that what the task sends stays in that trace.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -62,14 +63,23 @@ class Sending:
             self.span.set_attribute("messaging.message.id", job_id)
 
 
-_provider = {"set": False}
+#: Seconds between two looks for a tracer provider while none is set: a provider set
+#: after the process started (in an app's ``ready()``, say) is used within this time.
+PROVIDER_RECHECK_S = 1.0
+_provider: dict[str, Any] = {"set": False, "looked": -PROVIDER_RECHECK_S}
 
 
 def recording() -> bool:
     """Whether spans are made: a tracer provider is set (call only when :data:`ENABLED`).
-    OpenTelemetry sets the global provider once, so once seen it is known for good."""
+    OpenTelemetry sets the global provider once, so once seen it is known for good; while
+    none is, it is looked for at most once per :data:`PROVIDER_RECHECK_S` (each look
+    reads the environment, a few microseconds that every enqueue and every job paid)."""
     if not _provider["set"]:
-        _provider["set"] = not isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
+        now = time.monotonic()
+        if now - _provider["looked"] >= PROVIDER_RECHECK_S:
+            _provider["looked"] = now
+            _provider["set"] = not isinstance(trace.get_tracer_provider(),
+                                              ProxyTracerProvider)
     return _provider["set"]
 
 

@@ -73,7 +73,7 @@ def decode_arguments(job: ClaimedJob) -> tuple[list[Any], dict[str, Any]]:
     """``job``'s positional and keyword arguments; :class:`CorruptPayload` if they do
     not decode to a JSON array and a JSON object."""
     try:
-        args = json.loads(job.args_json)
+        args = [] if job.args_json == "[]" else json.loads(job.args_json)
         kwargs = {} if job.kwargs_json == "{}" else json.loads(job.kwargs_json)
     except (ValueError, RecursionError) as exc:
         raise CorruptPayload(f"undecodable arguments: {exc}") from None
