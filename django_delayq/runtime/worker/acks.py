@@ -167,13 +167,21 @@ class Acker:
         """Queue ``outcome`` to be sent."""
         with self._lock:
             self.outcomes.append(outcome)
-        self._ready.set()
+            self._signal()
 
     def note_started(self, job: ClaimedJob, start_ms: int) -> None:
         """Queue the note that a thread started ``job`` (sent with the next acks)."""
         with self._lock:
             self.started.append((job, start_ms))
-        self._ready.set()
+            self._signal()
+
+    def _signal(self) -> None:
+        """Wake the acker for what was just queued (call under the lock). :meth:`flush`
+        takes the queues and clears the event under the same lock, so an event still set
+        means a flush to come takes this too: setting it again (a lock and a notify, two
+        per job) is skipped."""
+        if not self._ready.is_set():
+            self._ready.set()
 
     def wake(self) -> None:
         """Look at the outcomes, and at whether the worker is done, now."""
