@@ -80,7 +80,7 @@ class running:
     go to ``on_finished``; ``abort_by`` says who asked for its abort.
 
     A class, not a generator under ``@contextmanager``: it wraps every job, and the
-    generator's machinery was a tenth of a worker's Python time on no-op jobs."""
+    generator's machinery was half of the block's cost (0.8 of 1.6 µs)."""
 
     __slots__ = ("_token", "value")
 
