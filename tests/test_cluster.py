@@ -240,8 +240,8 @@ def test_rate_limit_holds_over_all_shards_and_four_worker_processes(on_cluster, 
     starts = sorted(r["redis_ms"] for r in ran(client))
     in_ten_seconds = sum(1 for t in starts if t < starts[0] + 10_000)
     # At most the rate (and the jitter of one second's edge). At least three quarters of
-    # it: a limit split per shard or per process would allow a quarter, while a busy
-    # machine may stall a worker for a moment and start fewer.
+    # it: a limiter far stricter than its rate fails, while a worker a busy machine
+    # stalls for a moment, starting a few fewer, does not.
     assert rate * 10 * 0.75 <= in_ten_seconds <= rate * 10 * 1.1, in_ten_seconds
     # the claims (the starts the limiter counts) never exceed the rate in any second
     claims = claimed_at("metered", [j.id for j in Queue("metered").jobs("completed",
