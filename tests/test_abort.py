@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from django_delayq import Job, JobAborted, JobTimeout, Queue
+from django_delayq.connection import get_broker
 from django_delayq.engine.status import Status
 from tests.conftest import ran, wait_until, worker_pids
 from tests.testapp import tasks
@@ -135,6 +136,34 @@ def test_an_async_job_is_cancelled(redis_client, spawned):
     wait_until(lambda: after.refresh().status == Status.COMPLETED, timeout=60,
                message=f"the next async job to run:\n{out.text}")
     assert "killed" not in out.text
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+
+
+def test_a_job_that_stops_within_its_grace_keeps_its_process_however_late_it_hears(
+        redis_client, spawned):
+    """With the default lease a process hears of an abort up to 10 s after it was asked
+    (its next lease renewal), later than its host, which reads the aborts every 5 s.
+    Asked just after a renewal, the job hears last; it then stops within the grace (it
+    cleans up for 3 s after JobAborted). Its process is not killed: the host waits for
+    the process to hear, so the job beside it runs on, once."""
+    job = tasks.winds_down_when_aborted.enqueue("late", 3.0)
+    beside = tasks.sleeps.enqueue(25.0)
+    proc, out = spawned("default", "-c", "2", "--processes", "1", "--lease", "60")
+    wait_until(lambda: {job.refresh().status, beside.refresh().status} == {Status.ACTIVE},
+               timeout=90, message=f"both jobs to run:\n{out.text}")
+    keys = get_broker().keys_for("default", job.id)
+    renewed = redis_client.zscore(keys.active, job.id)
+    wait_until(lambda: redis_client.zscore(keys.active, job.id) != renewed, timeout=30,
+               interval=0.01, message="a lease renewal")
+    assert job.abort(by="erin") is True
+    ends_cancelled(job, out)
+    assert [r["tag"] for r in ran(redis_client) if r["task"] == "wound_down"] == ["late"]
+    wait_until(lambda: beside.refresh().status == Status.COMPLETED, timeout=90,
+               message=f"the job beside it to complete:\n{out.text}")
+    assert beside.attempts == 1
+    assert "killed" not in out.text
+    assert out.text.count("started worker-") == 1, "no process replaced"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, out.text
 

@@ -39,6 +39,8 @@ from ..engine.backoff import backoff_delay
 from ..engine.logfields import log
 from .deadlines import KILL_MARGIN, Board, Posted
 from .worker.exit_codes import EXIT_RESTART
+from .worker.heartbeat import MAX_INTERVAL as HEARD_WITHIN
+from .worker.ledger import ABORT_NOTICE
 from .worker.timelimits import HARD_LIMIT_GRACE as ABORT_GRACE
 
 logger = logging.getLogger("django_delayq.worker")
@@ -137,8 +139,8 @@ class Child:
     killed_for: str | None = None
     overrun: list[Posted] = field(default_factory=list)
     #: The ``(queue, id)`` of its running jobs whose abort its host saw asked for, and
-    #: when (monotonic): killed past that and :data:`ABORT_GRACE` plus the margin even
-    #: if the process never heard of it (a process holding the GIL hears nothing).
+    #: when (monotonic): if the process never hears of it (one holding the GIL hears
+    #: nothing), killed once it should have (:func:`kill_at`).
     aborts: dict[tuple[str, str], float] = field(default_factory=dict)
     #: Called with it, its process's pid and exit code when that process is gone
     #: (however it ended), before a new one starts in its slot.
@@ -368,9 +370,8 @@ class Children:
             board, pid = child.board, child.pid
             if board is None or pid is None or child.killed_for is not None:
                 continue
-            overrun = [p for p in board.posted() if now >= min(
-                p.hard_at, child.aborts.get((p.queue, p.job_id), math.inf) + ABORT_GRACE)
-                + KILL_MARGIN]
+            overrun = [p for p in board.posted()
+                       if now >= kill_at(p, child.aborts.get((p.queue, p.job_id)))]
             stamp = board.last_stamp(pid)
             if overrun:
                 first = overrun[0]
@@ -390,6 +391,19 @@ class Children:
                 reason=why, owner=self.name)
             child.killed_for, child.overrun = why, overrun
             child.signal(signal.SIGKILL)
+
+
+def kill_at(posted: Posted, abort_noted: float | None) -> float:
+    """When a child still running ``posted`` is frozen (monotonic): :data:`KILL_MARGIN`
+    past the job's hard limit, which the process moves closer when it hears of an abort.
+    One whose abort its host noted at ``abort_noted`` and the process has not heard of
+    should have heard within a beat (:data:`HEARD_WITHIN`): it is killed past that, the
+    abort's notice and its grace. Killing it sooner would take the process of a job that
+    stops in time from its other jobs (they would run again)."""
+    hard_at = posted.hard_at
+    if abort_noted is not None and not posted.aborted_by:
+        hard_at = min(hard_at, abort_noted + HEARD_WITHIN + ABORT_NOTICE + ABORT_GRACE)
+    return hard_at + KILL_MARGIN
 
 
 def watch_parent(parent_pid: int, on_gone: Callable[[], None]) -> threading.Thread:

@@ -279,6 +279,25 @@ def sleeps(seconds: float) -> float:
     return seconds
 
 
+@task(max_attempts=1)
+def winds_down_when_aborted(tag: str, cleanup_s: float) -> str:
+    """Work until JobAborted is raised in it, then clean up for ``cleanup_s`` seconds
+    (within the abort's grace) and return."""
+    from django_delayq import JobAborted
+
+    _note("winds_down_when_aborted", tag=tag)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+    except JobAborted:
+        deadline = time.monotonic() + cleanup_s
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+        _note("wound_down", tag=tag)
+    return "stopped"
+
+
 @task(max_attempts=3)
 def stops_when_aborted(tag: str) -> str:
     """Work in steps until ``current_job().abort_requested``, then note it and return."""

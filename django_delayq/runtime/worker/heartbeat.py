@@ -24,6 +24,10 @@ from .ledger import Ledger
 
 logger = logging.getLogger("django_delayq.worker")
 
+#: Seconds between two beats at most, whatever the lease: a worker hears of an abort
+#: asked for one of its jobs within this.
+MAX_INTERVAL = 10.0
+
 
 class Heartbeat:
     """Lease renewal, reclaim and liveness of one worker."""
@@ -38,7 +42,7 @@ class Heartbeat:
         self.ledger = ledger
         self._done = done
         self._info = info
-        self.interval = max(0.2, min(lease_ms / 3000, 10.0))
+        self.interval = max(0.2, min(lease_ms / 3000, MAX_INTERVAL))
 
     def run(self) -> None:
         """Beat every :attr:`interval` until the worker is done. Nothing ends the loop
