@@ -29,6 +29,7 @@ from django_delayq.engine import Broker
 from django_delayq.engine.fields import stored
 from django_delayq.engine.keys import QueueKeys
 from django_delayq.mirror import GROUP, Mirror
+from django_delayq.mirror import consumer as consumer_module
 from django_delayq.models import Job
 from django_delayq.testing import RedisServer
 from tests.conftest import (
@@ -293,6 +294,73 @@ def test_a_row_left_behind_by_a_dropped_history_is_rewritten_from_its_finished_j
     assert row.last_event_id == newest, "as of the stream's own position, not the dropped one"
     assert Job.objects.get(job_id=other.id).status == "completed"
     assert mirror.reconcile(quiet_for=0) == 0, "nothing left to put right"
+
+
+@pytest.mark.django_db
+def test_reconciliation_reaches_every_quiet_row_however_many_wait(redis_client, monkeypatch):
+    """More quiet unfinished rows than one round checks (a backlog due tomorrow is quiet,
+    unfinished and right): each round goes on where the last one ended, so the rows of
+    lost jobs are marked even behind a newer backlog."""
+    monkeypatch.setattr(consumer_module, "RECONCILE_CHUNK", 3)
+    lost = [tasks.record.using(delay=3600).enqueue(f"lost{i}") for i in range(2)]
+    backlog = [tasks.record.using(delay=3600).enqueue(f"b{i}") for i in range(5)]
+    mirror = mirror_all()
+    Job.objects.filter(job_id__in=[j.id for j in backlog]).update(
+        enqueued_at=timezone.now() + dt.timedelta(hours=1))  # the newest rows
+    for job in lost:
+        keys = get_broker().keys_for("default", job.id)
+        redis_client.delete(keys.job(job.id))
+        redis_client.zrem(keys.scheduled, job.id)
+    assert sum(mirror.reconcile(quiet_for=0) for _ in range(3)) == 2, "7 rows, 3 a round"
+    missing = set(Job.objects.filter(missing_at__isnull=False).values_list("job_id",
+                                                                          flat=True))
+    assert missing == {job.id for job in lost}
+
+
+@pytest.mark.django_db
+def test_a_redis_refusing_the_jobs_read_stalls_the_batch_and_skips_no_event(redis_client,
+                                                                            caplog):
+    """Redis refuses the read of the jobs' hashes (here its ACL; a slot on the move
+    answers TRYAGAIN alike): no job is to blame, so none is skipped. The batch waits
+    unacknowledged, and is written once Redis serves the read again."""
+    jobs = [tasks.record.using(delay=3600).enqueue(f"acl{i}") for i in range(3)]
+    user = "mirror-no-hgetall"
+    redis_client.acl_setuser(user, enabled=True, passwords=["+mirror-pw"],
+                             categories=["+@all"], commands=["-hgetall"], keys=["*"],
+                             channels=["*"])
+    url = settings.DELAYQ["REDIS_URL"].replace("redis://", f"redis://{user}:mirror-pw@", 1)
+    try:
+        broker = Broker(redis.Redis.from_url(url, decode_responses=True), engine_config())
+        mirror = Mirror(broker=broker, block=0.1, name="m1", claim_idle=3600)
+        mirror.run(timeout=0.5)
+        assert "hgetall" in caplog.text.lower()
+        assert (mirror.skipped, pending(redis_client), Job.objects.count()) == (0, 3, 0)
+        redis_client.acl_setuser(user, enabled=True, commands=["+hgetall"])
+        mirror.run(burst=True, timeout=15)
+    finally:
+        redis_client.acl_deluser(user)
+    assert {row.job_id for row in Job.objects.all()} == {job.id for job in jobs}
+    assert (mirror.skipped, pending(redis_client)) == (0, 0)
+
+
+@pytest.mark.django_db
+def test_a_column_missing_before_migrate_stalls_the_batch_and_skips_no_event(redis_client,
+                                                                             caplog):
+    """Code deployed before ``migrate`` writes a column the table lacks (here: renamed
+    away). PostgreSQL answers ProgrammingError, SQLite OperationalError: neither is the
+    fault of one job, so none is skipped; the batch is written once the column is back."""
+    jobs = [tasks.record.using(delay=3600).enqueue(f"col{i}") for i in range(3)]
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE django_delayq_job RENAME COLUMN attempts TO away")
+    mirror = Mirror(block=0.1, name="m1", claim_idle=3600)
+    mirror.run(timeout=0.5)
+    assert "cannot write to the database" in caplog.text
+    assert (mirror.skipped, pending(redis_client)) == (0, 3)
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE django_delayq_job RENAME COLUMN away TO attempts")
+    mirror.run(burst=True, timeout=15)
+    assert {row.job_id for row in Job.objects.all()} == {job.id for job in jobs}
+    assert (mirror.skipped, pending(redis_client)) == (0, 0)
 
 
 @pytest.mark.django_db

@@ -20,13 +20,7 @@ import time
 from collections.abc import Iterable
 from functools import partial
 
-from django.db import (
-    DatabaseError,
-    InterfaceError,
-    OperationalError,
-    connection,
-    transaction,
-)
+from django.db import DatabaseError, DataError, IntegrityError, connections, transaction
 from django.utils import timezone
 
 from ..conf import conf
@@ -52,9 +46,17 @@ GROUP = "delayq-mirror"
 RECONCILE_INTERVAL = 30.0
 RECONCILE_AFTER = 60.0
 RECONCILE_CHUNK = 2_000
-#: Errors that stop a batch to be written again later (nothing is skipped for them):
-#: Redis or the database is away. Any other error of one event skips that event alone.
-STALLS = (OperationalError, InterfaceError, DelayQError)
+#: Errors of the database that one job's row can cause (a value out of a column's
+#: range, a constraint): they skip that job alone. Any other error of the database
+#: (away, read-only after a failover, a column missing before ``migrate``) or of Redis
+#: stops the batch, to be written again later: skipping it would lose every event.
+ROW_ERRORS = (DataError, IntegrityError)
+
+
+def stalls(exc: Exception) -> bool:
+    """Whether ``exc`` stops the batch rather than skipping the job that raised it."""
+    return isinstance(exc, DelayQError) or (
+        isinstance(exc, DatabaseError) and not isinstance(exc, ROW_ERRORS))
 
 
 class Mirror(StreamConsumer):
@@ -86,6 +88,8 @@ class Mirror(StreamConsumer):
         self.reconcile_interval = reconcile_interval
         self._reconciled_at = 0.0
         self._pruned_at = 0.0
+        #: The primary key the last reconciliation ended at (0: start from the first row).
+        self._reconciled_past = 0
 
     @property
     def mirrored(self) -> int:
@@ -98,8 +102,9 @@ class Mirror(StreamConsumer):
         self.apply(keys, entries_of(batch))
 
     def recover(self) -> None:
-        if not connection.in_atomic_block:
-            connection.close()  # drop a possibly broken connection; reconnect next round
+        db = connections[table.alias()]  # the one the rows go to, as the routers say
+        if not db.in_atomic_block:
+            db.close()  # drop a possibly broken connection; reconnect next round
 
     def maintain(self) -> None:
         now = time.monotonic()
@@ -122,15 +127,22 @@ class Mirror(StreamConsumer):
           that dropped history, later than the job's own last events on the new
           primary, which then seemed older than the row and were not written.
 
+        Each round goes on from the row the last one ended at (in primary key order),
+        and starts over past the last row: every quiet row is checked in turn, however
+        many wait (a backlog of jobs due tomorrow is quiet, unfinished and right).
+
         Returns how many rows were marked or rewritten."""
         now = timezone.now()
         quiet = now - dt.timedelta(seconds=quiet_for)
         candidates = Job.objects.filter(status__in=UNFINISHED, missing_at__isnull=True,
-                                        updated_at__lt=quiet)
+                                        updated_at__lt=quiet, pk__gt=self._reconciled_past)
         if self.fixed_queues:
             candidates = candidates.filter(queue__in=self.fixed_queues)
+        chunk = list(candidates.order_by("pk").values_list("pk", "queue", "job_id")[
+            :RECONCILE_CHUNK])
+        self._reconciled_past = chunk[-1][0] if len(chunk) == RECONCILE_CHUNK else 0
         shards: dict[QueueKeys, list[str]] = {}
-        for queue, job_id in candidates.values_list("queue", "job_id")[:RECONCILE_CHUNK]:
+        for _, queue, job_id in chunk:
             shards.setdefault(self.broker.keys_for(queue, job_id), []).append(job_id)
         marked = rewritten = 0
         for keys, job_ids in shards.items():
@@ -186,9 +198,9 @@ class Mirror(StreamConsumer):
             part = dict(jobs[start:start + self.batch_size])
             try:
                 self._write(keys, part)
-            except STALLS:
-                raise  # Redis or the database is away: retry the whole batch later
             except Exception as exc:
+                if stalls(exc):
+                    raise  # Redis or the database cannot take it now: the whole batch later
                 log(logger, logging.WARNING, "mirror batch refused, writing job by job",
                     stream=keys.events, error=exc)
                 self._write_one_by_one(keys, part)
@@ -202,9 +214,9 @@ class Mirror(StreamConsumer):
         for job_id, events in by_job.items():
             try:
                 self._write(keys, {job_id: events})
-            except STALLS:
-                raise
             except Exception as exc:
+                if stalls(exc):
+                    raise
                 self.skip(keys, ",".join(e.entry_id for e in events),
                           f"job {job_id}: {type(exc).__name__}: {exc}", events=len(events))
 
@@ -223,7 +235,8 @@ class Mirror(StreamConsumer):
                 if events[-1].order > stored.get(job_id, NO_POSITION)]
         if not todo:
             return
-        position, hashes = self.broker.commands.read_jobs(keys, todo)
+        with self.broker.read_errors():  # a Redis error is no fault of these jobs
+            position, hashes = self.broker.commands.read_jobs(keys, todo)
         read_at = stream_id(position) if position else NO_POSITION
         now = timezone.now()
         rows = []
@@ -306,6 +319,6 @@ def refresh_rows(queue: str, job_ids: Iterable[str], *, broker: Broker | None = 
 
 def table_exists() -> bool:
     try:
-        return Job._meta.db_table in connection.introspection.table_names()
+        return Job._meta.db_table in connections[table.alias()].introspection.table_names()
     except DatabaseError:
         return True  # the database is down: the mirror's own backoff handles it
