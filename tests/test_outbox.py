@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -353,17 +354,25 @@ def test_relays_through_an_outage_longer_than_any_limit_park_nothing(redis_clien
         run_jobs(until=lambda: counted(client) == {"o0": 1, "o1": 1, "o2": 1})
 
 
-@pytest.mark.parametrize("refusal", ["OOM", "READONLY"])
+@pytest.mark.parametrize("refusal", ["OOM", "READONLY", "MISCONF"])
 def test_a_redis_that_cannot_write_for_now_parks_nothing(refusal):
     """Redis answers but refuses writes for now (memory full under ``noeviction``; a
-    demoted primary): the rows wait, as through an outage."""
-    with own_redis():
+    demoted primary; its last snapshot failed, a disk full): the rows wait, as through
+    an outage."""
+    with own_redis() as server:
         client = get_broker().client
         with outbox_settings(FAST_PATH=False), transaction.atomic():
             tasks.count_run.enqueue_in_transaction("later")
         if refusal == "OOM":
             client.config_set("maxmemory", 1)
             undo: Callable[[], Any] = lambda: client.config_set("maxmemory", 0)  # noqa: E731
+        elif refusal == "MISCONF":  # a snapshot into its directory, gone, fails
+            shutil.rmtree(server.dir)
+            client.config_set("save", "3600 1")
+            client.bgsave()
+            wait_until(lambda: client.info("persistence")["rdb_last_bgsave_status"] == "err",
+                       message="the snapshot to fail")
+            undo = lambda: client.config_set("save", "")  # noqa: E731 (no snapshot: writes)
         else:
             other = RedisServer().start()
             client.execute_command("REPLICAOF", "127.0.0.1", other.port)

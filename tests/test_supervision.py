@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from django_delayq import Queue
-from django_delayq.runtime.deadlines import Board, Posted
+from django_delayq.runtime.children import kill_at
+from django_delayq.runtime.deadlines import KILL_MARGIN, Board, Posted
+from django_delayq.runtime.host import Host
 from tests.conftest import ran, wait_until, worker_pids
 from tests.testapp import tasks
 
@@ -175,3 +177,45 @@ def test_the_board_shows_posted_jobs_whole_and_forgets_cleared_ones():
         assert board.posted() == []
     finally:
         board.close()
+
+
+def test_a_host_kills_for_an_abort_only_once_the_process_should_have_heard_of_it():
+    """The host reads the aborts every 5 s, the process with its next lease renewal, up
+    to 10 s later: killing at the host's note plus the grace took the processes of jobs
+    that were stopping in time."""
+    unlimited = Posted("q", "j", 1, math.inf, 0.0, 1000, 0)
+    assert kill_at(unlimited, None) == math.inf
+    noted = 100.0
+    # never heard of (holding the GIL): a beat, the abort's notice, its grace, the margin
+    assert kill_at(unlimited, noted) == noted + 10.0 + 1.0 + 5.0 + KILL_MARGIN
+    heard = Posted("q", "j", 1, noted + 9.0 + 1.0 + 5.0, 0.0, 1000, 0, aborted_by="ops")
+    assert kill_at(heard, noted) == heard.hard_at + KILL_MARGIN, "its own deadline"
+    limited = Posted("q", "j", 1, noted + 3.0, 60.0, 1000, 0)
+    assert kill_at(limited, noted) == noted + 3.0 + KILL_MARGIN, "a time limit first"
+
+
+def test_a_service_that_ends_after_a_long_run_restarts_at_the_first_delay(broker):
+    """A service thread that ends again and again at once waits longer each time; one
+    that ends after a long run (one outage a week) starts over from the first delay."""
+
+    class EndsAtOnce:
+        name = "ends"
+
+        def run(self) -> None:
+            pass
+
+        def stop(self, *, drain: bool) -> None:
+            pass
+
+    host = Host(broker=broker, services=[EndsAtOnce()])
+    running = host._services[0]
+    now, delays = 1000.0, []
+    for ran_for in (0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 3600.0, 0.1):
+        host._keep_services(now)  # started
+        assert running.thread is not None
+        running.thread.join(10)
+        now += ran_for
+        host._keep_services(now)  # its end noted
+        delays.append(running.start_at - now)
+        now = running.start_at
+    assert delays == pytest.approx([1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 1.0, 2.0])

@@ -50,12 +50,13 @@ CALL_FAILED = (RedisError, RedisClusterException, DelayQError)
 #: type, a script's error): the call was wrong, or Redis cannot take it now
 #: (:func:`is_transient` tells which).
 REFUSED = (ResponseError,)
-#: Answers of a Redis that cannot write for now (memory full, a replica, loading...):
+#: Answers of a Redis that cannot write for now (memory full, a replica, loading, its
+#: last snapshot failed under ``stop-writes-on-bgsave-error``...):
 #: redis-py raises a class of its own for some (their message then lacks the code), a
 #: plain ``ResponseError`` whose message starts with the code for the others.
 TRANSIENT_REPLY_CLASSES = (OutOfMemoryError, ReadOnlyError)
 TRANSIENT_REPLIES = ("OOM", "BUSY", "LOADING", "MASTERDOWN", "NOREPLICAS", "READONLY",
-                     "TRYAGAIN", "CLUSTERDOWN")
+                     "TRYAGAIN", "CLUSTERDOWN", "MISCONF")
 #: Seconds between the tries of an enqueue through a failover.
 FAILOVER_INTERVAL = 0.2
 

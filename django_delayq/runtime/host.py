@@ -35,7 +35,7 @@ from ..engine.job import aborts_asked
 from ..engine.logfields import log
 from ..engine.workers import forget, new_worker_name, record_alive
 from .backoff import CALL_FAILED
-from .children import Child, Children
+from .children import QUICK_DEATH, Child, Children
 from .worker.exit_codes import EXIT_FORCED, EXIT_OK, EXIT_RESTART
 from .worker.outcome import describe
 
@@ -65,8 +65,11 @@ class Service(Protocol):
 class _Running:
     service: Service
     thread: threading.Thread | None = None
+    #: Its ends in a row, each sooner than QUICK_DEATH after its start: its next start
+    #: waits longer with each (an end after a longer run starts the count over).
     failures: int = 0
     start_at: float = 0.0
+    began: float = 0.0
     stopped: threading.Event = field(default_factory=threading.Event)
 
 
@@ -139,7 +142,8 @@ class Host:
                 continue
             if thread is not None:  # its loop ended while the host runs: again, later
                 running.thread = None
-                running.failures += 1
+                quick = now - running.began < QUICK_DEATH
+                running.failures = running.failures + 1 if quick else 1
                 running.start_at = now + backoff_delay(running.failures, first=1.0, cap=30.0)
                 log(logger, logging.WARNING, f"service {running.service.name} ended",
                     retry_in_s=round(running.start_at - now, 1), host=self.name)
@@ -148,6 +152,7 @@ class Host:
                     target=self._run_service, args=(running,),
                     name=f"delayq-{running.service.name}", daemon=True)
                 running.thread.start()
+                running.began = now
 
     @staticmethod
     def _run_service(running: _Running) -> None:
