@@ -378,8 +378,8 @@ class DelayQSettings:
                                 unit="runs")
     MIRROR_RETENTION = Setting(30 * 86_400, optional(float), "E030",
                                number(minimum=0, allow_none=True),
-                               "how long finished job rows are kept in the database (`None`: "
-                               "forever)", unit="seconds")
+                               "how long finished job rows, and rows of jobs gone from Redis, "
+                               "are kept in the database (`None`: forever)", unit="seconds")
     MIRROR_BATCH_SIZE = Setting(1_000, int, "E031", number(minimum=1, integer=True),
                                 "events the mirror reads per batch", unit="events")
     MIRROR_CLAIM_IDLE = Setting(60.0, float, "E032", number(minimum=0),

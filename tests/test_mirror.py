@@ -526,9 +526,14 @@ def test_old_finished_rows_are_pruned_after_the_retention():
     for job_id, status, finished in [("old-done", "completed", old), ("new-done", "completed", now),
                                      ("old-active", "active", None), ("old-fail", "failed", old)]:
         Job.objects.create(queue="default", job_id=job_id, status=status, finished_at=finished)
+    # Rows of jobs found gone from Redis (the reconciliation's mark) never finish.
+    for job_id, status, missing in [("lost-long-ago", "scheduled", old),
+                                    ("lost-lately", "active", now)]:
+        Job.objects.create(queue="default", job_id=job_id, status=status, missing_at=missing)
     with override_settings(DELAYQ={**settings.DELAYQ, "MIRROR_RETENTION": 3600}):
-        assert Mirror(block=0.1).prune() == 2
-    assert set(Job.objects.values_list("job_id", flat=True)) == {"new-done", "old-active"}
+        assert Mirror(block=0.1).prune() == 3
+    assert set(Job.objects.values_list("job_id", flat=True)) == {"new-done", "old-active",
+                                                                 "lost-lately"}
     with override_settings(DELAYQ={**settings.DELAYQ, "MIRROR_RETENTION": None}):
         assert Mirror(block=0.1).prune() == 0
 

@@ -257,7 +257,8 @@ class Mirror(StreamConsumer):
             table.upsert(rows)
 
     def prune(self) -> int:
-        """Delete finished rows older than ``MIRROR_RETENTION``. Returns how many."""
+        """Delete finished rows older than ``MIRROR_RETENTION``, and those of jobs found
+        gone from Redis longer ago. Returns how many."""
         retention = conf.MIRROR_RETENTION
         if retention is None:
             return 0

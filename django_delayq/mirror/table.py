@@ -41,7 +41,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Field, Q, QuerySet
 from django.db.models.functions import Collate
 
-from ..engine.status import FINISHED_IN_HISTORY, Status
+from ..engine.status import FINISHED_IN_HISTORY, UNFINISHED, Status
 from ..models import Job
 
 #: A row to write: values by field name (``Field.attname``); a field left out takes its
@@ -336,8 +336,9 @@ def prune(*, older_than: dt.datetime | None = None, keep: Mapping[str, int] | No
     """Delete finished rows (completed, failed, cancelled, purged; never a job still to
     run): those finished before ``older_than`` and, for each status in ``keep``, all but
     the newest N of that status (by finish time; per queue when ``queue`` names one).
-    Deletes in chunks of PRUNE_CHUNK rows, each its own statement. Returns the rows
-    deleted per status."""
+    Rows of jobs found gone from Redis before ``older_than`` (``missing_at``) go too, as
+    ``missing``: none of them will run. Deletes in chunks of PRUNE_CHUNK rows, each its
+    own statement. Returns the rows deleted per status."""
     finished = Job.objects.using(alias())
     if queue is not None:
         finished = finished.filter(queue=queue)
@@ -354,6 +355,11 @@ def prune(*, older_than: dt.datetime | None = None, keep: Mapping[str, int] | No
             count += _delete_chunks(newest_first, after=keep[status])
         if count:
             deleted[status] = count
+    if older_than is not None:
+        count = _delete_chunks(finished.filter(status__in=UNFINISHED,
+                                               missing_at__lt=older_than))
+        if count:
+            deleted["missing"] = count
     return deleted
 
 
