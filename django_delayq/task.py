@@ -109,7 +109,7 @@ class Task(Generic[P, T]):
         if self.delay is not None and self.run_at is not None:
             raise ValueError(f"{self.name}: give run_at or delay, not both")
         if self.job_id is not None:
-            validation.validate_job_id(self.job_id)
+            validation.validate_new_job_id(self.job_id)
         if self.max_attempts is not None:
             validation.check_max_attempts(self.max_attempts)
         if self.timeout is not None:

@@ -43,6 +43,7 @@ def nothing_enqueued() -> bool:
     ({"task": RECORD, "args": {"tag": "a"}}, "args"),
     ({"task": RECORD, "args": ["a"], "kwargs": "extra=1"}, "kwargs"),
     ({"task": RECORD, "args": ["a"], "job_id": "x" * 129}, "job_id"),
+    ({"task": RECORD, "args": ["a"], "job_id": "parent:c"}, "job_id"),
     ({"task": RECORD, "args": ["a"], "queue": "q{r}"}, "queue"),
     ({"task": RECORD, "args": ["a"], "max_attempts": [3]}, "max_attempts"),
 ])

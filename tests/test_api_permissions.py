@@ -107,6 +107,23 @@ def test_permission_matrix(jobs, role, method, path, body, needs, changed):
             assert not changed(jobs), f"{method} {path} as {role} changed something"
 
 
+@pytest.mark.parametrize("role", ["staff, add_job", "superuser"])
+def test_enqueueing_an_existing_id_shows_the_job_only_to_who_may_read_it(jobs, role):
+    """A caller that may add jobs but not read them learns that the id is taken, not the
+    arguments, result or error of the job holding it."""
+    secret = record.using(job_id="nightly:export", delay=3600).enqueue("a secret token")
+    response = client_for(role).post(f"{API}/jobs/", {"task": record.name, "args": ["x"],
+                                                      "job_id": secret.id}, format="json")
+    assert response.status_code == 200, response.content[:300]
+    body = response.json()
+    assert (body["id"], body["created"]) == (secret.id, False)
+    if role == "superuser":
+        assert body["args"] == ["a secret token"]
+    else:
+        assert body == {"id": secret.id, "queue": "default", "created": False}
+        assert "a secret token" not in response.content.decode()
+
+
 def test_the_setting_still_overrides_the_default(settings):
     settings.DELAYQ = {**settings.DELAYQ, "API_PERMISSION_CLASSES": [
         "rest_framework.permissions.IsAdminUser"]}

@@ -16,6 +16,7 @@ import pytest
 
 from django_delayq import PayloadTooLarge, Queue
 from django_delayq.connection import get_broker
+from django_delayq.engine import EnqueueRequest
 from django_delayq.engine.fields import logical, stored
 from tests.conftest import system_checks, wait_until, worker_thread
 from tests.testapp.tasks import record
@@ -134,6 +135,25 @@ def test_odd_job_ids_are_refused(job_id):
     with pytest.raises(ValueError, match="invalid job id"):
         get_broker().enqueue("default", record.name, ["t"], job_id=job_id)
     assert nothing_enqueued()
+
+
+@pytest.mark.parametrize("suffix", [":c", ":w", ":r"])
+def test_an_id_naming_another_jobs_workflow_keys_is_refused(redis_client, suffix):
+    """Job ``x:c``'s hash would be job ``x``'s set of dependants (``:w``, ``:r``: the
+    parents it waits for, their results): cancelling one deleted the other, and linking
+    either failed with WRONGTYPE. Refused before anything is written, by every way in."""
+    parent = record.using(delay=3600).enqueue("p")
+    keys = set(redis_client.keys("*"))
+    taken = f"{parent.id}{suffix}"
+    with pytest.raises(ValueError, match="may not end in :c, :w, :r"):
+        record.using(job_id=taken).enqueue("t")
+    with pytest.raises(ValueError, match="may not end in"):
+        get_broker().enqueue("default", record.name, ["t"], job_id=taken)
+    with pytest.raises(ValueError, match="may not end in"):
+        get_broker().enqueue_many("default", [EnqueueRequest(task=record.name, job_id=taken)])
+    assert set(redis_client.keys("*")) == keys
+    child = record.using(depends_on=[parent], job_id=f"{parent.id}:cw").enqueue("c")
+    assert child.refresh().status == "waiting", "other ids with a colon are fine"
 
 
 def test_longest_job_id_is_accepted():

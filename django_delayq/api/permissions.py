@@ -20,6 +20,12 @@ def _load(paths: tuple[str, ...]) -> tuple[type[BasePermission], ...]:
     return tuple(import_string(path) for path in paths)
 
 
+def may_read_jobs(user: Any) -> bool:
+    """Whether ``user`` holds a permission that shows jobs (``view_job``, ``change_job``)."""
+    return bool(user.has_perm("django_delayq.view_job")
+                or user.has_perm("django_delayq.change_job"))
+
+
 class JobModelPermissions(BasePermission):
     """Django's model permissions of ``django_delayq.Job``, per request.
 
@@ -44,8 +50,7 @@ class JobModelPermissions(BasePermission):
         if not (user and user.is_authenticated and user.is_active):
             return False
         if request.method in SAFE_METHODS:
-            return bool(user.has_perm("django_delayq.view_job")
-                        or user.has_perm("django_delayq.change_job"))
+            return may_read_jobs(user)
         action = getattr(view, "write_permission", "change")
         return bool(user.has_perm(f"django_delayq.{action}_job"))
 

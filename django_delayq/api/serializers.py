@@ -13,7 +13,7 @@ from ..conf import conf
 from ..engine import validation
 from ..engine.fields import ATTEMPT_TRACEBACK
 from ..engine.jobhash import attempt_entries
-from ..engine.keys import validate_job_id, validate_queue_name
+from ..engine.keys import validate_new_job_id, validate_queue_name
 from ..engine.status import JOB_STATUSES
 from ..engine.validation import MAX_ATTEMPTS, MAX_PRIORITY, MIN_PRIORITY
 from ..models import Job as MirroredJob
@@ -380,7 +380,7 @@ class EnqueueSerializer(serializers.Serializer):
 
     def validate_job_id(self, value: str) -> str:
         try:
-            return validate_job_id(value)
+            return validate_new_job_id(value)
         except ValueError as exc:
             raise serializers.ValidationError(str(exc)) from None
 

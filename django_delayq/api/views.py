@@ -32,6 +32,7 @@ from ..task import registered, registry
 from ..workflows.view import workflow
 from . import serializers as s
 from .base import Conflict, DelayQAPIView, document
+from .permissions import may_read_jobs
 
 logger = logging.getLogger("django_delayq.api")
 
@@ -180,7 +181,10 @@ class JobListView(DelayQAPIView, GenericAPIView):
                    responses={201: s.EnqueuedJobSerializer,
                               200: OpenApiResponse(s.EnqueuedJobSerializer,
                                                    description="A job with this job_id "
-                                                               "exists: nothing was added."),
+                                                               "exists: nothing was added. "
+                                                               "Without view_job or "
+                                                               "change_job, only its id, "
+                                                               "queue and created."),
                               **BAD_REQUEST, **ERRORS})
     def post(self, request: Request) -> Response:
         """Enqueue a job of a registered task; arguments are checked against its signature."""
@@ -192,10 +196,12 @@ class JobListView(DelayQAPIView, GenericAPIView):
             job = task.using(**options).enqueue(*data["args"], **data["kwargs"])
         except (TypeError, ValueError) as exc:  # e.g. arguments over MAX_PAYLOAD_BYTES
             raise ValidationError({"non_field_errors": [str(exc)]}) from None
-        if not job.created:
-            job.refresh()
         log(logger, logging.INFO, "job enqueued", job=job.id, queue=job.queue,
             task=job.task_name, created=job.created, user=request.user.get_username())
+        if not job.created:
+            if not may_read_jobs(request.user):  # it may add jobs, not read them
+                return Response({"id": job.id, "queue": job.queue, "created": False})
+            job.refresh()
         body = s.EnqueuedJobSerializer(job).data
         return Response(body, status=status.HTTP_201_CREATED if job.created else status.HTTP_200_OK)
 

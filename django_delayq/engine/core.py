@@ -189,7 +189,7 @@ class BrokerCore:
         if keyed is not None:
             job_id = self._keyed_job_id(keyed, job_id, ids, shards)
         elif job_id is not None:
-            job_id = validation.validate_job_id(job_id)
+            job_id = validation.validate_new_job_id(job_id)
         else:
             job_id = new_job_id() if ids is None else next(ids)
         args_json, kwargs_json = encode_arguments(task, args, kwargs, names=arg_names,
@@ -210,7 +210,7 @@ class BrokerCore:
             if shards <= 1:
                 return new_job_id() if ids is None else next(ids)
             return keyed_options.id_in_shard(key, shards, ids or new_job_ids(8))
-        job_id = validation.validate_job_id(job_id)
+        job_id = validation.validate_new_job_id(job_id)
         if shards > 1 and zlib.crc32(job_id.encode()) % shards != zlib.crc32(
                 key.encode()) % shards:
             raise ValueError(f"job id {job_id!r} is not in the shard of its key {key!r}: "

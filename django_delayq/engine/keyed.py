@@ -204,7 +204,7 @@ def from_text(text: str) -> KeyedOptions | None:
 
 def exists_job_id(dedupe_key: str) -> str:
     """The job id of ``dedupe="exists"``: the key itself, checked as a job id."""
-    return validation.validate_job_id(dedupe_key)
+    return validation.validate_new_job_id(dedupe_key)
 
 
 def shard_key(options: KeyedOptions) -> str:

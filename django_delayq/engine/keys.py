@@ -31,6 +31,23 @@ def validate_queue_name(name: str) -> str:
     return name
 
 
+#: The suffixes of the keys a job's workflow keeps beside its hash (``<job key>:c``, ``:w``,
+#: ``:r``): a new job whose id ends in one would share its key with another job's.
+DERIVED_SUFFIXES = (":c", ":w", ":r")
+
+
+def validate_new_job_id(job_id: str) -> str:
+    """:func:`validate_job_id` for the id of a job about to be written, which may not end
+    in one of :data:`DERIVED_SUFFIXES`: job ``x:c``'s hash would be job ``x``'s set of
+    dependants, so cancelling one would delete the other, and linking either would fail."""
+    validate_job_id(job_id)
+    if job_id.endswith(DERIVED_SUFFIXES):
+        raise ValueError(f"invalid job id {job_id[:80]!r}: an id may not end in "
+                         f"{', '.join(DERIVED_SUFFIXES)} (the keys another job's workflow "
+                         "keeps beside its hash)")
+    return job_id
+
+
 def validate_job_id(job_id: str) -> str:
     """Return ``job_id`` if it is a valid job id, else raise ``ValueError``.
 

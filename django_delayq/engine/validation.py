@@ -6,7 +6,7 @@ import datetime as dt
 import math
 from typing import Any
 
-from .keys import validate_job_id, validate_queue_name
+from .keys import validate_job_id, validate_new_job_id, validate_queue_name
 
 MIN_PRIORITY = -100
 MAX_PRIORITY = 100
@@ -32,6 +32,7 @@ __all__ = [
     "run_at_ms",
     "timeout_ms",
     "validate_job_id",
+    "validate_new_job_id",
     "validate_queue_name",
 ]
 
