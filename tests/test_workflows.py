@@ -107,6 +107,36 @@ def test_each_failure_policy_and_the_cascade_to_grandchildren(spawned, redis_cli
     assert "DependencyFailed" in Job.fetch(fail.id).error
 
 
+@pytest.mark.parametrize("ends", ["cancelled", "failed"])
+def test_dependants_are_told_before_their_finished_parent_is_trimmed(spawned, redis_client,
+                                                                     settings, ends):
+    """With KEEP_COMPLETED and KEEP_FAILED at 0 a job that ends is trimmed at once, its
+    set of dependants with it. Its dependants are told first, and theirs when their
+    policy ends them in turn, so none of them waits for ever."""
+    from django_delayq import connection
+
+    keep = {"KEEP_COMPLETED": 0, "KEEP_FAILED": 0}
+    settings.DELAYQ = {**settings.DELAYQ, **keep}
+    connection.reset()
+    try:
+        parent = (tasks.record.using(delay=600).enqueue("p") if ends == "cancelled"
+                  else tasks.raises.using(delay=0.3).enqueue("p"))
+        child = tasks.record.using(depends_on=[parent]).enqueue("child")
+        tasks.record.using(depends_on=[child], on_parent_failure="run").enqueue("gc")
+        if ends == "cancelled":
+            assert Job.fetch(parent.id).cancel()
+        spawned("default", "-c", "2", "--no-mirror",
+                env={"DELAYQ_TEST_SETTINGS": json.dumps(keep)})
+        wait_until(lambda: [n["tag"] for n in notes(redis_client, "record")] == ["gc"],
+                   message="the grandchild to run")
+        wait_until(lambda: Queue("default").counts()["active"] == 0,
+                   message="the grandchild's ack")
+        assert Queue("default").counts()["waiting"] == 0
+        assert Queue("default").counts()[ends] == 0, "trimmed at once"
+    finally:
+        connection.reset()
+
+
 def test_cancelling_a_parent_cancels_what_waits_on_it_under_the_default_policy(broker):
     parent = tasks.record.using(delay=600).enqueue("p")
     default = tasks.record.using(depends_on=[parent]).enqueue("c1")

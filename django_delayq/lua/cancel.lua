@@ -61,10 +61,10 @@ redis.call('ZADD', KEYS[4], now, job_id)
 if ttl > 0 then
   redis.call('PEXPIRE', job_key, ttl)
 end
-trim_finished(KEYS[4], flow.prefix, now, ttl, keep)
 emit(KEYS[5], maxlen, 'cancelled', job_id, now)
 local pushed = 0
 if redis.call('HGET', job_key, 'dc') then
   pushed = notify_dependants(flow, job_id, 'cancelled', 'null', now)
 end
+trim_finished(KEYS[4], flow.prefix, now, ttl, keep)
 return {status, pushed}

@@ -380,6 +380,7 @@ if #new_waiting > 0 then
     end
     out[w[1] + 1] = redis.call('HGET', KEYS[5 + w[4]], 's')
   end
+  trim_finished_waiting(flow, now)
 end
 for _, job_id in ipairs(in_effect) do
   out[#out + 1] = job_id

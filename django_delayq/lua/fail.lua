@@ -73,13 +73,13 @@ if f[8] then  -- aborted: over, as a cancel is
   if ttl > 0 then
     redis.call('PEXPIRE', job_key, ttl)
   end
-  trim_finished(flow.cancelled, flow.prefix, now, ttl, keep)
   emit(KEYS[6], maxlen, 'cancelled', job_id, now, 'attempt', attempt, 'error', ARGV[3],
     'by', f[8])
   local pushed = 0
   if f[6] then
     pushed = notify_dependants(flow, job_id, 'cancelled', 'null', now)
   end
+  trim_finished(flow.cancelled, flow.prefix, now, ttl, keep)
   return {'cancelled', 0, pushed}
 end
 
@@ -100,10 +100,10 @@ if ttl > 0 then
   redis.call('PEXPIRE', job_key, ttl)
 end
 count_minute(KEYS[7], 'f', now, 1)
-trim_finished(failed, KEYS[17], now, ttl, keep)
 emit(KEYS[6], maxlen, 'failed', job_id, now, 'attempt', attempt, 'error', ARGV[3])
 local pushed = 0
 if f[6] then
   pushed = notify_dependants(flow_ctx(8, 10), job_id, 'failed', 'null', now)
 end
+trim_finished(failed, KEYS[17], now, ttl, keep)
 return {'failed', 0, pushed}

@@ -24,4 +24,5 @@ for i = 4, #ARGV, 5 do
     pushed = pushed + notify_dependants(flow, job_id, ended, 'null', now)
   end
 end
+trim_finished_waiting(flow, now)
 return pushed

@@ -47,7 +47,8 @@ local function flow_ctx(kf, af)
 end
 
 -- Finish a waiting job for good ('cancelled' or 'failed'): its policy after a parent's
--- failure or cancellation.
+-- failure or cancellation. Its set is trimmed later (trim_finished_waiting), once its
+-- own dependants were read: a trim may drop the job, and its set of dependants with it.
 local function finish_waiting(k, job_id, status, err, now)
   local job_key = k.prefix .. job_id
   local set = status == 'failed' and k.failed or k.cancelled
@@ -58,8 +59,21 @@ local function finish_waiting(k, job_id, status, err, now)
   if k.ttl > 0 then
     redis.call('PEXPIRE', job_key, k.ttl)
   end
-  trim_finished(set, k.prefix, now, k.ttl, k.keep)
+  k['trim_' .. status] = true
   emit(k.events, k.maxlen, status, job_id, now, 'error', err)
+end
+
+-- Trim the sets finish_waiting added to (in a fixed order: a script's writes are the
+-- same on every replica).
+local function trim_finished_waiting(k, now)
+  if k.trim_failed then
+    trim_finished(k.failed, k.prefix, now, k.ttl, k.keep)
+    k.trim_failed = nil
+  end
+  if k.trim_cancelled then
+    trim_finished(k.cancelled, k.prefix, now, k.ttl, k.keep)
+    k.trim_cancelled = nil
+  end
 end
 
 -- Release a waiting job whose parents are all resolved: its arguments take the parents'

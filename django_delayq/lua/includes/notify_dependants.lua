@@ -3,7 +3,8 @@
 -- Tell the dependants of `job_id`, which finished for good with `outcome`, in this
 -- shard at once and elsewhere through the outbox; a dependant its policy finishes tells
 -- its own in turn (a worklist, not recursion). Returns how many entries were pushed to
--- the outbox.
+-- the outbox. Call it before trimming the set `job_id` went to: a trim may drop the
+-- job with its set of dependants, which would then wait for ever.
 local function notify_dependants(k, job_id, outcome, result, now)
   local work, pushed, i = {{job_id, outcome, result}}, 0, 1
   while i <= #work do
@@ -33,5 +34,6 @@ local function notify_dependants(k, job_id, outcome, result, now)
       end
     end
   end
+  trim_finished_waiting(k, now)  -- every dependant finished here has told its own
   return pushed
 end
