@@ -120,6 +120,30 @@ def test_sync_jobs_on_threads_all_complete_run_after_run(redis_client):
                              counted=tags(f"s{run}-"))
 
 
+def test_jobs_retried_at_once_all_complete_run_after_run(redis_client):
+    """Jobs that fail once and are retried with no backoff, enqueued one by one while a
+    worker runs: it often claims a job's second attempt before its acker settled the
+    first, and holds both leases at once. Every job completes at its second attempt,
+    none is lost to a lapsed lease, and the worker goes on claiming."""
+    queue = Queue(soak_tasks.SYNC)
+    with serving(soak_tasks.SYNC, "--concurrency", "8", "--lease", "3",
+                 "--no-mirror") as out:
+        for run in range(RUNS):
+            for tag in tags(f"r{run}-", 200):
+                soak_tasks.soak_fails_once.enqueue(tag)
+            wait_until(lambda run=run: queue.counts()["completed"] == 200 * (run + 1)
+                       or queue.counts()["failed"], timeout=120,
+                       message=f"run {run}: {queue.counts()}\n{out.text}")
+            assert {s: n for s, n in queue.counts().items() if n} == {
+                "completed": 200 * (run + 1)}, out.text
+        after = soak_tasks.soak_sync.enqueue("after")
+        wait_until(lambda: after.refresh().status == "completed", timeout=60,
+                   message=f"a job after them to run:\n{out.text}")
+    runs = Counter({tag: int(n) for tag, n in redis_client.hgetall(soak_tasks.RUNS).items()})
+    assert runs == Counter({**dict.fromkeys(
+        [t for run in range(RUNS) for t in tags(f"r{run}-", 200)], 2), "after": 1})
+
+
 @pytest.mark.parametrize("args", [("--concurrency", "4"), ("--processes", "2", "--no-mirror")],
                          ids=["one", "pool"])
 def test_async_and_sync_jobs_in_one_worker_all_complete(redis_client, args):

@@ -178,10 +178,10 @@ def test_heartbeat_reports_lost_leases_but_not_jobs_whose_ack_just_landed(redis_
     assert len(lost) == 1
     assert lapsed.id in lost[0]
     assert acked.id not in lost[0]
-    assert (keys, lapsed.id) not in worker.ledger
-    assert (keys, acked.id) in worker.ledger  # the acker settles it
+    assert (keys, lapsed.id, jobs[lapsed.id].attempt) not in worker.ledger
+    assert (keys, acked.id, jobs[acked.id].attempt) in worker.ledger  # the acker settles it
     worker.acker.flush()
-    assert (keys, acked.id) not in worker.ledger
+    assert (keys, acked.id, jobs[acked.id].attempt) not in worker.ledger
     assert worker.ledger.busy == 0
     assert acked.refresh().status == "completed"
 
@@ -489,6 +489,35 @@ def claimed_in_a_ledger(broker, queue: str):
     ledger = Ledger()
     ledger.add(claim.jobs)
     return ledger, claim.jobs[0]
+
+
+def test_a_job_claimed_again_before_its_last_attempt_settles_holds_both_leases(broker):
+    """Retried at once, a job can be claimed again by the same worker before the acker
+    settles its failed attempt. The ledger holds both: settling the first leaves the
+    second to run, and the heartbeat renews the second alone. Held by id alone, the
+    second replaced the first, the first's settle dropped it (it never ran here, its
+    lease lapsed) and the held count leaked one, until the fetcher claimed no more."""
+    from django_delayq.runtime.worker.acks import send_outcomes
+    from django_delayq.runtime.worker.outcome import failure
+
+    tasks.record.using(max_attempts=2).enqueue("twice")
+    ledger, first = claimed_in_a_ledger(broker, "default")
+    me = threading.current_thread()
+    assert ledger.start(first, me, timeout=None, grace=0.0) is not None
+    assert ledger.finish(first, me)
+    ledger.reported()
+    send_outcomes(broker, [failure(first, RuntimeError("once"), retry=True, delay=0.0)],
+                  worker="w")
+    [claim] = broker.claim("default", 1, "w")
+    [second] = claim.jobs
+    assert (second.id, second.attempt) == (first.id, 2)
+    ledger.add([second])
+    assert ledger.held_count == 2
+    assert [job.attempt for job in ledger.renewable()] == [2]
+    assert ledger.lost(first.keys, [(first.id, 1)]) == [], "finished: the acker settles it"
+    ledger.settle([first])
+    assert (ledger.held_count, ledger.busy) == (1, 1)
+    assert ledger.start(second, me, timeout=None, grace=0.0) is not None
 
 
 def assert_failed_outside_its_task(broker, job, ledger, outcomes) -> None:

@@ -30,6 +30,16 @@ def soak_sync(tag: str) -> str:
     return tag
 
 
+@task(queue=SYNC, max_attempts=2, retry_backoff=0)
+def soak_fails_once(tag: str) -> str:
+    """Fail at the first run, retried at once; complete at the second (after a
+    millisecond of work: the retry is claimed while others run)."""
+    if get_broker().client.hincrby(RUNS, tag, 1) == 1:
+        raise RuntimeError(f"{tag}: first run")
+    sum(range(20_000))
+    return tag
+
+
 @task(queue=ASYNC)
 async def soak_async(tag: str) -> str:
     """Pure asyncio: nothing but an await of the loop's timer."""

@@ -223,8 +223,9 @@ class Acker:
             self._ready.clear()
         if started and pending:
             # a job that also finished is marked started by its ack (it carries the start)
-            acked = {(o.job.keys, o.job.id) for o in pending}
-            started = [s for s in started if (s[0].keys, s[0].id) not in acked]
+            acked = {(o.job.keys, o.job.id, o.job.attempt) for o in pending}
+            started = [s for s in started
+                       if (s[0].keys, s[0].id, s[0].attempt) not in acked]
         for keys, until in list(backing_off.items()):
             if until <= now or ignore_backoff:
                 backing_off.pop(keys, None)

@@ -90,7 +90,7 @@ class AsyncExecutor(JobRunner):
         #: whether the loop idled before the next one.
         self._last_done = float("-inf")
         #: Jobs handed over that have no slot yet, by id (the loop's view of its buffer).
-        self._waiting: dict[tuple[Any, str], ClaimedJob] = {}
+        self._waiting: dict[tuple[Any, str, int], ClaimedJob] = {}
         self._waiting_lock = threading.Lock()
         #: Jobs handed over that the loop has not taken yet (under ``_waiting_lock``),
         #: and the loop's tasks running jobs.
@@ -136,7 +136,7 @@ class AsyncExecutor(JobRunner):
         if self._stopping or not self.alive():
             return
         with self._waiting_lock:
-            self._waiting[(job.keys, job.id)] = job
+            self._waiting[(job.keys, job.id, job.attempt)] = job
             self._handed.append(job)
             wake = len(self._handed) == 1
         if wake:
@@ -158,7 +158,7 @@ class AsyncExecutor(JobRunner):
         ended: logged, and the job failed if it is still held without an outcome."""
         self._tasks.discard(future)
         with self._waiting_lock:
-            self._waiting.pop((job.keys, job.id), None)
+            self._waiting.pop((job.keys, job.id, job.attempt), None)
         if future.cancelled():
             if self._stopping:
                 return  # the worker hands back what it holds as it stops
@@ -230,7 +230,7 @@ class AsyncExecutor(JobRunner):
         limit, retry_delay = limits_of(job, self.tasks, self.timeout)
         async with self._slots:
             with self._waiting_lock:
-                self._waiting.pop((job.keys, job.id), None)
+                self._waiting.pop((job.keys, job.id, job.attempt), None)
             # started once it has a slot: its time limit runs from here
             lease = self.ledger.start(job, me, timeout=limit, grace=self.timeout_grace,
                                       retry_delay=retry_delay, on_loop=True)

@@ -61,19 +61,22 @@ class Heartbeat:
         """One heartbeat: renew (unless ``renew`` is False), reclaim, record alive."""
         held = self.ledger.renewable() if renew else []
         batch = self.broker.batch()
+        renewed = by_shard(held)
         extend_calls = [(keys, self.broker.add_extend(batch, keys, pairs, self.lease_ms))
-                        for keys, pairs in by_shard(held).items()]
+                        for keys, pairs in renewed.items()]
         reclaim_calls = [(keys, self.broker.add_reclaim(batch, keys, link_grace_ms=self.lease_ms))
                          for keys in self.shards]
         replies = batch.run()
         for keys, index in extend_calls:
             lost_ids, asked = replies[index]
-            lost = self.ledger.lost(keys, lost_ids)
+            attempts = dict(renewed[keys])  # the engine names a lease by its job's id
+            lost = self.ledger.lost(keys, [(job_id, attempts[job_id]) for job_id in lost_ids])
             if lost:
                 log(logger, logging.WARNING, "lease lost", queue=keys.queue, jobs=len(lost),
                     ids=",".join(lost[:10]), worker=self.name)
-            aborting = self.ledger.request_abort(keys, zip(asked[::2], asked[1::2],
-                                                           strict=True))
+            aborting = self.ledger.request_abort(keys, [
+                (job_id, attempts[job_id], who)
+                for job_id, who in zip(asked[::2], asked[1::2], strict=True)])
             if aborting:
                 log(logger, logging.WARNING, "abort asked for", queue=keys.queue,
                     jobs=len(aborting), ids=",".join(aborting[:10]), worker=self.name)

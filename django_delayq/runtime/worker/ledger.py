@@ -31,7 +31,9 @@ BUFFERED = "buffered"
 RUNNING = "running"
 FINISHED = "finished"
 
-Key = tuple[QueueKeys, str]
+#: A lease: its job's shard, id and attempt. A job retried at once can be claimed again
+#: by the same worker before its last attempt's ack is settled: both are held then.
+Key = tuple[QueueKeys, str, int]
 
 #: The lanes of a worker: jobs claimed for its threads, and for its event loop.
 THREADS = "threads"
@@ -89,7 +91,7 @@ class Lease:
 
 
 def key(job: ClaimedJob) -> Key:
-    return (job.keys, job.id)
+    return (job.keys, job.id, job.attempt)
 
 
 def _renewable(lease: Lease, now: float) -> bool:
@@ -219,17 +221,18 @@ class Ledger:
                 self._aim_abort(lease, now)
             return lease
 
-    def request_abort(self, keys: QueueKeys, asked: Iterable[tuple[str, str]]) -> list[str]:
-        """Note the ``(job id, who asked)`` aborts the engine reports; the ids newly
-        noted. A running job's limit becomes :data:`ABORT_NOTICE` seconds from now (the
+    def request_abort(self, keys: QueueKeys,
+                      asked: Iterable[tuple[str, int, str]]) -> list[str]:
+        """Note the ``(job id, attempt, who asked)`` aborts the engine reports; the ids
+        newly noted. A running job's limit becomes :data:`ABORT_NOTICE` seconds from now (the
         watchdog then raises JobAborted in it, or cancels it on its loop) and its hard
         limit a grace period later, on the board too, so that its host ends it if
         nothing else can; a buffered one is stopped so as it starts."""
         noted: list[str] = []
         now = time.monotonic()
         with self.lock:
-            for job_id, who in asked:
-                lease = self._leases.get((keys, job_id))
+            for job_id, attempt, who in asked:
+                lease = self._leases.get((keys, job_id, attempt))
                 if lease is None or lease.state == FINISHED or lease.abort_by is not None:
                     continue
                 lease.abort_by = who
@@ -330,22 +333,23 @@ class Ledger:
                     self._done_running(lease)
             self.changed.notify_all()
 
-    def lost(self, keys: QueueKeys, job_ids: Iterable[str]) -> list[str]:
-        """Note the leases the engine says are lost, except finished ones (whose ack
-        may have landed after the heartbeat's snapshot: the acker settles those).
+    def lost(self, keys: QueueKeys, leases: Iterable[tuple[str, int]]) -> list[str]:
+        """Note the ``(job id, attempt)`` leases the engine says are lost, except finished
+        ones (whose ack may have landed after the heartbeat's snapshot: the acker settles
+        those); the ids noted.
         A lost buffered job is forgotten and will not start; a running one runs to its
         end and its outcome goes to the engine, which ignores it as stale."""
         gone: list[str] = []
         with self.lock:
-            for job_id in job_ids:
-                lease = self._leases.get((keys, job_id))
+            for job_id, attempt in leases:
+                lease = self._leases.get((keys, job_id, attempt))
                 if lease is None or lease.state == FINISHED or lease.lost:
                     continue
                 gone.append(job_id)
                 if lease.state == RUNNING:
                     lease.lost = True
                     continue
-                self._done_running(self._drop((keys, job_id)))
+                self._done_running(self._drop((keys, job_id, attempt)))
             self.changed.notify_all()
         return gone
 
@@ -368,10 +372,18 @@ class Ledger:
     def renewable(self) -> list[ClaimedJob]:
         """The jobs whose leases the heartbeat renews: buffered ones, ones a live
         thread runs within their time limit plus grace, and finished ones whose ack
-        is pending (the acker is alive)."""
+        is pending (the acker is alive). Of two attempts of one job held at once, the
+        later alone: the earlier one's ack has landed (the job was claimed again), and
+        the engine answers for a job by its id."""
         now = time.monotonic()
+        newest: dict[tuple[QueueKeys, str], ClaimedJob] = {}
         with self.lock:
-            return [lease.job for lease in self._leases.values() if _renewable(lease, now)]
+            for lease in self._leases.values():
+                job = lease.job
+                if _renewable(lease, now) and job.attempt > getattr(
+                        newest.get((job.keys, job.id)), "attempt", -1):
+                    newest[job.keys, job.id] = job
+        return list(newest.values())
 
     def running(self) -> list[Lease]:
         """The running leases (a snapshot; the Lease objects are live)."""
