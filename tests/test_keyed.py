@@ -100,6 +100,22 @@ def test_a_cancelled_parked_job_is_skipped(broker: Any) -> None:
     assert nxt.id == jobs[2].job_id
 
 
+def test_a_woken_job_cancelled_before_its_claim_wakes_the_next(broker: Any) -> None:
+    """A freed slot wakes the key's oldest parked job, which holds no slot until it is
+    claimed. Cancelled before that, it passes the wake on: the next parked job is not
+    left waiting for a slot no job of the key will ever free."""
+    jobs = [broker.enqueue("default", "t.a", [i], keyed=keyed("A", 1)) for i in range(3)]
+    (running,) = claim(broker, 10)
+    assert claim(broker, 10) == []  # both others parked
+    complete(broker, [running])  # wakes the first parked one
+    Job.fetch(jobs[1].job_id, queue="default", broker=broker).cancel()
+    (nxt,) = claim(broker, 10)
+    assert nxt.id == jobs[2].job_id
+    keys = broker.keys_for("default", nxt.id)
+    assert broker.client.zscore(keys.key_active, "A") == 1
+    assert broker.client.zcard(keys.key_waiting) == 0
+
+
 def test_fair_turns_between_keys(broker: Any) -> None:
     """100,000 jobs of key A, then 10 of key B: B's all start within the first 21 claims
     (the keys alternate), and each key's jobs keep their order."""

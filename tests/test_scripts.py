@@ -134,6 +134,7 @@ def test_the_plain_enqueue_leaves_out_the_workflow_definitions_only():
         "local flow = m > 0 and flow_ctx(7 + n, 4 + 10 * n + 5 * m) or nil",
         "local outcome, result = link_parent(flow.prefix, parent_id, '' .. p .. '' .. job_id)",
         "resolve_dependant(flow, job_id, p, outcome, result, parent_id, now)",
+        "trim_finished_waiting(flow, now)",
     ]
 
 

@@ -334,7 +334,7 @@ class Commands:
         before, pushed = run_script(
             self.client, "cancel",
             [keys.job(job_id), keys.scheduled, keys.ready, keys.cancelled, keys.events,
-             *flow_keys],
+             *flow_keys, *self._keyed_keys(keys)],
             [job_id, cfg.result_ttl_ms, cfg.keep_completed, cfg.events_cap, *flow_args,
              who],
         )

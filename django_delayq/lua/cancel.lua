@@ -3,6 +3,8 @@
 -- include: trim_finished
 -- include: flows
 -- include: notify_dependants
+-- include: keyed_ctx
+-- include: wake_parked
 
 -- Cancel a job that has not started: remove it from the scheduled, ready or waiting
 -- set, and resolve its dependants (flows.lua). A finished job is left as it is. A running
@@ -23,6 +25,8 @@
 -- ARGV[8] who asks ('' or absent: cancel a job that has not started only)
 -- KEYS[6..15], ARGV[5..7] the shard's keys and settings for resolving dependants
 -- (flow_ctx in flows.lua)
+-- KEYS[16..20] the shard's concurrency-key keys (keyed_ctx.lua): a ready job of a key
+-- may be the one a freed slot woke; cancelled before its claim, it wakes the next
 --
 -- Returns {the job's status before the call ('' when there is no such job), resolutions
 -- of dependants in other shards left in the outbox}; the job was cancelled when that
@@ -48,7 +52,12 @@ end
 local flow = flow_ctx(6, 5)
 local now = now_ms()
 redis.call('ZREM', KEYS[2], job_id)
-redis.call('ZREM', KEYS[3], job_id)
+if redis.call('ZREM', KEYS[3], job_id) == 1 then
+  local f = redis.call('HMGET', job_key, 'ck', 'kw')
+  if f[1] and not f[2] then  -- not parked itself: its key may have a slot for the next
+    wake_parked(keyed_ctx(16), f[1], KEYS[3], flow.marker, flow.prefix)
+  end
+end
 if status == 'waiting' then
   redis.call('ZREM', flow.waiting, job_id)
   redis.call('DEL', job_key .. ':w', job_key .. ':r')

@@ -1,28 +1,11 @@
+-- include: wake_parked
+
 -- Concurrency keys (keyed_ctx.lua): a job leaving the active set frees its slot.
 
--- A job of `key` left the active set: free its slot and make the key's oldest parked job
--- that is still ready (a parked job may have been cancelled) ready again.
+-- A job of `key` left the active set: free its slot and wake the next parked job.
 local function free_slot(k, key, ready, marker, job_prefix)
   if tonumber(redis.call('ZINCRBY', k.active, -1, key)) <= 0 then
     redis.call('ZREM', k.active, key)
   end
-  local park = k.park .. key
-  while true do
-    local head = redis.call('ZPOPMIN', park)
-    if not head[1] then
-      return
-    end
-    for _, member in ipairs({key, ''}) do  -- the key's count and the shard's total
-      if tonumber(redis.call('ZINCRBY', k.waiting, -1, member)) <= 0 then
-        redis.call('ZREM', k.waiting, member)
-      end
-    end
-    local job_key = job_prefix .. head[1]
-    if redis.call('HGET', job_key, 's') == 'ready' then
-      redis.call('HDEL', job_key, 'kw')
-      redis.call('ZADD', ready, head[2], head[1])
-      redis.call('ZADD', marker, 0, '0')
-      return
-    end
-  end
+  wake_parked(k, key, ready, marker, job_prefix)
 end
