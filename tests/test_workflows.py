@@ -154,6 +154,18 @@ def test_cancelling_a_parent_cancels_what_waits_on_it_under_the_default_policy(b
     assert Queue("default").counts()["waiting"] == 0
 
 
+def test_purging_a_queue_tells_the_dependants_in_other_queues_at_once(broker):
+    """A purged parent is 'missing' to its dependants; those in another queue are told
+    by the purge, not by a heartbeat of a worker of the purged queue (it may have
+    none)."""
+    parent = tasks.record.using(delay=600).enqueue("p")
+    cancels = tasks.record_other.using(depends_on=[parent]).enqueue("c")
+    runs = tasks.record_other.using(depends_on=[parent], on_parent_failure="run").enqueue("r")
+    assert Queue("default").purge() == 1
+    assert (status(cancels), status(runs)) == ("cancelled", "ready")
+    assert Queue("other").counts()["waiting"] == 0
+
+
 def test_a_child_never_starts_before_its_delayed_parents_run_at(spawned, redis_client):
     now = dt.datetime.now(dt.UTC)
     slow = tasks.flow_step.using(run_at=now + dt.timedelta(seconds=1.5)).enqueue(10, tag="p1")

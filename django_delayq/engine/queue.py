@@ -6,7 +6,7 @@ import datetime as dt
 import logging
 from typing import TYPE_CHECKING
 
-from . import keyed
+from . import flows, keyed
 from .errors import warn_once
 from .job import Job, default_broker
 from .overview import QueueSummary, summaries
@@ -112,7 +112,9 @@ class Queue:
     def purge(self, statuses: tuple[str, ...] = PURGEABLE, *, forget: bool = False) -> int:
         """Delete every job of ``statuses`` (never running ones). Returns how many.
 
-        With ``forget``, then :meth:`forget` the queue."""
+        Their dependants in other queues are told at once (a dependant in the same shard
+        is told by the purge itself), not at a heartbeat of a worker of this queue,
+        which may have none. With ``forget``, then :meth:`forget` the queue."""
         broker = self.broker
         removed = 0
         for status in statuses:
@@ -128,6 +130,9 @@ class Queue:
                         break
                 if status == Status.READY:
                     removed += keyed.purge_parked(broker, keys)
+        if removed:
+            for keys in broker.shards(self.name):
+                flows.deliver(broker, keys)
         if forget:
             self.forget()
         return removed
