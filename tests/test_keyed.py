@@ -116,6 +116,18 @@ def test_a_woken_job_cancelled_before_its_claim_wakes_the_next(broker: Any) -> N
     assert broker.client.zcard(keys.key_waiting) == 0
 
 
+def test_the_turn_of_a_key_whose_last_job_is_cancelled_is_not_kept(broker: Any) -> None:
+    """A key's turn (its last FIFO number) is dropped with its last job, claimed or
+    cancelled: with a key per user, kept turns would grow without a bound."""
+    jobs = [broker.enqueue("default", "t.a", [i], keyed=keyed(f"user-{i}", 1))
+            for i in range(100)]
+    keys = broker.keys_for("default", jobs[0].job_id)
+    assert broker.client.hlen(keys.key_turns) == 100
+    for job in jobs:
+        Job.fetch(job.job_id, queue="default", broker=broker).cancel()
+    assert broker.client.hlen(keys.key_turns) == 0
+
+
 def test_fair_turns_between_keys(broker: Any) -> None:
     """100,000 jobs of key A, then 10 of key B: B's all start within the first 21 claims
     (the keys alternate), and each key's jobs keep their order."""
