@@ -288,9 +288,12 @@ def _load(replies: list[Any], top: int) -> KeyLoad:
 
 def purge_parked(broker: BrokerCore, keys: QueueKeys) -> int:
     """Delete the jobs of the shard ``keys`` parked for a slot of their key (ready jobs
-    outside the ready set), as ``Queue.purge`` deletes ready ones; how many went."""
+    outside the ready set), as ``Queue.purge`` deletes ready ones; how many went. The
+    keys' turns go too: no ready job is left to take its turn after them (a key's next
+    job starts its turns afresh), and a turn kept for each key would never go."""
     removed = 0
     with broker.connection_errors():
+        broker.client.delete(keys.key_turns)
         waiting = [key for key in broker.client.zrange(keys.key_waiting, 0, -1) if key != TOTAL]
         for key in waiting:
             gone = 0
