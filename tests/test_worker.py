@@ -543,6 +543,7 @@ def test_a_job_whose_run_fails_outside_its_task_is_failed_not_held(broker):
 
     job = tasks.record.using(max_attempts=1).enqueue("outside")
     ledger, claimed = claimed_in_a_ledger(broker, "default")
+    ledger.budget = 0  # a recycling worker's last place went to it
     outcomes = []
     executor = Executor(concurrency=1, tasks=registry, name="w",
                         broker=broker, middleware=[], ledger=ledger, report=outcomes.append,
@@ -555,3 +556,4 @@ def test_a_job_whose_run_fails_outside_its_task_is_failed_not_held(broker):
         executor.stop()
         executor.join(time.monotonic() + 30)
     assert_failed_outside_its_task(broker, job, ledger, outcomes)
+    assert ledger.budget == 1, "its place given back: the recycle never counted it"

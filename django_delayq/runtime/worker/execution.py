@@ -137,10 +137,14 @@ def fail_held(ledger: Ledger, report: Callable[[Outcome], None], job: ClaimedJob
     """Fail ``job`` (retried while attempts remain) when what runs it raised outside the
     task (a fault of the worker, not of the job) while its lease was still buffered or
     running: held with no outcome, it would be renewed for ever and its slot lost.
-    Returns whether the job was still held so."""
+    Returns whether the job was still held so. Its place in the claim budget is given
+    back: the recycle counts the jobs its after-job hook saw, and this one it never will
+    (kept, the worker would claim its last place and never reach its count)."""
     lease = ledger.abandon(job, buffered=True)
     if lease is None:
         return False
+    with ledger.lock:
+        ledger.refund(1)
     log(logger, logging.ERROR, "job run failed outside its task, failing it", job=job.id,
         queue=job.queue, task=job.task, error=describe(exc))
     outcome = failure(job, exc, retry=True)
