@@ -117,6 +117,16 @@ def test_a_woken_job_cancelled_before_its_claim_wakes_the_next(broker: Any) -> N
     assert broker.client.zcard(keys.key_waiting) == 0
 
 
+def test_a_woken_job_moved_later_before_its_claim_wakes_the_next(broker: Any) -> None:
+    jobs = [broker.enqueue("default", "t.a", [i], keyed=keyed("A", 1)) for i in range(3)]
+    (running,) = claim(broker, 10)
+    assert claim(broker, 10) == []
+    complete(broker, [running])
+    Job.fetch(jobs[1].job_id, queue="default", broker=broker).reschedule(delay=3600)
+    (nxt,) = claim(broker, 10)
+    assert nxt.id == jobs[2].job_id
+
+
 def test_the_turn_of_a_key_whose_last_job_is_cancelled_is_not_kept(broker: Any) -> None:
     """A key's turn (its last FIFO number) is dropped with its last job, claimed or
     cancelled: with a key per user, kept turns would grow without a bound."""

@@ -345,7 +345,8 @@ class Commands:
         """Move a pending job ('' for what is unchanged): (status before, after, run_at ms)."""
         before, after, when = run_script(
             self.client, "reschedule",
-            [keys.job(job_id), keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq],
+            [keys.job(job_id), keys.scheduled, keys.ready, keys.marker, keys.events, keys.seq,
+             *self._keyed_keys(keys), keys.job_prefix],
             [job_id, run_at_ms, delay_ms, priority, self.config.events_cap],
         )
         return before, after, int(when)

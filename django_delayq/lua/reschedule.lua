@@ -2,6 +2,8 @@
 -- include: emit
 -- include: place_job
 -- include: wanted_run_at
+-- include: keyed_ctx
+-- include: wake_parked
 
 -- Move a job that has not started to a new run_at (and optionally a new priority).
 --
@@ -11,6 +13,9 @@
 -- KEYS[4] marker     ZSET  wake-up marks for idle workers
 -- KEYS[5] events     STREAM lifecycle events
 -- KEYS[6] seq        STRING FIFO counter
+-- KEYS[7..11] the shard's concurrency-key keys (keyed_ctx.lua): a ready job of a key
+-- may be the one a freed slot woke; moved before its claim, it wakes the next
+-- KEYS[12] job key prefix (the parked jobs' keys are KEYS[12] .. id; same hash tag)
 --
 -- ARGV[1] job id
 -- ARGV[2] run_at ms ('' for none)
@@ -42,7 +47,12 @@ if ARGV[4] ~= '' then
 end
 local run_at = wanted_run_at(ARGV[2], ARGV[3], now)
 redis.call('ZREM', KEYS[2], job_id)
-redis.call('ZREM', KEYS[3], job_id)
+if redis.call('ZREM', KEYS[3], job_id) == 1 then
+  local keyed = redis.call('HMGET', job_key, 'ck', 'kw')
+  if keyed[1] and not keyed[2] then  -- not parked itself: the next may have a slot
+    wake_parked(keyed_ctx(7), keyed[1], KEYS[3], KEYS[4], KEYS[12])
+  end
+end
 local k = {scheduled = KEYS[2], ready = KEYS[3], marker = KEYS[4], seq = KEYS[6]}
 local after = place_job(k, job_key, job_id, priority, run_at, now)
 emit(KEYS[5], events_cap(ARGV[5]), 'rescheduled', job_id, now, 'run_at', run_at)

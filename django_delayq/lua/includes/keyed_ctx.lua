@@ -15,8 +15,8 @@
 -- slot (free_slot), which makes the key's oldest parked job ready again at its old place.
 -- A job is parked only while its key holds at least one slot, so a parked job always
 -- has a slot freed after it: none waits for ever, and no slot leaks. The job a freed
--- slot woke holds no slot until its claim: cancelled before (cancel.lua), it wakes the
--- next parked job in its place.
+-- slot woke holds no slot until its claim: cancelled or moved before (cancel.lua,
+-- reschedule.lua), it wakes the next parked job in its place.
 
 -- The keyed keys given as KEYS[first..first+4].
 local function keyed_ctx(first)
