@@ -223,6 +223,18 @@ def test_cancel_action(admin_client, redis_client, caplog):
     assert Job.objects.get(job_id=waiting.id).status == "cancelled"
 
 
+def test_an_action_on_a_row_whose_id_no_job_can_have_says_so(admin_client):
+    """A damaged row (an id no job can have) is refused with the reason, beside the
+    others: not a server error."""
+    waiting = tasks.record.using(delay=3600).enqueue("w")
+    mirror()
+    Job.objects.create(queue="default", job_id="not an id", status="scheduled")
+    response, msgs = act(admin_client, "cancel_jobs", waiting.id, "not an id")
+    assert response.status_code == 200
+    assert f"1 job(s) cancelled: {waiting.id}" in msgs
+    assert any("not an id: invalid job id" in m for m in msgs), msgs
+
+
 def test_run_now_action(admin_client):
     later = tasks.record.using(delay=3600).enqueue("later")
     cancelled = tasks.record.using(delay=3600).enqueue("c")

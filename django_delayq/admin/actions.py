@@ -15,6 +15,7 @@ from django.http import HttpRequest
 
 from ..engine import DelayQConnectionError, InvalidJobState, JobNotFound
 from ..engine import Job as EngineJob
+from ..engine.errors import CommandRefused
 from ..engine.logfields import log
 from ..engine.status import CANCELLABLE, LEASED, PENDING, RETRYABLE
 from ..mirror.consumer import refresh_rows
@@ -116,6 +117,9 @@ def act(model_admin: ModelAdmin[Job], request: HttpRequest, queryset: QuerySet[J
         except DelayQConnectionError:
             model_admin.message_user(request, REDIS_DOWN, messages.ERROR)
             break
+        except (CommandRefused, ValueError) as exc:  # an ACL refusal; a damaged row's id
+            refused.append(f"{row.job_id[:80]}: {str(exc)[:200]}")
+            continue
         done.setdefault(what, []).append(row.job_id)
         changed.setdefault(row.queue, []).append(row.job_id)
     for queue, job_ids in changed.items():
