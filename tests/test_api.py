@@ -479,6 +479,7 @@ def test_redis_unreachable_is_503(staff: APIClient, method: str, path: str, body
     response = getattr(staff, method)(API + path, body, format="json")
     assert response.status_code == 503, response.content
     assert "unreachable" in response.json()["detail"]
+    assert "127.0.0.1" not in response.content.decode(), "where Redis is: for the log"
 
 
 @pytest.mark.usefixtures("redis_down")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -13,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ..engine import DelayQConnectionError, InvalidJobState, JobNotFound
+from ..engine.logfields import log
 from .permissions import DelayQPermissionsMixin
 
 
@@ -32,7 +34,10 @@ def to_api_exception(exc: Exception) -> Exception:
     """The HTTP error for an engine error (503, 404, 409) or a body nested too deeply
     (400); other errors unchanged."""
     if isinstance(exc, DelayQConnectionError):
-        return ServiceUnavailable(f"The job queue's Redis is unreachable: {exc}")
+        # Where Redis is (its address) is for the log, not for every API caller.
+        log(logging.getLogger("django_delayq.api"), logging.WARNING, "API: Redis unreachable",
+            error=exc)
+        return ServiceUnavailable("The job queue's Redis is unreachable; try again shortly.")
     if isinstance(exc, JobNotFound):
         return NotFound(str(exc))
     if isinstance(exc, InvalidJobState):
