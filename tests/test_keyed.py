@@ -127,6 +127,20 @@ def test_a_woken_job_moved_later_before_its_claim_wakes_the_next(broker: Any) ->
     assert nxt.id == jobs[2].job_id
 
 
+def test_the_turn_goes_with_a_last_job_cancelled_while_parked_or_moved(broker: Any) -> None:
+    parked = [broker.enqueue("default", "t.a", [i], keyed=keyed("P", 1)) for i in range(2)]
+    (running,) = claim(broker, 10)
+    assert claim(broker, 10) == []  # the other one parked
+    keys = broker.keys_for("default", running.id)
+    Job.fetch(parked[1].job_id, queue="default", broker=broker).cancel()
+    moved = broker.enqueue("default", "t.a", [0], keyed=keyed("M", 1))
+    Job.fetch(moved.job_id, queue="default", broker=broker).reschedule(delay=3600)
+    Job.fetch(moved.job_id, queue="default", broker=broker).cancel()
+    assert broker.client.hgetall(keys.key_turns) == {}
+    complete(broker, [running])
+    assert claim(broker, 10) == []
+
+
 def test_the_turn_of_a_key_whose_last_job_is_cancelled_is_not_kept(broker: Any) -> None:
     """A key's turn (its last FIFO number) is dropped with its last job, claimed or
     cancelled: with a key per user, kept turns would grow without a bound."""

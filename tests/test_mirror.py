@@ -302,8 +302,8 @@ def test_reconciliation_reaches_every_quiet_row_however_many_wait(redis_client, 
     unfinished and right): each round goes on where the last one ended, so the rows of
     lost jobs are marked even behind a newer backlog."""
     monkeypatch.setattr(consumer_module, "RECONCILE_CHUNK", 3)
-    lost = [tasks.record.using(delay=3600).enqueue(f"lost{i}") for i in range(2)]
     backlog = [tasks.record.using(delay=3600).enqueue(f"b{i}") for i in range(5)]
+    lost = [tasks.record.using(delay=3600).enqueue(f"lost{i}") for i in range(2)]
     mirror = mirror_all()
     Job.objects.filter(job_id__in=[j.id for j in backlog]).update(
         enqueued_at=timezone.now() + dt.timedelta(hours=1))  # the newest rows

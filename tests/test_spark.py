@@ -87,11 +87,13 @@ def test_jobs_carry_arguments_run_at_priority_and_ids(spark: Any) -> None:
     from django_delayq.spark import enqueue_dataframe
 
     df = spark.createDataFrame(
-        [("a-1", 1, 2, 5), ("a-2", 10, 20, -3)], "jid string, x int, y int, prio int"
+        [("a-1", 1, 2, 5), ("a-2", 10, 20, -3), ("a-2:c", 1, 1, 0)],
+        "jid string, x int, y int, prio int"
     ).withColumn("when", F.to_timestamp(F.lit("2031-06-01T12:00:00+02:00")))
     summary = enqueue_dataframe(df, ADD, args=["x", "y"], run_at="when", priority="prio",
                                 job_id="jid", queue="math")
-    assert (summary.enqueued, summary.rejected) == (2, 0)
+    assert (summary.enqueued, summary.rejected) == (2, 1)
+    assert "may not end in" in summary.rejected_rows[0].reason  # job a-2's dependants' key
     assert summary.queues == {"math": 2}
     job = Job.fetch("a-2", queue="math")
     assert job.task_name == ADD

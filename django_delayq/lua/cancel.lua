@@ -52,17 +52,16 @@ end
 local flow = flow_ctx(6, 5)
 local now = now_ms()
 redis.call('ZREM', KEYS[2], job_id)
-if redis.call('ZREM', KEYS[3], job_id) == 1 then
-  local f = redis.call('HMGET', job_key, 'ck', 'kw', 'q')
-  if f[1] then
-    local kc = keyed_ctx(16)
-    if not f[2] then  -- not parked itself: its key may have a slot for the next
-      wake_parked(kc, f[1], KEYS[3], flow.marker, flow.prefix)
-    end
-    local last = tonumber(redis.call('HGET', kc.turns, f[1]))
-    if last and f[3] and math.floor(last) == tonumber(f[3]) then
-      redis.call('HDEL', kc.turns, f[1])  -- its key's last job: no turn left to keep
-    end
+local was_ready = redis.call('ZREM', KEYS[3], job_id) == 1
+local keyed = redis.call('HMGET', job_key, 'ck', 'kw', 'q')
+if keyed[1] then
+  local kc = keyed_ctx(16)
+  if was_ready and not keyed[2] then  -- not parked itself: a slot may be the next's
+    wake_parked(kc, keyed[1], KEYS[3], flow.marker, flow.prefix)
+  end
+  local last = tonumber(redis.call('HGET', kc.turns, keyed[1]))
+  if last and keyed[3] and math.floor(last) == tonumber(keyed[3]) then
+    redis.call('HDEL', kc.turns, keyed[1])  -- its key's last job: no turn left to keep
   end
 end
 if status == 'waiting' then

@@ -140,7 +140,6 @@ class Mirror(StreamConsumer):
             candidates = candidates.filter(queue__in=self.fixed_queues)
         chunk = list(candidates.order_by("pk").values_list("pk", "queue", "job_id")[
             :RECONCILE_CHUNK])
-        self._reconciled_past = chunk[-1][0] if len(chunk) == RECONCILE_CHUNK else 0
         shards: dict[QueueKeys, list[str]] = {}
         for _, queue, job_id in chunk:
             shards.setdefault(self.broker.keys_for(queue, job_id), []).append(job_id)
@@ -168,6 +167,8 @@ class Mirror(StreamConsumer):
                     if still_quiet.filter(job_id=row["job_id"]).delete()[0]:
                         table.upsert([row])
                         rewritten += 1
+        # Past this chunk only once it was read: a round that failed is done again.
+        self._reconciled_past = chunk[-1][0] if len(chunk) == RECONCILE_CHUNK else 0
         if marked:
             log(logger, logging.WARNING, "mirror marked rows of jobs gone from Redis",
                 count=marked)

@@ -135,7 +135,7 @@ def build_request(plan: EnqueuePlan, row: Any) -> tuple[str, EnqueueRequest]:
         if raw is None:
             raise Rejected("job_id is null")
         try:
-            job_id = validation.validate_job_id(str(raw))
+            job_id = validation.validate_new_job_id(str(raw))
         except ValueError as exc:
             raise Rejected(str(exc)) from None
 

@@ -3,8 +3,9 @@
 The mirror prunes rows older than ``MIRROR_RETENTION`` as it runs; this command does the
 same on demand (a cron job, a deployment without a mirror loop), by age and by the
 newest rows to keep per status. It deletes only finished rows (completed, failed,
-cancelled, purged): Redis stays the source of truth, and a job still to run keeps its
-row. Exit code 0, with the rows deleted per status on stdout.
+cancelled, purged) and, by age, rows of jobs found gone from Redis (``missing``): Redis
+stays the source of truth, and a job still to run keeps its row. Exit code 0, with the
+rows deleted per status on stdout.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--older-than", type=float, default=None, metavar="SECONDS",
-            help="delete finished rows older than this (default DELAYQ['MIRROR_RETENTION']; "
-                 "with --keep only, no age limit)")
+            help="delete finished rows, and rows of jobs gone from Redis, older than this "
+                 "(default DELAYQ['MIRROR_RETENTION']; with --keep only, no age limit)")
         parser.add_argument(
             "--keep", action="append", default=[], metavar="STATUS=N",
             help="keep the newest N finished rows of STATUS and delete the others; "
