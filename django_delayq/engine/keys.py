@@ -31,9 +31,11 @@ def validate_queue_name(name: str) -> str:
     return name
 
 
-#: The suffixes of the keys a job's workflow keeps beside its hash (``<job key>:c``, ``:w``,
-#: ``:r``): a new job whose id ends in one would share its key with another job's.
-DERIVED_SUFFIXES = (":c", ":w", ":r")
+#: The suffixes of the keys a job's workflow keeps beside its hash (``lua/includes/
+#: flows.lua``): its dependants, the parents it waits for, their results. A new job whose
+#: id ends in one would share its key with another job's.
+DEPENDANTS, UNRESOLVED, RESULTS = ":c", ":w", ":r"
+DERIVED_SUFFIXES = (DEPENDANTS, UNRESOLVED, RESULTS)
 
 
 def validate_new_job_id(job_id: str) -> str:
@@ -228,12 +230,12 @@ class QueueKeys:
     def dependants(self, job_id: str) -> str:
         """SET of the dependants linked to a job (``<job key>:c``; the scripts derive it
         from the job key, see ``lua/includes/flows.lua``)."""
-        return f"{self.job(job_id)}:c"
+        return f"{self.job(job_id)}{DEPENDANTS}"
 
     def unresolved(self, job_id: str) -> str:
         """SET of the indexes (1-based) of the parents a waiting job still waits for
         (``<job key>:w``; see ``lua/includes/flows.lua``)."""
-        return f"{self.job(job_id)}:w"
+        return f"{self.job(job_id)}{UNRESOLVED}"
 
     def status_set(self, status: str) -> str:
         if status not in STATUSES:

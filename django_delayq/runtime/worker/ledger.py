@@ -380,8 +380,8 @@ class Ledger:
         with self.lock:
             for lease in self._leases.values():
                 job = lease.job
-                if _renewable(lease, now) and job.attempt > getattr(
-                        newest.get((job.keys, job.id)), "attempt", -1):
+                seen = newest.get((job.keys, job.id))
+                if _renewable(lease, now) and (seen is None or job.attempt > seen.attempt):
                     newest[job.keys, job.id] = job
         return list(newest.values())
 
