@@ -127,6 +127,34 @@ def test_a_woken_job_moved_later_before_its_claim_wakes_the_next(broker: Any) ->
     assert nxt.id == jobs[2].job_id
 
 
+def test_a_parked_job_cancelled_or_moved_leaves_its_park_set(broker: Any) -> None:
+    """A parked job that is cancelled or moved waits for no slot: the key's waiting
+    count drops at once, and a purge of the ready jobs (which reaches the parked ones)
+    leaves the moved job, now scheduled, alone."""
+    jobs = [broker.enqueue("default", "t.a", [i], keyed=keyed("A", 1)).job_id
+            for i in range(4)]
+    (running,) = claim(broker, 10)
+    assert claim(broker, 10) == []  # three parked
+    keys = broker.keys_for("default", running.id)
+    Job.fetch(jobs[1], queue="default", broker=broker).reschedule(delay=3600)
+    Job.fetch(jobs[2], queue="default", broker=broker).cancel()
+    queue = Queue("default", broker=broker)
+    assert broker.client.zrange(keys.parked("A"), 0, -1) == [jobs[3]]
+    assert queue.key_load().waiting_total == 1
+    moved = Job.fetch(jobs[1], queue="default", broker=broker)
+    assert (moved.status, moved.waiting_for_slot) == ("scheduled", False)
+    assert queue.purge((Status.READY,)) == 1
+    assert Job.fetch(jobs[1], queue="default", broker=broker).status == "scheduled"
+    assert queue.key_load().waiting_total == 0
+    complete(broker, [running])
+    assert claim(broker, 10) == []
+    Job.fetch(jobs[1], queue="default", broker=broker).reschedule(delay=0)
+    (last,) = claim(broker, 10)
+    assert last.id == jobs[1]
+    complete(broker, [last])
+    assert broker.client.zcard(keys.key_active) == 0
+
+
 def test_the_turn_goes_with_a_last_job_cancelled_while_parked_or_moved(broker: Any) -> None:
     parked = [broker.enqueue("default", "t.a", [i], keyed=keyed("P", 1)) for i in range(2)]
     (running,) = claim(broker, 10)

@@ -56,7 +56,9 @@ local was_ready = redis.call('ZREM', KEYS[3], job_id) == 1
 local keyed = redis.call('HMGET', job_key, 'ck', 'kw', 'q')
 if keyed[1] then
   local kc = keyed_ctx(16)
-  if was_ready and not keyed[2] then  -- not parked itself: a slot may be the next's
+  if keyed[2] then  -- parked: out of the park set, so no count or purge sees it
+    unpark(kc, keyed[1], job_key, job_id)
+  elseif was_ready then  -- maybe the one a freed slot woke: wake the next
     wake_parked(kc, keyed[1], KEYS[3], flow.marker, flow.prefix)
   end
   local last = tonumber(redis.call('HGET', kc.turns, keyed[1]))

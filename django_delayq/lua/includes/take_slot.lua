@@ -4,7 +4,7 @@
 -- ready score kept). True if the slot is taken.
 local function take_slot(k, key, limit, job_key, job_id, score, seq)
   if (tonumber(redis.call('ZSCORE', k.active, key)) or 0) >= limit then
-    -- counted once: a rescheduled job may be parked while still in its key's set
+    -- counted once: a job parked and moved by an older version may still be in the set
     if redis.call('ZADD', k.park .. key, score, job_id) == 1 then
       redis.call('ZINCRBY', k.waiting, 1, key)
       redis.call('ZINCRBY', k.waiting, 1, '')  -- '' (no key is empty): the shard's total
@@ -13,7 +13,7 @@ local function take_slot(k, key, limit, job_key, job_id, score, seq)
     return false
   end
   redis.call('ZINCRBY', k.active, 1, key)
-  redis.call('HDEL', job_key, 'kw')  -- set if it was parked and then rescheduled
+  redis.call('HDEL', job_key, 'kw')  -- set if an older version moved it while parked
   local last = tonumber(redis.call('HGET', k.turns, key))
   if seq and last and math.floor(last) == tonumber(seq) then
     redis.call('HDEL', k.turns, key)  -- its last job: the key's turn starts afresh

@@ -1,7 +1,26 @@
 -- Concurrency keys (keyed_ctx.lua): a parked job made ready again, to be claimed.
 
--- Make the key's oldest parked job that is still ready (a parked job may have been
--- cancelled) ready again, at its old place: the next claim gives it a slot, or parks it
+-- Count one parked job of `key` gone from its park set: the key's and the shard's total.
+local function count_unparked(k, key)
+  for _, member in ipairs({key, ''}) do
+    if tonumber(redis.call('ZINCRBY', k.waiting, -1, member)) <= 0 then
+      redis.call('ZREM', k.waiting, member)
+    end
+  end
+end
+
+-- Take a parked job out of its key's park set, as a cancel or a move does: it waits
+-- for no slot now, and neither the key's waiting count nor a purge of the parked jobs
+-- (which deletes what the set holds) may count it.
+local function unpark(k, key, job_key, job_id)
+  if redis.call('ZREM', k.park .. key, job_id) == 1 then
+    count_unparked(k, key)
+  end
+  redis.call('HDEL', job_key, 'kw')
+end
+
+-- Make the key's oldest parked job that is still ready (one an older version left in the
+-- set when it was cancelled or moved is skipped) ready again, at its old place: the next claim gives it a slot, or parks it
 -- again while the key is at its limit.
 local function wake_parked(k, key, ready, marker, job_prefix)
   local park = k.park .. key
@@ -10,11 +29,7 @@ local function wake_parked(k, key, ready, marker, job_prefix)
     if not head[1] then
       return
     end
-    for _, member in ipairs({key, ''}) do  -- the key's count and the shard's total
-      if tonumber(redis.call('ZINCRBY', k.waiting, -1, member)) <= 0 then
-        redis.call('ZREM', k.waiting, member)
-      end
-    end
+    count_unparked(k, key)
     local job_key = job_prefix .. head[1]
     if redis.call('HGET', job_key, 's') == 'ready' then
       redis.call('HDEL', job_key, 'kw')
