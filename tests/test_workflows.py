@@ -154,6 +154,26 @@ def test_cancelling_a_parent_cancels_what_waits_on_it_under_the_default_policy(b
     assert Queue("default").counts()["waiting"] == 0
 
 
+def test_a_retried_parent_keeps_its_new_dependants_for_as_long_as_itself(broker):
+    """A parent that ended keeps its set of dependants only as long as its own record.
+    Retried, the record lives on, and so must the set: the dependants linked to it
+    after the retry wait on it, however long it takes to run."""
+    parent = tasks.record.using(delay=600).enqueue("p")
+    first = tasks.record.using(depends_on=[parent]).enqueue("c1")
+    assert Job.fetch(parent.id).cancel()
+    assert status(first) == "cancelled"
+    job_key = broker.keys_for("default", parent.id).job(parent.id)
+    assert broker.client.pttl(job_key + ":c") > 0  # kept as long as the ended parent
+    Job.fetch(parent.id).retry(delay=600)
+    second = tasks.record.using(depends_on=[parent]).enqueue("c2")
+    assert status(second) == "waiting"
+    assert broker.client.pttl(job_key) == -1
+    assert broker.client.pttl(job_key + ":c") == -1
+    Job.fetch(parent.id).reschedule(delay=0)
+    Worker(queues=["default"], burst=True).run()
+    assert status(second) == "completed"
+
+
 def test_purging_a_queue_tells_the_dependants_in_other_queues_at_once(broker):
     """A purged parent is 'missing' to its dependants; those in another queue are told
     by the purge, not by a heartbeat of a worker of the purged queue (it may have

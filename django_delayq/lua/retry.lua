@@ -35,6 +35,7 @@ local now = now_ms()
 redis.call('ZREM', KEYS[2], job_id)
 redis.call('ZREM', KEYS[3], job_id)
 redis.call('PERSIST', job_key)
+redis.call('PERSIST', job_key .. ':c')  -- its dependants (flows.lua) live as long as it
 -- error, traceback, finished_at, started_at, worker, result; and attempts, back to its
 -- default 0
 redis.call('HDEL', job_key, 'x', 'tb', 'f', 'b', 'w', 'v', 'n', 'ab')  -- an abort was this run's
