@@ -214,6 +214,12 @@ class Task(Generic[P, T]):
                     else results
                 args = (head, *args)  # type: ignore[assignment]
             return run_eagerly(self, args, kwargs, positional_names(self.func))
+        return self.enqueue_to_redis(args, kwargs)
+
+    def enqueue_to_redis(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Job:
+        """:meth:`enqueue` with its arguments checked, whatever ``EAGER`` says: the Tasks
+        backend's path, which eager mode leaves alone (Django's own immediate backend is
+        the Tasks framework's way to run a task at once)."""
         broker = get_broker()
         queue, max_attempts = self.queue_name, self.attempts_allowed
         resolved = self.flow.resolve(args, kwargs) if self.flow else (None, None, None)

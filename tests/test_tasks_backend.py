@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
 import threading
 import time
 from typing import Any
@@ -178,6 +179,68 @@ def test_cancelled_job_is_failed_with_a_cancel_error() -> None:
     assert [e.exception_class for e in result.errors] == [JobCancelled]
 
 
+@override_settings(TASKS={"default": {"BACKEND": "django_delayq.backends.DelayQBackend",
+                                      "QUEUES": [], "OPTIONS": {"MAX_ATTEMPTS": 2}}})
+def test_a_job_cancelled_after_a_failed_attempt_says_so() -> None:
+    """Cancelled while it waits for its retry, a job keeps its attempt's error, and its
+    cancel error does not claim that it never ran."""
+    result = st.dj_fails.enqueue("once")
+    queue, job_id = parse_result_id(result.id)
+    with worker_thread(queues=["default"], concurrency=1):
+        wait_until(lambda: Job.fetch(job_id, queue).attempts == 1
+                   and Job.fetch(job_id, queue).status == "scheduled",
+                   message="the first attempt to fail")
+    assert Job.fetch(job_id, queue).cancel()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class for e in result.errors] == [ValueError, JobCancelled]
+    assert result.errors[1].traceback == "The job was cancelled after 1 attempt(s).\n"
+
+
+@override_settings(TASKS={
+    "default": {"BACKEND": "django_delayq.backends.DelayQBackend", "QUEUES": []},
+    "second": {"BACKEND": "django_delayq.backends.DelayQBackend", "QUEUES": []}})
+def test_a_result_read_through_a_second_backend_names_that_backend() -> None:
+    enqueued = st.dj_add.using(backend="second").enqueue(1, 2)
+    read = st.dj_add.using(backend="second").get_result(enqueued.id)
+    assert (read.backend, read.task.backend) == ("second", "second")
+    read.refresh()
+    assert read.task.backend == "second"
+
+
+def test_eager_mode_leaves_the_tasks_backend_going_to_redis(settings: Any) -> None:
+    """docs/testing.md: ``DELAYQ['EAGER']`` runs ``Task.enqueue`` at once, and leaves the
+    Tasks backend alone (Django's immediate backend is the framework's way for that)."""
+    with override_settings(DELAYQ={**settings.DELAYQ, "EAGER": True}):
+        result = st.dj_add.enqueue(1, 2)
+        assert result.status == TaskResultStatus.READY
+        result.refresh()
+        assert result.status == TaskResultStatus.READY
+    with worker_thread(queues=["default"], concurrency=1):
+        wait_until(lambda: finished(result), message="dj_add to run on a worker")
+    assert result.return_value == 3
+
+
+@override_settings(USE_TZ=False, TIME_ZONE="America/New_York")
+def test_without_use_tz_a_results_times_are_naive_local_times() -> None:
+    """As Django's own backends give them: comparable with ``timezone.now()``."""
+    run_after = timezone.now() + dt.timedelta(hours=1)
+    result = st.dj_add.using(run_after=run_after).enqueue(1, 2)
+    read = st.dj_add.get_result(result.id)
+    for got in (result, read):
+        assert got.enqueued_at is not None
+        assert timezone.is_naive(got.enqueued_at)
+        assert got.enqueued_at <= timezone.now()
+    assert abs(read.task.run_after - run_after) < dt.timedelta(milliseconds=1)
+    with worker_thread(queues=["default"], concurrency=1):
+        Job.fetch(parse_result_id(result.id)[1], "default").reschedule(delay=0)
+        wait_until(lambda: finished(read), message="dj_add to run")
+    assert read.started_at is not None
+    assert read.finished_at is not None
+    assert timezone.is_naive(read.started_at)
+    assert read.enqueued_at <= read.started_at <= read.finished_at <= timezone.now()
+
+
 def test_unknown_ids_do_not_exist() -> None:
     backend = task_backends["default"]
     for result_id in ("default:nope", "no-such-job", "not a valid id", "bad queue!:x"):
@@ -289,6 +352,26 @@ def test_task_finished_says_ready_while_a_retry_follows(task: Any) -> None:
     finally:
         task_finished.disconnect(receiver)
     assert seen == [("READY", ["builtins.ValueError"]), ("FAILED", ["builtins.ValueError"])]
+
+
+@pytest.mark.parametrize("task", [st.dj_fails, st.dj_async_fails])
+def test_task_finished_of_a_failure_is_sent_while_its_exception_is_handled(task: Any) -> None:
+    """Receivers that read ``sys.exc_info()`` (Django's log line of a failed task) see
+    what the task raised, for sync and async tasks alike."""
+    handled: list[Any] = []
+
+    def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        if task_result.task.func is task.func:
+            handled.append(sys.exc_info()[1])
+
+    task_finished.connect(receiver)
+    try:
+        result = task.enqueue("seen")
+        with worker_thread(queues=[task.queue_name], concurrency=1):
+            wait_until(lambda: finished(result) and handled, message="the signal")
+    finally:
+        task_finished.disconnect(receiver)
+    assert [(type(e), str(e)) for e in handled] == [(ValueError, "bad seen")]
 
 
 @pytest.mark.parametrize("task", [st.dj_blocks_in_c, st.dj_async_blocks])

@@ -56,7 +56,14 @@ from .framework import (
     normalize_json,
     task_enqueued,
 )
-from .results import STATUS_MAP, JobCancelled, build_result, make_result_id, parse_result_id
+from .results import (
+    STATUS_MAP,
+    JobCancelled,
+    build_result,
+    local,
+    make_result_id,
+    parse_result_id,
+)
 from .runner import make_runner
 
 __all__ = ["STATUS_MAP", "DelayQBackend", "JobCancelled", "TaskResultStatus", "make_result_id",
@@ -132,10 +139,11 @@ class DelayQBackend(BaseTaskBackend):
         if self.outbox:
             job: EngineJob = configured.enqueue_in_transaction(*args, **kwargs)
         else:
-            job = configured.enqueue(*args, **kwargs)
+            configured.check_arguments(args, kwargs)
+            job = configured.enqueue_to_redis(tuple(args), kwargs)  # DELAYQ['EAGER'] aside
         result = TaskResult(
             task=task, id=make_result_id(job.queue, job.id), status=TaskResultStatus.READY,
-            enqueued_at=job.enqueued_at, started_at=None, finished_at=None,
+            enqueued_at=local(job.enqueued_at), started_at=None, finished_at=None,
             last_attempted_at=None, args=list(args), kwargs=dict(kwargs), backend=self.alias,
             errors=[], worker_ids=[],
         )

@@ -71,8 +71,14 @@ def make_runner(task: Task) -> Callable[..., Any]:
         running, result, sender = _started(task, args, kwargs)
         await task_started.asend(sender, task_result=result)
         if running is not None:
-            running.on_finished.append(functools.partial(send_finished, sender, result))
-            return returned(await _invoke(task, result, args, kwargs))
+            raised: list[BaseException] = []
+            running.on_finished.append(
+                functools.partial(send_finished, sender, result, raised=raised))
+            try:
+                return returned(await _invoke(task, result, args, kwargs))
+            except BaseException as exc:
+                raised.append(exc)
+                raise
         try:
             value = returned(await _invoke(task, result, args, kwargs))
         except Exception as exc:
