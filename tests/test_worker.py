@@ -476,6 +476,31 @@ def test_an_after_job_hook_that_raises_loses_no_outcome(redis_client):
         wait_until(lambda: worker.ledger.held_count == 0, message="no lease left held")
 
 
+def test_an_acker_error_of_no_known_kind_loses_no_outcome(redis_client, monkeypatch, caplog):
+    """Whatever the acker's round trip raises (here a reply it cannot read, twice), the
+    outcomes are kept and sent again, and the acker goes on: its thread dying would
+    leave every later job unacked, renewed for ever, and the worker full."""
+    from django_delayq.runtime.worker import acks
+
+    real, faults = acks.send_outcomes, []
+
+    def flaky(*args, **kwargs):
+        if len(faults) < 2:
+            faults.append(1)
+            raise KeyError("a reply not understood")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(acks, "send_outcomes", flaky)
+    tasks.record.enqueue_many([[f"a{i}"] for i in range(300)])
+    with worker_thread(queues=["default"], concurrency=4) as worker:
+        wait_until(lambda: Queue("default").counts()["completed"] == 300,
+                   message="every job acked")
+        wait_until(lambda: worker.ledger.held_count == 0, message="no lease left held")
+    assert len(faults) == 2
+    assert sorted(r["tag"] for r in ran(redis_client)) == sorted(f"a{i}" for i in range(300))
+    assert "acks not sent: unexpected error" in caplog.text
+
+
 def raising_start_note(job, start_ms) -> None:
     """An executor's ``note_started`` that fails, as code around a job may."""
     raise RuntimeError("the start note went nowhere")

@@ -200,6 +200,10 @@ class Acker:
                 log(logger, logging.WARNING, "acks not sent", retry_in_s=backoff.delay,
                     worker=self.name, error=exc)
                 backoff.wait()
+            except Exception as exc:  # a bug, or a reply not understood: kept, tried again
+                log(logger, logging.ERROR, "acks not sent: unexpected error", exc_info=True,
+                    retry_in_s=backoff.delay, worker=self.name, error=exc)
+                backoff.wait()
         self.flush_until_done(time.monotonic() + 5)
 
     def _wait(self) -> float:
@@ -239,7 +243,7 @@ class Acker:
         if outcomes or started:
             try:
                 self._send(outcomes, deferred, started, now)
-            except CALL_FAILED:
+            except BaseException:
                 self._keep(large)
                 raise
         else:
@@ -247,8 +251,8 @@ class Acker:
         for index, o in enumerate(large):
             try:
                 self._send([o], [], [], now)
-            except CALL_FAILED as exc:  # (_send kept o to send again)
-                if not self._refused_alone(o, exc):
+            except BaseException as exc:  # (_send kept o to send again)
+                if not isinstance(exc, CALL_FAILED) or not self._refused_alone(o, exc):
                     self._keep(large[index + 1:])
                     raise
             else:
@@ -283,7 +287,7 @@ class Acker:
         backing_off = self._backoff_until
         try:
             sent = send_outcomes(self.broker, outcomes, worker=self.name, started=started)
-        except CALL_FAILED:
+        except BaseException:  # nothing known to have landed: an ack that did is stale
             self._keep(outcomes + deferred)
             with self._lock:
                 self.started[:0] = started
@@ -301,7 +305,7 @@ class Acker:
             # dies), the entries stay for any worker's heartbeat to deliver.
             try:
                 flows.deliver(self.broker, keys)
-            except CALL_FAILED as exc:
+            except Exception as exc:
                 log(logger, logging.WARNING, "releases of dependants left for the heartbeat",
                     queue=keys.queue, worker=self.name, error=exc)
         refused = {o.job.keys for o in sent.unsent}
@@ -348,7 +352,7 @@ class Acker:
         while True:
             try:
                 self.flush(ignore_backoff=True)
-            except CALL_FAILED as exc:
+            except Exception as exc:
                 log(logger, logging.WARNING, "acks not sent at shutdown", worker=self.name,
                     error=exc)
             if not self.outcomes:
