@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import sys
 
 import pytest
@@ -51,10 +52,40 @@ def test_missed_occurrences_follow_the_policy(policy, expected_late):
     ({"cron": "* * *"}, "invalid cron"), ({"every": 0}, "at least 0.1"),
     ({"cron": "* * * * *", "every": 5}, "not both"), ({"every": 5, "tz": "UTC"}, "tz="),
     ({"cron": "* * * * *", "tz": "Mars/Olympus"}, "unknown time zone"),
+    ({"cron": "0 0 31 2 *"}, "never fires"), ({"cron": "0 0 1 1 * 0 2020"}, "never fires"),
+    ({"cron": "R * * * *"}, "random fields"), ({"cron": "0 R(0-3) * * *"}, "random fields"),
 ])
 def test_bad_schedules_are_refused_at_declaration(kwargs, message):
     with pytest.raises(ValueError, match=message):
         task(name="tests.bad_schedule", **kwargs)(lambda: None)
+
+
+@pytest.mark.parametrize(("cron", "tz", "night"), [
+    ("30 2 * * *", "Europe/Paris", dt.datetime(2026, 10, 24, 12, tzinfo=dt.UTC)),
+    ("30 1 * * *", "America/New_York", dt.datetime(2026, 10, 31, 12, tzinfo=dt.UTC)),
+])
+def test_a_fixed_time_runs_once_in_the_night_the_clock_goes_back(cron, tz, night):
+    """02:30 in Paris happens twice on 25 October 2026; cron runs a job set for it once.
+    Both ways of walking the occurrences agree."""
+    schedule = Schedule.build(cron, None, tz)
+    ahead = [int(night.timestamp() * 1000)]
+    for _ in range(3):
+        ahead.append(schedule.next_after(ahead[-1]))
+    times = ahead[1:]
+    assert [b - a for a, b in itertools.pairwise(times)] == [25 * 3_600_000, 24 * 3_600_000]
+    back = [schedule.latest_at_or_before(times[-1])]
+    for _ in range(2):
+        back.append(schedule.latest_at_or_before(back[-1] - 1))
+    assert back[::-1] == times
+
+
+def test_a_period_runs_in_both_passes_of_the_hour_the_clock_goes_back():
+    half_hourly = Schedule.build("*/30 * * * *", None, "Europe/Paris")
+    start = int(dt.datetime(2026, 10, 24, 23, 45, tzinfo=dt.UTC).timestamp() * 1000)
+    times = [half_hourly.next_after(start)]
+    for _ in range(5):
+        times.append(half_hourly.next_after(times[-1]))
+    assert {b - a for a, b in itertools.pairwise(times)} == {30 * 60_000}
 
 
 def test_cron_without_croniter_names_the_extra(monkeypatch):
@@ -99,6 +130,25 @@ def test_schedule_step_runs_a_missed_occurrence_once_and_plans_ahead(broker, red
     assert job.status == "ready"
     assert job.args == []
     assert job.task_name == tick.name
+
+
+def test_a_schedule_that_fails_keeps_no_other_task_from_running(broker, caplog):
+    """One task's schedule raising (a cron croniter cannot walk) is logged, and the
+    tasks after it are scheduled as usual."""
+    from django_delayq.task import registry
+
+    tick = _tick_task()
+    broken = task(name="tests.broken_cron", queue="periodic", cron="0 9 * * *")(lambda: None)
+    object.__setattr__(broken, "schedule", Schedule(cron="0 0 31 2 *"))
+    try:
+        added = schedule_due(broker, [broken, tick], lookahead_ms=3 * MINUTE)
+    finally:
+        registry._tasks.pop(tick.name)
+        registry._tasks.pop(broken.name)
+    assert added >= 3
+    assert Queue("periodic").counts()["scheduled"] == added
+    assert "periodic task not scheduled" in caplog.text
+    assert "tests.broken_cron" in caplog.text
 
 
 @pytest.mark.slow

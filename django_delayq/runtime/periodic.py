@@ -39,25 +39,39 @@ def schedule_due(broker: Broker, tasks: Sequence[Runnable], *, lookahead_ms: int
         for t in tasks if t.schedule is not None})
     marks = schedule_marks(broker, [t.name for t in tasks])
     for task, mark in zip(tasks, marks, strict=True):
-        schedule = task.schedule
-        assert schedule is not None
-        last = mark
-        times = plan(schedule, last, now_ms, lookahead_ms, missed=missed,
-                     catch_up_max=catch_up_max)
-        if last is not None and times and times[0] <= now_ms:
-            log(logger, logging.INFO, "running missed occurrence(s)", task=task.name,
-                count=sum(1 for t in times if t <= now_ms), policy=missed)
-        if times:
-            requests = [
-                EnqueueRequest(task=task.name, run_at=dt.datetime.fromtimestamp(t / 1000,
-                                                                                 tz=dt.UTC),
-                               priority=task.priority, job_id=occurrence_id(task.name, t),
-                               max_attempts=task.attempts_allowed)
-                for t in times
-            ]
-            added += broker.enqueue_many(task.queue_name, requests).enqueued
-        newest = max(times, default=schedule.latest_at_or_before(now_ms))
-        advance_schedule(broker, task.name, newest)
+        try:
+            added += _schedule_task(broker, task, mark, now_ms, lookahead_ms=lookahead_ms,
+                                    missed=missed, catch_up_max=catch_up_max)
+        except CALL_FAILED:
+            raise
+        except Exception as exc:  # this task's schedule alone: the others still run
+            log(logger, logging.ERROR, "periodic task not scheduled", exc_info=True,
+                task=task.name, error=exc)
+    return added
+
+
+def _schedule_task(broker: Broker, task: Runnable, last: int | None, now_ms: int, *,
+                   lookahead_ms: int, missed: str, catch_up_max: int) -> int:
+    """Enqueue the occurrences of one task after its mark ``last``; how many were new."""
+    schedule = task.schedule
+    assert schedule is not None
+    added = 0
+    times = plan(schedule, last, now_ms, lookahead_ms, missed=missed,
+                 catch_up_max=catch_up_max)
+    if last is not None and times and times[0] <= now_ms:
+        log(logger, logging.INFO, "running missed occurrence(s)", task=task.name,
+            count=sum(1 for t in times if t <= now_ms), policy=missed)
+    if times:
+        requests = [
+            EnqueueRequest(task=task.name, run_at=dt.datetime.fromtimestamp(t / 1000,
+                                                                             tz=dt.UTC),
+                           priority=task.priority, job_id=occurrence_id(task.name, t),
+                           max_attempts=task.attempts_allowed)
+            for t in times
+        ]
+        added = broker.enqueue_many(task.queue_name, requests).enqueued
+    newest = max(times, default=schedule.latest_at_or_before(now_ms))
+    advance_schedule(broker, task.name, newest)
     return added
 
 

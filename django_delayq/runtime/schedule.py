@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import math
+import time
 import zoneinfo
 from dataclasses import dataclass
 from typing import Any
@@ -58,11 +59,36 @@ class Schedule:
             return cls(every_ms=round(seconds * 1000))
         if not isinstance(cron, str) or not _croniter().is_valid(cron):
             raise ValueError(f"invalid cron expression {cron!r}")
+        if any(part.upper() == "R" or part.upper().startswith("R(")
+               for field in cron.split() for part in field.split(",")):
+            # a random field draws anew for each worker and each step: never the same
+            # occurrences, so none is enqueued once
+            raise ValueError(f"cron expression {cron!r}: random fields (R) are not "
+                             "supported; pick the minute yourself")
         try:
             zoneinfo.ZoneInfo(tz or "UTC")
         except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
             raise ValueError(f"unknown time zone {tz!r}") from exc
-        return cls(cron=cron, tz=tz or "UTC")
+        schedule = cls(cron=cron, tz=tz or "UTC")
+        try:  # valid to croniter, yet maybe never due (February 30th, a past year)
+            schedule.next_after(int(time.time() * 1000))
+        except (ValueError, OverflowError) as exc:
+            raise ValueError(f"cron expression {cron!r} never fires: {exc}") from None
+        return schedule
+
+    def _repeated(self, at: dt.datetime) -> bool:
+        """Whether ``at`` is the second pass of a local time the clock went back over,
+        for a cron whose hour field names hours: cron runs those once (a ``*`` hour is a
+        period, and runs in both passes)."""
+        fields = (self.cron or "").split()
+        hour = fields[2] if len(fields) == 6 else fields[1] if len(fields) > 1 else "*"
+        if "*" in hour:
+            return False
+        zone = zoneinfo.ZoneInfo(self.tz)
+        wall = at.astimezone(zone).replace(tzinfo=None)
+        first = wall.replace(fold=0, tzinfo=zone).timestamp()
+        return (first < at.timestamp()  # an earlier instant shows the same wall time
+                and dt.datetime.fromtimestamp(first, zone).replace(tzinfo=None) == wall)
 
     def _at(self, ms: int) -> dt.datetime:
         return dt.datetime.fromtimestamp(ms / 1000, tz=zoneinfo.ZoneInfo(self.tz))
@@ -71,14 +97,20 @@ class Schedule:
         """The first occurrence strictly after ``ms`` (epoch ms)."""
         if self.every_ms is not None:
             return (ms // self.every_ms + 1) * self.every_ms
-        nxt: dt.datetime = _croniter()(self.cron, self._at(ms)).get_next(dt.datetime)
+        it = _croniter()(self.cron, self._at(ms))
+        nxt: dt.datetime = it.get_next(dt.datetime)
+        while self._repeated(nxt):  # the second pass of an hour the clock went back over
+            nxt = it.get_next(dt.datetime)
         return math.ceil(nxt.timestamp() * 1000)
 
     def latest_at_or_before(self, ms: int) -> int:
         """The last occurrence at or before ``ms``."""
         if self.every_ms is not None:
             return ms // self.every_ms * self.every_ms
-        prev: dt.datetime = _croniter()(self.cron, self._at(ms + 1)).get_prev(dt.datetime)
+        it = _croniter()(self.cron, self._at(ms + 1))
+        prev: dt.datetime = it.get_prev(dt.datetime)
+        while self._repeated(prev):
+            prev = it.get_prev(dt.datetime)
         return math.ceil(prev.timestamp() * 1000)
 
     def describe(self) -> str:
