@@ -117,15 +117,21 @@ def test_every_process_enqueues_and_runs_through_the_sentinels(on_steady, broker
     assert Job.fetch(job.id).result == 5
 
 
-def test_pinned_connections_follow_a_failover_to_the_new_primary(on_sentinel, broker):
+def test_pinned_connections_follow_a_failover_to_the_new_primary(on_sentinel, broker,
+                                                                   caplog):
     """A graceful failover demotes the old primary (it answers READONLY), a SIGKILL
     drops its sockets: either way the next enqueue lands on the new primary, and the
-    pinned connections of the fast path are connected to it afterwards."""
+    pinned connections of the fast path are connected to it afterwards. They are closed
+    as soon as the sentinels announce the switch: the old primary takes writes until a
+    sentinel demotes it, and drops them then."""
     tasks.record.enqueue("before")
     assert broker._pinned is not None
     assert broker._pinned._free, "the fast path pins a connection"
     old = on_sentinel.primary
     node(on_sentinel.sentinels[0].port, db=0).execute_command("SENTINEL FAILOVER", "mymaster")
+    wait_until(lambda: "the sentinels switched the primary" in caplog.text, timeout=30,
+               message="the client to hear of the switch")
+    assert [conn for conn in broker._pinned._free if conn.port == old.port] == []
     new = on_sentinel.wait_failover(old.port)
     # Until the sentinels turn the old primary into a replica, it takes writes that the
     # new one never sees (the MIN_REPLICAS test shows them refused): wait for READONLY.

@@ -174,11 +174,22 @@ def follow_primary(client: Any, pinned: Any = None) -> None:
                                "a sentinel is failing the primary over")
 
 
+#: Per connection pool, what keeps connections of its own out of it (the pinned ones of
+#: :mod:`.pinned`): told of each switch, they close the idle ones and those in flight.
+_HOLDERS: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]] = weakref.WeakKeyDictionary()
+
+
+def hold_connections(pool: Any, holder: Any) -> None:
+    """Have ``holder.switched()`` called when the sentinels switch ``pool``'s primary."""
+    _HOLDERS.setdefault(pool, weakref.WeakSet()).add(holder)
+
+
 def watch_switches(client: Any) -> None:
     """Follow the sentinels' ``+switch-master`` messages for ``client``'s service on a
-    daemon thread: each closes every connection of the client (pinned ones included:
-    they count as in use), so no call goes on reaching a demoted primary that still
-    answers, and the next ones connect to the primary the sentinels name. A sentinel
+    daemon thread: each closes the client's idle connections and has the pinned ones
+    (:func:`hold_connections`) closed as they come back, so no call goes on reaching a
+    demoted primary that still answers, and the next ones connect to the primary the
+    sentinels name. A sentinel
     that fails hands over to the next; the thread ends once the client is gone."""
     pool = client.connection_pool
     manager = pool.sentinel_manager
@@ -209,6 +220,8 @@ def watch_switches(client: Any) -> None:
                             # sending on would break its call with a bare socket error.
                             # A durable write on one still open is checked after its
                             # WAIT (follow_primary) and sent again.
+                            for holder in list(_HOLDERS.get(live.connection_pool, ())):
+                                holder.switched()
                             live.connection_pool.disconnect(inuse_connections=False)
                             del live
             except (RedisError, OSError, ValueError):

@@ -32,6 +32,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .failover import hold_connections
 from .fastpaths import (
     checkout,
     disconnect,
@@ -55,6 +56,9 @@ class PinnedConnections:
         self._max_pinned = max_pinned
         self._free: list[Any] = []
         self._pid = os.getpid()
+        #: Bumped by :meth:`switched`: a connection taken before is not kept after its call.
+        self._generation = 0
+        hold_connections(self._pool, self)
 
     @classmethod
     def for_client(cls, client: Any) -> PinnedConnections | None:
@@ -166,9 +170,22 @@ class PinnedConnections:
         if self._pid != os.getpid():
             self._forget_parent_connections()
         try:
-            return self._free.pop()
+            conn = self._free.pop()
         except IndexError:
-            return checkout(self._pool)
+            conn = checkout(self._pool)
+        conn.delayq_generation = self._generation
+        return conn
+
+    def switched(self) -> None:
+        """The sentinels switched the primary: close the idle pinned connections now,
+        and each one a call holds as it comes back (they reach the old primary)."""
+        self._generation += 1
+        while self._free:
+            try:
+                conn = self._free.pop()
+            except IndexError:
+                return
+            self._discard(conn)
 
     def close(self) -> None:
         """Hand every idle pinned connection back to the pool."""
@@ -180,7 +197,9 @@ class PinnedConnections:
             self._pool.release(conn)
 
     def _give_back(self, conn: Any) -> None:
-        if len(self._free) < self._max_pinned and not must_reconnect(conn):
+        if conn.delayq_generation != self._generation:
+            self._discard(conn)
+        elif len(self._free) < self._max_pinned and not must_reconnect(conn):
             self._free.append(conn)
         else:
             self._pool.release(conn)
