@@ -501,6 +501,29 @@ def test_an_acker_error_of_no_known_kind_loses_no_outcome(redis_client, monkeypa
     assert "acks not sent: unexpected error" in caplog.text
 
 
+def test_a_shard_that_refuses_the_heartbeat_leaves_the_others_beating(redis_client, caplog):
+    """One shard answering with an error (here a damaged key; on a cluster, a slot on the
+    move) must not cost the other shards their renewals and reclaims, nor the worker its
+    place in the registry."""
+    from django_delayq.engine import Broker, EngineConfig
+    from django_delayq.engine.workers import live_workers
+    from django_delayq.worker import Worker
+
+    broker = Broker(redis_client, EngineConfig(prefix="t", queues={"q": {"shards": 2}}))
+    good, bad = broker.shards("q")
+    job_id = next(f"j{i}" for i in itertools.count() if broker.keys_for("q", f"j{i}") == good)
+    broker.enqueue("q", tasks.record.name, ["lapsed"], job_id=job_id, max_attempts=2)
+    assert sum(len(r.jobs) for r in broker.claim("q", 1, "a-dead-worker")) == 1
+    redis_client.zadd(good.active, {job_id: 1})  # its lease lapsed long ago
+    redis_client.delete(bad.active)
+    redis_client.set(bad.active, "damaged")  # every script of this shard fails
+    worker = Worker(["q"], concurrency=1, broker=broker, blocking_broker=broker)
+    worker.heartbeat.beat()
+    assert Job.fetch(job_id, "q", broker=broker).status == "ready", "reclaimed"
+    assert [w.name for w in live_workers(broker)] == [worker.name]
+    assert "heartbeat refused by a shard" in caplog.text
+
+
 def raising_start_note(job, start_ms) -> None:
     """An executor's ``note_started`` that fails, as code around a job may."""
     raise RuntimeError("the start note went nowhere")

@@ -66,8 +66,17 @@ class Heartbeat:
                         for keys, pairs in renewed.items()]
         reclaim_calls = [(keys, self.broker.add_reclaim(batch, keys, link_grace_ms=self.lease_ms))
                          for keys in self.shards]
-        replies = batch.run()
+        # A shard that refuses (a Redis Cluster slot on the move, a damaged key) costs
+        # only its own calls: the others' replies are read, and the worker stays listed.
+        replies = batch.run(raise_on_error=False)
+        refused = {keys.tag: reply for keys, index in (*extend_calls, *reclaim_calls)
+                   if isinstance(reply := replies[index], Exception)}
+        for tag, error in refused.items():
+            log(logger, logging.WARNING, "heartbeat refused by a shard, next beat retries",
+                shard=tag, worker=self.name, error=error)
         for keys, index in extend_calls:
+            if keys.tag in refused:
+                continue
             lost_ids, asked = replies[index]
             attempts = dict(renewed[keys])  # the engine names a lease by its job's id
             lost = self.ledger.lost(keys, [(job_id, attempts[job_id]) for job_id in lost_ids])
@@ -83,6 +92,8 @@ class Heartbeat:
 
         undelivered, unlinked = [], []
         for keys, index in reclaim_calls:
+            if keys.tag in refused:
+                continue
             returned, dead, outbox, to_link, _ = replies[index]
             if returned or dead:
                 log(logger, logging.WARNING, "reclaimed expired leases", queue=keys.queue,
