@@ -762,10 +762,32 @@ def test_the_tasks_backend_can_write_to_the_outbox(redis_client):
         waiting = backend.get_result(result.id)
         assert str(waiting.status) == str(result.status)
         assert waiting.args == ["kept"]
+        assert waiting.enqueued_at is not None
         assert new_relay().run(burst=True) == 1
         assert backend.get_result(result.id).id == result.id
         queue, job_id = result.id.split(":")
         assert EngineJob.fetch(job_id, queue).status == "ready"
+
+
+def test_a_parked_row_reads_as_a_failed_task_with_its_refusal(redis_client):
+    """A row the relay parked runs only if an operator sends it again: its result says
+    FAILED with what refused it, not READY for ever."""
+    from django_delayq.engine.errors import UnknownTask
+    from tests.testapp import standard_tasks as st
+
+    with outbox_backend():
+        backend = st.dj_record.get_backend()
+        with outbox_settings(FAST_PATH=False), transaction.atomic():
+            result = st.dj_record.enqueue("refused")
+        Relay(known_tasks={"tests.not_this_task"}).run(burst=True)
+        assert OutboxEntry.objects.get().parked_at is not None
+        parked = backend.get_result(result.id)
+    assert str(parked.status).endswith("FAILED")
+    [error] = parked.errors
+    assert error.exception_class is UnknownTask
+    assert "no task named" in error.traceback
+    assert parked.enqueued_at is not None
+    assert parked.finished_at is not None
 
 
 def test_bad_outbox_settings_fail_the_checks():

@@ -43,7 +43,7 @@ from ..engine import DelayQError, JobNotFound
 from ..engine import Job as EngineJob
 from ..engine.keys import QUEUE_NAME_RE
 from ..engine.logfields import log
-from ..engine.status import OUTBOX
+from ..engine.status import OUTBOX, Status
 from ..task import Task as DelayQTask
 from ..task import registry
 from .framework import (
@@ -163,15 +163,12 @@ class DelayQBackend(BaseTaskBackend):
         """
         queue, job_id = parse_result_id(result_id)
         queues = [queue] if queue else sorted(self.queues)
-        for name in queues:
-            try:
-                job = EngineJob.fetch(job_id, name)
-            except (JobNotFound, ValueError):
-                continue
-            return self._result(job, make_result_id(name, job_id))
-        waiting = _waiting_in_outbox(job_id, queues) if self.outbox else None
-        if waiting is not None:
-            return self._result(waiting, make_result_id(waiting.queue, job_id))
+        job = _in_redis(job_id, queues)
+        if job is None and self.outbox:
+            # a row sent and deleted between the two reads is in Redis by the third
+            job = _waiting_in_outbox(job_id, queues) or _in_redis(job_id, queues)
+        if job is not None:
+            return self._result(job, make_result_id(job.queue, job_id))
         raise TaskResultDoesNotExist(result_id)
 
     def _result(self, job: EngineJob, result_id: str) -> TaskResult:
@@ -228,9 +225,21 @@ def _normalized_arguments(task: Task, args: Any, kwargs: Any) -> tuple[list[Any]
         raise
 
 
+def _in_redis(job_id: str, queues: Iterable[str]) -> EngineJob | None:
+    """The job ``job_id`` of the first of ``queues`` that holds it."""
+    for name in queues:
+        try:
+            return EngineJob.fetch(job_id, name)
+        except (JobNotFound, ValueError):
+            continue
+    return None
+
+
 def _waiting_in_outbox(job_id: str, queues: Iterable[str]) -> EngineJob | None:
-    """The job ``job_id`` as its outbox row describes it (status ``"outbox"``), if a row
-    of one of ``queues`` (any queue when empty) waits for the relay."""
+    """The job ``job_id`` as its outbox row describes it, if a row of one of ``queues``
+    (any queue when empty) holds it: status ``"outbox"`` while it waits for the relay,
+    ``"failed"`` with the refusal as its error once the relay parked it (Redis or the
+    checks refused it: it runs only if an operator sends it again)."""
     from ..models import OutboxEntry  # at the call: Django loads this backend with its apps
 
     rows = OutboxEntry.objects.filter(job_id=job_id)
@@ -244,9 +253,12 @@ def _waiting_in_outbox(job_id: str, queues: Iterable[str]) -> EngineJob | None:
         args, kwargs = json.loads(row.args), json.loads(row.kwargs)
     except ValueError:
         args, kwargs = [], {}
-    return EngineJob(id=row.job_id, queue=row.queue, task_name=row.task_name, status=OUTBOX,
-                     args=args, kwargs=kwargs, priority=row.priority, run_at=row.run_at,
-                     max_attempts=row.max_attempts)
+    parked = row.parked_at is not None
+    return EngineJob(id=row.job_id, queue=row.queue, task_name=row.task_name,
+                     status=Status.FAILED if parked else OUTBOX, args=args, kwargs=kwargs,
+                     priority=row.priority, run_at=row.run_at, max_attempts=row.max_attempts,
+                     enqueued_at=row.created_at, error=(row.error or "parked") if parked
+                     else None, finished_at=row.parked_at)
 
 
 def _django_task(name: str) -> Task | None:

@@ -3,6 +3,7 @@ jobs read from Redis and of the job a worker thread runs, and their errors."""
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import datetime as dt
@@ -111,6 +112,9 @@ def _error_class_path(error: str) -> str:
         known = getattr(engine_errors, path, None)
         if isinstance(known, type) and issubclass(known, engine_errors.DelayQError):
             return f"{known.__module__}.{known.__qualname__}"
+        builtin = getattr(builtins, path, None)  # a refusal the outbox kept: TypeError
+        if isinstance(builtin, type) and issubclass(builtin, BaseException):
+            return f"builtins.{path}"
     return path
 
 
