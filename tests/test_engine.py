@@ -442,6 +442,28 @@ def test_purge_and_listing(bare):
     assert sum(queue.counts().values()) == 0
 
 
+def test_purge_leaves_a_job_that_took_a_finished_jobs_id_alone(bare, redis_client):
+    """A finished job's record may expire before its id leaves the finished set; a new
+    job enqueued with that id, then running, is not the finished one a purge deletes."""
+    bare.enqueue("q", "t.x", [1], job_id="again")
+    (first,) = claim_all(bare, "q")
+    keys = bare.keys_for("q", "again")
+    batch = bare.batch()
+    bare.add_complete(batch, keys, [(first.id, first.attempt, "1")])
+    batch.run()
+    redis_client.delete(keys.job("again"))  # its RESULT_TTL ran out; its id waits for a trim
+    assert bare.enqueue("q", "t.x", [2], job_id="again").added
+    (running,) = claim_all(bare, "q")
+    queue = Queue("q", broker=bare)
+    queue.purge(("completed",))
+    assert Job.fetch("again", queue="q", broker=bare).status == "claimed"
+    batch = bare.batch()
+    bare.add_complete(batch, keys, [(running.id, running.attempt, "2")])
+    (acked,) = batch.run()
+    assert list(acked) == [1], "the running job's ack lands"
+    assert Job.fetch("again", queue="q", broker=bare).result == 2
+
+
 def test_position_counts_jobs_ahead(bare):
     ids = [bare.enqueue("q", "t.x", [i]).job_id for i in range(4)]
     later = bare.enqueue("q", "t.x", delay=30).job_id

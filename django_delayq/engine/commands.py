@@ -18,6 +18,7 @@ from redis.exceptions import ResponseError
 from .codec import cut_utf8
 from .keyed import KeyedOptions, keyed_values
 from .scripts import Batch, call_and_wait, is_cluster_client, run_script, script_command
+from .status import Status
 
 if TYPE_CHECKING:
     from .config import EngineConfig
@@ -375,4 +376,5 @@ class Commands:
         return int(run_script(self.client, "purge",
                               [set_key or keys.status_set(status), keys.events,
                                keys.job_prefix, *flow_keys],
-                              [count, self.config.events_cap, *flow_args]))
+                              [count, self.config.events_cap, *flow_args,
+                               Status.READY if set_key else status]))

@@ -18,6 +18,9 @@
 --
 -- ARGV[1] most jobs to delete in this call
 -- ARGV[2] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
+-- ARGV[6] the status of the set's jobs: an id whose record says another (an id reused
+--         by a new job while the old one's id waited for its trim) loses only its place
+--         in the set, never the new job's record
 --
 -- Returns the number of ids removed.
 
@@ -27,12 +30,14 @@ local maxlen = events_cap(ARGV[2])
 local flow = flow_ctx(4, 3)
 for i = 1, #popped, 2 do
   local job_key = KEYS[3] .. popped[i]
-  local linked = redis.call('HGET', job_key, 'dc')
-  redis.call('DEL', job_key, job_key .. ':w', job_key .. ':r')
-  emit(KEYS[2], maxlen, 'purged', popped[i], now)
-  if linked then
-    notify_dependants(flow, popped[i], 'missing', 'null', now)
+  local f = redis.call('HMGET', job_key, 's', 'dc')
+  if not f[1] or f[1] == ARGV[6] then
+    redis.call('DEL', job_key, job_key .. ':w', job_key .. ':r')
+    emit(KEYS[2], maxlen, 'purged', popped[i], now)
+    if f[2] then
+      notify_dependants(flow, popped[i], 'missing', 'null', now)
+    end
+    redis.call('DEL', job_key .. ':c')
   end
-  redis.call('DEL', job_key .. ':c')
 end
 return #popped / 2
