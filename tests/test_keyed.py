@@ -155,6 +155,27 @@ def test_a_parked_job_cancelled_or_moved_leaves_its_park_set(broker: Any) -> Non
     assert broker.client.zcard(keys.key_active) == 0
 
 
+@pytest.mark.parametrize(("field", "value"), [("kr", "0"), ("kr", "-3"), ("kp", "0"),
+                                            ("cl", "0"), ("cl", "-1")])
+def test_a_damaged_key_rate_or_limit_loses_no_job_of_the_batch(broker, field, value):
+    """A stored rate or limit no check would let through (a damaged record) is read as
+    no rate and a limit of one: the claim takes the batch, never raises half way (which
+    would leave the jobs it had popped in no set at all)."""
+    ids = [broker.enqueue("default", "t.a", [i],
+                          keyed=KeyedOptions("A", 2, rate_limit=5, rate_period_ms=1000))
+           .job_id for i in range(3)]
+    keys = broker.keys_for("default", ids[1])
+    broker.client.hset(keys.job(ids[1]), field, value)
+    claimed = claim(broker, 10)
+    assert claimed, "the claim went through"
+    counts = Queue("default", broker=broker).counts()
+    assert counts["active"] + counts["ready"] + counts["scheduled"] == 3
+    complete(broker, claimed)
+    rest = claim(broker, 10)
+    complete(broker, rest)
+    assert sorted(j.id for j in [*claimed, *rest]) == sorted(ids)
+
+
 def test_the_turn_goes_with_a_last_job_cancelled_while_parked_or_moved(broker: Any) -> None:
     parked = [broker.enqueue("default", "t.a", [i], keyed=keyed("P", 1)) for i in range(2)]
     (running,) = claim(broker, 10)

@@ -136,21 +136,24 @@ if want > 0 then
       local job_key = job_prefix .. job_id
       local f = redis.pcall('HMGET', job_key, 't', 'a', 'k', 'm', 'p', 'r', 'e', 'n', 'o',
         'ck', 'cl', 'q', 'tp', 'kr', 'kp')
-      local rate_key = f[10] and tonumber(f[14]) and tonumber(f[15]) and kc.rate .. f[10]
+      -- a key's rate and limit as stored; a damaged one (0, negative) is no rate and a
+      -- limit of 1, never an error that would leave this batch half claimed
+      local kr, kp = tonumber(f[14]) or 0, tonumber(f[15]) or 0
+      local rate_key = f[10] and kr >= 1 and kp >= 1 and kc.rate .. f[10]
       if f['err'] then
         fail_damaged(job_key, job_id, f['err'])
       elseif not (f[1] or redis.call('EXISTS', job_key) == 1) then
         orphans = orphans + 1
         emit(events, maxlen, 'orphaned', job_id, now)
-      elseif rate_key and limit_room(rate_key, tonumber(f[14]), tonumber(f[15]), now) == 0 then
+      elseif rate_key and limit_room(rate_key, kr, kp, now) == 0 then
         -- the key's window is full: back to scheduled for its next start
-        local at = limit_next_slot(rate_key, tonumber(f[14]), tonumber(f[15]), now)
+        local at = limit_next_slot(rate_key, kr, kp, now)
         schedule_job(scheduled, marker, job_key, job_id, at)
         emit(events, maxlen, 'rescheduled', job_id, now, 'run_at', at)
         if out[2] == -1 or at < out[2] then
           out[2] = at
         end
-      elseif not f[10] or take_slot(kc, f[10], tonumber(f[11]) or 1, job_key, job_id,
+      elseif not f[10] or take_slot(kc, f[10], math.max(1, tonumber(f[11]) or 1), job_key, job_id,
           popped[i + 1], f[12]) then
         -- A damaged hash is leased and returned like any other (missing text as '',
         -- bad numbers as defaults) so the worker fails it with a clear error; raising
@@ -166,7 +169,7 @@ if want > 0 then
           limit_take(limit_key, period, now, job_id .. '@' .. now)
         end
         if rate_key then
-          limit_take(rate_key, tonumber(f[15]), now, job_id .. '@' .. now)
+          limit_take(rate_key, kp, now, job_id .. '@' .. now)
         end
         out[#out + 1] = job_id
         out[#out + 1] = f[1] or ''

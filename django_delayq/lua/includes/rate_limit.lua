@@ -14,7 +14,7 @@ local function limit_next_slot(limit_key, limit, period, now)
     return now
   end
   local entry = redis.call('ZRANGE', limit_key, used - limit, used - limit, 'WITHSCORES')
-  return tonumber(entry[2]) + period
+  return (tonumber(entry[2]) or now) + period
 end
 
 -- Count one start in the window.
