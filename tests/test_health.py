@@ -56,6 +56,29 @@ def test_a_supervisor_with_no_live_child_is_exit_1(broker):
     assert "no live worker process" in out
 
 
+def test_a_host_of_services_alone_is_healthy(broker):
+    """delayq_mirror runs a host with no worker process by design: a probe of it (or a
+    bare delayq_health) must not restart it for lacking one."""
+    from django_delayq.runtime.host import Host
+
+    Host(broker=broker, name="mirror-only")._record_alive()
+    code, out = health("--worker", "mirror-only")
+    assert code == 0, out
+    assert health()[0] == 0
+
+
+def test_a_queue_whose_worker_processes_are_all_down_is_unserved(broker):
+    """A host's record names its processes' queues while none of them runs: the queue
+    is unserved all the same (delayq_queue_unserved, the dashboard's warning)."""
+    from django_delayq.engine.workers import served_queues
+
+    record_alive(broker, "host-down", 60, {"role": "supervisor", "queues": "default",
+                                           "threads": 0})
+    assert served_queues(broker) == set()
+    record_alive(broker, "w1", 60, {"queues": "default,other", "threads": 2, "lease": 30})
+    assert served_queues(broker) == {"default", "other"}
+
+
 @pytest.mark.django_db
 def test_every_reader_takes_a_worker_silent_past_alive_ms_for_dead(broker, redis_client):
     """One definition of alive: the dashboard, the API and the metrics leave out a worker

@@ -130,16 +130,18 @@ def count_alive(broker: BrokerCore) -> int:
 
 def served_queues(broker: BrokerCore) -> set[str]:
     """The queues some worker alive serves (as its record says), in two round trips
-    whatever the number of queues."""
+    whatever the number of queues. A host's record names the queues of its worker
+    processes, alive or not: only the workers' own records count."""
     keys = broker.global_keys
     with broker.read_errors():
         oldest = broker.recent_server_time_ms() - ALIVE_MS
         names = broker.client.zrangebyscore(keys.workers, oldest, "+inf")
         pipe = broker.client.pipeline(transaction=False)
         for name in names:
-            pipe.hget(keys.worker(name), "queues")
+            pipe.hmget(keys.worker(name), "queues", "role")
         replies = pipe.execute(raise_on_error=False) if names else []
-    return {q for r in replies if isinstance(r, str) for q in r.split(",") if q}
+    return {q for r in replies if isinstance(r, list) and isinstance(r[0], str)
+            and r[1] != "supervisor" for q in r[0].split(",") if q}
 
 
 def any_alive(broker: BrokerCore) -> bool:

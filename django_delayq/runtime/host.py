@@ -254,7 +254,9 @@ class Host:
             record_alive(self.broker, self.name, 60, {
                 "role": "supervisor", **self._info,
                 "processes": len(self.children.children),
-                "threads": len(live),  # live worker processes, for delayq_health
+                # live worker processes, for delayq_health; a host of services alone
+                # (delayq_mirror) runs none by design, and says nothing of them
+                **({"threads": len(live)} if self.children.children else {}),
                 "children": ",".join(str(c.pid) for c in live),
                 "services": ",".join(r.service.name for r in self._services),
                 "restarts": self.restarts,
