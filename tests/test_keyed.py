@@ -204,6 +204,20 @@ def test_the_turn_of_a_key_whose_last_job_is_cancelled_is_not_kept(broker: Any) 
     assert broker.client.hlen(keys.key_turns) == 0
 
 
+@pytest.mark.parametrize("move", [{"priority": 5}, {"delay": 0}])
+def test_the_turn_of_a_key_whose_last_job_is_moved_is_not_kept(broker: Any,
+                                                                move: dict[str, Any]) -> None:
+    jobs = [broker.enqueue("default", "t.a", [i], keyed=keyed(f"user-{i}", 1))
+            for i in range(50)]
+    keys = broker.keys_for("default", jobs[0].job_id)
+    for job in jobs:
+        Job.fetch(job.job_id, queue="default", broker=broker).reschedule(**move)
+    while claimed := claim(broker, 20):
+        complete(broker, claimed)
+    assert broker.client.hlen(keys.key_turns) == 0
+    assert broker.client.zcard(keys.key_active) == 0
+
+
 def test_fair_turns_between_keys(broker: Any) -> None:
     """100,000 jobs of key A, then 10 of key B: B's all start within the first 21 claims
     (the keys alternate), and each key's jobs keep their order."""

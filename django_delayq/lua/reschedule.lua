@@ -48,11 +48,19 @@ end
 local run_at = wanted_run_at(ARGV[2], ARGV[3], now)
 redis.call('ZREM', KEYS[2], job_id)
 local was_ready = redis.call('ZREM', KEYS[3], job_id) == 1
-local keyed = redis.call('HMGET', job_key, 'ck', 'kw')
-if keyed[2] then  -- parked: it waits for no slot where it goes
-  unpark(keyed_ctx(7), keyed[1], job_key, job_id)
-elseif was_ready and keyed[1] then  -- maybe the one a freed slot woke: wake the next
-  wake_parked(keyed_ctx(7), keyed[1], KEYS[3], KEYS[4], KEYS[12])
+local keyed = redis.call('HMGET', job_key, 'ck', 'kw', 'q')
+if keyed[1] then
+  local kc = keyed_ctx(7)
+  if keyed[2] then  -- parked: it waits for no slot where it goes
+    unpark(kc, keyed[1], job_key, job_id)
+  elseif was_ready then  -- maybe the one a freed slot woke: wake the next
+    wake_parked(kc, keyed[1], KEYS[3], KEYS[4], KEYS[12])
+  end
+  -- moved, it leaves its key's turns: a turn kept for it would never go
+  local last = tonumber(redis.call('HGET', kc.turns, keyed[1]))
+  if last and keyed[3] and math.floor(last) == tonumber(keyed[3]) then
+    redis.call('HDEL', kc.turns, keyed[1])
+  end
 end
 local k = {scheduled = KEYS[2], ready = KEYS[3], marker = KEYS[4], seq = KEYS[6]}
 local after = place_job(k, job_key, job_id, priority, run_at, now)
