@@ -140,15 +140,17 @@ class Exporter(StreamConsumer):
             events = parse_entry(keys, entry_id, fields, partial(self.skip, keys, entry_id))
             if not events:
                 continue
+            (ms, seq), event = events[0].order, events[0].event
             try:
                 attempts = [_attempt(e.attempt) for e in events]
                 ts = _time_ms(fields["ts"])
                 run_at = _time_ms(fields.get("run_at"))
+                check_time_ms(ms, f"entry id {entry_id[:40]!r}")  # it names the file's day
             except (KeyError, ValueError) as exc:
                 self.skip(keys, entry_id, f"garbled event: {type(exc).__name__}: {exc}")
                 continue
             jobs = [e.job_id for e in events]
-            (ms, seq), event, n = events[0].order, events[0].event, len(jobs)
+            n = len(jobs)
             cols["stream_id"] += [entry_id] * n
             cols["stream_ms"] += [ms] * n
             cols["stream_seq"] += [seq] * n
