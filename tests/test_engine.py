@@ -386,6 +386,41 @@ def test_reclaim_dead_letters_a_job_out_of_attempts(bare):
     assert "LeaseExpired" in job.error
 
 
+def test_a_reclaimed_attempt_counts_as_retried(bare, redis_client):
+    short = Broker(bare.client, EngineConfig(prefix="t", lease_ms=1))
+    short.enqueue("q", "t.x", max_attempts=2)
+    claim_all(short, "q")
+    while short.reclaim("q") == (0, 0):
+        pass
+    assert redis_client.hget(QueueKeys("t", "q").stats, "r") == "1"
+
+
+@pytest.mark.parametrize("started", [True, False])
+def test_a_job_whose_abort_was_asked_ends_cancelled_when_its_lease_lapses(
+        bare, redis_client, started):
+    """Its worker died before it heard of the abort: the job is not run again (its
+    attempts left notwithstanding), it ends cancelled, as its attempt's end would."""
+    short = Broker(bare.client, EngineConfig(prefix="t", lease_ms=1))
+    job_id = short.enqueue("q", "t.x", max_attempts=3).job_id
+    (claimed,) = claim_all(short, "q")
+    keys = QueueKeys("t", "q")
+    if started:
+        batch = short.batch()
+        short.add_start(batch, keys, "w", [(job_id, claimed.attempt, 1)])
+        batch.run()
+    assert Job.fetch(job_id, "q", broker=bare).abort("admin")
+    if started:
+        while Job.fetch(job_id, "q", broker=bare).status != "cancelled":
+            assert short.reclaim("q") == (0, 0), "neither run again nor failed"
+    else:  # its host saw its process end and hands its jobs back
+        short.reclaim_worker("w", [keys])
+    job = Job.fetch(job_id, "q", broker=bare)
+    assert job.status == "cancelled"
+    assert job.error.startswith("JobAborted: aborted by admin")
+    assert job.attempts == (1 if started else 0)
+    assert claim_all(bare, "q") == []
+
+
 def test_extend_keeps_the_lease_and_reports_lost_ones(bare, redis_client):
     job_id = bare.enqueue("q", "t.x").job_id
     (c,) = claim_all(bare, "q")

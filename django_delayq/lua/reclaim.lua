@@ -13,7 +13,8 @@
 
 -- Return jobs whose lease expired (their worker died or froze) to the ready set at
 -- their old place; a job that has used all its attempts is dead-lettered instead, so a
--- job that kills its worker every time cannot loop forever.
+-- job that kills its worker every time cannot loop forever. A job whose abort was asked
+-- (Job.abort()) ends cancelled, as its attempt's end would have ended it (fail.lua).
 --
 -- With a worker name (ARGV[9]), the leases of that worker instead, whatever their
 -- deadline: its host saw the process end and hands its jobs back at once. Its jobs that
@@ -72,12 +73,12 @@ else
   end
   why = ' ended while it held the job'
 end
-local returned, dead, to_ready = 0, 0, {}
+local returned, dead, aborted, to_ready = 0, 0, 0, {}
 for i = 1, #expired do
   local job_id = expired[i]
   local job_key = job_prefix .. job_id
   redis.call('ZREM', active, job_id)
-  local f = redis.call('HMGET', job_key, 'n', 'm', 'p', 'q', 'w', 'b', 'dc', 's', 'ck')
+  local f = redis.call('HMGET', job_key, 'n', 'm', 'p', 'q', 'w', 'b', 'dc', 's', 'ck', 'ab')
   if f[9] then
     free_slot(keyed_ctx(19), f[9], ready, marker, job_prefix)
   end
@@ -85,6 +86,25 @@ for i = 1, #expired do
     .. (f[5] or '?') .. why
   if redis.call('EXISTS', job_key) == 0 then
     emit(events, maxlen, 'orphaned', job_id, now)
+  elseif f[10] then  -- its abort was asked: over, as fail.lua ends an aborted attempt
+    local error = 'JobAborted: aborted by ' .. f[10] .. '; ' .. reason
+    if f[8] == 'claimed' then  -- never started: not an attempt
+      if redis.call('HINCRBY', job_key, 'n', -1) == 0 then
+        redis.call('HDEL', job_key, 'n')
+      end
+    else
+      log_attempt(job_key, f[1], f[5], f[6], now, 'aborted', error)
+    end
+    redis.call('HSET', job_key, 's', 'cancelled', 'x', error, 'f', now)
+    redis.call('ZADD', flow.cancelled, now, job_id)
+    if ttl > 0 then
+      redis.call('PEXPIRE', job_key, ttl)
+    end
+    emit(events, maxlen, 'cancelled', job_id, now, 'attempt', f[1], 'error', error, 'by', f[10])
+    if f[7] then
+      notify_dependants(flow, job_id, 'cancelled', 'null', now)
+    end
+    aborted = aborted + 1
   elseif worker ~= '' and f[8] == 'claimed' then  -- never started: not an attempt
     if redis.call('HINCRBY', job_key, 'n', -1) == 0 then
       redis.call('HDEL', job_key, 'n')
@@ -113,11 +133,15 @@ for i = 1, #expired do
     to_ready[#to_ready + 1] = ready_score(tonumber(f[3]) or 0, tonumber(f[4]) or 0)
     to_ready[#to_ready + 1] = job_id
     emit(events, maxlen, 'reclaimed', job_id, now, 'attempt', f[1], 'worker', f[5] or '')
+    redis.call('HINCRBY', stats, 'r', 1)  -- a failed attempt retried, as fail.lua counts
     returned = returned + 1
   end
 end
 if dead > 0 then
   trim_finished(failed, job_prefix, now, ttl, keep)
+end
+if aborted > 0 then
+  trim_finished(flow.cancelled, job_prefix, now, ttl, keep)
 end
 add_ready(ready, to_ready, marker)
 local unlinked = {}
