@@ -246,8 +246,8 @@ def test_trimmed_events_are_counted_as_lost(tmp_path, broker, redis_client):
 
 def test_an_entry_the_lake_cannot_hold_is_skipped_and_shown(tmp_path, broker, redis_client):
     """Hand-written entries with a time or an attempt no column can hold, a job id no job
-    can have, a newer format, an entry id past year 9999: each is left out, counted where
-    the mirror's skips are, and logged; the rest is exported."""
+    can have, a newer format, an entry id past year 9999 with no time of its own: each is
+    left out, counted where the mirror's skips are, and logged; the rest is exported."""
     from django_delayq import Queue
 
     tasks.record.enqueue("before")
@@ -261,9 +261,11 @@ def test_an_entry_the_lake_cannot_hold_is_skipped_and_shown(tmp_path, broker, re
         {"event": "completed", "job": "w", "ts": "1767614400000", "fv": "2"},
     )]
     tasks.record.enqueue("after")
-    # an entry id past year 9999 (a clock far off): it would name the file's day
-    bad.append(redis_client.xadd(KEYS.events, {"event": "completed", "job": "v",
-                                               "ts": "1767614400000"}, id="300000000000000-0"))
+    # an entry id past year 9999 (a clock far off), and so every later one: dated by
+    # their events' times; without a time, left out
+    bad.append(redis_client.xadd(KEYS.events, {"event": "completed", "job": "v", "ts": ""},
+                                 id="300000000000000-0"))
+    tasks.record.enqueue("on a clock far off")
     expected = Counter({k: n for k, n in stream_events(redis_client).items()
                         if k[0] not in bad})
     exporter = export(tmp_path, broker)

@@ -63,6 +63,7 @@ def test_bad_schedules_are_refused_at_declaration(kwargs, message):
 @pytest.mark.parametrize(("cron", "tz", "night"), [
     ("30 2 * * *", "Europe/Paris", dt.datetime(2026, 10, 24, 12, tzinfo=dt.UTC)),
     ("30 1 * * *", "America/New_York", dt.datetime(2026, 10, 31, 12, tzinfo=dt.UTC)),
+    ("30 1 * * * 0", "America/New_York", dt.datetime(2026, 10, 31, 12, tzinfo=dt.UTC)),
 ])
 def test_a_fixed_time_runs_once_in_the_night_the_clock_goes_back(cron, tz, night):
     """02:30 in Paris happens twice on 25 October 2026; cron runs a job set for it once.
@@ -79,8 +80,9 @@ def test_a_fixed_time_runs_once_in_the_night_the_clock_goes_back(cron, tz, night
     assert back[::-1] == times
 
 
-def test_a_period_runs_in_both_passes_of_the_hour_the_clock_goes_back():
-    half_hourly = Schedule.build("*/30 * * * *", None, "Europe/Paris")
+@pytest.mark.parametrize("cron", ["*/30 * * * *", "0,30 * * * * 0"])
+def test_a_period_runs_in_both_passes_of_the_hour_the_clock_goes_back(cron):
+    half_hourly = Schedule.build(cron, None, "Europe/Paris")
     start = int(dt.datetime(2026, 10, 24, 23, 45, tzinfo=dt.UTC).timestamp() * 1000)
     times = [half_hourly.next_after(start)]
     for _ in range(5):

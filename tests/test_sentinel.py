@@ -131,7 +131,8 @@ def test_pinned_connections_follow_a_failover_to_the_new_primary(on_sentinel, br
     node(on_sentinel.sentinels[0].port, db=0).execute_command("SENTINEL FAILOVER", "mymaster")
     wait_until(lambda: "the sentinels switched the primary" in caplog.text, timeout=30,
                message="the client to hear of the switch")
-    assert [conn for conn in broker._pinned._free if conn.port == old.port] == []
+    wait_until(lambda: not [c for c in broker._pinned._free if c.port == old.port],
+               message="the pinned connections to the old primary closed")
     new = on_sentinel.wait_failover(old.port)
     # Until the sentinels turn the old primary into a replica, it takes writes that the
     # new one never sees (the MIN_REPLICAS test shows them refused): wait for READONLY.

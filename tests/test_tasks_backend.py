@@ -184,9 +184,13 @@ def test_cancelled_job_is_failed_with_a_cancel_error() -> None:
 def test_a_job_cancelled_after_a_failed_attempt_says_so() -> None:
     """Cancelled while it waits for its retry, a job keeps its attempt's error, and its
     cancel error does not claim that it never ran."""
+    from django.conf import settings
+
     result = st.dj_fails.enqueue("once")
     queue, job_id = parse_result_id(result.id)
-    with worker_thread(queues=["default"], concurrency=1):
+    slow_retry = {**settings.DELAYQ, "RETRY_BACKOFF": 3600, "RETRY_BACKOFF_MAX": 3600}
+    with override_settings(DELAYQ=slow_retry), worker_thread(queues=["default"],
+                                                             concurrency=1, burst=True):
         wait_until(lambda: Job.fetch(job_id, queue).attempts == 1
                    and Job.fetch(job_id, queue).status == "scheduled",
                    message="the first attempt to fail")

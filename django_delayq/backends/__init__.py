@@ -254,11 +254,12 @@ def _waiting_in_outbox(job_id: str, queues: Iterable[str]) -> EngineJob | None:
     except ValueError:
         args, kwargs = [], {}
     parked = row.parked_at is not None
+    refusal = row.error or "Exception: parked by the relay"
     return EngineJob(id=row.job_id, queue=row.queue, task_name=row.task_name,
                      status=Status.FAILED if parked else OUTBOX, args=args, kwargs=kwargs,
                      priority=row.priority, run_at=row.run_at, max_attempts=row.max_attempts,
-                     enqueued_at=row.created_at, error=(row.error or "parked") if parked
-                     else None, finished_at=row.parked_at)
+                     enqueued_at=row.created_at, error=refusal if parked else None,
+                     finished_at=row.parked_at)
 
 
 def _django_task(name: str) -> Task | None:

@@ -78,8 +78,7 @@ def build_result(task: Task, job: EngineJob, result_id: str, alias: str) -> Task
         errors.append(TaskError(exception_class_path=_error_class_path(job.error),
                                 traceback=job.traceback or job.error))
     if job.status == Status.CANCELLED:  # before it ran, or after a run (an abort, a retry)
-        when = (f"after {job.attempts} attempt(s)" if job.error or job.attempts
-                else "before it ran")
+        when = f"after {job.attempts} attempt(s)" if job.attempts else "before it ran"
         errors.append(TaskError(exception_class_path=_CANCELLED_PATH,
                                 traceback=f"The job was cancelled {when}.\n"))
     status = STATUS_MAP.get(job.status, TaskResultStatus.READY)

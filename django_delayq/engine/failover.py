@@ -220,9 +220,9 @@ def watch_switches(client: Any) -> None:
                             # sending on would break its call with a bare socket error.
                             # A durable write on one still open is checked after its
                             # WAIT (follow_primary) and sent again.
+                            live.connection_pool.disconnect(inuse_connections=False)
                             for holder in list(_HOLDERS.get(live.connection_pool, ())):
                                 holder.switched()
-                            live.connection_pool.disconnect(inuse_connections=False)
                             del live
             except (RedisError, OSError, ValueError):
                 failures += 1

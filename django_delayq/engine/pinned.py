@@ -56,7 +56,8 @@ class PinnedConnections:
         self._max_pinned = max_pinned
         self._free: list[Any] = []
         self._pid = os.getpid()
-        #: Bumped by :meth:`switched`: a connection taken before is not kept after its call.
+        #: Bumped by :meth:`switched`. Each connection carries the one it was checked out
+        #: of the pool in; one of an older generation is closed as it comes back.
         self._generation = 0
         hold_connections(self._pool, self)
 
@@ -170,11 +171,12 @@ class PinnedConnections:
         if self._pid != os.getpid():
             self._forget_parent_connections()
         try:
-            conn = self._free.pop()
+            return self._free.pop()
         except IndexError:
+            generation = self._generation  # read first: a switch meanwhile makes it stale
             conn = checkout(self._pool)
-        conn.delayq_generation = self._generation
-        return conn
+            conn.delayq_generation = generation
+            return conn
 
     def switched(self) -> None:
         """The sentinels switched the primary: close the idle pinned connections now,

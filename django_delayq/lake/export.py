@@ -33,7 +33,7 @@ from ..engine.keys import QueueKeys
 from ..engine.logfields import log
 from ..engine.streams import StreamBatch
 from ..engine.urls import redact
-from ..engine.validation import check_time_ms
+from ..engine.validation import MAX_TIME_MS, MIN_TIME_MS, check_time_ms
 from ..runtime.consumer import StreamConsumer, entries_of, parse_entry, stream_id
 from . import store
 from .schema import ARROW_SCHEMA, day_of
@@ -145,7 +145,8 @@ class Exporter(StreamConsumer):
                 attempts = [_attempt(e.attempt) for e in events]
                 ts = _time_ms(fields["ts"])
                 run_at = _time_ms(fields.get("run_at"))
-                check_time_ms(ms, f"entry id {entry_id[:40]!r}")  # it names the file's day
+                if ts is None and not MIN_TIME_MS <= ms <= MAX_TIME_MS:
+                    raise ValueError("no time names its day: neither its ts nor its id")
             except (KeyError, ValueError) as exc:
                 self.skip(keys, entry_id, f"garbled event: {type(exc).__name__}: {exc}")
                 continue
@@ -235,11 +236,14 @@ def _attempt(value: str | None) -> int | None:
 
 
 def _by_day(table: pa.Table) -> list[tuple[str, pa.Table]]:
-    """``table`` split by the UTC day of its stream ids (a batch rarely spans two)."""
-    ms = table.column("stream_ms")
-    first, last = day_of(ms[0].as_py()), day_of(ms[-1].as_py())
-    if first == last:
-        return [(first, table)]
-    days = [day_of(v) for v in ms.to_pylist()]
+    """``table`` split by the UTC day of its stream ids (a batch rarely spans two). An
+    id past year 9999 (written on a clock far off: every later id of its stream is
+    then past it too) is dated by its event's time instead."""
+    ids = table.column("stream_ms").to_pylist()
+    times = table.column("ts").cast(pa.int64()).to_pylist()
+    days = [day_of(ms if MIN_TIME_MS <= ms <= MAX_TIME_MS else ts)
+            for ms, ts in zip(ids, times, strict=True)]
+    if len(set(days)) == 1:
+        return [(days[0], table)]
     return [(day, table.filter(pa.array([d == day for d in days])))
             for day in sorted(set(days))]

@@ -138,7 +138,7 @@ if want > 0 then
         'ck', 'cl', 'q', 'tp', 'kr', 'kp')
       -- a key's rate and limit as stored; a damaged one (0, negative) is no rate and a
       -- limit of 1, never an error that would leave this batch half claimed
-      local kr, kp = tonumber(f[14]) or 0, tonumber(f[15]) or 0
+      local kr, kp = math.floor(tonumber(f[14]) or 0), math.floor(tonumber(f[15]) or 0)
       local rate_key = f[10] and kr >= 1 and kp >= 1 and kc.rate .. f[10]
       if f['err'] then
         fail_damaged(job_key, job_id, f['err'])

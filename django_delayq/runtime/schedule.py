@@ -81,7 +81,7 @@ class Schedule:
         for a cron whose hour field names hours: cron runs those once (a ``*`` hour is a
         period, and runs in both passes)."""
         fields = (self.cron or "").split()
-        hour = fields[2] if len(fields) == 6 else fields[1] if len(fields) > 1 else "*"
+        hour = fields[1] if len(fields) > 1 else "*"  # croniter's seconds come last
         if "*" in hour:
             return False
         zone = zoneinfo.ZoneInfo(self.tz)
