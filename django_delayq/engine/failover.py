@@ -189,8 +189,8 @@ def watch_switches(client: Any) -> None:
     daemon thread: each closes the client's idle connections and has the pinned ones
     (:func:`hold_connections`) closed as they come back, so no call goes on reaching a
     demoted primary that still answers, and the next ones connect to the primary the
-    sentinels name. A sentinel
-    that fails hands over to the next; the thread ends once the client is gone."""
+    sentinels name. A sentinel that fails hands over to the next; the thread ends once
+    the client is gone."""
     pool = client.connection_pool
     manager = pool.sentinel_manager
     service, sentinels = pool.service_name, list(manager.sentinels)

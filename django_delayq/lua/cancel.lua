@@ -5,6 +5,7 @@
 -- include: notify_dependants
 -- include: keyed_ctx
 -- include: wake_parked
+-- include: unpark
 
 -- Cancel a job that has not started: remove it from the scheduled, ready or waiting
 -- set, and resolve its dependants (flows.lua). A finished job is left as it is. A running

@@ -4,6 +4,7 @@
 -- include: wanted_run_at
 -- include: keyed_ctx
 -- include: wake_parked
+-- include: unpark
 
 -- Move a job that has not started to a new run_at (and optionally a new priority).
 --

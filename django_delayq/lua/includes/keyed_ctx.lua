@@ -17,7 +17,7 @@
 -- has a slot freed after it: none waits for ever, and no slot leaks. The job a freed
 -- slot woke holds no slot until its claim: cancelled or moved before (cancel.lua,
 -- reschedule.lua), it wakes the next parked job in its place. A parked job cancelled or
--- moved leaves its park set at once (unpark in wake_parked.lua).
+-- moved leaves its park set at once (unpark.lua).
 
 -- The keyed keys given as KEYS[first..first+4].
 local function keyed_ctx(first)

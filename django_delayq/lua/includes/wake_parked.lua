@@ -9,19 +9,9 @@ local function count_unparked(k, key)
   end
 end
 
--- Take a parked job out of its key's park set, as a cancel or a move does: it waits
--- for no slot now, and neither the key's waiting count nor a purge of the parked jobs
--- (which deletes what the set holds) may count it.
-local function unpark(k, key, job_key, job_id)
-  if redis.call('ZREM', k.park .. key, job_id) == 1 then
-    count_unparked(k, key)
-  end
-  redis.call('HDEL', job_key, 'kw')
-end
-
 -- Make the key's oldest parked job that is still ready (one an older version left in the
--- set when it was cancelled or moved is skipped) ready again, at its old place: the next claim gives it a slot, or parks it
--- again while the key is at its limit.
+-- set when it was cancelled or moved is skipped) ready again, at its old place: the next
+-- claim gives it a slot, or parks it again while the key is at its limit.
 local function wake_parked(k, key, ready, marker, job_prefix)
   local park = k.park .. key
   while true do

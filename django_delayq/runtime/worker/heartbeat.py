@@ -69,13 +69,12 @@ class Heartbeat:
         # A shard that refuses (a Redis Cluster slot on the move, a damaged key) costs
         # only its own calls: the others' replies are read, and the worker stays listed.
         replies = batch.run(raise_on_error=False)
-        refused = {keys.tag: reply for keys, index in (*extend_calls, *reclaim_calls)
-                   if isinstance(reply := replies[index], Exception)}
-        for tag, error in refused.items():
-            log(logger, logging.WARNING, "heartbeat refused by a shard, next beat retries",
-                shard=tag, worker=self.name, error=error)
+        for keys, index in (*extend_calls, *reclaim_calls):
+            if isinstance(replies[index], Exception):
+                log(logger, logging.WARNING, "heartbeat refused by a shard, next beat "
+                    "retries", shard=keys.tag, worker=self.name, error=replies[index])
         for keys, index in extend_calls:
-            if keys.tag in refused:
+            if isinstance(replies[index], Exception):
                 continue
             lost_ids, asked = replies[index]
             attempts = dict(renewed[keys])  # the engine names a lease by its job's id
@@ -92,7 +91,7 @@ class Heartbeat:
 
         undelivered, unlinked = [], []
         for keys, index in reclaim_calls:
-            if keys.tag in refused:
+            if isinstance(replies[index], Exception):
                 continue
             returned, dead, outbox, to_link, _ = replies[index]
             if returned or dead:
