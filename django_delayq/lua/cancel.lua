@@ -6,6 +6,7 @@
 -- include: keyed_ctx
 -- include: wake_parked
 -- include: unpark
+-- include: drop_turn
 
 -- Cancel a job that has not started: remove it from the scheduled, ready or waiting
 -- set, and resolve its dependants (flows.lua). A finished job is left as it is. A running
@@ -62,10 +63,7 @@ if keyed[1] then
   elseif was_ready then  -- maybe the one a freed slot woke: wake the next
     wake_parked(kc, keyed[1], KEYS[3], flow.marker, flow.prefix)
   end
-  local last = tonumber(redis.call('HGET', kc.turns, keyed[1]))
-  if last and keyed[3] and math.floor(last) == tonumber(keyed[3]) then
-    redis.call('HDEL', kc.turns, keyed[1])  -- its key's last job: no turn left to keep
-  end
+  drop_turn(kc, keyed[1], keyed[3])
 end
 if status == 'waiting' then
   redis.call('ZREM', flow.waiting, job_id)

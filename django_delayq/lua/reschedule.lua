@@ -5,6 +5,7 @@
 -- include: keyed_ctx
 -- include: wake_parked
 -- include: unpark
+-- include: drop_turn
 
 -- Move a job that has not started to a new run_at (and optionally a new priority).
 --
@@ -57,11 +58,7 @@ if keyed[1] then
   elseif was_ready then  -- maybe the one a freed slot woke: wake the next
     wake_parked(kc, keyed[1], KEYS[3], KEYS[4], KEYS[12])
   end
-  -- moved, it leaves its key's turns: a turn kept for it would never go
-  local last = tonumber(redis.call('HGET', kc.turns, keyed[1]))
-  if last and keyed[3] and math.floor(last) == tonumber(keyed[3]) then
-    redis.call('HDEL', kc.turns, keyed[1])
-  end
+  drop_turn(kc, keyed[1], keyed[3])  -- moved: it leaves its key's turns
 end
 local k = {scheduled = KEYS[2], ready = KEYS[3], marker = KEYS[4], seq = KEYS[6]}
 local after = place_job(k, job_key, job_id, priority, run_at, now)

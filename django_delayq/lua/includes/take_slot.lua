@@ -1,3 +1,5 @@
+-- include: drop_turn
+
 -- Concurrency keys (keyed_ctx.lua): a claimed job takes a slot of its key or is parked.
 
 -- Take one of `key`'s `limit` slots for a job the claim popped, or park the job (its
@@ -14,9 +16,6 @@ local function take_slot(k, key, limit, job_key, job_id, score, seq)
   end
   redis.call('ZINCRBY', k.active, 1, key)
   redis.call('HDEL', job_key, 'kw')  -- set if an older version moved it while parked
-  local last = tonumber(redis.call('HGET', k.turns, key))
-  if seq and last and math.floor(last) == tonumber(seq) then
-    redis.call('HDEL', k.turns, key)  -- its last job: the key's turn starts afresh
-  end
+  drop_turn(k, key, seq)
   return true
 end
