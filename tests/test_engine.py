@@ -231,7 +231,8 @@ def test_the_attempt_that_completed_a_job_is_read_from_its_hash_once():
     assert with_completed_attempt([], text) == [entry]
     assert with_completed_attempt(retried, text) == [*retried, entry]
     assert with_completed_attempt([*retried, entry], text) == [*retried, entry]
-    # Failed at attempt 3, retried by hand (the count starts again), completed at 3.
+    # Failed at attempt 3, retried by hand (up to 0.1.0 the count started again),
+    # completed at 3.
     failed = {"n": 3, "w": "v", "b": 1, "f": 2, "o": "failed", "t": "Traceback"}
     assert with_completed_attempt([*retried, failed], text) == [*retried, failed, entry]
     full = [{"n": n, "o": "retried"} for n in range(ATTEMPT_LOG_SIZE)]
@@ -302,8 +303,9 @@ def test_defaults_are_dropped_when_a_field_returns_to_them(bare, redis_client):
     assert batch.run()[0][0] == "failed", "max_attempts absent is 1: no retry"
     job.retry()
     raw = redis_client.hgetall(keys.job(job_id))
-    assert not set(raw) & {stored(name) for name in DEFAULTS}
-    assert (job.refresh().attempts, job.max_attempts, job.priority) == (0, 1, 0)
+    assert set(raw) & {stored(name) for name in DEFAULTS} == {stored("attempts"),
+                                                             stored("max_attempts")}
+    assert (job.refresh().attempts, job.max_attempts, job.priority) == (1, 2, 0)
 
 
 def test_reschedule_moves_between_scheduled_and_ready(bare):
@@ -341,16 +343,44 @@ def test_fail_retries_then_dead_letters_and_retry_revives(bare):
         "failed", 2, "ValueError: two", "tb two")
     assert Queue("q", broker=bare).counts()["failed"] == 1
     job.retry()
-    assert job.refresh().status == "ready"
-    assert job.attempts == 0
+    assert (job.attempts, job.max_attempts) == (2, 4)  # a fresh budget of 2 attempts
+    assert (job.refresh().status, job.attempts, job.max_attempts) == ("ready", 2, 4)
     assert job.error is None
     assert Queue("q", broker=bare).counts()["failed"] == 0
-    (c3,) = claim_all(bare, "q")  # the count started again: attempt 1 once more
+    (c3,) = claim_all(bare, "q")  # the count goes on: attempt 3
+    assert c3.attempt == 3
     batch = bare.batch()
     bare.add_complete(batch, keys, [(job_id, c3.attempt, '"done"')])
     assert batch.run() == [[1]]
     assert [(e["attempt"], e["outcome"]) for e in job.refresh().attempt_log] == [
-        (1, "retried"), (2, "failed"), (1, "completed")]
+        (1, "retried"), (2, "failed"), (3, "completed")]
+
+
+def test_a_lapsed_lease_cannot_end_a_run_retried_by_hand(bare):
+    """A worker whose lease lapsed (frozen, partitioned) still holds its attempt
+    number. After the job was dead-lettered and retried by hand, the new run's attempt
+    must differ from it, or that worker's late ack would complete or fail the new run
+    while it is still running."""
+    keys = QueueKeys("t", "q")
+    for end in ("complete", "fail"):
+        job_id = bare.enqueue("q", "t.x", max_attempts=1).job_id
+        (stale,) = claim_all(bare, "q")
+        bare.client.zadd(keys.active, {job_id: 0})  # its lease lapses
+        assert bare.reclaim("q") == (0, 1)
+        job = Job.fetch(job_id, "q", broker=bare).retry()
+        (fresh,) = claim_all(bare, "q")
+        batch = bare.batch()
+        if end == "complete":
+            bare.add_complete(batch, keys, [(job_id, stale.attempt, '"late"')])
+            assert batch.run() == [[0]], "the late ack is stale"
+        else:
+            bare.add_fail(batch, keys, job_id, stale.attempt, "E: late", "", 0)
+            assert batch.run()[0][0] == "stale"
+        assert (job.refresh().status, job.result) == ("claimed", None)
+        batch = bare.batch()
+        bare.add_complete(batch, keys, [(job_id, fresh.attempt, '"fresh"')])
+        assert batch.run() == [[1]]
+        assert (job.refresh().status, job.result) == ("completed", "fresh")
 
 
 def test_late_ack_of_a_reclaimed_job_changes_nothing(bare):

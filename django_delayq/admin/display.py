@@ -123,19 +123,20 @@ def job_label(job_id: str, task_name: str = "") -> SafeString:
 
 def attempts_table(log: Any) -> SafeString | str:
     """The mirrored attempt log as a table; a failed attempt's traceback folded in its
-    row. An entry that cannot be read shows what could be. Where the numbering starts
-    again (a manual retry resets the attempts), a row says so."""
+    row. An entry that cannot be read shows what could be. Where a run follows a failed
+    or aborted attempt, it was retried by hand, and a row says so (up to 0.1.0 the
+    numbering started again there, which is read the same way)."""
     entries = attempt_entries(log)
     if not entries:
         return "-"
     rows = []
-    previous = 0
+    previous, ended = 0, False
     for e in entries:
-        if e["attempt"] and previous and e["attempt"] <= previous:
+        if ended or (e["attempt"] and previous and e["attempt"] <= previous):
             rows.append(format_html('<tr class="dq-retry-mark"><td colspan="8">retried by '
-                                    "hand: attempts counted again from {}</td></tr>",
+                                    "hand: attempt {} began a new budget</td></tr>",
                                     e["attempt"]))
-        previous = e["attempt"] or previous
+        previous, ended = e["attempt"] or previous, e["outcome"] in ("failed", "aborted")
         start, end = e["started_at"], e["finished_at"]
         duration = (end - start).total_seconds() if start and end else None
         tb = e["traceback"]

@@ -353,15 +353,16 @@ class Commands:
         return before, after, int(when)
 
     def retry(self, keys: QueueKeys, job_id: str, run_at_ms: int | str,
-              delay_ms: int | str) -> tuple[str, str]:
-        """Run a failed or cancelled job again: (status before, status after)."""
-        before, after = run_script(
+              delay_ms: int | str) -> tuple[str, str, int, int]:
+        """Run a failed or cancelled job again: (status before, status after, its
+        attempts so far, its new max_attempts)."""
+        before, after, attempts, most = run_script(
             self.client, "retry",
             [keys.job(job_id), keys.failed, keys.cancelled, keys.scheduled, keys.ready,
              keys.marker, keys.events, keys.seq],
             [job_id, run_at_ms, delay_ms, self.config.events_cap],
         )
-        return before, after
+        return before, after, int(attempts), int(most)
 
     def counters(self, keys: QueueKeys, minutes: bool = False) -> tuple[Any, ...]:
         """The call of ``counters.lua`` on the shard ``keys``, for a pipeline

@@ -236,7 +236,12 @@ class Job:
         return self
 
     def retry(self, *, run_at: dt.datetime | None = None, delay: Any = None) -> Job:
-        """Run a failed or cancelled job again, with its attempts starting over."""
+        """Run a failed or cancelled job again, with a fresh budget of attempts.
+
+        The attempt count goes on and ``max_attempts`` grows by the attempts used, so
+        attempt numbers stay unique: a worker still holding an earlier run can never
+        acknowledge this one, and the attempt log keeps one entry per run.
+        """
         if run_at is not None and delay is not None:
             raise ValueError("give run_at or delay, not both")
         run_at_arg = "" if run_at is None else validation.run_at_ms(run_at)
@@ -244,12 +249,14 @@ class Job:
         broker = self._broker
         keys = broker.keys_for(self.queue, self.id)
         with broker.connection_errors():
-            before, after = broker.commands.retry(keys, self.id, run_at_arg, delay_arg)
+            before, after, attempts, most = broker.commands.retry(
+                keys, self.id, run_at_arg, delay_arg)
         if before == "":
             raise JobNotFound(f"no job {self.id!r} in queue {self.queue!r}")
         if before not in RETRYABLE:
             raise InvalidJobState(self.id, before, "retried", RETRYABLE)
-        self.status, self.attempts, self.error, self.traceback = after, 0, None, None
+        self.attempts, self.max_attempts = attempts, most
+        self.status, self.error, self.traceback = after, None, None
         return self
 
     def position(self) -> int | None:

@@ -317,7 +317,8 @@ def read_job_hash(stored: dict[str, str]) -> JobHash:
         priority=read.int("priority", 0, validation.MIN_PRIORITY, validation.MAX_PRIORITY),
         run_at=read.time("run_at"),
         attempts=read.int("attempts", 0, 0, 2**31 - 1),
-        max_attempts=read.int("max_attempts", 1, 1, validation.MAX_ATTEMPTS),
+        # a manual retry adds the attempts used to the enqueued bound (retry.lua)
+        max_attempts=read.int("max_attempts", 1, 1, 2**31 - 1),
         result=read.json("result", None),
         error=data.get("error"),
         traceback=data.get("traceback"),

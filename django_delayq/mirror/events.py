@@ -146,8 +146,10 @@ def apply_event(row: Row, event: Event) -> None:
         due = run_at is None or (at is not None and run_at <= at)
         row.update(run_at=run_at or row["run_at"], finished_at=None,
                    status=JobStatus.READY if due else JobStatus.SCHEDULED)
-        if f.get("manual"):
-            row.update(attempts=0, error="", traceback="")
+        if f.get("manual"):  # attempts go on, with a new budget (retry.lua)
+            row.update(error="", traceback="")
+            if f.get("max_attempts", "").isdigit():
+                row["max_attempts"] = int(f["max_attempts"])
     elif kind == "progress":  # the event carries the hash's fields, by their stored names
         row["progress"] = to_fraction(f.get(stored("progress")))
         row["progress_message"] = storable_text(f.get(stored("progress_message"), "")[:500])
