@@ -474,6 +474,29 @@ def test_release_hands_back_without_counting_the_attempt(bare):
     assert [j.attempt for j in again] == [1, 1, 1]
 
 
+def test_a_job_whose_abort_was_asked_is_not_handed_back_to_run_again(bare, redis_client):
+    """A stopping worker hands back what it holds; a job whose abort was asked meanwhile
+    must end cancelled, started or not, never run again."""
+    keys = QueueKeys("t", "q")
+    for started in (False, True):
+        kept, aborted = (bare.enqueue("q", "t.x", [i]).job_id for i in range(2))
+        claimed = claim_all(bare, "q")
+        assert Job.fetch(aborted, "q", broker=bare).abort(by="ops") is True
+        batch = bare.batch()
+        bare.add_release(batch, keys, [(j.id, j.attempt) for j in claimed], started=started)
+        assert batch.run() == [1]
+        assert redis_client.zrange(keys.ready, 0, -1) == [kept]
+        assert bare.reclaim("q") == (0, 0)  # ended cancelled: neither returned nor failed
+        job = Job.fetch(aborted, "q", broker=bare)
+        assert (job.status, job.aborted_by) == ("cancelled", "ops")
+        assert job.attempts == 0  # its start was never noted: no attempt counted
+        (again,) = claim_all(bare, "q")
+        assert again.id == kept
+        batch = bare.batch()
+        bare.add_complete(batch, keys, [(kept, again.attempt, "null")])
+        assert batch.run() == [[1]]
+
+
 def test_paused_queue_accepts_but_does_not_hand_out(bare):
     queue = Queue("q", broker=bare)
     queue.pause()

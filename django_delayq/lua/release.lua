@@ -8,7 +8,9 @@
 -- include: free_slot
 
 -- Hand leased jobs back to the ready set at their old place, without waiting for the
--- lease to lapse: a stopping worker returns what it claimed but did not finish.
+-- lease to lapse: a stopping worker returns what it claimed but did not finish. A job
+-- whose abort was asked (Job.abort()) is not run again: its lease is made to lapse now,
+-- so the next reclaim ends it cancelled with its dependants told (reclaim.lua).
 --
 -- KEYS[1] active     ZSET  leased job ids by lease deadline (ms)
 -- KEYS[2] ready      ZSET  job ids by ready score
@@ -21,7 +23,7 @@
 -- ARGV[2] 1: the jobs never started, so their attempt is not counted; 0: it is
 -- ARGV[3..] per job, 2 values: id, attempt (the lease token)
 --
--- Returns the number of jobs handed back.
+-- Returns the number of jobs handed back (an aborted one is not).
 
 local active, ready, marker, events, job_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local maxlen, uncount = events_cap(ARGV[1]), ARGV[2] == '1'
@@ -30,8 +32,10 @@ local released, to_ready = 0, {}
 for i = 3, #ARGV, 2 do
   local job_id, attempt = ARGV[i], ARGV[i + 1]
   local job_key = job_prefix .. job_id
-  local f = redis.call('HMGET', job_key, 's', 'n', 'p', 'q', 'ck')
-  if is_leased(f[1]) and f[2] == attempt and redis.call('ZREM', active, job_id) == 1 then
+  local f = redis.call('HMGET', job_key, 's', 'n', 'p', 'q', 'ck', 'ab')
+  if f[6] and is_leased(f[1]) and f[2] == attempt then
+    redis.call('ZADD', active, 'XX', 0, job_id)
+  elseif is_leased(f[1]) and f[2] == attempt and redis.call('ZREM', active, job_id) == 1 then
     if uncount and redis.call('HINCRBY', job_key, 'n', -1) == 0 then
       redis.call('HDEL', job_key, 'n')  -- 0 attempts is the default: not stored
     end
