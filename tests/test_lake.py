@@ -116,6 +116,25 @@ def test_export_writes_each_event_once_in_its_own_group(tmp_path, broker, redis_
     assert lake_events(tmp_path) == expected
 
 
+def test_queues_named_like_hidden_files_are_read_back_and_written_once(tmp_path, broker,
+                                                                       redis_client):
+    """Readers skip files whose names begin with ``_`` or ``.``, as queue names may."""
+    shards = [QueueKeys("dq", queue) for queue in ("_private", ".dot", "plain")]
+    for keys in shards:
+        for i in range(40):
+            broker.enqueue(keys.queue, "t.x", [i])
+    expected = sum((stream_events(redis_client, keys) for keys in shards), Counter())
+    crashing = CrashBeforeAck(str(tmp_path), broker=broker, batch_size=10, after=5,
+                              name="first")
+    with pytest.raises(Crash):
+        crashing.run(burst=True)
+    export(tmp_path, broker, batch_size=7, name="first")  # the files written are found
+    assert lake_events(tmp_path) == expected
+    table = read_all(str(tmp_path))
+    assert Counter(table.column("queue").to_pylist()) == {
+        "_private": 40, ".dot": 40, "plain": 40}
+
+
 def test_the_mirror_and_the_export_ack_apart(tmp_path, broker, redis_client):
     from django_delayq.mirror import Mirror
 

@@ -6,6 +6,10 @@ stream ids it holds, so that a batch written again after a crash has the same na
 replaces the file, never adds a second one), and a reader of the name knows which
 entries it may hold without opening it.
 
+Readers (PyArrow, Spark, Hadoop) skip a file whose name begins with ``_`` or ``.``, and
+queue names may begin with either: such a queue's files begin with one more ``~``
+(which no queue name holds), so they are read like the others.
+
 Local files are written to a hidden temporary name, flushed to disk (``fsync``), renamed
 and their directory synced: the file is whole or absent. Other filesystems (object
 stores) make an object visible only when its upload completes, on ``close``.
@@ -28,6 +32,8 @@ from .schema import ARROW_SCHEMA, PARTITION
 SUFFIX = ".parquet"
 SEP = "~"
 NO_SHARD = "x"
+#: The first characters of a file name that readers take for hidden.
+HIDDEN = (".", "_")
 
 
 @dataclass(frozen=True)
@@ -42,13 +48,14 @@ class FileName:
     @property
     def name(self) -> str:
         shard = NO_SHARD if self.shard is None else str(self.shard)
-        return SEP.join((self.queue, shard, self.first, self.last)) + SUFFIX
+        name = SEP.join((self.queue, shard, self.first, self.last)) + SUFFIX
+        return SEP + name if name.startswith(HIDDEN) else name
 
     @classmethod
     def parse(cls, name: str) -> FileName | None:
-        if not name.endswith(SUFFIX) or name.startswith((".", "_")):
+        if not name.endswith(SUFFIX) or name.startswith(HIDDEN):
             return None
-        parts = name[:-len(SUFFIX)].split(SEP)
+        parts = name.removeprefix(SEP)[:-len(SUFFIX)].split(SEP)
         if len(parts) != 4:
             return None
         queue, shard, first, last = parts
