@@ -12,7 +12,7 @@ from django.test import Client, override_settings
 from prometheus_client.parser import text_string_to_metric_families
 from redis.exceptions import OutOfMemoryError
 
-from django_delayq import Queue
+from django_delayq import Job, Queue
 from django_delayq.engine.stats import HISTOGRAM_MS
 from django_delayq.metrics import queue_names
 from django_delayq.mirror import Mirror
@@ -80,6 +80,37 @@ def test_figures_after_a_known_run(client, broker):
     m = scrape(client)
     assert value(m, "delayq_mirror_lag_events", **d) == 0
     assert value(m, "delayq_mirror_lag_events", queue="other") == 0
+
+
+def test_every_dead_lettered_job_counts_once_in_the_failed_total(client, broker, redis_client):
+    """A job reaches the failed set by its last attempt (fail.lua), by the policy of a
+    parent that ended badly (in the parent's script, in the enqueue of a dependant whose
+    parent had already failed, and through another queue's outbox) or by a damaged job
+    key (the claim): each counts once, so the total is what the failed set holds."""
+    parent = tasks.always_fails.using(max_attempts=1).enqueue("parent")
+    child = tasks.record.using(depends_on=[parent], on_parent_failure="fail").enqueue("c")
+    grandchild = tasks.record.using(depends_on=[child], on_parent_failure="fail").enqueue("g")
+    elsewhere = tasks.record_other.using(depends_on=[parent],
+                                         on_parent_failure="fail").enqueue("o")
+    cancelled = tasks.record.using(delay=3600).enqueue("cancelled")
+    of_cancelled = tasks.record.using(depends_on=[cancelled],
+                                      on_parent_failure="fail").enqueue("oc")
+    assert Job.fetch(cancelled.id).cancel()
+    damaged = tasks.record.enqueue("damaged")
+    job_key = broker.keys_for("default", damaged.id).job(damaged.id)
+    redis_client.delete(job_key)
+    redis_client.rpush(job_key, "junk")
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: all(Job.fetch(j.id, j.queue).status == "failed" for j in
+                               [parent, child, grandchild, elsewhere, damaged]),
+                   message="the jobs to fail")
+    late = tasks.record.using(depends_on=[parent], on_parent_failure="fail").enqueue("late")
+    dead = [parent, child, grandchild, of_cancelled, damaged, late]
+    assert all(Job.fetch(j.id).status == "failed" for j in dead)
+    m = scrape(client)
+    for queue, n in {"default": len(dead), "other": 1}.items():
+        assert value(m, "delayq_jobs", queue=queue, status="failed") == n, queue
+        assert value(m, "delayq_jobs_failed_total", queue=queue) == n, queue
 
 
 def test_a_total_redis_lowers_holds_in_the_scrape(client, broker, redis_client):

@@ -137,7 +137,8 @@ class Commands:
         """The KEYS and ARGV every script that resolves dependants takes (``flow_ctx``)."""
         cfg = self.config
         return ([keys.scheduled, keys.ready, keys.marker, keys.seq, keys.cancelled,
-                 keys.failed, keys.flow_outbox, keys.waiting, keys.events, keys.job_prefix],
+                 keys.failed, keys.flow_outbox, keys.waiting, keys.events, keys.job_prefix,
+                 keys.stats],
                 [cfg.failed_ttl_ms, cfg.keep_failed, cfg.events_cap])
 
     def add_link(self, batch: Batch, keys: QueueKeys, links: Sequence[tuple[str, str]]) -> int:

@@ -12,6 +12,7 @@
 -- include: fair_turn
 -- include: take_slot
 -- include: schedule_job
+-- include: count_minute
 
 -- Claim a batch: promote due scheduled jobs, pop ready jobs by priority then FIFO, and
 -- lease them to a worker: 'claimed', until the worker says a thread started it (start.lua).
@@ -30,7 +31,8 @@
 -- KEYS[9] limit      ZSET  start times in the current window (the queue's one window,
 --                          shared by its shards; unused when ARGV[6] is 0)
 -- KEYS[10] failed    ZSET  dead-lettered job ids (a job key that is not a hash goes here)
--- KEYS[11] stats     HASH  the start-lateness histogram (its count: jobs claimed)
+-- KEYS[11] stats     HASH  the start-lateness histogram (its count: jobs claimed), and
+--                          the failed totals a damaged job key adds to
 -- KEYS[12..16] the shard's concurrency-key keys (keyed_ctx.lua)
 --
 -- ARGV[1] most jobs to claim
@@ -68,6 +70,7 @@ local function fail_damaged(job_key, job_id, found)
   redis.call('DEL', job_key)
   redis.call('HSET', job_key, 't', '', 's', 'failed', 'x', reason, 'e', now, 'f', now)
   redis.call('ZADD', failed_key, now, job_id)
+  count_minute(KEYS[11], 'f', now, 1)  -- dead-lettered, as fail.lua counts
   emit(events, maxlen, 'failed', job_id, now, 'error', reason)
 end
 

@@ -23,8 +23,8 @@
 -- KEYS[3] events     STREAM lifecycle events
 -- KEYS[4] stats      HASH  per-minute counters, totals, the duration histogram
 -- KEYS[5] job key prefix (job keys are KEYS[5] .. id; same hash tag)
--- KEYS[6..15] the shard's keys for releasing dependants (flow_ctx in flows.lua)
--- KEYS[16..20] the shard's concurrency-key keys (keyed_ctx.lua): a completed
+-- KEYS[6..16] the shard's keys for releasing dependants (flow_ctx in flows.lua)
+-- KEYS[17..21] the shard's concurrency-key keys (keyed_ctx.lua): a completed
 --              job frees its key's slot
 --
 -- ARGV[1..3] the settings for releasing dependants (flow_ctx)
@@ -46,7 +46,7 @@
 local active, completed, events, stats, job_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local ttl, keep, maxlen = tonumber(ARGV[4]), tonumber(ARGV[5]), events_cap(ARGV[6])
 local flow = flow_ctx(6, 1)
-local kc = keyed_ctx(16)
+local kc = keyed_ctx(17)
 local now = now_ms()
 local out = {}
 local finished, ids, attempts, durations = {}, {}, {}, {}

@@ -33,9 +33,9 @@
 -- ARGV[7] most failed ids to keep
 -- ARGV[8] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- ARGV[9] when the attempt started (ms; for the attempt log)
--- KEYS[8..17], ARGV[10..12] the shard's keys and settings for resolving dependants
+-- KEYS[8..18], ARGV[10..12] the shard's keys and settings for resolving dependants
 -- (flow_ctx in flows.lua)
--- KEYS[18..22] the shard's concurrency-key keys (keyed_ctx.lua): the attempt
+-- KEYS[19..23] the shard's concurrency-key keys (keyed_ctx.lua): the attempt
 --              frees its key's slot, retried or not
 --
 -- Returns {outcome, run_at, pushed}: outcome 'retried' (run_at is the retry time),
@@ -54,7 +54,7 @@ if not is_leased(f[1]) or f[2] ~= attempt or redis.call('ZREM', active, job_id) 
   return {'stale', 0}
 end
 if f[7] then
-  free_slot(keyed_ctx(18), f[7], KEYS[9], KEYS[10], KEYS[17])
+  free_slot(keyed_ctx(19), f[7], KEYS[9], KEYS[10], KEYS[17])
 end
 local started = f[5] or (ARGV[9] and ARGV[9] ~= '0' and ARGV[9]) or nil
 redis.call('HSET', job_key, 'x', ARGV[3], 'tb', ARGV[4], 'f', now)
