@@ -82,6 +82,36 @@ def test_figures_after_a_known_run(client, broker):
     assert value(m, "delayq_mirror_lag_events", queue="other") == 0
 
 
+def test_started_total_counts_starts_not_claims(client, broker, redis_client):
+    """A claim is not a start: jobs claimed and handed back before any thread ran them
+    (a stopping worker's release, a lost worker's reclaim) add nothing to the started
+    total or to the lateness histogram; the run that follows adds one, when its start is
+    noted and not again when its ack lands."""
+    gate = "test:started-gate"
+    job = tasks.gated.enqueue("once", gate)
+    (lost,) = broker.claim("default", 1, "lost-worker")[0].jobs
+    assert broker.reclaim_worker("lost-worker", [lost.keys]) == (1, 0)
+    (stopping,) = broker.claim("default", 1, "stopping-worker")[0].jobs
+    batch = broker.batch()
+    broker.add_release(batch, stopping.keys, [(stopping.id, stopping.attempt)], started=False)
+    assert batch.run() == [1]
+    assert lost.id == stopping.id == job.id
+    d = {"queue": "default"}
+    m = scrape(client)
+    assert value(m, "delayq_jobs_started_total", **d) == 0
+    assert value(m, "delayq_job_start_lateness_seconds_count", **d) == 0
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: job.refresh().status == "active", message="the start noted")
+        m = scrape(client)
+        assert value(m, "delayq_jobs_started_total", **d) == 1
+        redis_client.set(gate, 1)
+        wait_until(lambda: job.refresh().status == "completed", message="the job")
+    m = scrape(client)
+    assert value(m, "delayq_jobs_started_total", **d) == 1
+    assert value(m, "delayq_job_start_lateness_seconds_count", **d) == 1
+    assert job.attempts == 1
+
+
 def test_every_dead_lettered_job_counts_once_in_the_failed_total(client, broker, redis_client):
     """A job reaches the failed set by its last attempt (fail.lua), by the policy of a
     parent that ended badly (in the parent's script, in the enqueue of a dependant whose

@@ -212,7 +212,7 @@ class Commands:
         args: list[Any] = [self.config.events_cap, worker]
         for job_id, attempt, start_ms in started:
             args += [job_id, attempt, start_ms]
-        return batch.add("start", [keys.events, keys.job_prefix], args)
+        return batch.add("start", [keys.events, keys.job_prefix, keys.stats], args)
 
     def add_complete(self, batch: Batch, keys: QueueKeys,
                      done: Sequence[tuple[str, int, str] | tuple[str, int, str, int]]) -> int:

@@ -21,7 +21,8 @@
 -- KEYS[1] active     ZSET  leased job ids by lease deadline (ms)
 -- KEYS[2] completed  ZSET  completed job ids by finish time (ms)
 -- KEYS[3] events     STREAM lifecycle events
--- KEYS[4] stats      HASH  per-minute counters, totals, the duration histogram
+-- KEYS[4] stats      HASH  per-minute counters, totals, the duration histogram, and
+--                           the start lateness of a job whose start note never landed
 -- KEYS[5] job key prefix (job keys are KEYS[5] .. id; same hash tag)
 -- KEYS[6..16] the shard's keys for releasing dependants (flow_ctx in flows.lua)
 -- KEYS[17..21] the shard's concurrency-key keys (keyed_ctx.lua): a completed
@@ -50,17 +51,19 @@ local kc = keyed_ctx(17)
 local now = now_ms()
 local out = {}
 local finished, ids, attempts, durations = {}, {}, {}, {}
-local unnoted, unnoted_attempts = {}, {}  -- acked while still 'claimed': no start note
+local unnoted, unnoted_attempts, lateness = {}, {}, {}  -- acked while 'claimed': no start note
 for i = 7, #ARGV, 4 do
   local job_id, attempt = ARGV[i], ARGV[i + 1]
   local job_key = job_prefix .. job_id
-  local f = redis.call('HMGET', job_key, 's', 'n', 'b', 'dc', 'ck')
+  local f = redis.call('HMGET', job_key, 's', 'n', 'b', 'dc', 'ck', 'r', 'e')
   if is_leased(f[1]) and f[2] == attempt then
+    local started = f[3] or (ARGV[i + 3] ~= '0' and ARGV[i + 3]) or nil
     if f[1] == 'claimed' then
       unnoted[#unnoted + 1] = job_id
       unnoted_attempts[#unnoted_attempts + 1] = attempt
+      local began = math.min(tonumber(started) or now, now)
+      lateness[#lateness + 1] = began - (tonumber(f[6] or f[7]) or began)
     end
-    local started = f[3] or (ARGV[i + 3] ~= '0' and ARGV[i + 3]) or nil
     durations[#durations + 1] = now - (tonumber(started) or now)
     if started and not f[3] then
       redis.call('HSET', job_key, 's', 'completed', 'f', now, 'v', ARGV[i + 2], 'b', started)
@@ -91,6 +94,7 @@ if #ids > 0 then
   emit_jobs(events, maxlen, 'completed', ids, now, attempts)
   count_minute(stats, 'c', now, #ids)
   observe(stats, 'hd', durations)
+  observe(stats, 'hl', lateness)
   trim_finished(completed, job_prefix, now, ttl, keep)
 end
 return out
