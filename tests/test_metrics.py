@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from django_delayq import Job, Queue
 from django_delayq.engine.stats import HISTOGRAM_MS
 from django_delayq.metrics import queue_names
 from django_delayq.mirror import Mirror
+from django_delayq.runtime.worker import acks
 from tests.conftest import ran, round_trips, wait_until, worker_thread
 from tests.testapp import tasks
 
@@ -235,11 +237,51 @@ def test_histogram_buckets_follow_the_scripts(broker, redis_client):
     buckets = [k for k in stored if k.startswith("hd:") and k != "hd:sum"]
     assert len(buckets) == 1
     index = int(buckets[0].split(":")[1])
-    duration_ms = (job.finished_at - job.started_at).total_seconds() * 1000
+    duration_ms = int(stored["hd:sum"])  # the one job's run time, as the worker measured it
+    assert duration_ms <= (job.finished_at - job.started_at).total_seconds() * 1000 + 1
     upper = ([*HISTOGRAM_MS, float("inf")])[index - 1]
     lower = ([0, *HISTOGRAM_MS])[index - 1]
     assert lower <= duration_ms <= upper
     assert Queue("default", broker=broker).summary().stats.duration.count == 1
+
+
+def test_the_duration_is_the_run_not_the_wait_for_the_ack(broker, redis_client, monkeypatch):
+    """An outcome may wait in the worker before its ack is sent (a busy or backing-off
+    acker): the duration histogram takes the run time the worker measured, not the time
+    from the start to the ack. The ack is held here until Redis's clock is past the
+    upper bound of the run's bucket, so the wait alone would land in another bucket."""
+    arrived, release = threading.Event(), threading.Event()
+    held: list[Any] = []
+    send = acks.send_outcomes
+
+    def held_send(broker_: Any, outcomes: Any, **kwargs: Any) -> Any:
+        if outcomes and not held:
+            held.extend(outcomes)
+            arrived.set()
+            assert release.wait(60), "the ack was never released"
+        return send(broker_, outcomes, **kwargs)
+
+    monkeypatch.setattr(acks, "send_outcomes", held_send)
+    job = tasks.record.enqueue("held")
+    with worker_thread(queues=["default"]):
+        assert arrived.wait(60), "no outcome"
+        (outcome,) = held
+        ran_ms = outcome.finished_ms - outcome.started_ms
+        bucket = next((i for i, ms in enumerate(HISTOGRAM_MS, 1) if ran_ms <= ms),
+                      len(HISTOGRAM_MS) + 1)
+        assert bucket <= len(HISTOGRAM_MS)  # a record() job runs for less than 5 minutes
+
+        def redis_ms() -> int:
+            seconds, micros = redis_client.time()
+            return int(seconds) * 1000 + int(micros) // 1000
+
+        wait_until(lambda: redis_ms() - outcome.started_ms > HISTOGRAM_MS[bucket - 1],
+                   message="Redis's clock past the run's bucket")
+        release.set()
+        wait_until(lambda: job.refresh().status == "completed", message="the ack")
+    stored = redis_client.hgetall(broker.keys_for("default", job.id).stats)
+    assert {k: int(v) for k, v in stored.items() if k.startswith("hd:")} == {
+        f"hd:{bucket}": 1, "hd:sum": ran_ms}
 
 
 def test_redis_down_is_a_503_without_the_url(client):

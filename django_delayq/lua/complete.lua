@@ -32,8 +32,13 @@
 -- ARGV[4] result time to live (ms; 0: delete the job at once)
 -- ARGV[5] most completed ids to keep
 -- ARGV[6] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
--- ARGV[7..] per job, 4 values: id, attempt (the lease token), result JSON, start ms
---           (stored when the start was never noted)
+-- ARGV[7..] per job, 5 values: id, attempt (the lease token), result JSON, start ms
+--           (stored when the start was never noted), run time ms as the worker measured
+--           it (-1: unknown)
+--
+-- The duration histogram ('hd') takes the run time the ack carries: now - start would
+-- add the time the outcome waited in the worker before its ack was sent. An ack
+-- without one (-1) falls back to now - start.
 --
 -- The completing attempt is not appended to the attempt log (field h): the hash's own
 -- n, w, b and f are its entry (readers add it: with_completed_attempt in
@@ -52,7 +57,7 @@ local now = now_ms()
 local out = {}
 local finished, ids, attempts, durations = {}, {}, {}, {}
 local unnoted, unnoted_attempts, lateness = {}, {}, {}  -- acked while 'claimed': no start note
-for i = 7, #ARGV, 4 do
+for i = 7, #ARGV, 5 do
   local job_id, attempt = ARGV[i], ARGV[i + 1]
   local job_key = job_prefix .. job_id
   local f = redis.call('HMGET', job_key, 's', 'n', 'b', 'dc', 'ck', 'r', 'e')
@@ -64,7 +69,8 @@ for i = 7, #ARGV, 4 do
       local began = math.min(tonumber(started) or now, now)
       lateness[#lateness + 1] = began - (tonumber(f[6] or f[7]) or began)
     end
-    durations[#durations + 1] = now - (tonumber(started) or now)
+    local ran = tonumber(ARGV[i + 4]) or -1
+    durations[#durations + 1] = ran >= 0 and ran or now - (tonumber(started) or now)
     if started and not f[3] then
       redis.call('HSET', job_key, 's', 'completed', 'f', now, 'v', ARGV[i + 2], 'b', started)
     else
