@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from typing import Any
 
 import pytest
@@ -12,10 +13,11 @@ from django.test import Client, override_settings
 from prometheus_client.parser import text_string_to_metric_families
 from redis.exceptions import OutOfMemoryError
 
-from django_delayq import Queue
+from django_delayq import Job, Queue
 from django_delayq.engine.stats import HISTOGRAM_MS
 from django_delayq.metrics import queue_names
 from django_delayq.mirror import Mirror
+from django_delayq.runtime.worker import acks
 from tests.conftest import ran, round_trips, wait_until, worker_thread
 from tests.testapp import tasks
 
@@ -80,6 +82,67 @@ def test_figures_after_a_known_run(client, broker):
     m = scrape(client)
     assert value(m, "delayq_mirror_lag_events", **d) == 0
     assert value(m, "delayq_mirror_lag_events", queue="other") == 0
+
+
+def test_started_total_counts_starts_not_claims(client, broker, redis_client):
+    """A claim is not a start: jobs claimed and handed back before any thread ran them
+    (a stopping worker's release, a lost worker's reclaim) add nothing to the started
+    total or to the lateness histogram; the run that follows adds one, when its start is
+    noted and not again when its ack lands."""
+    gate = "test:started-gate"
+    job = tasks.gated.enqueue("once", gate)
+    (lost,) = broker.claim("default", 1, "lost-worker")[0].jobs
+    assert broker.reclaim_worker("lost-worker", [lost.keys]) == (1, 0)
+    (stopping,) = broker.claim("default", 1, "stopping-worker")[0].jobs
+    batch = broker.batch()
+    broker.add_release(batch, stopping.keys, [(stopping.id, stopping.attempt)], started=False)
+    assert batch.run() == [1]
+    assert lost.id == stopping.id == job.id
+    d = {"queue": "default"}
+    m = scrape(client)
+    assert value(m, "delayq_jobs_started_total", **d) == 0
+    assert value(m, "delayq_job_start_lateness_seconds_count", **d) == 0
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: job.refresh().status == "active", message="the start noted")
+        m = scrape(client)
+        assert value(m, "delayq_jobs_started_total", **d) == 1
+        redis_client.set(gate, 1)
+        wait_until(lambda: job.refresh().status == "completed", message="the job")
+    m = scrape(client)
+    assert value(m, "delayq_jobs_started_total", **d) == 1
+    assert value(m, "delayq_job_start_lateness_seconds_count", **d) == 1
+    assert job.attempts == 1
+
+
+def test_every_dead_lettered_job_counts_once_in_the_failed_total(client, broker, redis_client):
+    """A job reaches the failed set by its last attempt (fail.lua), by the policy of a
+    parent that ended badly (in the parent's script, in the enqueue of a dependant whose
+    parent had already failed, and through another queue's outbox) or by a damaged job
+    key (the claim): each counts once, so the total is what the failed set holds."""
+    parent = tasks.always_fails.using(max_attempts=1).enqueue("parent")
+    child = tasks.record.using(depends_on=[parent], on_parent_failure="fail").enqueue("c")
+    grandchild = tasks.record.using(depends_on=[child], on_parent_failure="fail").enqueue("g")
+    elsewhere = tasks.record_other.using(depends_on=[parent],
+                                         on_parent_failure="fail").enqueue("o")
+    cancelled = tasks.record.using(delay=3600).enqueue("cancelled")
+    of_cancelled = tasks.record.using(depends_on=[cancelled],
+                                      on_parent_failure="fail").enqueue("oc")
+    assert Job.fetch(cancelled.id).cancel()
+    damaged = tasks.record.enqueue("damaged")
+    job_key = broker.keys_for("default", damaged.id).job(damaged.id)
+    redis_client.delete(job_key)
+    redis_client.rpush(job_key, "junk")
+    with worker_thread(queues=["default"]):
+        wait_until(lambda: all(Job.fetch(j.id, j.queue).status == "failed" for j in
+                               [parent, child, grandchild, elsewhere, damaged]),
+                   message="the jobs to fail")
+    late = tasks.record.using(depends_on=[parent], on_parent_failure="fail").enqueue("late")
+    dead = [parent, child, grandchild, of_cancelled, damaged, late]
+    assert all(Job.fetch(j.id).status == "failed" for j in dead)
+    m = scrape(client)
+    for queue, n in {"default": len(dead), "other": 1}.items():
+        assert value(m, "delayq_jobs", queue=queue, status="failed") == n, queue
+        assert value(m, "delayq_jobs_failed_total", queue=queue) == n, queue
 
 
 def test_a_total_redis_lowers_holds_in_the_scrape(client, broker, redis_client):
@@ -174,11 +237,51 @@ def test_histogram_buckets_follow_the_scripts(broker, redis_client):
     buckets = [k for k in stored if k.startswith("hd:") and k != "hd:sum"]
     assert len(buckets) == 1
     index = int(buckets[0].split(":")[1])
-    duration_ms = (job.finished_at - job.started_at).total_seconds() * 1000
+    duration_ms = int(stored["hd:sum"])  # the one job's run time, as the worker measured it
+    assert duration_ms <= (job.finished_at - job.started_at).total_seconds() * 1000 + 1
     upper = ([*HISTOGRAM_MS, float("inf")])[index - 1]
     lower = ([0, *HISTOGRAM_MS])[index - 1]
     assert lower <= duration_ms <= upper
     assert Queue("default", broker=broker).summary().stats.duration.count == 1
+
+
+def test_the_duration_is_the_run_not_the_wait_for_the_ack(broker, redis_client, monkeypatch):
+    """An outcome may wait in the worker before its ack is sent (a busy or backing-off
+    acker): the duration histogram takes the run time the worker measured, not the time
+    from the start to the ack. The ack is held here until Redis's clock is past the
+    upper bound of the run's bucket, so the wait alone would land in another bucket."""
+    arrived, release = threading.Event(), threading.Event()
+    held: list[Any] = []
+    send = acks.send_outcomes
+
+    def held_send(broker_: Any, outcomes: Any, **kwargs: Any) -> Any:
+        if outcomes and not held:
+            held.extend(outcomes)
+            arrived.set()
+            assert release.wait(60), "the ack was never released"
+        return send(broker_, outcomes, **kwargs)
+
+    monkeypatch.setattr(acks, "send_outcomes", held_send)
+    job = tasks.record.enqueue("held")
+    with worker_thread(queues=["default"]):
+        assert arrived.wait(60), "no outcome"
+        (outcome,) = held
+        ran_ms = outcome.finished_ms - outcome.started_ms
+        bucket = next((i for i, ms in enumerate(HISTOGRAM_MS, 1) if ran_ms <= ms),
+                      len(HISTOGRAM_MS) + 1)
+        assert bucket <= len(HISTOGRAM_MS)  # a record() job runs for less than 5 minutes
+
+        def redis_ms() -> int:
+            seconds, micros = redis_client.time()
+            return int(seconds) * 1000 + int(micros) // 1000
+
+        wait_until(lambda: redis_ms() - outcome.started_ms > HISTOGRAM_MS[bucket - 1],
+                   message="Redis's clock past the run's bucket")
+        release.set()
+        wait_until(lambda: job.refresh().status == "completed", message="the ack")
+    stored = redis_client.hgetall(broker.keys_for("default", job.id).stats)
+    assert {k: int(v) for k, v in stored.items() if k.startswith("hd:")} == {
+        f"hd:{bucket}": 1, "hd:sum": ran_ms}
 
 
 def test_redis_down_is_a_503_without_the_url(client):

@@ -15,6 +15,7 @@ from typing import Any
 from . import flows, validation
 from .bulk import BulkEnqueue, Outgoing
 from .claims import ClaimResult
+from .commands import CompleteAck
 from .core import BrokerCore
 from .errors import NotReplicated, PartialClaimError
 from .failover import CALL_FAILED, FAILOVER
@@ -198,10 +199,11 @@ class Broker(BrokerCore):
 
     def add_complete(
         self, batch: Batch, keys: QueueKeys,
-        done: Sequence[tuple[str, int, str] | tuple[str, int, str, int]],
+        done: Sequence[CompleteAck],
     ) -> int:
-        """Add acks of ``(job_id, attempt, result_json[, start ms])`` on the shard ``keys``
-        (the start time, for the attempt log, when the job's own is not recorded)."""
+        """Add acks of ``(job_id, attempt, result_json[, start ms[, run ms]])`` on the
+        shard ``keys`` (the start time, for the attempt log, when the job's own is not
+        recorded; the run time as the worker measured it, for the duration histogram)."""
         return self.commands.add_complete(batch, keys, done)
 
     def add_fail(

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from .keys import QueueKeys
     from .pinned import PinnedConnections
 
+#: An ack of a completed job: ``(job_id, attempt, result_json[, start ms[, run ms]])``.
+CompleteAck = tuple[str, int, str] | tuple[str, int, str, int] | tuple[str, int, str, int, int]
+
 #: Most bytes of a failed attempt's error line kept (ERROR_MAX_BYTES when smaller).
 ERROR_LINE_BYTES = 2_000
 
@@ -137,7 +140,8 @@ class Commands:
         """The KEYS and ARGV every script that resolves dependants takes (``flow_ctx``)."""
         cfg = self.config
         return ([keys.scheduled, keys.ready, keys.marker, keys.seq, keys.cancelled,
-                 keys.failed, keys.flow_outbox, keys.waiting, keys.events, keys.job_prefix],
+                 keys.failed, keys.flow_outbox, keys.waiting, keys.events, keys.job_prefix,
+                 keys.stats],
                 [cfg.failed_ttl_ms, cfg.keep_failed, cfg.events_cap])
 
     def add_link(self, batch: Batch, keys: QueueKeys, links: Sequence[tuple[str, str]]) -> int:
@@ -211,18 +215,20 @@ class Commands:
         args: list[Any] = [self.config.events_cap, worker]
         for job_id, attempt, start_ms in started:
             args += [job_id, attempt, start_ms]
-        return batch.add("start", [keys.events, keys.job_prefix], args)
+        return batch.add("start", [keys.events, keys.job_prefix, keys.stats], args)
 
     def add_complete(self, batch: Batch, keys: QueueKeys,
-                     done: Sequence[tuple[str, int, str] | tuple[str, int, str, int]]) -> int:
-        """Ack ``(job_id, attempt, result_json[, start ms])`` of the shard ``keys`` as
-        completed (the start ms, 0 if unknown, goes to the attempt log if the job's own
-        start was never noted)."""
+                     done: Sequence[CompleteAck]) -> int:
+        """Ack ``(job_id, attempt, result_json[, start ms[, run ms]])`` of the shard
+        ``keys`` as completed (the start ms, 0 if unknown, goes to the attempt log if the
+        job's own start was never noted; the run time, -1 if unknown, to the duration
+        histogram, else the time from the start to the ack does)."""
         cfg = self.config
         flow_keys, args = self._flow_call(keys)
         args += [cfg.result_ttl_ms, cfg.keep_completed, cfg.events_cap]
-        for job_id, attempt, result, *start_ms in done:
-            args += [job_id, attempt, result, start_ms[0] if start_ms else 0]
+        for job_id, attempt, result, *timing in done:
+            args += [job_id, attempt, result, timing[0] if timing else 0,
+                     timing[1] if len(timing) > 1 else -1]
         return batch.add(
             "complete",
             [keys.active, keys.completed, keys.events, keys.stats, keys.job_prefix, *flow_keys,

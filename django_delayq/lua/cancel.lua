@@ -25,9 +25,9 @@
 -- ARGV[3] most cancelled ids to keep
 -- ARGV[4] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- ARGV[8] who asks ('' or absent: cancel a job that has not started only)
--- KEYS[6..15], ARGV[5..7] the shard's keys and settings for resolving dependants
+-- KEYS[6..16], ARGV[5..7] the shard's keys and settings for resolving dependants
 -- (flow_ctx in flows.lua)
--- KEYS[16..20] the shard's concurrency-key keys (keyed_ctx.lua): a ready job of a key
+-- KEYS[17..21] the shard's concurrency-key keys (keyed_ctx.lua): a ready job of a key
 -- may be the one a freed slot woke; cancelled before its claim, it wakes the next
 --
 -- Returns {the job's status before the call ('' when there is no such job), resolutions
@@ -57,7 +57,7 @@ redis.call('ZREM', KEYS[2], job_id)
 local was_ready = redis.call('ZREM', KEYS[3], job_id) == 1
 local keyed = redis.call('HMGET', job_key, 'ck', 'kw', 'q')
 if keyed[1] then
-  local kc = keyed_ctx(16)
+  local kc = keyed_ctx(17)
   if keyed[2] then  -- parked: out of the park set, so no count or purge sees it
     unpark(kc, keyed[1], job_key, job_id)
   elseif was_ready then  -- maybe the one a freed slot woke: wake the next

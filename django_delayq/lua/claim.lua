@@ -7,11 +7,11 @@
 -- include: mark_ready
 -- include: add_ready
 -- include: rate_limit
--- include: histogram
 -- include: keyed_ctx
 -- include: fair_turn
 -- include: take_slot
 -- include: schedule_job
+-- include: count_minute
 
 -- Claim a batch: promote due scheduled jobs, pop ready jobs by priority then FIFO, and
 -- lease them to a worker: 'claimed', until the worker says a thread started it (start.lua).
@@ -30,7 +30,8 @@
 -- KEYS[9] limit      ZSET  start times in the current window (the queue's one window,
 --                          shared by its shards; unused when ARGV[6] is 0)
 -- KEYS[10] failed    ZSET  dead-lettered job ids (a job key that is not a hash goes here)
--- KEYS[11] stats     HASH  the start-lateness histogram (its count: jobs claimed)
+-- KEYS[11] stats     HASH  the failed totals a damaged job key adds to (a claim is no
+--                          start: start.lua counts the starts)
 -- KEYS[12..16] the shard's concurrency-key keys (keyed_ctx.lua)
 --
 -- ARGV[1] most jobs to claim
@@ -68,6 +69,7 @@ local function fail_damaged(job_key, job_id, found)
   redis.call('DEL', job_key)
   redis.call('HSET', job_key, 't', '', 's', 'failed', 'x', reason, 'e', now, 'f', now)
   redis.call('ZADD', failed_key, now, job_id)
+  count_minute(KEYS[11], 'f', now, 1)  -- dead-lettered, as fail.lua counts
   emit(events, maxlen, 'failed', job_id, now, 'error', reason)
 end
 
@@ -122,7 +124,7 @@ end
 local out = {now, next_due, 0, orphans, -1, due_in_us}
 if want > 0 then
   local deadline = now + lease
-  local leases, started, attempts, lateness = {}, {}, {}, {}
+  local leases, started, attempts = {}, {}, {}
   -- Parked jobs take no slot of the batch: pop again (a few rounds at most) to fill it.
   local rounds = 0
   while #started < want and rounds < 8 do
@@ -179,7 +181,6 @@ if want > 0 then
         out[#out + 1] = tonumber(f[4]) or 1
         out[#out + 1] = tonumber(f[5]) or 0
         out[#out + 1] = tonumber(f[6] or f[7]) or now
-        lateness[#lateness + 1] = now - out[#out]
         out[#out + 1] = tonumber(f[7]) or now
         out[#out + 1] = tonumber(f[9]) or 0
         out[#out + 1] = f[13] or ''
@@ -188,7 +189,6 @@ if want > 0 then
   end
   call_sliced('ZADD', active, leases)
   emit_jobs(events, maxlen, 'claimed', started, now, attempts, 'worker', worker)
-  observe(KEYS[11], 'hl', lateness)
   out[4] = orphans
 end
 

@@ -26,9 +26,9 @@
 -- KEYS[#KEYS-1] the dedupe record prefix (STRING <prefix><dedupe key>: a job id)
 -- KEYS[#KEYS]   the job key prefix (of the job a dedupe record names)
 -- with m > 0 (jobs that wait, below):
--- KEYS[7+n..16+n], the shard's keys for resolving dependants (flow_ctx in flows.lua; its
+-- KEYS[7+n..17+n], the shard's keys for resolving dependants (flow_ctx in flows.lua; its
 --                  waiting ZSET gets the jobs that wait, by enqueued time, ms)
--- KEYS[17+n] linking ZSET  waiting jobs whose links to parents in other shards are not
+-- KEYS[18+n] linking ZSET  waiting jobs whose links to parents in other shards are not
 --                          yet confirmed, by enqueued time (ms)
 --
 -- ARGV[1] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
@@ -355,7 +355,7 @@ end
 -- Link the jobs that wait to their parents of this shard, in this call; in call order,
 -- so that a job may wait for one enqueued before it in the same call.
 if #new_waiting > 0 then
-  local linking = KEYS[17 + n]
+  local linking = KEYS[18 + n]
   for _, w in ipairs(new_waiting) do
     local at, job_id = w[3], w[2]
     local parents = cjson.decode(ARGV[at + 1])

@@ -9,6 +9,7 @@
 -- include: notify_dependants
 -- include: keyed_ctx
 -- include: free_slot
+-- include: histogram
 
 -- Record a failed attempt: retry later through the scheduled set while attempts remain,
 -- else dead-letter the job into the failed set, keeping its error and traceback. Only
@@ -22,7 +23,8 @@
 -- KEYS[4] failed     ZSET  dead-lettered job ids by failure time (ms)
 -- KEYS[5] marker     ZSET  wake-up marks for idle workers
 -- KEYS[6] events     STREAM lifecycle events
--- KEYS[7] stats      HASH  per-minute counters and totals
+-- KEYS[7] stats      HASH  per-minute counters and totals, and the start lateness of an
+--                           attempt whose start note never landed
 --
 -- ARGV[1] job id
 -- ARGV[2] attempt (the lease token)
@@ -33,9 +35,9 @@
 -- ARGV[7] most failed ids to keep
 -- ARGV[8] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
 -- ARGV[9] when the attempt started (ms; for the attempt log)
--- KEYS[8..17], ARGV[10..12] the shard's keys and settings for resolving dependants
+-- KEYS[8..18], ARGV[10..12] the shard's keys and settings for resolving dependants
 -- (flow_ctx in flows.lua)
--- KEYS[18..22] the shard's concurrency-key keys (keyed_ctx.lua): the attempt
+-- KEYS[19..23] the shard's concurrency-key keys (keyed_ctx.lua): the attempt
 --              frees its key's slot, retried or not
 --
 -- Returns {outcome, run_at, pushed}: outcome 'retried' (run_at is the retry time),
@@ -49,17 +51,19 @@ local retry_delay, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
 local keep, maxlen = tonumber(ARGV[7]), events_cap(ARGV[8])
 local now = now_ms()
 
-local f = redis.call('HMGET', job_key, 's', 'n', 'm', 'w', 'b', 'dc', 'ck', 'ab')
+local f = redis.call('HMGET', job_key, 's', 'n', 'm', 'w', 'b', 'dc', 'ck', 'ab', 'r', 'e')
 if not is_leased(f[1]) or f[2] ~= attempt or redis.call('ZREM', active, job_id) == 0 then
   return {'stale', 0}
 end
 if f[7] then
-  free_slot(keyed_ctx(18), f[7], KEYS[9], KEYS[10], KEYS[17])
+  free_slot(keyed_ctx(19), f[7], KEYS[9], KEYS[10], KEYS[17])
 end
 local started = f[5] or (ARGV[9] and ARGV[9] ~= '0' and ARGV[9]) or nil
 redis.call('HSET', job_key, 'x', ARGV[3], 'tb', ARGV[4], 'f', now)
 if f[1] == 'claimed' then  -- failed before the note of its start landed
   emit(KEYS[6], maxlen, 'started', job_id, now, 'attempt', attempt)
+  local began = math.min(tonumber(started) or now, now)
+  observe(KEYS[7], 'hl', {began - (tonumber(f[9] or f[10]) or began)})
 end
 if started and not f[5] then
   redis.call('HSET', job_key, 'b', started)

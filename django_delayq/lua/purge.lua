@@ -13,7 +13,7 @@
 --         a concurrency key's parked jobs (keyed_ctx.lua)  ZSET
 -- KEYS[2] events     STREAM lifecycle events
 -- KEYS[3] job key prefix (job keys are KEYS[3] .. id; same hash tag)
--- KEYS[4..13], ARGV[3..5] the shard's keys and settings for resolving dependants
+-- KEYS[4..14], ARGV[3..5] the shard's keys and settings for resolving dependants
 -- (flow_ctx in flows.lua)
 --
 -- ARGV[1] most jobs to delete in this call

@@ -32,12 +32,12 @@
 -- ARGV[2] failed job time to live (ms)
 -- ARGV[3] most failed ids to keep
 -- ARGV[4] events stream bounds, `maxlen:max_bytes` (events_cap in emit.lua)
--- KEYS[8..17], ARGV[5..7] the shard's keys and settings for resolving dependants
+-- KEYS[8..18], ARGV[5..7] the shard's keys and settings for resolving dependants
 -- (flow_ctx in flows.lua)
--- KEYS[18] linking   ZSET  waiting jobs whose links to parents elsewhere are not yet
+-- KEYS[19] linking   ZSET  waiting jobs whose links to parents elsewhere are not yet
 --                          confirmed, by enqueued time or the latest hand-over below
 --                          (flows.lua)
--- KEYS[19..23] the shard's concurrency-key keys (keyed_ctx.lua): each job
+-- KEYS[20..24] the shard's concurrency-key keys (keyed_ctx.lua): each job
 --              taken out of the active set frees its key's slot
 -- ARGV[8] grace (ms): how long a producer may take to confirm those links
 -- ARGV[9] a worker name, or '' (optional): see above
@@ -80,7 +80,7 @@ for i = 1, #expired do
   redis.call('ZREM', active, job_id)
   local f = redis.call('HMGET', job_key, 'n', 'm', 'p', 'q', 'w', 'b', 'dc', 's', 'ck', 'ab')
   if f[9] then
-    free_slot(keyed_ctx(19), f[9], ready, marker, job_prefix)
+    free_slot(keyed_ctx(20), f[9], ready, marker, job_prefix)
   end
   local reason = (worker == '' and 'LeaseExpired' or 'WorkerLost') .. ': worker '
     .. (f[5] or '?') .. why
@@ -146,10 +146,10 @@ end
 add_ready(ready, to_ready, marker)
 local unlinked = {}
 if worker == '' then
-  unlinked = redis.call('ZRANGEBYSCORE', KEYS[18], '-inf', now - tonumber(ARGV[8]),
+  unlinked = redis.call('ZRANGEBYSCORE', KEYS[19], '-inf', now - tonumber(ARGV[8]),
     'LIMIT', 0, limit)
   for i = 1, #unlinked do
-    redis.call('ZADD', KEYS[18], 'XX', now, unlinked[i])
+    redis.call('ZADD', KEYS[19], 'XX', now, unlinked[i])
   end
 end
 return {returned, dead, redis.call('LLEN', flow.outbox), unlinked, next_rank}

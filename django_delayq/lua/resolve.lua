@@ -6,7 +6,7 @@
 -- entry (or a link that found the parent finished) says. Idempotent: a resolution
 -- already applied, or a job no longer waiting, changes nothing.
 --
--- KEYS[1..10], ARGV[1..3] the shard's keys and settings (flow_ctx in flows.lua)
+-- KEYS[1..11], ARGV[1..3] the shard's keys and settings (flow_ctx in flows.lua)
 --
 -- ARGV[4..] per resolution, 5 values: dependant id, parent index, the parent's outcome
 --           ('completed', 'failed', 'cancelled', 'missing'), parent id, its result JSON

@@ -122,7 +122,8 @@ class DelayQCollector(Collector):
                 family.add_metric([summary.name], getattr(summary.stats, attr),
                                   created=since.timestamp() if since else None)
             yield family
-        yield _histogram("delayq_job_duration", "Run time of completed jobs.",
+        yield _histogram("delayq_job_duration", "Run time of completed jobs (as the worker "
+                         "measured it, without the wait for the ack).",
                          {q.name: q.stats.duration for q in read})
         yield _histogram("delayq_job_start_lateness", "Time from run_at to the start of "
                          "each attempt.", {q.name: q.stats.lateness for q in read})

@@ -2,6 +2,7 @@
 -- include: slice
 -- include: trim_finished
 -- include: place_job
+-- include: count_minute
 
 -- Workflows: jobs that wait for other jobs (django_delayq/engine/flows.py, docs/workflows.md).
 --
@@ -36,19 +37,20 @@
 -- remove (at-least-once delivery of an idempotent step: nothing lost, nothing applied
 -- twice).
 
--- The keys and settings of one shard that resolving needs: KEYS[kf..kf+9], ARGV[af..af+2]
+-- The keys and settings of one shard that resolving needs: KEYS[kf..kf+10], ARGV[af..af+2]
 -- (engine/commands.py `_flow_call` builds them).
 local function flow_ctx(kf, af)
   return {scheduled = KEYS[kf], ready = KEYS[kf + 1], marker = KEYS[kf + 2],
           seq = KEYS[kf + 3], cancelled = KEYS[kf + 4], failed = KEYS[kf + 5],
           outbox = KEYS[kf + 6], waiting = KEYS[kf + 7], events = KEYS[kf + 8],
-          prefix = KEYS[kf + 9], ttl = tonumber(ARGV[af]), keep = tonumber(ARGV[af + 1]),
+          prefix = KEYS[kf + 9], stats = KEYS[kf + 10], ttl = tonumber(ARGV[af]), keep = tonumber(ARGV[af + 1]),
           maxlen = events_cap(ARGV[af + 2])}
 end
 
 -- Finish a waiting job for good ('cancelled' or 'failed'): its policy after a parent's
 -- failure or cancellation. Its set is trimmed later (trim_finished_waiting), once its
 -- own dependants were read: a trim may drop the job, and its set of dependants with it.
+-- A job failed here is dead-lettered as fail.lua's are, so it counts in the same total.
 local function finish_waiting(k, job_id, status, err, now)
   local job_key = k.prefix .. job_id
   local set = status == 'failed' and k.failed or k.cancelled
@@ -58,6 +60,9 @@ local function finish_waiting(k, job_id, status, err, now)
   redis.call('ZADD', set, now, job_id)
   if k.ttl > 0 then
     redis.call('PEXPIRE', job_key, k.ttl)
+  end
+  if status == 'failed' then
+    count_minute(k.stats, 'f', now, 1)
   end
   k['trim_' .. status] = true
   emit(k.events, k.maxlen, status, job_id, now, 'error', err)

@@ -88,8 +88,8 @@ def send_outcomes(broker: Broker, outcomes: Sequence[Outcome], *, worker: str = 
                                           o.started_ms), [o]))
     for keys, done in completes.items():
         index = broker.add_complete(batch, keys,
-                                    [(o.job.id, o.job.attempt, o.result_json, o.started_ms)
-                                     for o in done])
+                                    [(o.job.id, o.job.attempt, o.result_json, o.started_ms,
+                                      run_ms(o)) for o in done])
         calls.append((index, done))
     wait = broker.replica_wait() if broker.config.min_replicas_acks else None
     replies = batch.run(raise_on_error=False, wait=wait)
@@ -114,6 +114,12 @@ def send_outcomes(broker: Broker, outcomes: Sequence[Outcome], *, worker: str = 
             elif len(reply) > 2 and int(reply[2]):
                 sent.outboxes.add(sent_outcomes[0].job.keys)
     return sent
+
+
+def run_ms(o: Outcome) -> int:
+    """How long the job ran (ms), as measured here, for the duration histogram; -1 when
+    unknown. Not the time to the ack: the outcome may wait for it."""
+    return max(0, o.finished_ms - o.started_ms) if o.finished_ms else -1
 
 
 def payload_size(o: Outcome) -> int:
