@@ -43,8 +43,8 @@ local function flow_ctx(kf, af)
   return {scheduled = KEYS[kf], ready = KEYS[kf + 1], marker = KEYS[kf + 2],
           seq = KEYS[kf + 3], cancelled = KEYS[kf + 4], failed = KEYS[kf + 5],
           outbox = KEYS[kf + 6], waiting = KEYS[kf + 7], events = KEYS[kf + 8],
-          prefix = KEYS[kf + 9], stats = KEYS[kf + 10], ttl = tonumber(ARGV[af]), keep = tonumber(ARGV[af + 1]),
-          maxlen = events_cap(ARGV[af + 2])}
+          prefix = KEYS[kf + 9], stats = KEYS[kf + 10], ttl = tonumber(ARGV[af]),
+          keep = tonumber(ARGV[af + 1]), maxlen = events_cap(ARGV[af + 2])}
 end
 
 -- Finish a waiting job for good ('cancelled' or 'failed'): its policy after a parent's
