@@ -255,6 +255,18 @@ def test_unknown_ids_do_not_exist() -> None:
         backend.get_result(f"default:{native.id}")
 
 
+def test_a_task_name_read_from_redis_imports_only_an_installed_app() -> None:
+    """Reading a result imports the module its job names when no task of this process
+    has that name; a name from Redis must not import just any module (``this`` prints
+    on import; a hostile one would run its code)."""
+    sys.modules.pop("this", None)
+    for name in ("this.anything", "django_delayq_nope.x", "tests.testapp.tasks.record"):
+        job = connection.get_broker().enqueue("default", name)
+        with pytest.raises(TaskResultDoesNotExist, match="not a Django task"):
+            task_backends["default"].get_result(f"default:{job.job_id}")
+    assert "this" not in sys.modules
+
+
 def test_a_bare_job_id_is_looked_up_across_configured_queues() -> None:
     result = st.dj_add.using(queue_name="other").enqueue(1, 1)
     found = task_backends["default"].get_result(parse_result_id(result.id)[1])

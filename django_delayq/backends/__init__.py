@@ -34,6 +34,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
@@ -263,10 +264,14 @@ def _waiting_in_outbox(job_id: str, queues: Iterable[str]) -> EngineJob | None:
 
 
 def _django_task(name: str) -> Task | None:
-    """The Django task registered under ``name`` (importing its module if needed)."""
+    """The Django task registered under ``name``, importing its module if needed: only
+    a module of an installed app, as the name was read from Redis (any module imported
+    there runs its code in this process)."""
     known = _known.get(name)
     if known is not None:
         return known[0]
+    if apps.get_containing_app_config(name) is None:
+        return None
     try:
         found = import_string(name)
     except ImportError:
