@@ -524,6 +524,58 @@ def test_a_shard_that_refuses_the_heartbeat_leaves_the_others_beating(redis_clie
     assert "heartbeat refused by a shard" in caplog.text
 
 
+def test_an_ack_redis_always_refuses_holds_back_no_other(redis_client, caplog):
+    """One job's outcome fails every round trip that carries it: its error names a file
+    decoded with surrogateescape, and no UTF-8 encodes a lone surrogate. Its batches go
+    again one ack at a time: the other 300 land, and that job fails (AckRefused) rather
+    than have its ack sent again, and its lease renewed, for ever."""
+    tasks.record.enqueue_many([[f"a{i}"] for i in range(150)])
+    name = b"bad-\xff.txt".decode(errors="surrogateescape")
+    poison = tasks.raises_value_error.enqueue(f"no file {name}")
+    tasks.record.enqueue_many([[f"a{i}"] for i in range(150, 300)])
+    with worker_thread(queues=["default"], concurrency=4) as worker:
+        wait_until(lambda: Queue("default").counts()["completed"] == 300,
+                   message="every other job acked")
+        wait_until(lambda: poison.refresh().status == "failed", message="the job failed")
+        wait_until(lambda: worker.ledger.held_count == 0, message="no lease left held")
+    assert poison.error.startswith("django_delayq.engine.errors.AckRefused: "), poison.error
+    assert "surrogates not allowed" in poison.error
+    assert sorted(r["tag"] for r in ran(redis_client)) == sorted(f"a{i}" for i in range(300))
+    assert "Redis refused the ack of a job" in caplog.text
+
+
+def test_a_failure_redis_refuses_too_is_dropped_and_its_job_runs_again(
+        redis_client, monkeypatch, caplog):
+    """A job whose first attempt's ack, and then the failure replacing it, fail every
+    round trip (a script error each time, here injected): the ack is dropped, so the
+    lease is no longer renewed; it lapses, the job runs again, and the other jobs' acks
+    land meanwhile."""
+    from redis.exceptions import ResponseError
+
+    from django_delayq.runtime.worker import acks
+
+    real, refused = acks.send_outcomes, []
+
+    def refusing(broker, outcomes, **kwargs):
+        if any(o.job.id == poison.id and o.job.attempt == 1 for o in outcomes):
+            refused.append(len(outcomes))
+            raise ResponseError("ERR Error running script: a deterministic failure")
+        return real(broker, outcomes, **kwargs)
+
+    monkeypatch.setattr(acks, "send_outcomes", refusing)
+    tasks.record.enqueue_many([[f"a{i}"] for i in range(150)])
+    poison = tasks.record.enqueue("poison")
+    tasks.record.enqueue_many([[f"a{i}"] for i in range(150, 300)])
+    with worker_thread(queues=["default"], concurrency=4, lease=1.0) as worker:
+        wait_until(lambda: Queue("default").counts()["completed"] == 301,
+                   message="every job acked, the refused one at its second attempt")
+        wait_until(lambda: worker.ledger.held_count == 0, message="no lease left held")
+    assert (poison.refresh().status, poison.attempts) == ("completed", 2)
+    assert refused[-1] == 1, "the refused ack ended sent alone"
+    assert "Redis refused the failure of a job" in caplog.text
+    assert sorted(r["tag"] for r in ran(redis_client)).count("poison") == 2
+
+
 def raising_start_note(job, start_ms) -> None:
     """An executor's ``note_started`` that fails, as code around a job may."""
     raise RuntimeError("the start note went nowhere")

@@ -102,8 +102,9 @@ class ResultTooLarge(DelayQError, ValueError):
 
 class AckRefused(DelayQError):
     """A job's error, never raised to a caller: Redis refused its ack (the result,
-    error or traceback over what the server takes, e.g. ``proto-max-bulk-len``) while it
-    answered the worker; the job fails without them, and the other jobs' acks go on."""
+    error or traceback over what the server takes, e.g. ``proto-max-bulk-len``, or a
+    value it cannot take) while it answered the worker; the job fails without them, and
+    the other jobs' acks go on."""
 
 
 class UnknownTask(DelayQError, LookupError):

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ...engine import AckRefused, Broker, ClaimedJob, QueueKeys, flows
+from ...engine.failover import is_transient
 from ...engine.logfields import log
 from ..backoff import CALL_FAILED, FIRST_BACKOFF, MAX_BACKOFF, SHARD_BACKOFF, Backoff
 from .ledger import Ledger
@@ -25,8 +26,8 @@ ACK_BATCH = 64
 #: proto-max-bulk-len, which is at least 1 MB) drops the connection, and with it every
 #: ack of the round trip.
 LARGE_ACK = 256 * 1024
-#: Round trips a large ack may fail while Redis answers before its job is failed
-#: without its payload (AckRefused).
+#: Round trips an ack sent alone (a large one, or one of a batch Redis refused) may fail
+#: while Redis answers before its job is failed without its payload (AckRefused).
 LARGE_ACK_TRIES = 2
 
 
@@ -166,8 +167,13 @@ class Acker:
         self.failed = 0
         self.cancelled = 0
         self.stale = 0
-        #: Large acks refused so far, by ``id(outcome)``: tries failed while Redis answered.
+        #: Acks sent alone refused so far, by ``id(outcome)``: tries failed while Redis
+        #: answered.
         self._refused: dict[int, int] = {}
+        #: Outcomes of a round trip that failed for what it carried, not for want of
+        #: Redis (a value the client cannot encode, a script's error): each goes alone,
+        #: so one that always fails cannot hold back the others. By ``id(outcome)``.
+        self._alone: set[int] = set()
 
     def put(self, outcome: Outcome) -> None:
         """Queue ``outcome`` to be sent."""
@@ -243,44 +249,58 @@ class Acker:
         if backing_off:
             outcomes = [o for o in pending if o.job.keys not in backing_off]
             deferred = [o for o in pending if o.job.keys in backing_off]
-        large = [o for o in outcomes if payload_size(o) > LARGE_ACK]
-        if large:
-            outcomes = [o for o in outcomes if payload_size(o) <= LARGE_ACK]
+        alone = [o for o in outcomes if payload_size(o) > LARGE_ACK or id(o) in self._alone]
+        if alone:
+            outcomes = [o for o in outcomes
+                        if payload_size(o) <= LARGE_ACK and id(o) not in self._alone]
         if outcomes or started:
             try:
                 self._send(outcomes, deferred, started, now)
             except BaseException:
-                self._keep(large)
+                self._keep(alone)
                 raise
         else:
             self._keep(deferred)
-        for index, o in enumerate(large):
+        for index, o in enumerate(alone):
             try:
                 self._send([o], [], [], now)
             except BaseException as exc:  # (_send kept o to send again)
-                if not isinstance(exc, CALL_FAILED) or not self._refused_alone(o, exc):
-                    self._keep(large[index + 1:])
+                if not isinstance(exc, Exception) or not self._refused_alone(o, exc):
+                    self._keep(alone[index + 1:])
                     raise
             else:
                 self._refused.pop(id(o), None)
+                self._alone.discard(id(o))
 
     def _refused_alone(self, o: Outcome, exc: Exception) -> bool:
         """After the round trip of ``o`` alone failed (``o`` kept to send again): whether
         Redis answers, so it refused that ack. Once it did LARGE_ACK_TRIES times, ``o`` is
-        replaced by the failure of its job without its payload."""
-        if not self.broker.answers():
+        replaced by the failure of its job without its payload; if ``o`` was that failure
+        already, it is dropped: the job's lease lapses and the job is reclaimed."""
+        # Redis out of reach, or taking no write for now (OOM, LOADING...), refuses no ack
+        # in particular; a large ack's refusal, though, is a dropped connection.
+        if not self.broker.answers() or (is_transient(exc) and payload_size(o) <= LARGE_ACK):
             return False
         tries = self._refused.pop(id(o), 0) + 1
         if tries < LARGE_ACK_TRIES:
             self._refused[id(o)] = tries
+            return True
+        self._alone.discard(id(o))
+        if isinstance(o.exception, AckRefused):
+            log(logger, logging.ERROR, "Redis refused the failure of a job whose ack it "
+                "refused, dropping it: the job runs again once its lease lapses",
+                job=o.job.id, queue=o.job.queue, task=o.job.task, worker=self.name, error=exc)
+            with self._lock:
+                self.outcomes = [x for x in self.outcomes if x is not o]
+            self.ledger.settle([o.job])
             return True
         log(logger, logging.ERROR, "Redis refused the ack of a job, failing the job without "
             "its result", job=o.job.id, queue=o.job.queue, task=o.job.task,
             bytes=payload_size(o), worker=self.name, error=exc)
         refused = failure(o.job, AckRefused(
             f"Redis refused the ack of this job ({payload_size(o)} bytes of result, error "
-            f"and traceback; a limit of the server such as proto-max-bulk-len): {exc}"),
-            retry=False)
+            f"and traceback; a limit of the server such as proto-max-bulk-len, or a value "
+            f"it cannot take): {exc}"), retry=False)
         refused.started_ms, refused.finished_ms = o.started_ms, o.finished_ms
         with self._lock:
             self.outcomes = [refused if x is o else x for x in self.outcomes]
@@ -293,10 +313,12 @@ class Acker:
         backing_off = self._backoff_until
         try:
             sent = send_outcomes(self.broker, outcomes, worker=self.name, started=started)
-        except BaseException:  # nothing known to have landed: an ack that did is stale
+        except BaseException as exc:  # nothing known to have landed: an ack that did is stale
             self._keep(outcomes + deferred)
             with self._lock:
                 self.started[:0] = started
+            if not is_transient(exc):  # refused for what it carries: each goes alone next
+                self._alone.update(id(o) for o in outcomes)
             raise
         if sent.short_replicas is not None:
             log(logger, logging.WARNING, "acks confirmed by too few replicas "
@@ -340,6 +362,12 @@ class Acker:
                     log_finished(o, sent.fates.get(id(o), "stale"), self.name)
         if sent.error is None:
             return
+        if not is_transient(sent.error):  # refused for what they carry: each goes alone next
+            self._alone.update(id(o) for o in sent.unsent)
+            if len(sent.unsent) < len(outcomes):
+                log(logger, logging.WARNING, "acks refused, to be sent one by one",
+                    acks=len(sent.unsent), worker=self.name, error=sent.error)
+                return
         if len(sent.unsent) == len(outcomes):
             raise sent.error
         for keys in refused:
