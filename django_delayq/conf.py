@@ -18,12 +18,14 @@ way (``SHARDS``, ``CLUSTER``), each with the message that says what to write ins
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, overload
 
 from django.conf import settings
 from django.core.signals import setting_changed
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from .engine.config import OPTIONS, Check, boolean, number
@@ -62,6 +64,14 @@ def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
 
 
 setting_changed.connect(_on_setting_changed, dispatch_uid="django_delayq.conf")
+
+
+def django_time(value: dt.datetime | None) -> dt.datetime | None:
+    """A time (aware, as the engine reads one) as Django stores and gives one: aware with
+    ``USE_TZ``, else naive in ``TIME_ZONE``, which is all SQLite and MySQL take then."""
+    if value is None or settings.USE_TZ or timezone.is_naive(value):
+        return value
+    return timezone.make_naive(value)
 
 
 class Setting(Generic[T]):

@@ -175,6 +175,23 @@ def test_job_page_shows_arguments_result_timings_traceback_and_live_state(admin_
     assert "dq-status-failed" in page
 
 
+def test_every_page_works_with_use_tz_off(admin_client):
+    with override_settings(USE_TZ=False, TIME_ZONE="Asia/Kolkata"):
+        done = tasks.record.enqueue("page")
+        failed = tasks.always_fails.enqueue("tb")
+        later = tasks.record.using(delay=3600).enqueue("later")
+        run_to_end(done, failed)
+        mirror()
+        assert Job.objects.count() == 3
+        for url in (reverse("admin:django_delayq_job_changelist"), reverse(DASHBOARD),
+                    change_url(done.id), change_url(failed.id), change_url(later.id),
+                    reverse("admin:django_delayq_job_changelist") + "?status__exact=failed"):
+            response = admin_client.get(url)
+            assert response.status_code == 200, url
+        page = admin_client.get(change_url(done.id)).content.decode()
+        assert "dq-status-completed" in page
+
+
 def test_job_page_of_a_job_gone_from_redis_says_so(admin_client, redis_client):
     job = tasks.record.enqueue("gone")
     run_to_end(job)

@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.test import override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from django_delayq import Job, Queue
+from django_delayq.mirror import Mirror
 from django_delayq.models import Job as MirroredJob
 from tests.conftest import round_trips, system_checks, wait_until, worker_thread
 from tests.testapp.tasks import always_fails, gated, record
@@ -217,6 +219,28 @@ def test_job_list_filters_and_pages(staff: APIClient) -> None:
               "run_at_before": (base + dt.timedelta(minutes=3)).isoformat()}
     assert {j["job_id"] for j in staff.get(f"{API}/jobs/", window).json()["results"]} == {
         "d1", "d2"}
+
+
+def test_job_list_and_detail_with_use_tz_off(staff: APIClient) -> None:
+    with override_settings(USE_TZ=False, TIME_ZONE="Asia/Kolkata"):
+        done = record.enqueue("a")
+        with worker_thread(queues=["default"]):
+            wait_until(lambda: done.refresh().status == "completed", message="the job to run")
+        Mirror(block=0.1).run(burst=True)
+        listed = staff.get(f"{API}/jobs/").json()["results"]
+        assert [(j["job_id"], j["status"]) for j in listed] == [(done.id, "completed")]
+        body = staff.get(f"{API}/jobs/default/{done.id}/").json()
+        assert (body["live"]["status"], body["mirror"]["status"]) == ("completed", "completed")
+        # every time with its offset: the row's (local, naive in the database) and the
+        # live one (read from Redis) say the same instant
+        live = dt.datetime.fromisoformat(body["live"]["finished_at"])
+        stored = dt.datetime.fromisoformat(body["mirror"]["finished_at"])
+        assert live == stored == done.finished_at
+        assert body["mirror"]["finished_at"].endswith("+05:30")
+        window = {"run_at_after": (done.run_at - dt.timedelta(seconds=1)).isoformat(),
+                  "run_at_before": (done.run_at + dt.timedelta(seconds=1)).isoformat()}
+        assert [j["job_id"] for j in staff.get(f"{API}/jobs/", window).json()["results"]] == [
+            done.id]
 
 
 @pytest.mark.parametrize("params", [{"status": "bogus"}, {"run_at_after": "2030-01-01T00:00:00"},

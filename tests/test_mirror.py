@@ -97,6 +97,30 @@ def test_rows_follow_a_real_worker_run(redis_client):
 
 
 @pytest.mark.django_db
+def test_rows_follow_a_worker_run_with_use_tz_off(redis_client):
+    """With ``USE_TZ = False`` Django stores naive local times, and SQLite and MySQL
+    refuse aware ones: the mirror writes every time as Django would."""
+    with override_settings(USE_TZ=False, TIME_ZONE="America/New_York"):
+        done = tasks.record.enqueue_many([[i] for i in range(200)])
+        later = tasks.record.using(delay=3600).enqueue("later")
+        with worker_thread(queues=["default"]):
+            wait_until(lambda: Queue("default").counts()["completed"] == 200,
+                       message="200 jobs to complete")
+        mirror = mirror_all()
+        assert (mirror.mirrored, mirror.skipped) == (len(redis_client.xrange(KEYS.events)), 0)
+        rows = {row.job_id: row for row in Job.objects.all()}
+        assert set(rows) == {*done.job_ids, later.id}
+        assert {rows[j].status for j in done.job_ids} == {"completed"}
+        job = EngineJob.fetch(done.job_ids[0], "default")
+        row = rows[job.id]
+        new_york = timezone.get_default_timezone()
+        assert row.finished_at == timezone.make_naive(job.finished_at, new_york)
+        assert row.enqueued_at == timezone.make_naive(job.enqueued_at, new_york)
+        assert rows[later.id].run_at == timezone.make_naive(later.run_at, new_york)
+    assert pending(redis_client) == 0
+
+
+@pytest.mark.django_db
 def test_a_bulk_enqueue_entry_makes_a_row_per_job(redis_client):
     bulk = tasks.record.enqueue_many([[i] for i in range(1_250)], chunk_size=500)
     assert len(redis_client.xrange(KEYS.events)) == 3  # one entry per chunk

@@ -18,7 +18,6 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.safestring import SafeString
-from django.utils.timezone import localtime
 from django.views import View
 
 from ..connection import get_broker
@@ -37,7 +36,7 @@ from ..mirror.consumer import GROUP
 from ..models import Job, QueuesDashboard
 from ..runtime.schedule import Schedule
 from .charts import lateness_chart, quantile, throughput_chart
-from .display import job_link, when
+from .display import clock, job_link, when
 
 logger = logging.getLogger(__name__)
 
@@ -298,8 +297,7 @@ class QueuesDataView(_AdminView):
                     "queues": ", ".join(w.queues), "concurrency": w.concurrency,
                     "busy": w.busy, "processed": w.processed, "failed": w.failed,
                     "heartbeat": when(w.heartbeat), "started": when(w.started),
-                    "heartbeat_time": localtime(w.heartbeat).strftime("%H:%M:%S")
-                    if w.heartbeat else "-",
+                    "heartbeat_time": clock(w.heartbeat),
                     "running": [{"id": job_id, "url": job_link(queue, job_id, None)}
                                 for queue, job_id in w.running],
                     "ago": round(w.seconds_ago, 1)} for w in data["workers"]]

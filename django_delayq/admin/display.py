@@ -70,18 +70,31 @@ def short_json(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+def _local(value: dt.datetime) -> dt.datetime:
+    """``value`` in the current time zone; a naive one (a row's time with ``USE_TZ``
+    off) is local already, in ``TIME_ZONE``."""
+    if timezone.is_naive(value):
+        return value.replace(tzinfo=timezone.get_default_timezone())
+    return timezone.localtime(value)
+
+
 def when(value: dt.datetime | None) -> str:
     """A time to the millisecond in the current time zone, with its name."""
     if value is None:
         return "-"
-    local = timezone.localtime(value)
+    local = _local(value)
     return f"{local:%Y-%m-%d %H:%M:%S}.{local.microsecond // 1000:03d} {local.tzname()}"
 
 
 def when_short(value: dt.datetime | None) -> str:
     """A time to the second in the current time zone (list columns: the zone is in the
     column's header, :func:`zoned_header`)."""
-    return "-" if value is None else f"{timezone.localtime(value):%m-%d %H:%M:%S}"
+    return "-" if value is None else f"{_local(value):%m-%d %H:%M:%S}"
+
+
+def clock(value: dt.datetime | None) -> str:
+    """The time of day to the second in the current time zone."""
+    return "-" if value is None else f"{_local(value):%H:%M:%S}"
 
 
 def zoned_header(name: str) -> str:

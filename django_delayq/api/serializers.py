@@ -5,6 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -24,6 +27,16 @@ from .jsonfields import JSONListField, JSONObjectField
 # -- answers -------------------------------------------------------------------------
 
 
+class TimeField(serializers.DateTimeField):
+    """A time answered with its UTC offset, with ``USE_TZ`` on or off: a row's naive time
+    (``USE_TZ`` off) is in ``TIME_ZONE``, where DRF would give it, and a time read from
+    Redis, as a naive UTC time, with no offset to tell the two apart."""
+
+    def default_timezone(self) -> dt.tzinfo:
+        return timezone.get_current_timezone() if settings.USE_TZ else (
+            timezone.get_default_timezone())
+
+
 class QueueCountsSerializer(serializers.Serializer):
     """Jobs per status, live from Redis (finished ones: those still kept)."""
 
@@ -40,7 +53,7 @@ class QueueSerializer(serializers.Serializer):
     name = serializers.CharField()
     counts = QueueCountsSerializer()
     paused = serializers.BooleanField()
-    next_due = serializers.DateTimeField(allow_null=True,
+    next_due = TimeField(allow_null=True,
                                          help_text="run_at of the earliest scheduled job.")
     shards = serializers.IntegerField()
 
@@ -55,7 +68,7 @@ class QueuePageSerializer(serializers.Serializer):
 
 
 class ThroughputSerializer(serializers.Serializer):
-    minute = serializers.DateTimeField()
+    minute = TimeField()
     completed = serializers.IntegerField()
     failed = serializers.IntegerField()
 
@@ -95,8 +108,8 @@ class AttemptSerializer(serializers.Serializer):
 
     attempt = serializers.IntegerField()
     worker = serializers.CharField()
-    started_at = serializers.DateTimeField(allow_null=True)
-    finished_at = serializers.DateTimeField(allow_null=True)
+    started_at = TimeField(allow_null=True)
+    finished_at = TimeField(allow_null=True)
     outcome = serializers.CharField(help_text="completed, retried, failed or reclaimed "
                                               "(the worker's lease lapsed).")
     error = serializers.CharField(help_text="Exception class and message (500 characters "
@@ -124,16 +137,16 @@ class LiveJobSerializer(serializers.Serializer):
     args = serializers.JSONField()
     kwargs = serializers.JSONField()
     priority = serializers.IntegerField()
-    run_at = serializers.DateTimeField(allow_null=True)
+    run_at = TimeField(allow_null=True)
     attempts = serializers.IntegerField()
     max_attempts = serializers.IntegerField()
     result = serializers.JSONField(allow_null=True)
     error = serializers.CharField()
     traceback = serializers.CharField()
     worker = serializers.CharField(allow_null=True)
-    enqueued_at = serializers.DateTimeField(allow_null=True)
-    started_at = serializers.DateTimeField(allow_null=True)
-    finished_at = serializers.DateTimeField(allow_null=True)
+    enqueued_at = TimeField(allow_null=True)
+    started_at = TimeField(allow_null=True)
+    finished_at = TimeField(allow_null=True)
     progress = serializers.FloatField(allow_null=True,
                                       help_text="Fraction done (0 to 1) the task reported.")
     progress_message = serializers.CharField()
@@ -160,6 +173,9 @@ class EnqueuedJobSerializer(LiveJobSerializer):
 
 class MirroredJobSerializer(serializers.ModelSerializer):
     """A job as last mirrored into the database (history; may lag Redis)."""
+
+    serializer_field_mapping = {**serializers.ModelSerializer.serializer_field_mapping,
+                                models.DateTimeField: TimeField}
 
     class Meta:
         model = MirroredJob
@@ -246,8 +262,8 @@ class WorkerSerializer(serializers.Serializer):
     processed = serializers.IntegerField(allow_null=True)
     failed = serializers.IntegerField(allow_null=True)
     busy = serializers.IntegerField(allow_null=True)
-    started = serializers.DateTimeField(allow_null=True)
-    heartbeat = serializers.DateTimeField(allow_null=True)
+    started = TimeField(allow_null=True)
+    heartbeat = TimeField(allow_null=True)
     role = serializers.ChoiceField(choices=["worker", "supervisor"],
                                    help_text="a worker, or the supervisor of a process pool")
     supervisor = serializers.CharField(allow_null=True,

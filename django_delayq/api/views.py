@@ -20,6 +20,7 @@ from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from ..conf import django_time
 from ..connection import get_broker
 from ..engine import Job, JobNotFound, Queue
 from ..engine.keyed import KeyLoad
@@ -165,9 +166,9 @@ class JobListView(DelayQAPIView, GenericAPIView):
         if "task" in filters:
             qs = qs.filter(task_name=filters["task"])
         if "run_at_after" in filters:
-            qs = qs.filter(run_at__gte=filters["run_at_after"])
+            qs = qs.filter(run_at__gte=django_time(filters["run_at_after"]))
         if "run_at_before" in filters:
-            qs = qs.filter(run_at__lt=filters["run_at_before"])
+            qs = qs.filter(run_at__lt=django_time(filters["run_at_before"]))
         return qs.order_by("-enqueued_at", "-id")
 
     @document(summary="List jobs (history)", parameters=[s.JobFilterSerializer],

@@ -40,6 +40,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from ..conf import django_time
 from ..engine import DelayQError, JobNotFound
 from ..engine import Job as EngineJob
 from ..engine.keys import QUEUE_NAME_RE
@@ -61,7 +62,6 @@ from .results import (
     STATUS_MAP,
     JobCancelled,
     build_result,
-    local,
     make_result_id,
     parse_result_id,
 )
@@ -144,7 +144,7 @@ class DelayQBackend(BaseTaskBackend):
             job = configured.enqueue_to_redis(tuple(args), kwargs)  # DELAYQ['EAGER'] aside
         result = TaskResult(
             task=task, id=make_result_id(job.queue, job.id), status=TaskResultStatus.READY,
-            enqueued_at=local(job.enqueued_at), started_at=None, finished_at=None,
+            enqueued_at=django_time(job.enqueued_at), started_at=None, finished_at=None,
             last_attempted_at=None, args=list(args), kwargs=dict(kwargs), backend=self.alias,
             errors=[], worker_ids=[],
         )

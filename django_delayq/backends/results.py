@@ -11,9 +11,9 @@ import json
 import traceback
 from typing import Any
 
-from django.conf import settings
 from django.utils import timezone
 
+from ..conf import django_time
 from ..engine import DelayQError
 from ..engine import Job as EngineJob
 from ..engine import errors as engine_errors
@@ -58,17 +58,9 @@ def parse_result_id(result_id: str) -> tuple[str | None, str]:
     return None, str(result_id)
 
 
-def local(value: dt.datetime | None) -> dt.datetime | None:
-    """A time as Django gives one: aware with ``USE_TZ``, else naive in ``TIME_ZONE`` (a
-    result's times compare with ``timezone.now()`` either way)."""
-    if value is None or settings.USE_TZ or timezone.is_naive(value):
-        return value
-    return timezone.make_naive(value)
-
-
 def build_result(task: Task, job: EngineJob, result_id: str, alias: str) -> TaskResult:
     """A ``TaskResult`` describing ``job`` (a job of ``task``) as last read."""
-    run_after = local(job.run_at) if job.run_at and job.enqueued_at and (
+    run_after = django_time(job.run_at) if job.run_at and job.enqueued_at and (
         job.run_at > job.enqueued_at) else None
     with contextlib.suppress(InvalidTask):
         task = dataclasses.replace(task, priority=job.priority, queue_name=job.queue,
@@ -86,11 +78,12 @@ def build_result(task: Task, job: EngineJob, result_id: str, alias: str) -> Task
         errors.append(TaskError(exception_class_path="builtins.Exception",
                                 traceback="No error was recorded for this job.\n"))
     result = TaskResult(
-        task=task, id=result_id, status=status, enqueued_at=local(job.enqueued_at),
-        started_at=local(job.started_at),
-        finished_at=local(job.finished_at) if job.is_finished else None,
-        last_attempted_at=local(job.started_at), args=list(job.args) if isinstance(job.args, list)
-        else [], kwargs=dict(job.kwargs) if isinstance(job.kwargs, dict) else {},
+        task=task, id=result_id, status=status, enqueued_at=django_time(job.enqueued_at),
+        started_at=django_time(job.started_at),
+        finished_at=django_time(job.finished_at) if job.is_finished else None,
+        last_attempted_at=django_time(job.started_at),
+        args=list(job.args) if isinstance(job.args, list) else [],
+        kwargs=dict(job.kwargs) if isinstance(job.kwargs, dict) else {},
         backend=alias, errors=errors,
         worker_ids=_worker_ids(job),
     )
@@ -139,10 +132,10 @@ def running_result(task: Task, running: RunningJob | None, args: tuple[Any, ...]
     job = running.job
     with contextlib.suppress(InvalidTask):
         task = task.using(priority=job.priority, queue_name=job.queue)
-    started = local(dt.datetime.fromtimestamp(job.started_at_ms / 1000, tz=dt.UTC))
+    started = django_time(dt.datetime.fromtimestamp(job.started_at_ms / 1000, tz=dt.UTC))
     return TaskResult(
         task=task, id=make_result_id(job.queue, job.id), status=TaskResultStatus.RUNNING,
-        enqueued_at=local(dt.datetime.fromtimestamp(job.enqueued_at_ms / 1000, tz=dt.UTC)),
+        enqueued_at=django_time(dt.datetime.fromtimestamp(job.enqueued_at_ms / 1000, tz=dt.UTC)),
         started_at=started, finished_at=None, last_attempted_at=started, args=list(args),
         kwargs=dict(kwargs), backend=task.backend, errors=[],
         worker_ids=[running.worker] * max(1, job.attempt),

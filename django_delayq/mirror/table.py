@@ -41,6 +41,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Field, Q, QuerySet
 from django.db.models.functions import Collate
 
+from ..conf import django_time
 from ..engine.status import FINISHED_IN_HISTORY, UNFINISHED, Status
 from ..models import Job
 
@@ -211,7 +212,7 @@ def _adapter(field: Field[Any, Any], connection: BaseDatabaseWrapper) -> Adapter
             try:
                 return seen[value]
             except KeyError:
-                adapted = seen[value] = adapt_time(value)
+                adapted = seen[value] = adapt_time(django_time(value))  # USE_TZ off: local
                 return adapted
         return time_value
     if kind == "JSONField":

@@ -16,11 +16,9 @@ import threading
 from collections.abc import Sequence
 from functools import partial
 
-from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, transaction
-from django.utils import timezone
 
-from ..conf import conf
+from ..conf import conf, django_time
 from ..connection import get_broker
 from ..engine import EnqueueRequest, Job, JobNotFound, keyed, validation
 from ..engine.jobhash import from_ms
@@ -67,7 +65,7 @@ def write(queue: str, request: EnqueueRequest, arg_names: Sequence[str],
     job = broker.encode_request(request, arg_names, shards=broker.shard_count(queue)
                                 if request.keyed is not None else 1)
     due = from_ms(job.run_at_ms)
-    stored = due if due is None or settings.USE_TZ else timezone.make_naive(due)  # local
+    stored = django_time(due)
     row = OutboxEntry.objects.using(alias).create(
         job_id=job.job_id, queue=queue, task_name=request.task, args=job.args_json,
         kwargs=job.kwargs_json, priority=request.priority, run_at=stored,
