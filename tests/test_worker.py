@@ -6,6 +6,8 @@ import itertools
 import json
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -208,6 +210,41 @@ def test_django_connections_are_checked_before_a_job_unless_its_thread_just_did(
                           [DatabaseConnections()], idle=check_first)
         assert json.loads(outcome.result_json) is seen_in_job
         assert connection.health_check_done is False  # checked after the job either way
+
+
+@pytest.mark.django_db(transaction=True)
+def test_kept_connections_close_when_the_worker_stops(tmp_path: Path) -> None:
+    """With ``CONN_MAX_AGE`` the executor threads keep their connections between jobs;
+    a stopping worker closes them rather than leave them to the garbage collector (and
+    the server's connection slots taken until then). The threads connect to a database
+    file: Django never closes a connection to an in-memory SQLite database."""
+    from django.db import connections
+    from django.db.backends.signals import connection_created
+
+    opened: list[Any] = []
+
+    def created(connection: Any, **kwargs: Any) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            opened.append(connection)
+
+    default = connections.settings["default"]
+    saved = {name: default[name] for name in ("CONN_MAX_AGE", "NAME")}
+    default.update(CONN_MAX_AGE=None, NAME=str(tmp_path / "jobs.sqlite3"))  # kept for ever
+    connection_created.connect(created, dispatch_uid="test-kept-connections")
+    try:
+        jobs = tasks.queries_database.enqueue_many([[] for _ in range(200)])
+        with worker_thread(queues=["default"], concurrency=4):
+            wait_until(lambda: Queue("default").counts()["completed"] == 200,
+                       message="200 jobs to complete")
+            assert opened
+            assert all(c.connection is not None for c in opened)
+    finally:
+        connection_created.disconnect(dispatch_uid="test-kept-connections")
+        default.update(saved)
+    assert len(jobs.job_ids) == 200
+    # the threads end as the worker returns: each closes its own as it ends
+    wait_until(lambda: all(c.connection is None for c in opened),
+               message="the executor threads' connections to close")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -57,6 +57,11 @@ class DatabaseConnections(Middleware):
     def after_job(self, job: ClaimedJob, outcome: Outcome) -> None:
         self._check_thread()
 
+    def thread_ended(self) -> None:
+        # Kept connections (CONN_MAX_AGE) would stay open until the garbage collector
+        # finds them, and hold a server's connection slot until then.
+        connections.close_all()
+
     async def before_async_job(self, job: ClaimedJob, *, idle: bool) -> None:
         if self._dirty and time.monotonic() - self._checked > IDLE:
             await self._check()

@@ -93,6 +93,12 @@ class Executor(JobRunner):
             log(logger, logging.ERROR, "executor thread failed", exc_info=True,
                 thread_name=threading.current_thread().name, worker=self.name)
         finally:
+            for middleware in self.middleware:
+                try:
+                    middleware.thread_ended()
+                except Exception:  # the thread ends either way
+                    log(logger, logging.ERROR, "thread_ended hook failed", exc_info=True,
+                        middleware=type(middleware).__name__, worker=self.name)
             if not self._stopping:
                 log(logger, logging.CRITICAL, "executor thread ended unexpectedly",
                     thread_name=threading.current_thread().name, worker=self.name)

@@ -32,3 +32,7 @@ class Middleware:
 
     async def after_async_job(self, job: ClaimedJob, outcome: Outcome) -> None:
         """After an ``async def`` job, on the event loop."""
+
+    def thread_ended(self) -> None:
+        """On an executor thread that runs no more jobs (the worker stops, or the
+        thread failed): let go of what the hooks kept on it."""
