@@ -188,10 +188,24 @@ class Commands:
         return int(run_script(self.client, "batch_ack", [keys.events, keys.batches(group)],
                               [group, consumer, record, *ids]))
 
-    def advance_schedule(self, marks_key: str, task: str, occurrence_ms: int) -> int:
-        """Raise ``task``'s mark of the latest periodic occurrence enqueued (never lower it)."""
+    def advance_schedule(self, marks_key: str, task: str, occurrence_ms: int,
+                         record: str, tag: str) -> int:
+        """Raise ``task``'s mark of the latest periodic occurrence enqueued (never lower
+        it) while its ``record`` names the schedule ``tag``: the mark, or -1 (another
+        schedule replaced it)."""
         return int(run_script(self.client, "advance_schedule", [marks_key],
-                              [task, occurrence_ms]))
+                              [task, occurrence_ms, record, tag]))
+
+    def hold_schedule(self, marks_key: str, task: str, record: str, tag: str,
+                      since_ms: int, now_ms: int, stale_ms: int, spec: str,
+                      switch_mark_ms: int) -> list[str]:
+        """Which schedule ``task`` runs on, for a scheduler of schedule ``tag`` started
+        at ``since_ms``: ['same', mark], ['switch', mark before, replaced spec] or
+        ['held', the spec in effect] (``lua/hold_schedule.lua``)."""
+        reply = run_script(self.client, "hold_schedule", [marks_key],
+                           [task, record, tag, since_ms, now_ms, stale_ms, spec,
+                            switch_mark_ms])
+        return [str(v) for v in reply]
 
     # -- the worker protocol ------------------------------------------------------
 

@@ -243,6 +243,12 @@ class QueueKeys:
         return self._key(status)
 
 
+def schedule_record(task: str) -> str:
+    """The field of :attr:`GlobalKeys.schedules` that holds ``task``'s schedule record,
+    next to its mark (the field named as the task). A line break: in no task's name."""
+    return f"{task}\nschedule"
+
+
 @dataclass(frozen=True)
 class GlobalKeys:
     """Keys shared by every queue: the registry of queues and of live workers."""
@@ -271,7 +277,9 @@ class GlobalKeys:
 
     @property
     def schedules(self) -> str:
-        """HASH task name -> the latest occurrence (ms) of that periodic task enqueued."""
+        """HASH task name -> the latest occurrence (ms) of that periodic task enqueued;
+        and :func:`schedule_record` of the task -> the schedule that mark was made under
+        (``lua/includes/schedule_record.lua``)."""
         return f"{self.prefix}:schedules"
 
     @property
