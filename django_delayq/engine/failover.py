@@ -11,6 +11,7 @@ job and cannot add it twice: that is what makes retrying through a failover safe
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import weakref
@@ -237,7 +238,31 @@ def is_transient(exc: BaseException) -> bool:
     ``NotReplicated`` (fewer replicas than ``MIN_REPLICAS`` confirmed) counts: what was
     sent may be sent again, and an id adds no job twice.
     """
+    exc = in_script(exc)
     if isinstance(exc, (DelayQConnectionError, NotReplicated, *UNAVAILABLE,
                         *TRANSIENT_REPLY_CLASSES)):
         return True
     return isinstance(exc, ResponseError) and str(exc).startswith(TRANSIENT_REPLIES)
+
+
+#: How Redis before 7 words an error a command of a script answered: within the
+#: script's, e.g. "Error running script (call to f_<sha>): @user_script:1: @user_script:
+#: 1: -OOM command not allowed ...". Redis 7 answers the command's own ("OOM ...").
+_IN_SCRIPT = re.compile(r"Error running script \(call to f_[0-9a-f]+\): .*?: -([A-Z]+ .*)",
+                        re.DOTALL)
+#: The errors of a script's command that redis-py raises as their own class.
+_SCRIPT_ERROR_CLASSES: dict[str, type[ResponseError]] = {
+    "OOM": OutOfMemoryError, "READONLY": ReadOnlyError}
+
+
+def in_script(exc: BaseException) -> BaseException:
+    """``exc`` as Redis 7 gives it when a command of a script failed: on Redis 6.2 the
+    script's error wraps the command's, and an ``OOM`` or ``READONLY`` (not now) would
+    read as a script's error (never)."""
+    if type(exc) is not ResponseError:
+        return exc
+    found = _IN_SCRIPT.match(str(exc))
+    if found is None:
+        return exc
+    reply = found[1]
+    return _SCRIPT_ERROR_CLASSES.get(reply.split(" ", 1)[0], ResponseError)(reply)

@@ -24,10 +24,10 @@ from importlib import resources
 from typing import Any
 
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, ReadOnlyError
+from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 
 from .cluster_wait import send_and_wait
-from .failover import UNAVAILABLE, drop_demoted, follow_primary
+from .failover import UNAVAILABLE, drop_demoted, follow_primary, in_script
 from .pinned import PinnedConnections
 
 
@@ -128,6 +128,13 @@ def run_script(
     except ReadOnlyError:
         drop_demoted(client, pinned)
         raise
+    except ResponseError as exc:  # Redis 6.2: a command's error wrapped in the script's
+        own = in_script(exc)
+        if own is exc:
+            raise
+        if isinstance(own, ReadOnlyError):
+            drop_demoted(client, pinned)
+        raise own from exc
 
 
 def script_command(name: str, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
@@ -143,7 +150,8 @@ def execute_loading(client: Any, fill: Callable[[Any], None], names: Iterable[st
     for loaded in (False, True):
         pipe = client.pipeline(transaction=False)
         fill(pipe)
-        replies = list(pipe.execute(raise_on_error=False))
+        replies = [in_script(r) if isinstance(r, Exception) else r
+                   for r in pipe.execute(raise_on_error=False)]
         if not loaded and any(isinstance(r, NoScriptError) for r in replies):
             for name in set(names):
                 load_everywhere(client, name)
@@ -190,6 +198,7 @@ def call_and_wait(
     if isinstance(reply, NoScriptError):
         load_everywhere(client, name)
         reply, confirmed = send()
+    reply = in_script(reply) if isinstance(reply, Exception) else reply
     for result in (reply, confirmed):
         if isinstance(result, ReadOnlyError):
             drop_demoted(client, pinned)
@@ -246,6 +255,7 @@ class Batch:
             again = self._send([self._calls[i] for i in missing], wait)
             for i, result in zip(missing, again, strict=True):
                 results[i] = result
+        results = [in_script(r) if isinstance(r, Exception) else r for r in results]
         if any(isinstance(r, ReadOnlyError) for r in results):
             drop_demoted(self._client)
         if raise_on_error:

@@ -49,6 +49,9 @@ class SentAcks:
     unsent: list[Outcome] = field(default_factory=list)
     #: The first of those failures.
     error: Exception | None = None
+    #: Of the unsent, those whose call failed for what it carried, not for want of Redis
+    #: (:func:`~...engine.failover.is_transient`): each goes alone next.
+    refused: list[Outcome] = field(default_factory=list)
     #: What became of each landed outcome, by ``id(outcome)``: completed, retried,
     #: failed (for good) or stale.
     fates: dict[int, str] = field(default_factory=dict)
@@ -102,6 +105,8 @@ def send_outcomes(broker: Broker, outcomes: Sequence[Outcome], *, worker: str = 
         if isinstance(reply, Exception):
             sent.unsent += sent_outcomes
             sent.error = sent.error or reply
+            if not is_transient(reply):
+                sent.refused += sent_outcomes
         elif sent_outcomes[0].ok:
             for o, flag in zip(sent_outcomes, reply, strict=True):
                 sent.fates[id(o)] = "completed" if flag else "stale"
@@ -336,7 +341,9 @@ class Acker:
             except Exception as exc:
                 log(logger, logging.WARNING, "releases of dependants left for the heartbeat",
                     queue=keys.queue, worker=self.name, error=exc)
-        refused = {o.job.keys for o in sent.unsent}
+        alone = {id(o) for o in sent.refused}
+        # shards that could not take their acks now back off; refused acks go alone
+        refused = {o.job.keys for o in sent.unsent if id(o) not in alone}
         unsent = {id(o) for o in sent.unsent}
         self._keep(sent.unsent + deferred)  # only the refused calls go again
         landed = [o for o in outcomes if id(o) not in unsent]
@@ -362,14 +369,14 @@ class Acker:
                     log_finished(o, sent.fates.get(id(o), "stale"), self.name)
         if sent.error is None:
             return
-        if not is_transient(sent.error):  # refused for what they carry: each goes alone next
-            self._alone.update(id(o) for o in sent.unsent)
-            if len(sent.unsent) < len(outcomes):
-                log(logger, logging.WARNING, "acks refused, to be sent one by one",
-                    acks=len(sent.unsent), worker=self.name, error=sent.error)
-                return
+        if sent.refused:  # refused for what they carry: each goes alone next
+            self._alone.update(alone)
+            log(logger, logging.WARNING, "acks refused, to be sent one by one",
+                acks=len(sent.refused), worker=self.name, error=sent.error)
         if len(sent.unsent) == len(outcomes):
             raise sent.error
+        if not refused:
+            return
         for keys in refused:
             backing_off[keys] = now + SHARD_BACKOFF
         log(logger, logging.WARNING, "acks refused by shards, deferred", retry_in_s=SHARD_BACKOFF,
