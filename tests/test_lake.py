@@ -206,6 +206,53 @@ def test_a_batch_taken_over_from_a_slow_exporter_is_written_once(tmp_path, broke
     assert redis_client.hlen(KEYS.batches(GROUP)) == 0
 
 
+def test_the_exporters_of_workers_on_one_host_are_consumers_of_their_own(
+        tmp_path, broker, redis_client, settings, monkeypatch):
+    """Each runworker runs an export on a thread (LAKE_PATH): named after its worker, as
+    its mirror is, so two on one host never take each other's batch in progress for
+    their own. A stopped worker's batch, left pending, is taken over at once by another
+    (its worker is gone); side by side, with other batch boundaries, the lake holds each
+    event once."""
+    from django_delayq.engine.workers import forget, new_worker_name, record_alive
+    from django_delayq.services import host_services
+
+    settings.DELAYQ = {**settings.DELAYQ, "LAKE_PATH": str(tmp_path)}
+    workers = [new_worker_name() for _ in range(3)]
+    stopped, *running = (host_services(w, mirror=False, relay=False)[0].consumer
+                         for w in workers)
+    assert [e.name for e in (stopped, *running)] == [f"{w}/lake" for w in workers]
+    tasks.record.enqueue_many([f"x{i}"] for i in range(300))
+    for i in range(60):
+        tasks.record.enqueue(f"one-{i}")
+    expected = stream_events(redis_client)
+    for worker in workers:
+        record_alive(broker, worker, 60, {"role": "supervisor"})
+    acks = iter(range(3))
+    acknowledge = stopped._acknowledge
+
+    def crash_on_the_third(keys: QueueKeys, batch: Any) -> None:
+        if next(acks) == 2:
+            raise Crash
+        acknowledge(keys, batch)
+
+    monkeypatch.setattr(stopped, "_acknowledge", crash_on_the_third)
+    stopped.batch_size = 10
+    with pytest.raises(Crash):
+        stopped.run(burst=True)
+    assert pending(redis_client) == 10
+    forget(broker, workers[0])
+    for exporter, size in zip(running, (7, 11), strict=True):
+        exporter.batch_size = size
+    threads = [threading.Thread(target=e.run, kwargs={"burst": True}) for e in running]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert lake_events(tmp_path) == expected
+    assert pending(redis_client) == 0
+    assert sum(e.entries for e in running) == redis_client.xlen(KEYS.events) - 20
+
+
 def test_a_killed_export_process_rerun_leaves_no_duplicate(tmp_path, redis_client):
     for n in range(20):
         tasks.record.enqueue_many([f"{n}-{i}"] for i in range(1_000))
@@ -336,10 +383,11 @@ def test_the_lake_on_a_local_s3_endpoint(s3_lake, broker, redis_client, caplog):
     for i in range(20):
         tasks.record.enqueue(f"one-{i}")
     expected = stream_events(redis_client)
-    crashing = CrashBeforeAck(s3_lake, broker=broker, batch_size=5, after=3)
+    crashing = CrashBeforeAck(s3_lake, broker=broker, batch_size=5, after=3, name="first")
     with pytest.raises(Crash):
         crashing.run(burst=True)
-    export(s3_lake, broker, batch_size=3)
+    export(s3_lake, broker, batch_size=3, name="first")
+    assert pending(redis_client) == 0
     assert lake_events(s3_lake) == expected
     filesystem, root = open_lake(s3_lake)
     names = [i.base_name for i in filesystem.get_file_info(
@@ -475,10 +523,13 @@ def test_many_jobs_exported_twice_read_back_exactly(tmp_path, broker, redis_clie
 
     t0 = dt.datetime(2026, 1, 5, 12, tzinfo=UTC)
     made = generate(broker, tasks.record.name, KEYS, JOBS, t0=t0)
-    crashing = CrashBeforeAck(str(tmp_path), broker=broker, batch_size=60, after=4)
+    # One process plays both runs: the second takes the batch back by its name (a
+    # process of its own would take it over, the first one's process having ended).
+    crashing = CrashBeforeAck(str(tmp_path), broker=broker, batch_size=60, after=4,
+                              name="first")
     with pytest.raises(Crash):
         crashing.run(burst=True)
-    export(tmp_path, broker, batch_size=25)
+    export(tmp_path, broker, batch_size=25, name="first")
     again = export(tmp_path, broker)  # nothing new: nothing written
     assert (again.entries, again.files, pending(redis_client)) == (0, 0, 0)
     events = read_lake(spark, str(tmp_path))

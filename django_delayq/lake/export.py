@@ -5,10 +5,11 @@ them, in batches, through the group :data:`GROUP`, apart from the mirror's).
 A batch is written as one file per UTC day (and about :data:`ROWS_PER_FILE` rows), named
 by the entries it holds, and acknowledged only once its files are durable
 (:func:`.store.write`). A crash in between leaves the batch pending: this exporter takes
-it back, or another one takes it over once it is idle, always whole, and writes the same
-files again (replacing them). Entries of a batch taken back or over are also checked
-against the files already written (a file's name gives the range of stream ids it may
-hold, its ``stream_id`` column the ids it does), so no event is in the lake twice.
+it back, or another one takes it over (at once if its process has ended, otherwise once
+it is idle), always whole, and writes the same files again (replacing them). Entries of a
+batch taken back or over are also checked against the files already written (a file's
+name gives the range of stream ids it may hold, its ``stream_id`` column the ids it
+does), so no event is in the lake twice.
 
 The streams are capped (``DELAYQ["EVENTS_MAXLEN"]``, an approximate ``MAXLEN`` trim on
 every append, blind to consumer groups): entries trimmed before the exporter read them
@@ -19,7 +20,6 @@ events a queue shard appends while the exporter may be behind.
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import Any
@@ -34,6 +34,7 @@ from ..engine.logfields import log
 from ..engine.streams import StreamBatch
 from ..engine.urls import redact
 from ..engine.validation import MAX_TIME_MS, MIN_TIME_MS, check_time_ms
+from ..engine.workers import consumers_gone
 from ..runtime.consumer import StreamConsumer, entries_of, parse_entry, stream_id
 from . import store
 from .schema import ARROW_SCHEMA, day_of
@@ -59,7 +60,9 @@ class Exporter(StreamConsumer):
     """Appends the events of every queue (or of ``queues``) to the lake at ``where``.
 
     ``run()`` loops until stopped; ``run(burst=True)`` exports what the streams hold and
-    returns.
+    returns. ``name`` is its consumer name in the group, by default one of this process
+    (``host:pid:random``): two exporters never share one, and the batch of one whose
+    process on this host has ended is taken over at once; a name reused takes it back.
     """
 
     group = GROUP
@@ -72,12 +75,10 @@ class Exporter(StreamConsumer):
                  queues: Iterable[str] | None = None, refresh_interval: float = 10.0) -> None:
         self.where = where
         self.filesystem, self.root = store.open_lake(where)
-        # Stable across restarts on one host: a restarted exporter takes back its own
-        # batch at once (others' only after claim_idle).
-        super().__init__(broker, name=name or f"{socket.gethostname()}:lake",
-                         batch_size=batch_size, block=block, claim_idle=claim_idle,
-                         queues=list(queues) if queues else None,
-                         refresh_interval=refresh_interval)
+        super().__init__(broker, name=name, batch_size=batch_size, block=block,
+                         claim_idle=claim_idle, queues=list(queues) if queues else None,
+                         refresh_interval=refresh_interval,
+                         consumers_gone=partial(consumers_gone, broker))
         self.rows = 0      # rows written (one per job per entry)
         self.files = 0     # files written
 
