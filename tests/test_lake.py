@@ -25,6 +25,7 @@ from django_delayq.engine.keys import QueueKeys
 from django_delayq.lake import GROUP, Exporter
 from django_delayq.lake.store import read_all
 from django_delayq.mirror import GROUP as MIRROR_GROUP
+from django_delayq.runtime.consumer import stream_id
 from tests.conftest import ROOT, migrated_sqlite, wait_until, worker_env, worker_thread
 from tests.lake_events import Crash, CrashBeforeAck, generate
 from tests.testapp import tasks
@@ -204,6 +205,49 @@ def test_a_batch_taken_over_from_a_slow_exporter_is_written_once(tmp_path, broke
     assert lake_events(tmp_path) == expected  # A's file replaced B's: the same name
     assert pending(redis_client) == 0
     assert redis_client.hlen(KEYS.batches(GROUP)) == 0
+
+
+def test_entries_delivered_again_after_a_failover_are_written_once(tmp_path, broker,
+                                                                   redis_client, monkeypatch):
+    """A Sentinel failover promotes a replica that may lack the last reads and
+    acknowledgements of the lake's group (replication is asynchronous): entries already
+    in files and acknowledged come again, pending and as new, in other batches. Here on
+    one Redis: after a whole export the group is set back (XGROUP SETID), as such a
+    replica has it, and some entries read again as pending to the last exporter. Only
+    the files whose names' ranges overlap what comes again are opened."""
+    from django_delayq.lake import store
+
+    tasks.record.enqueue_many([f"x{i}"] for i in range(300))
+    for i in range(60):
+        tasks.record.enqueue(f"one-{i}")
+    opened: list[str] = []
+    stream_ids_in = store.stream_ids_in
+
+    def counted(filesystem: Any, path: str) -> set[str]:
+        opened.append(path)
+        return stream_ids_in(filesystem, path)
+
+    monkeypatch.setattr(store, "stream_ids_in", counted)
+    first = export(tmp_path, broker, batch_size=10, name="before")
+    assert first.entries == redis_client.xlen(KEYS.events)
+    assert opened == []  # nothing delivered twice: no file read
+    ids = [entry_id for entry_id, _ in redis_client.xrange(KEYS.events)]
+    redis_client.xgroup_setid(KEYS.events, GROUP, ids[19])
+    redis_client.xreadgroup(GROUP, "before", {KEYS.events: ">"}, count=9)
+    assert pending(redis_client) == 9
+    for i in range(5):
+        tasks.record.enqueue(f"after-{i}")  # new since: written
+    expected = stream_events(redis_client)
+    again = export(tmp_path, broker, batch_size=7, name="before")
+    assert lake_events(tmp_path) == expected
+    assert again.entries == len(ids) - 20 + 5
+    assert again.rows == 5
+    assert pending(redis_client) == 0
+    # what came again: the files whose last id is the 21st's or later, and only them
+    overlapping = {p for p in tmp_path.glob("date=*/*.parquet")
+                   if stream_id(p.stem.split("~")[3]) >= stream_id(ids[20])}
+    assert opened
+    assert {Path(p) for p in opened} <= overlapping
 
 
 def test_the_exporters_of_workers_on_one_host_are_consumers_of_their_own(

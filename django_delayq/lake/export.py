@@ -6,10 +6,10 @@ A batch is written as one file per UTC day (and about :data:`ROWS_PER_FILE` rows
 by the entries it holds, and acknowledged only once its files are durable
 (:func:`.store.write`). A crash in between leaves the batch pending: this exporter takes
 it back, or another one takes it over (at once if its process has ended, otherwise once
-it is idle), always whole, and writes the same files again (replacing them). Entries of a
-batch taken back or over are also checked against the files already written (a file's
-name gives the range of stream ids it may hold, its ``stream_id`` column the ids it
-does), so no event is in the lake twice.
+it is idle), always whole. Every batch is checked against the files already written (a
+file's name gives the range of stream ids it may hold, its ``stream_id`` column the ids
+it does), so no event is in the lake twice: not after a crash, nor when Redis delivers
+entries again (a failover to a replica that missed the last acknowledgements and reads).
 
 The streams are capped (``DELAYQ["EVENTS_MAXLEN"]``, an approximate ``MAXLEN`` trim on
 every append, blind to consumer groups): entries trimmed before the exporter read them
@@ -91,10 +91,11 @@ class Exporter(StreamConsumer):
         """Write a batch (one file per day and about :data:`ROWS_PER_FILE` rows).
 
         The files are named by the entries they hold, and a batch is always written
-        with the entries it was read with, so writing it again (after a crash, or by an
-        exporter that took it over from a slow one) replaces its files. A batch taken
-        back or over also leaves out rows that other files hold (its first writer may
-        have finished them).
+        with the entries it was read with, so writing it again (by an exporter that took
+        it over from a slow one) replaces its files. Every batch, taken back, over or
+        read as new, leaves out the rows that other files hold: its first writer may have
+        finished them, and after a failover Redis may deliver again, as new or pending,
+        entries already written and acknowledged (with other batch boundaries).
         """
         for chunk in _chunks(entries_of(batch)):
             columns = self._columns(keys, chunk)
@@ -102,8 +103,7 @@ class Exporter(StreamConsumer):
                 continue
             table = pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
             for day, part in _by_day(table):
-                if recovered:
-                    part = self._not_yet_written(keys, day, part)
+                part = self._not_yet_written(keys, day, part)
                 if part.num_rows:
                     self._write(keys, day, part)
 
@@ -117,7 +117,11 @@ class Exporter(StreamConsumer):
         log(logger, logging.DEBUG, "lake file written", path=path, rows=part.num_rows)
 
     def _not_yet_written(self, keys: QueueKeys, day: str, part: pa.Table) -> pa.Table:
-        """The rows of ``part`` whose entries no file of the lake holds yet."""
+        """The rows of ``part`` whose entries no file of the lake holds yet.
+
+        Costs one listing of the day's directory; a file is opened (its ``stream_id``
+        column read) only when its name's range overlaps ``part``'s, which a batch read
+        as new never does unless its entries were delivered before."""
         ms = part.column("stream_ms").to_pylist()
         seq = part.column("stream_seq").to_pylist()
         lo, hi = min(zip(ms, seq, strict=True)), max(zip(ms, seq, strict=True))
