@@ -64,11 +64,13 @@ def bench_export(url: str, jobs: int) -> dict[str, Any]:
         t0, cpu0 = time.perf_counter(), time.process_time()
         # Killed halfway, between a file and its acknowledgement, then run again: the
         # second run finds the pending batch's file and writes it no second time.
-        crashing = CrashBeforeAck(str(lake), broker=broker, queues=["bench"],
+        # Both runs by one name: the second takes the batch back at once.
+        crashing = CrashBeforeAck(str(lake), broker=broker, queues=["bench"], name="bench",
                                   batch_size=500, after=max(1, made.jobs // 250_000))
         with contextlib.suppress(Crash):
             crashing.run(burst=True)
-        exporter = Exporter(str(lake), broker=broker, queues=["bench"], batch_size=500)
+        exporter = Exporter(str(lake), broker=broker, queues=["bench"], batch_size=500,
+                            name="bench")
         exporter.run(burst=True)
         seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         assert crashing.rows + exporter.rows == made.events, (crashing.rows, exporter.rows)

@@ -18,7 +18,7 @@ from django.db import connections
 from .conf import conf
 from .connection import get_broker
 from .engine.logfields import log
-from .engine.workers import mirror_consumer
+from .engine.workers import lake_consumer, mirror_consumer
 from .mirror import Mirror, table_exists
 from .outbox.relay import Relay, relay_table_exists
 from .runtime.consumer import StreamConsumer
@@ -92,8 +92,9 @@ def host_services(host: str, *, mirror: bool = True, relay: bool = True,
                 "'django-delayq[spark]')", error=exc)
 
         else:
-            services.append(SinkService("lake", Exporter(conf.LAKE_PATH, broker=get_broker(
-                socket_timeout=1.0 + conf.SOCKET_TIMEOUT))))
+            services.append(SinkService("lake", Exporter(
+                conf.LAKE_PATH, name=lake_consumer(host),
+                broker=get_broker(socket_timeout=1.0 + conf.SOCKET_TIMEOUT))))
     periodic = registry.periodic(scheduler_queues)
     if periodic:
         services.append(Scheduler(get_broker(), periodic, lookahead=conf.CRON_LOOKAHEAD,

@@ -25,6 +25,7 @@ from django_delayq.engine.keys import QueueKeys
 from django_delayq.lake import GROUP, Exporter
 from django_delayq.lake.store import read_all
 from django_delayq.mirror import GROUP as MIRROR_GROUP
+from django_delayq.runtime.consumer import stream_id
 from tests.conftest import ROOT, migrated_sqlite, wait_until, worker_env, worker_thread
 from tests.lake_events import Crash, CrashBeforeAck, generate
 from tests.testapp import tasks
@@ -206,6 +207,96 @@ def test_a_batch_taken_over_from_a_slow_exporter_is_written_once(tmp_path, broke
     assert redis_client.hlen(KEYS.batches(GROUP)) == 0
 
 
+def test_entries_delivered_again_after_a_failover_are_written_once(tmp_path, broker,
+                                                                   redis_client, monkeypatch):
+    """A Sentinel failover promotes a replica that may lack the last reads and
+    acknowledgements of the lake's group (replication is asynchronous): entries already
+    in files and acknowledged come again, pending and as new, in other batches. Here on
+    one Redis: after a whole export the group is set back (XGROUP SETID), as such a
+    replica has it, and some entries read again as pending to the last exporter. Only
+    the files whose names' ranges overlap what comes again are opened."""
+    from django_delayq.lake import store
+
+    tasks.record.enqueue_many([f"x{i}"] for i in range(300))
+    for i in range(60):
+        tasks.record.enqueue(f"one-{i}")
+    opened: list[str] = []
+    stream_ids_in = store.stream_ids_in
+
+    def counted(filesystem: Any, path: str) -> set[str]:
+        opened.append(path)
+        return stream_ids_in(filesystem, path)
+
+    monkeypatch.setattr(store, "stream_ids_in", counted)
+    first = export(tmp_path, broker, batch_size=10, name="before")
+    assert first.entries == redis_client.xlen(KEYS.events)
+    assert opened == []  # nothing delivered twice: no file read
+    ids = [entry_id for entry_id, _ in redis_client.xrange(KEYS.events)]
+    redis_client.xgroup_setid(KEYS.events, GROUP, ids[19])
+    redis_client.xreadgroup(GROUP, "before", {KEYS.events: ">"}, count=9)
+    assert pending(redis_client) == 9
+    for i in range(5):
+        tasks.record.enqueue(f"after-{i}")  # new since: written
+    expected = stream_events(redis_client)
+    again = export(tmp_path, broker, batch_size=7, name="before")
+    assert lake_events(tmp_path) == expected
+    assert again.entries == len(ids) - 20 + 5
+    assert again.rows == 5
+    assert pending(redis_client) == 0
+    # what came again: the files whose last id is the 21st's or later, and only them
+    overlapping = {p for p in tmp_path.glob("date=*/*.parquet")
+                   if stream_id(p.stem.split("~")[3]) >= stream_id(ids[20])}
+    assert opened
+    assert {Path(p) for p in opened} <= overlapping
+
+
+def test_the_exporters_of_workers_on_one_host_are_consumers_of_their_own(
+        tmp_path, broker, redis_client, settings, monkeypatch):
+    """Each runworker runs an export on a thread (LAKE_PATH): named after its worker, as
+    its mirror is, so two on one host never take each other's batch in progress for
+    their own. A stopped worker's batch, left pending, is taken over at once by another
+    (its worker is gone); side by side, with other batch boundaries, the lake holds each
+    event once."""
+    from django_delayq.engine.workers import forget, new_worker_name, record_alive
+    from django_delayq.services import host_services
+
+    settings.DELAYQ = {**settings.DELAYQ, "LAKE_PATH": str(tmp_path)}
+    workers = [new_worker_name() for _ in range(3)]
+    stopped, *running = (host_services(w, mirror=False, relay=False)[0].consumer
+                         for w in workers)
+    assert [e.name for e in (stopped, *running)] == [f"{w}/lake" for w in workers]
+    tasks.record.enqueue_many([f"x{i}"] for i in range(300))
+    for i in range(60):
+        tasks.record.enqueue(f"one-{i}")
+    expected = stream_events(redis_client)
+    for worker in workers:
+        record_alive(broker, worker, 60, {"role": "supervisor"})
+    acks = iter(range(3))
+    acknowledge = stopped._acknowledge
+
+    def crash_on_the_third(keys: QueueKeys, batch: Any) -> None:
+        if next(acks) == 2:
+            raise Crash
+        acknowledge(keys, batch)
+
+    monkeypatch.setattr(stopped, "_acknowledge", crash_on_the_third)
+    stopped.batch_size = 10
+    with pytest.raises(Crash):
+        stopped.run(burst=True)
+    assert pending(redis_client) == 10
+    forget(broker, workers[0])
+    for exporter, size in zip(running, (7, 11), strict=True):
+        exporter.batch_size = size
+    threads = [threading.Thread(target=e.run, kwargs={"burst": True}) for e in running]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert lake_events(tmp_path) == expected
+    assert pending(redis_client) == 0
+    assert sum(e.entries for e in running) == redis_client.xlen(KEYS.events) - 20
+
+
 def test_a_killed_export_process_rerun_leaves_no_duplicate(tmp_path, redis_client):
     for n in range(20):
         tasks.record.enqueue_many([f"{n}-{i}"] for i in range(1_000))
@@ -336,10 +427,11 @@ def test_the_lake_on_a_local_s3_endpoint(s3_lake, broker, redis_client, caplog):
     for i in range(20):
         tasks.record.enqueue(f"one-{i}")
     expected = stream_events(redis_client)
-    crashing = CrashBeforeAck(s3_lake, broker=broker, batch_size=5, after=3)
+    crashing = CrashBeforeAck(s3_lake, broker=broker, batch_size=5, after=3, name="first")
     with pytest.raises(Crash):
         crashing.run(burst=True)
-    export(s3_lake, broker, batch_size=3)
+    export(s3_lake, broker, batch_size=3, name="first")
+    assert pending(redis_client) == 0
     assert lake_events(s3_lake) == expected
     filesystem, root = open_lake(s3_lake)
     names = [i.base_name for i in filesystem.get_file_info(
@@ -475,10 +567,13 @@ def test_many_jobs_exported_twice_read_back_exactly(tmp_path, broker, redis_clie
 
     t0 = dt.datetime(2026, 1, 5, 12, tzinfo=UTC)
     made = generate(broker, tasks.record.name, KEYS, JOBS, t0=t0)
-    crashing = CrashBeforeAck(str(tmp_path), broker=broker, batch_size=60, after=4)
+    # One process plays both runs: the second takes the batch back by its name (a
+    # process of its own would take it over, the first one's process having ended).
+    crashing = CrashBeforeAck(str(tmp_path), broker=broker, batch_size=60, after=4,
+                              name="first")
     with pytest.raises(Crash):
         crashing.run(burst=True)
-    export(tmp_path, broker, batch_size=25)
+    export(tmp_path, broker, batch_size=25, name="first")
     again = export(tmp_path, broker)  # nothing new: nothing written
     assert (again.entries, again.files, pending(redis_client)) == (0, 0, 0)
     events = read_lake(spark, str(tmp_path))

@@ -196,13 +196,20 @@ def live_workers(broker: BrokerCore, limit: int = MAX_LISTED, *,
     return workers
 
 
-#: The model mirror on a worker's thread consumes as ``<worker name>/mirror``.
+#: The model mirror and the lake export on a worker's threads consume as
+#: ``<worker name>/mirror`` and ``<worker name>/lake``: one consumer per process.
 MIRROR_SUFFIX = "/mirror"
+LAKE_SUFFIX = "/lake"
 
 
 def mirror_consumer(worker_name: str) -> str:
     """The consumer name of the model mirror running on worker ``worker_name``."""
     return f"{worker_name}{MIRROR_SUFFIX}"
+
+
+def lake_consumer(worker_name: str) -> str:
+    """The consumer name of the lake export running on worker ``worker_name``."""
+    return f"{worker_name}{LAKE_SUFFIX}"
 
 
 def _pid_running(pid: int) -> bool:
@@ -228,33 +235,35 @@ def process_ended(host: str, pid: int | None) -> bool:
 
 
 def consumers_gone(broker: BrokerCore, consumers: list[str]) -> set[str]:
-    """The mirror consumers of ``consumers`` that are certainly no longer alive.
+    """The stream consumers (mirrors, lake exports) of ``consumers`` that are certainly
+    no longer alive.
 
-    A worker's mirror (``<worker>/mirror``) is gone when the worker's heartbeat says so:
-    its record is gone (it stopped, or expired), it is not alive (:data:`ALIVE_MS`), or
-    it ran on this host and its process has ended. A mirror of
-    its own (``delayq_mirror``, named ``host:pid:...``) is gone when it ran on this host
-    and its process has ended. Anything else is taken for alive. Taking for gone a
-    consumer that is alive costs nothing but a repeated, idempotent write.
+    One on a worker's thread (``<worker>/mirror``, ``<worker>/lake``) is gone when the
+    worker's heartbeat says so: its record is gone (it stopped, or expired), it is not
+    alive (:data:`ALIVE_MS`), or it ran on this host and its process has ended. One of
+    its own (``delayq_mirror``, ``delayq_export``, named ``host:pid:...``) is gone when it
+    ran on this host and its process has ended. Anything else is taken for alive. Taking
+    for gone a consumer that is alive costs nothing but a repeated, idempotent write.
     """
-    workers = [c.removesuffix(MIRROR_SUFFIX) for c in consumers if c.endswith(MIRROR_SUFFIX)]
+    workers = {c: c.removesuffix(suffix) for c in consumers
+               for suffix in (MIRROR_SUFFIX, LAKE_SUFFIX) if c.endswith(suffix)}
     gone: set[str] = set()
     if workers:
         keys = broker.global_keys
         now_ms = broker.server_time_ms()
         pipe = broker.client.pipeline(transaction=False)
-        for name in workers:
+        for name in workers.values():
             pipe.zscore(keys.workers, name)
             pipe.hmget(keys.worker(name), "host", "pid")
         replies = pipe.execute(raise_on_error=False)
-        for name, beat, record in zip(workers, replies[0::2], replies[1::2], strict=True):
+        for consumer, beat, record in zip(workers, replies[0::2], replies[1::2], strict=True):
             # A damaged record (not a hash) says nothing of a live worker: gone.
             on_host, pid = (None, "") if isinstance(record, Exception) else record
             if (beat is None or not is_alive(beat, now_ms) or on_host is None
                     or process_ended(on_host, to_int(pid, None))):
-                gone.add(mirror_consumer(name))
+                gone.add(consumer)
     for consumer in consumers:
-        if consumer.endswith(MIRROR_SUFFIX):
+        if consumer in workers:
             continue
         on_host, _, rest = consumer.partition(":")
         pid = rest.partition(":")[0]

@@ -5,10 +5,11 @@ them, in batches, through the group :data:`GROUP`, apart from the mirror's).
 A batch is written as one file per UTC day (and about :data:`ROWS_PER_FILE` rows), named
 by the entries it holds, and acknowledged only once its files are durable
 (:func:`.store.write`). A crash in between leaves the batch pending: this exporter takes
-it back, or another one takes it over once it is idle, always whole, and writes the same
-files again (replacing them). Entries of a batch taken back or over are also checked
-against the files already written (a file's name gives the range of stream ids it may
-hold, its ``stream_id`` column the ids it does), so no event is in the lake twice.
+it back, or another one takes it over (at once if its process has ended, otherwise once
+it is idle), always whole. Every batch is checked against the files already written (a
+file's name gives the range of stream ids it may hold, its ``stream_id`` column the ids
+it does), so no event is in the lake twice: not after a crash, nor when Redis delivers
+entries again (a failover to a replica that missed the last acknowledgements and reads).
 
 The streams are capped (``DELAYQ["EVENTS_MAXLEN"]``, an approximate ``MAXLEN`` trim on
 every append, blind to consumer groups): entries trimmed before the exporter read them
@@ -19,7 +20,6 @@ events a queue shard appends while the exporter may be behind.
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import Any
@@ -34,6 +34,7 @@ from ..engine.logfields import log
 from ..engine.streams import StreamBatch
 from ..engine.urls import redact
 from ..engine.validation import MAX_TIME_MS, MIN_TIME_MS, check_time_ms
+from ..engine.workers import consumers_gone
 from ..runtime.consumer import StreamConsumer, entries_of, parse_entry, stream_id
 from . import store
 from .schema import ARROW_SCHEMA, day_of
@@ -59,7 +60,9 @@ class Exporter(StreamConsumer):
     """Appends the events of every queue (or of ``queues``) to the lake at ``where``.
 
     ``run()`` loops until stopped; ``run(burst=True)`` exports what the streams hold and
-    returns.
+    returns. ``name`` is its consumer name in the group, by default one of this process
+    (``host:pid:random``): two exporters never share one, and the batch of one whose
+    process on this host has ended is taken over at once; a name reused takes it back.
     """
 
     group = GROUP
@@ -72,12 +75,10 @@ class Exporter(StreamConsumer):
                  queues: Iterable[str] | None = None, refresh_interval: float = 10.0) -> None:
         self.where = where
         self.filesystem, self.root = store.open_lake(where)
-        # Stable across restarts on one host: a restarted exporter takes back its own
-        # batch at once (others' only after claim_idle).
-        super().__init__(broker, name=name or f"{socket.gethostname()}:lake",
-                         batch_size=batch_size, block=block, claim_idle=claim_idle,
-                         queues=list(queues) if queues else None,
-                         refresh_interval=refresh_interval)
+        super().__init__(broker, name=name, batch_size=batch_size, block=block,
+                         claim_idle=claim_idle, queues=list(queues) if queues else None,
+                         refresh_interval=refresh_interval,
+                         consumers_gone=partial(consumers_gone, broker))
         self.rows = 0      # rows written (one per job per entry)
         self.files = 0     # files written
 
@@ -90,10 +91,11 @@ class Exporter(StreamConsumer):
         """Write a batch (one file per day and about :data:`ROWS_PER_FILE` rows).
 
         The files are named by the entries they hold, and a batch is always written
-        with the entries it was read with, so writing it again (after a crash, or by an
-        exporter that took it over from a slow one) replaces its files. A batch taken
-        back or over also leaves out rows that other files hold (its first writer may
-        have finished them).
+        with the entries it was read with, so writing it again (by an exporter that took
+        it over from a slow one) replaces its files. Every batch, taken back, over or
+        read as new, leaves out the rows that other files hold: its first writer may have
+        finished them, and after a failover Redis may deliver again, as new or pending,
+        entries already written and acknowledged (with other batch boundaries).
         """
         for chunk in _chunks(entries_of(batch)):
             columns = self._columns(keys, chunk)
@@ -101,8 +103,7 @@ class Exporter(StreamConsumer):
                 continue
             table = pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
             for day, part in _by_day(table):
-                if recovered:
-                    part = self._not_yet_written(keys, day, part)
+                part = self._not_yet_written(keys, day, part)
                 if part.num_rows:
                     self._write(keys, day, part)
 
@@ -116,7 +117,11 @@ class Exporter(StreamConsumer):
         log(logger, logging.DEBUG, "lake file written", path=path, rows=part.num_rows)
 
     def _not_yet_written(self, keys: QueueKeys, day: str, part: pa.Table) -> pa.Table:
-        """The rows of ``part`` whose entries no file of the lake holds yet."""
+        """The rows of ``part`` whose entries no file of the lake holds yet.
+
+        Costs one listing of the day's directory; a file is opened (its ``stream_id``
+        column read) only when its name's range overlaps ``part``'s, which a batch read
+        as new never does unless its entries were delivered before."""
         ms = part.column("stream_ms").to_pylist()
         seq = part.column("stream_seq").to_pylist()
         lo, hi = min(zip(ms, seq, strict=True)), max(zip(ms, seq, strict=True))

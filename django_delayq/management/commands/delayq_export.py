@@ -37,7 +37,8 @@ class Command(BaseCommand):
                             help="seconds another exporter's unacknowledged entries may "
                                  "sit before this one takes them")
         parser.add_argument("--name", default=None, help="consumer name in the group "
-                            "(default HOST:lake: a restart re-reads its own pending entries)")
+                            "(default host:pid:rand); reuse a name to re-read its "
+                            "unacknowledged entries at once")
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(self.stderr._out, options["verbosity"])
