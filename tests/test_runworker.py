@@ -188,6 +188,26 @@ def test_os_exit_in_a_task_kills_its_process_which_is_replaced_and_runs_the_job_
     assert proc.wait(timeout=60) == 0, out.text
 
 
+def test_a_child_a_task_forks_ends_on_its_return_and_runs_no_other_job(redis_client,
+                                                                       spawned):
+    """A forked child that returns (or raises SystemExit) comes back to the worker's
+    code: it must end there, as a script would, not run the worker's buffered jobs a
+    second time and live on after the worker."""
+    tags = [f"t{i}" for i in range(300)]
+    first = [tasks.record.enqueue(tag) for tag in tags[:100]]
+    forks = [tasks.forks.enqueue("return"), tasks.forks.enqueue("exit"),
+             tasks.forks_async.enqueue()]
+    rest = [tasks.record.enqueue(tag) for tag in tags[100:]]
+    proc, out = spawned("default", "-c", "4", "--prefetch", "40")
+    wait_until(lambda: all(j.refresh().status == "completed" for j in [*first, *forks, *rest]),
+               timeout=120, message=f"every job to complete:\n{out.text}")
+    assert [j.result for j in forks] == [0, 3, 0]  # the children's exit codes
+    ran_tags = [r["tag"] for r in ran(redis_client) if r["task"] == "record"]
+    assert sorted(ran_tags) == sorted(tags)  # each once: no child ran one again
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, out.text
+
+
 def test_a_job_swallowing_its_timeout_is_failed_and_its_process_replaced(redis_client,
                                                                          spawned):
     job = tasks.swallows_timeout.enqueue("hard")

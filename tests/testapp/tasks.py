@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import time
+import warnings
 
 from django_delayq import task
 from django_delayq.connection import get_broker
@@ -499,3 +500,30 @@ def flow_collect(results: list[int | None], tag: str) -> int:
 def returns_mib(mib: float) -> str:
     """A result of ``mib`` MiB of JSON (retried were it to fail by its own fault)."""
     return "x" * int(mib * 1024 * 1024)
+
+
+@task(max_attempts=1)
+def forks(how: str) -> int:
+    """Fork; the child comes back to the worker (returns, or raises SystemExit) instead
+    of ending itself. The parent waits for it and returns its exit code."""
+    with warnings.catch_warnings():  # fork() in a process with threads
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        if how == "exit":
+            sys.exit(3)
+        return -1
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+@task(max_attempts=1)
+async def forks_async() -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        return -1
+    _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+    return os.waitstatus_to_exitcode(status)
+

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -51,7 +52,7 @@ from ...engine.errors import JobAborted, JobTimeout
 from ...engine.logfields import log
 from ..current import running
 from ..registry import is_async
-from .execution import aborted, after_job, fail_held, finished
+from .execution import aborted, after_job, end_a_fork, fail_held, finished
 from .jobrunner import JobRunner
 from .ledger import Lease
 from .middleware import IDLE
@@ -282,12 +283,18 @@ class AsyncExecutor(JobRunner):
         if me is not None:  # how an abort stops it (Ledger.interrupt)
             lease.cancel = functools.partial(asyncio.get_running_loop().call_soon_threadsafe,
                                              me.cancel)
+        pid = os.getpid()
         try:
             with running(job, self.name, self.broker, lease.on_finished,
                          lambda: lease.abort_by):
                 async with asyncio.timeout(limit) as scope:
                     coroutine: Coroutine[Any, Any, Any] = task.func(*args, **kwargs)
-                    value = await coroutine
+                    try:
+                        value = await coroutine
+                    except BaseException as exc:
+                        end_a_fork(pid, exc)
+                        raise
+                    end_a_fork(pid)
         except TimeoutError as exc:
             error = exc if not scope.expired() else JobTimeout(
                 f"the job ran past its time limit of {limit}s")

@@ -10,6 +10,7 @@ message and the traceback, retried or dead-lettered by the usual rules.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -70,16 +71,32 @@ def _run(job: ClaimedJob, tasks: TaskRegistry, worker: str, broker: Broker,
         args, kwargs = decode_arguments(job)
     except CorruptPayload as exc:
         return failure(job, exc, retry=False)
+    pid = os.getpid()
     with running(job, worker, broker, on_finished, abort_by):
         try:
             value = task.func(*args, **kwargs)
         except BaseException as exc:  # every failure of a task is the job's
+            end_a_fork(pid, exc)
             return failure(job, exc, retry=True, delay=task.retry_delay(job.attempt))
+        end_a_fork(pid)
     try:
         result_json = encode_result(value, limit=broker.config.result_max_bytes)
     except BaseException as exc:  # a value whose encoding raises anything
         return failure(job, exc, retry=False)
     return Outcome(job, True, result_json=result_json)
+
+
+def end_a_fork(pid: int, exc: BaseException | None = None) -> None:
+    """End this process if it is not ``pid`` but a child a task forked that came back
+    here (returned, or raised, ``SystemExit`` included) instead of ending itself: as a
+    copy of the worker it would run the worker's buffered jobs again, and live on after
+    the worker stopped. It exits as a script would: 0, or ``SystemExit``'s code, or 1."""
+    if os.getpid() == pid:
+        return
+    code = 0 if exc is None else 1
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    os._exit(code)  # no flush: the buffers hold the worker's output, copied at the fork
 
 
 #: How the errors of a job stopped by its abort begin: JobAborted raised in it, or its
