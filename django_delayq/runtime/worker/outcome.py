@@ -69,6 +69,17 @@ def format_traceback(exc: BaseException) -> str:
             traceback.format_tb(exc.__traceback__)) + describe(exc) + "\n"
 
 
+def sendable(text: str) -> str:
+    """``text`` as UTF-8 can carry it: a lone surrogate (a file name decoded with
+    ``surrogateescape``, as ``os.listdir`` gives one) written as its escape (``\\udcff``),
+    where it would make every round trip carrying it fail."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def decode_arguments(job: ClaimedJob) -> tuple[list[Any], dict[str, Any]]:
     """``job``'s positional and keyword arguments; :class:`CorruptPayload` if they do
     not decode to a JSON array and a JSON object."""
@@ -85,8 +96,8 @@ def decode_arguments(job: ClaimedJob) -> tuple[list[Any], dict[str, Any]]:
 
 def failure(job: ClaimedJob, exc: BaseException, *, retry: bool, delay: float = 1.0) -> Outcome:
     """The failed :class:`Outcome` of ``job``, logged with its error and traceback."""
-    error = describe(exc)
-    tb = format_traceback(exc)
+    error = sendable(describe(exc))
+    tb = sendable(format_traceback(exc))
     outcome = Outcome(job, False, error=error[:MAX_ERROR], traceback=tb,
                       retry_delay_ms=int(delay * 1000) if retry else -1, exception=exc)
     # The job's record (its fate and error) is logged once its ack lands; the traceback,
