@@ -71,7 +71,15 @@ def django_time(value: dt.datetime | None) -> dt.datetime | None:
     ``USE_TZ``, else naive in ``TIME_ZONE``, which is all SQLite and MySQL take then."""
     if value is None or settings.USE_TZ or timezone.is_naive(value):
         return value
-    return timezone.make_naive(value)
+    return timezone.make_naive(value, timezone.get_default_timezone())
+
+
+def aware_time(value: dt.datetime | None) -> dt.datetime | None:
+    """A time as Django keeps it (:func:`django_time`) as an aware one: a naive time is
+    in ``TIME_ZONE``, whatever zone a request activated."""
+    if value is None or timezone.is_aware(value):
+        return value
+    return timezone.make_aware(value, timezone.get_default_timezone())
 
 
 class Setting(Generic[T]):

@@ -701,3 +701,24 @@ def test_delayq_prune_deletes_by_age_and_keeps_the_newest_per_status():
     assert set(Job.objects.values_list("job_id", flat=True)) == {"old-ready"}
     with pytest.raises(CommandError, match="STATUS=N"):
         call_command("delayq_prune", "--keep", "ready=3")
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({"manual": "1", "max_attempts": "6"}, (3, 6)),  # this version: the count goes on
+    ({"manual": "1"}, (0, 3)),  # 0.1.0's retry started the count again
+])
+def test_a_manual_retry_event_alone_keeps_the_attempts_its_version_kept(fields, expected):
+    """A row whose job hash is gone follows the events alone; during a rolling upgrade
+    a retry's event may come from either version."""
+    from django_delayq.mirror.events import apply_event
+    from django_delayq.runtime.consumer import parse_entry
+
+    row: dict[str, Any] = {"status": "failed", "attempts": 3, "max_attempts": 3,
+                           "run_at": None, "finished_at": None, "error": "E: x",
+                           "traceback": "tb"}
+    entry = {"event": "retried", "job": "j", "ts": "1795000000000", "run_at": "1795000000000",
+             **fields}
+    (event,) = parse_entry(KEYS, "1795000000000-0", entry)
+    apply_event(row, event)
+    assert (row["attempts"], row["max_attempts"]) == expected
+    assert (row["status"], row["error"], row["traceback"]) == ("ready", "", "")

@@ -200,9 +200,12 @@ def test_a_delay_is_fixed_at_the_call_and_a_job_due_before_the_relay_starts_at_o
     assert relayed.run_at == rows[later.id].run_at  # the call's time, not the relay's
 
 
-def test_due_times_survive_a_project_without_time_zones(broker):
-    with outbox_settings(FAST_PATH=False), override_settings(USE_TZ=False):
-        with transaction.atomic():
+@pytest.mark.parametrize("zone", [None, "Asia/Tokyo"], ids=["default-zone", "user-zone"])
+def test_due_times_survive_a_project_without_time_zones(broker, zone):
+    """With USE_TZ off a row keeps a naive time in TIME_ZONE, whatever zone the request
+    that wrote it had activated (the relay reads it in TIME_ZONE)."""
+    with outbox_settings(FAST_PATH=False), override_settings(USE_TZ=False, TIME_ZONE="UTC"):
+        with timezone.override(zone or "UTC"), transaction.atomic():
             job = tasks.record.using(delay=3600).enqueue_in_transaction("naive db")
         assert timezone.is_naive(OutboxEntry.objects.get().run_at)
         assert new_relay().run(burst=True) == 1

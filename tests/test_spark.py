@@ -565,6 +565,24 @@ def test_history_loaders_agree(spark: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.django_db
+def test_the_history_of_a_project_without_time_zones_keeps_its_instants() -> None:
+    """With USE_TZ off a row's times are naive in TIME_ZONE: the history (Arrow, then
+    Spark) must not take them for UTC."""
+    from django_delayq.conf import django_time
+    from django_delayq.models import Job as JobRow
+    from django_delayq.spark.history import orm_table
+
+    with override_settings(USE_TZ=False, TIME_ZONE="America/New_York"):
+        JobRow.objects.create(job_id="j", queue="default", task_name=RECORD,
+                              status="completed", run_at=django_time(FUTURE),
+                              enqueued_at=django_time(FUTURE),
+                              finished_at=django_time(FUTURE + dt.timedelta(seconds=3)))
+        table = orm_table()
+    assert table["run_at"].to_pylist() == [FUTURE]
+    assert table["finished_at"].to_pylist() == [FUTURE + dt.timedelta(seconds=3)]
+
+
+@pytest.mark.django_db
 def test_a_damaged_record_shows_in_the_history_and_the_report(spark: Any, redis_client: Any,
                                                               tmp_path: Path) -> None:
     """A job hash with unreadable fields is mirrored with their defaults and the damage

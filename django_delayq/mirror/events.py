@@ -150,6 +150,8 @@ def apply_event(row: Row, event: Event) -> None:
             row.update(error="", traceback="")
             if f.get("max_attempts", "").isdigit():
                 row["max_attempts"] = int(f["max_attempts"])
+            else:  # a retry of 0.1.0, which started the count again
+                row["attempts"] = 0
     elif kind == "progress":  # the event carries the hash's fields, by their stored names
         row["progress"] = to_fraction(f.get(stored("progress")))
         row["progress_message"] = storable_text(f.get(stored("progress_message"), "")[:500])

@@ -19,6 +19,7 @@ from django.db import connections, transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
+from ..conf import aware_time
 from ..engine import (
     Broker,
     EnqueueRequest,
@@ -54,10 +55,9 @@ def request_of(row: OutboxEntry) -> EnqueueRequest:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"the stored flow-control keys are damaged: {exc}") from None
     run_at, delay = row.run_at, keyed.debounce_delay(options)
-    if delay is not None:
-        run_at = None  # the window runs from when the job reaches Redis
-    elif run_at is not None and timezone.is_naive(run_at):  # USE_TZ = False: local time
-        run_at = timezone.make_aware(run_at)
+    # a debounce window runs from when the job reaches Redis; with USE_TZ = False the
+    # row's time is a local one
+    run_at = None if delay is not None else aware_time(run_at)
     return EnqueueRequest(task=row.task_name, args=args, kwargs=kwargs, run_at=run_at,
                           delay=delay, priority=row.priority, job_id=row.job_id,
                           max_attempts=row.max_attempts, timeout=row.timeout, keyed=options)

@@ -90,9 +90,14 @@ def _queryset(since: dt.timedelta | None, queryset: Any = None) -> Any:
 
 
 def _batches(since: dt.timedelta | None, queryset: Any, size: int) -> Iterator[pa.RecordBatch]:
+    from django_delayq.conf import aware_time  # Django is optional here
+
     chunk: list[tuple[Any, ...]] = []
     for row in _queryset(since, queryset).iterator(chunk_size=size):
-        chunk.append(row)
+        # USE_TZ = False: the row's times are naive in TIME_ZONE, which Arrow would take
+        # for UTC
+        chunk.append(tuple(aware_time(v) if isinstance(v, dt.datetime) else v
+                           for v in row))
         if len(chunk) >= size:
             yield _to_batch(chunk)
             chunk = []
