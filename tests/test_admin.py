@@ -103,6 +103,14 @@ def test_staff_with_change_permission_can_act(client):
     _, msgs = act(client, "cancel_jobs", job.id)
     assert msgs == [f"1 job(s) cancelled: {job.id}"]
     assert job.refresh().status == "cancelled"
+    # purging deletes jobs: not without delete_job
+    dashboard = client.get(reverse(DASHBOARD)).content.decode()
+    assert "button dq-pause" in dashboard
+    assert 'class="button dq-purge"' not in dashboard
+    assert client.get(control("default", "purge")).status_code == 403
+    client.force_login(staff("purger", "view_job", "change_job", "delete_job"))
+    assert 'class="button dq-purge"' in client.get(reverse(DASHBOARD)).content.decode()
+    assert client.get(control("default", "purge")).status_code == 200
 
 
 def test_csrf_is_enforced(admin_user):

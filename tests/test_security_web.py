@@ -80,7 +80,7 @@ OPERATIONS: list[tuple[str, str, Callable[..., Any], Callable[[dict[str, Job]], 
     ("admin retry", "admin", admin_action("retry_jobs", "cancelled"),
      lambda jobs: status(jobs["cancelled"]) != "cancelled"),
     ("admin pause", "admin", control("pause"), lambda jobs: Queue("default").is_paused),
-    ("admin purge", "admin", control("purge", {"confirm": "yes"}),
+    ("admin purge", "admin purge", control("purge", {"confirm": "yes"}),
      lambda jobs: sum(Queue("default").counts().values()) != 2),
 ]
 
@@ -91,7 +91,9 @@ ROLES = {
     "staff, no permissions": set(),
     "staff, view_job": set(),
     "staff, view_job + add_job + change_job": {"api", "admin"},
-    "superuser": {"api", "admin"},
+    # purging deletes jobs: Django's delete permission too
+    "staff, view_job + add_job + change_job + delete_job": {"api", "admin", "admin purge"},
+    "superuser": {"api", "admin", "admin purge"},
 }
 
 
@@ -103,6 +105,8 @@ def client_for(role: str, **kwargs: Any) -> Client:
                                     is_superuser=role == "superuser")
     perms = {"staff, view_job": ["view_job"],
              "staff, view_job + add_job + change_job": ["view_job", "add_job", "change_job"],
+             "staff, view_job + add_job + change_job + delete_job": [
+                 "view_job", "add_job", "change_job", "delete_job"],
              }.get(role, [])
     for codename in perms:
         user.user_permissions.add(Permission.objects.get(codename=codename))
@@ -171,3 +175,36 @@ def test_no_page_or_api_answer_shows_the_redis_password(admin_client, settings):
     for name, response in {**up, **down}.items():
         assert response.status_code < 500 or response.status_code == 503, name
         assert PASSWORD not in response.content.decode(), name
+
+
+def test_a_key_redis_refuses_to_read_is_a_503_or_a_message_never_a_500(admin_client, broker):
+    """Another site sharing Redis (or a hand) wrote a key of the wrong type: every page,
+    API answer and action that meets it says so, with Redis's words in the log only."""
+    job = record.using(delay=3600).enqueue("x")
+    Mirror(block=0.1).run(burst=True)
+    keys = broker.keys_for("default", job.id)
+    broker.client.delete(keys.job(job.id))
+    broker.client.set(keys.job(job.id), "not a hash")
+    for action in ("cancel", "retry", "abort"):
+        response = admin_client.post(f"{API}/jobs/default/{job.id}/{action}/", {},
+                                     content_type="application/json")
+        assert response.status_code == 503, (action, response.content)
+        assert "WRONGTYPE" not in response.json()["detail"]
+    row = Row.objects.get(job_id=job.id)
+    page = admin_client.post(reverse("admin:django_delayq_job_act", args=[row.pk, "cancel"]),
+                             follow=True)
+    assert page.status_code == 200
+    broker.client.delete(keys.scheduled)
+    broker.client.set(keys.scheduled, "not a set")
+    assert admin_client.get(f"{API}/queues/").status_code == 503
+    assert admin_client.get(f"{API}/queues/default/").status_code == 503
+    assert admin_client.get("/metrics/delayq/").status_code == 503
+
+
+def test_a_row_id_no_database_holds_is_ignored_by_the_live_view(admin_client):
+    live = reverse("admin:django_delayq_job_live")
+    for pk in ("²", "٣", "9" * 40, "-1", "x"):
+        response = admin_client.get(live, {"pk": pk, "live": "1"})
+        assert response.status_code == 200, pk
+    assert admin_client.get(reverse("admin:django_delayq_queues_data"), {"page": "²"}
+                            ).status_code == 200

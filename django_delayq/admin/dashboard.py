@@ -245,7 +245,7 @@ def snapshot(page: int = 1) -> dict[str, Any]:
 def page_of(request: HttpRequest) -> int:
     """The page of queues a request asks for (``?page=N``; 1 when absent or bad)."""
     value = request.GET.get("page", "1")
-    return int(value) if value.isdigit() and 0 < len(value) < 7 else 1
+    return int(value) if value.isdecimal() and 0 < len(value) < 7 else 1
 
 
 class _AdminView(View):
@@ -256,14 +256,21 @@ class _AdminView(View):
         opts = self.model_admin.model._meta
         return {**self.model_admin.admin_site.each_context(request), "opts": opts,
                 "app_label": opts.app_label,
-                "can_change": self.model_admin.has_change_permission(request), **extra}
+                "can_change": self.model_admin.has_change_permission(request),
+                "can_purge": can_purge(request), **extra}
 
-    def require(self, request: HttpRequest, *, change: bool) -> None:
+    def require(self, request: HttpRequest, *, change: bool, purge: bool = False) -> None:
         assert self.model_admin is not None
         allowed = (self.model_admin.has_change_permission(request) if change
                    else self.model_admin.has_view_or_change_permission(request))
-        if not allowed:
+        if not allowed or (purge and not can_purge(request)):
             raise PermissionDenied
+
+
+def can_purge(request: HttpRequest) -> bool:
+    """Purging deletes jobs: Django's delete permission on them (the job list itself
+    deletes nothing, so its admin grants none)."""
+    return bool(request.user.has_perm("django_delayq.delete_job"))
 
 
 class QueuesView(_AdminView):
@@ -324,7 +331,7 @@ class QueueControlView(_AdminView):
         return HttpResponseRedirect(reverse("admin:django_delayq_queues"))
 
     def get(self, request: HttpRequest, queue: str, operation: str) -> HttpResponse:
-        self.require(request, change=True)
+        self.require(request, change=True, purge=operation == "purge")
         if operation != "purge":
             return HttpResponse("use POST", status=405, headers={"Allow": "POST"})
         try:
@@ -336,7 +343,7 @@ class QueueControlView(_AdminView):
             request, title=f"Purge queue {queue}?", queue=state, purgeable=PURGEABLE))
 
     def post(self, request: HttpRequest, queue: str, operation: str) -> HttpResponse:
-        self.require(request, change=True)
+        self.require(request, change=True, purge=operation == "purge")
         if operation not in OPERATIONS:
             raise Http404("unknown operation")
         try:

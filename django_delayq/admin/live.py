@@ -65,7 +65,8 @@ def live_rows(request: HttpRequest, model_admin: Any) -> JsonResponse:
     with ``?live=1`` each one's status in Redis ("" once it left Redis)."""
     if not model_admin.has_view_or_change_permission(request):
         raise PermissionDenied
-    pks = [int(pk) for pk in request.GET.getlist("pk")[:MAX_ROWS] if pk.isdigit()]
+    pks = [int(pk) for pk in request.GET.getlist("pk")[:MAX_ROWS]
+           if pk.isdecimal() and len(pk) <= 18]  # a row id the database can hold
     rows = {row.pk: row for row in Job.objects.filter(pk__in=pks)}
     data: dict[str, Any] = {}
     for pk, row in rows.items():

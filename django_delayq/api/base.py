@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ..engine import DelayQConnectionError, InvalidJobState, JobNotFound
+from ..engine.errors import CommandRefused
 from ..engine.logfields import log
 from .permissions import DelayQPermissionsMixin
 
@@ -38,6 +39,12 @@ def to_api_exception(exc: Exception) -> Exception:
         log(logging.getLogger("django_delayq.api"), logging.WARNING, "API: Redis unreachable",
             error=exc)
         return ServiceUnavailable("The job queue's Redis is unreachable; try again shortly.")
+    if isinstance(exc, CommandRefused):
+        # Redis's words name keys and commands: for the log, not for every caller.
+        log(logging.getLogger("django_delayq.api"), logging.WARNING, "API: Redis refused a "
+            "command", error=exc)
+        return ServiceUnavailable("The job queue's Redis refused the command (a damaged key, "
+                                  "an ACL); the server's log says which.")
     if isinstance(exc, JobNotFound):
         return NotFound(str(exc))
     if isinstance(exc, InvalidJobState):

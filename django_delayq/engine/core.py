@@ -124,7 +124,8 @@ class BrokerCore:
     def read_errors(self) -> Iterator[None]:
         """:meth:`connection_errors`, and any other error Redis answers with (a command an
         ACL refuses, a key of another type) as :class:`CommandRefused`: the reads that
-        pages, the API and the metrics show raise the engine's errors only. ``READONLY``
+        pages, the API and the metrics show, and an operator's changes to a job (cancel,
+        retry, reschedule), raise the engine's errors only. ``READONLY``
         counts as unreachable: a read that keeps marks (the totals,
         ``lua/counters.lua``) reached a demoted primary, whose connections are closed."""
         try:

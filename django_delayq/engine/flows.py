@@ -213,7 +213,7 @@ class Relinked:
 def _stored_parent(index: str, parents: Sequence[tuple[str, str]]) -> tuple[str, str, str]:
     """The ``(queue, id)`` of the parent at ``index`` (a member of the job's unresolved
     set) and '', or a placeholder and what makes it unusable."""
-    if not index.isdigit() or not 1 <= int(index) <= len(parents):
+    if not index.isdecimal() or not 1 <= int(index) <= len(parents):
         return "", "", f"parent {index[:20]!r} is not in the stored parents"
     queue, parent_id = parents[int(index) - 1]
     try:

@@ -172,7 +172,7 @@ class Job:
     def _cancel(self, who: str) -> bool:
         broker = self._broker
         keys = broker.keys_for(self.queue, self.id)
-        with broker.connection_errors():
+        with broker.read_errors():
             before, pushed = broker.commands.cancel(keys, self.id, who)
         if before == "":
             raise JobNotFound(f"no job {self.id!r} in queue {self.queue!r}")
@@ -223,7 +223,7 @@ class Job:
         prio_arg = "" if priority is None else validation.check_priority(priority)
         broker = self._broker
         keys = broker.keys_for(self.queue, self.id)
-        with broker.connection_errors():
+        with broker.read_errors():
             before, after, when = broker.commands.reschedule(keys, self.id, run_at_arg,
                                                              delay_arg, prio_arg)
         if before == "":
@@ -248,7 +248,7 @@ class Job:
         delay_arg = "" if delay is None else validation.delay_ms(delay)
         broker = self._broker
         keys = broker.keys_for(self.queue, self.id)
-        with broker.connection_errors():
+        with broker.read_errors():
             before, after, attempts, most = broker.commands.retry(
                 keys, self.id, run_at_arg, delay_arg)
         if before == "":

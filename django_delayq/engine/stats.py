@@ -73,5 +73,5 @@ class QueueStats:
                 continue
             if index == "sum":
                 histogram.sum_ms += number
-            elif index.isdigit() and 1 <= int(index) <= len(histogram.buckets):
+            elif index.isdecimal() and 1 <= int(index) <= len(histogram.buckets):
                 histogram.buckets[int(index) - 1] += number

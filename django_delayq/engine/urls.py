@@ -86,7 +86,7 @@ def _host_port(text: str, default_port: int) -> tuple[str, int]:
         raise ValueError(f"a host is missing in {text!r}")
     if not port_text:
         return host, default_port
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not port_text.isdecimal() or not 0 < int(port_text) < 65536:
         raise ValueError(f"the port of {host!r} is not a port number")
     return host, int(port_text)
 
@@ -124,7 +124,7 @@ def parse_multi_host(url: str) -> ParsedURL:
         db_text = path[0]
         if len(path) > 1:
             raise ValueError("the path must be /db")
-    if not db_text.isdigit():
+    if not db_text.isdecimal():
         raise ValueError("the database must be a number")
     db = int(db_text)
     if not sentinel and db != 0:

@@ -267,6 +267,6 @@ def consumers_gone(broker: BrokerCore, consumers: list[str]) -> set[str]:
             continue
         on_host, _, rest = consumer.partition(":")
         pid = rest.partition(":")[0]
-        if pid.isdigit() and int(pid) != os.getpid() and process_ended(on_host, int(pid)):
+        if pid.isdecimal() and int(pid) != os.getpid() and process_ended(on_host, int(pid)):
             gone.add(consumer)
     return gone

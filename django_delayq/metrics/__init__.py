@@ -13,6 +13,7 @@ host (worker pool processes included).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -36,7 +37,9 @@ from django.http import HttpRequest, HttpResponse
 from ..connection import get_broker
 from ..engine import Broker, DelayQConnectionError, Queue
 from ..engine.backlog import backlogs
+from ..engine.errors import CommandRefused
 from ..engine.keyed import key_loads
+from ..engine.logfields import log
 from ..engine.overview import summaries
 from ..engine.stats import Histogram
 from ..engine.workers import count_alive, served_queues
@@ -151,4 +154,9 @@ def metrics_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpRespons
     except DelayQConnectionError:
         return HttpResponse("django-delayq metrics: Redis is unreachable\n", status=503,
                             content_type="text/plain; charset=utf-8")
+    except CommandRefused as exc:  # a damaged key, an ACL: logged, and no figure
+        log(logging.getLogger("django_delayq.metrics"), logging.WARNING,
+            "metrics: Redis refused a read", error=exc)
+        return HttpResponse("django-delayq metrics: Redis refused a read (see the log)\n",
+                            status=503, content_type="text/plain; charset=utf-8")
     return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

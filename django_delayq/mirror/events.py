@@ -122,7 +122,7 @@ def apply_event(row: Row, event: Event) -> None:
     gone)."""
     f, at = event.fields, event.at
     attempt = event.attempt
-    if attempt and attempt.isdigit():
+    if attempt and attempt.isdecimal():
         row["attempts"] = int(attempt)
     kind = event.event
     if kind == "enqueued":
@@ -148,7 +148,7 @@ def apply_event(row: Row, event: Event) -> None:
                    status=JobStatus.READY if due else JobStatus.SCHEDULED)
         if f.get("manual"):  # attempts go on, with a new budget (retry.lua)
             row.update(error="", traceback="")
-            if f.get("max_attempts", "").isdigit():
+            if f.get("max_attempts", "").isdecimal():
                 row["max_attempts"] = int(f["max_attempts"])
             else:  # a retry of 0.1.0, which started the count again
                 row["attempts"] = 0

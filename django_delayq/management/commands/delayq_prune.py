@@ -57,7 +57,7 @@ def _keep(given: list[str]) -> dict[str, int]:
     keep = {}
     for item in given:
         status, sep, count = item.partition("=")
-        if not sep or status not in FINISHED_IN_HISTORY or not count.isdigit():
+        if not sep or status not in FINISHED_IN_HISTORY or not count.isdecimal():
             raise CommandError(f"--keep {item!r}: write STATUS=N, STATUS one of "
                                f"{', '.join(FINISHED_IN_HISTORY)}, N a whole number")
         keep[status] = int(count)
