@@ -133,7 +133,7 @@ def test_retry_a_failed_job_from_the_job_list(page):
         ".messagelist:not(.dq-warnings)").inner_text()  # not the list's warnings
     assert failed.refresh().status == "ready"
     with worker_thread(queues=["default"]):
-        wait_until(lambda: failed.refresh().status == "failed" and failed.attempts == 1,
+        wait_until(lambda: failed.refresh().status == "failed" and failed.attempts == 2,
                    message="the retried job to run again")
 
 

@@ -258,6 +258,7 @@ IMPORTS_AT_THE_CALL = {
     ("spark/history.py", "django.db.models.functions"): "Django is optional on Spark's side",
     ("spark/history.py", "django.utils"): "Django is optional on Spark's side",
     ("spark/history.py", "django_delayq.models"): "Django is optional on Spark's side",
+    ("spark/history.py", "django_delayq.conf"): "Django is optional on Spark's side",
     ("spark/jdbc.py", "django.db"): "Django is optional on Spark's side",
     ("spark/jdbc.py", "django.db.models"): "Django is optional on Spark's side",
     ("spark/jdbc.py", "django_delayq.models"): "Django is optional on Spark's side",
