@@ -161,8 +161,7 @@ def periodic_schedules(broker: Broker) -> list[dict[str, Any]]:
         if now_ms - to_int(d.get("seen_ms")) > SCHEDULES_SEEN_MS:
             continue  # no worker has run it for a day: removed from the code
         try:
-            schedule = Schedule(cron=d.get("cron"), tz=str(d.get("tz") or "UTC"),
-                                every_ms=to_int(d.get("every_ms"), None))
+            schedule = Schedule.from_spec(d)
             upcoming = when(from_ms(schedule.next_after(now_ms)))
         except (ValueError, TypeError, ImportError):
             continue

@@ -17,6 +17,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
+from ..conf import aware_time
 from ..engine.jobhash import attempt_entries
 from ..models import JobStatus
 
@@ -72,10 +73,8 @@ def short_json(value: Any, limit: int = 60) -> str:
 
 def _local(value: dt.datetime) -> dt.datetime:
     """``value`` in the current time zone; a naive one (a row's time with ``USE_TZ``
-    off) is local already, in ``TIME_ZONE``."""
-    if timezone.is_naive(value):
-        return value.replace(tzinfo=timezone.get_default_timezone())
-    return timezone.localtime(value)
+    off) is in ``TIME_ZONE`` (:func:`~django_delayq.conf.aware_time`)."""
+    return timezone.localtime(aware_time(value))
 
 
 def when(value: dt.datetime | None) -> str:

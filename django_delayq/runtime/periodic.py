@@ -130,18 +130,10 @@ def _occurs(spec: dict[str, object] | None, queue: str, at_ms: int) -> bool:
     if spec is None or spec.get("queue") != queue:
         return False
     try:
-        schedule = _schedule_of(spec)
+        schedule = Schedule.from_spec(spec)
         return schedule.latest_at_or_before(at_ms) == at_ms
     except (TypeError, ValueError):
         return False
-
-
-def _schedule_of(spec: dict[str, object]) -> Schedule:
-    every = spec.get("every_ms")
-    cron = spec.get("cron")
-    return Schedule(cron=cron if isinstance(cron, str) else None,
-                    tz=str(spec.get("tz") or "UTC"),
-                    every_ms=every if isinstance(every, int) else None)
 
 
 def _cancel_replaced(broker: Broker, task: Runnable, old: dict[str, object] | None,
@@ -151,7 +143,7 @@ def _cancel_replaced(broker: Broker, task: Runnable, old: dict[str, object] | No
     if old is None or old_mark is None or old_mark <= now_ms:
         return 0
     try:
-        schedule = _schedule_of(old)
+        schedule = Schedule.from_spec(old)
     except (TypeError, ValueError):
         return 0
     queue = str(old.get("queue") or task.queue_name)

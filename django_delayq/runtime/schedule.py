@@ -8,10 +8,12 @@ import hashlib
 import math
 import time
 import zoneinfo
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..engine.errors import ExtraMissing
+from ..engine.jobhash import to_int
 from ..engine.keys import JOB_ID_RE
 
 MISSED_POLICIES = ("latest", "all", "skip")
@@ -37,6 +39,15 @@ class Schedule:
     cron: str | None = None
     tz: str = "UTC"
     every_ms: int | None = None
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> Schedule:
+        """The schedule a stored spec names (``cron``, ``tz``, ``every_ms``: a worker's
+        registration, a schedule record), unchecked: using it raises ValueError or
+        TypeError for one that is damaged."""
+        cron = spec.get("cron")
+        return cls(cron=cron if isinstance(cron, str) else None,
+                   tz=str(spec.get("tz") or "UTC"), every_ms=to_int(spec.get("every_ms"), None))
 
     @classmethod
     def build(cls, cron: str | None, every: Any, tz: str | None) -> Schedule | None:
